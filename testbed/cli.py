@@ -1,0 +1,226 @@
+"""The ``testbed`` command line. Scripts and this module stay thin: they parse and call the package."""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+from .errors import SpecError, TestbedError
+from .features import DELAY_MECHANISMS, cached_features, describe_mechanism, missing_tools, require_root
+from .topology import DEFAULT_TOPOLOGY, load_topology
+
+
+def _err(msg: str) -> None:
+    print(f"testbed: {msg}", file=sys.stderr, flush=True)
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _root_preamble(what: str) -> None:
+    require_root(what)
+    from .emulation import warn_stale_runs
+
+    warning = warn_stale_runs()
+    if warning:
+        _err(f"warning: {warning}")
+
+
+def _emulation(args, spec):
+    from .emulation import Emulation
+
+    return Emulation(spec, delay_mechanism=args.delay_mechanism, out_dir=args.out)
+
+
+def cmd_topo_show(args) -> int:
+    from .addressing import AddressPlan
+    from .routing import RoutingTable
+    from .shaping import plan_shaping, tc_argv
+    from .units import format_duration_us, format_rate
+
+    spec = load_topology(args.file)
+    mech = args.delay_mechanism
+    if mech == "auto":
+        netem = cached_features().get("netem")
+        mech = "nfqueue" if netem is False else "netem"
+        note = "detected" if netem is not None else "assumed: run a root command once to detect"
+        print(f"delay mechanism: {describe_mechanism(mech)} ({note})")
+    plan, routes = AddressPlan(spec, "tbXXXX"), RoutingTable(spec)
+    print(f"topology {spec.name} ({spec.source}): {len(spec.dcs)} DCs, {spec.host_count} hosts, {len(spec.links)} links")
+    for dc in spec.dcs:
+        r = plan.routers[dc.name]
+        extra = f", access links {format_rate(dc.intra_rate_bps) if dc.intra_rate_bps else 'unshaped'} " \
+                f"{format_duration_us(dc.intra_delay_us)}"
+        print(f"  DC {dc.name}: subnet {r.subnet}, gateway {r.ip}{extra}")
+        for h in plan.hosts_of(dc.name):
+            print(f"    {h.name:<16} {h.ip}")
+    for link in spec.links:
+        print(f"  link {link.a} <-> {link.b}: {format_rate(link.rate_bps)}, one-way {format_duration_us(link.delay_us)}"
+              f", jitter {format_duration_us(link.jitter_us)}, loss {link.loss_pct:g}%, queue {link.queue_packets} pkts")
+    print("routes (least total one-way delay):")
+    for a in spec.dcs:
+        for b in spec.dcs:
+            if a.name != b.name:
+                print(f"  {a.name} -> {b.name}: {' -> '.join(routes.route(a.name, b.name).dcs)}, one-way "
+                      f"{format_duration_us(routes.one_way_delay_us(a.name, b.name))} host to host")
+    if args.tc:
+        shaping = plan_shaping(spec, plan, mech)
+        for e in shaping.egress:
+            print(f"# {e.netns} {e.ifname}")
+            for argv in tc_argv(e):
+                print("  " + " ".join(argv))
+    return 0
+
+
+def cmd_topo_check(args) -> int:
+    from .fidelity import HEADER, LinkCheck, check_fidelity, format_row
+    from .features import require_tools
+
+    spec = load_topology(args.file)
+    _root_preamble("testbed topo check")
+    require_tools(["iperf3", "ping"], "the fidelity check")
+    out = sys.stderr if args.json else sys.stdout
+    with _emulation(args, spec) as emu:
+        print(f"{spec.name}: built {len(emu.plan.namespaces)} namespaces in {emu.build_s:.2f} s; delay mechanism: "
+              f"{describe_mechanism(emu.mechanism)}; traces in {emu.out_dir}", file=out, flush=True)
+        print(HEADER, file=out, flush=True)
+        report = check_fidelity(emu, args.duration, args.omit, args.rtt_samples,
+                                progress=lambda r: print(format_row(r), file=out, flush=True))
+        (emu.out_dir / "fidelity.json").write_text(json.dumps(report, indent=1))
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(f"fidelity {'ok' if report['ok'] else 'FAILED'}: rate within 5% of expected goodput, RTT within "
+              f"max(1 ms, 5%); report in {emu.out_dir / 'fidelity.json'}")
+    return 0 if report["ok"] else 1
+
+
+def cmd_topo_up(args) -> int:
+    spec = load_topology(args.file)
+    _root_preamble("testbed topo up")
+    with _emulation(args, spec) as emu:
+        print(f"{spec.name} is up ({emu.build_s:.2f} s, run prefix {emu.prefix}, delay mechanism: "
+              f"{describe_mechanism(emu.mechanism)}); logs in {emu.out_dir}")
+        for h in emu.hosts.values():
+            print(f"  {h.name:<16} {str(h.ip):<15} ip netns exec {h.netns} ...")
+        print("Ctrl-C to tear down.", flush=True)
+        try:
+            while True:
+                time.sleep(0.5)
+                emu.check_alive()
+        except KeyboardInterrupt:
+            print("tearing down")
+    return 0
+
+
+def cmd_clean(args) -> int:
+    from .registry import clean_run, list_runs
+
+    require_root("testbed clean")
+    runs = list_runs()
+    targets = [r for r in runs if args.all or not r.owner_alive()]
+    for r in runs:
+        if r not in targets:
+            print(f"run {r.prefix} is still running (pid {r.owner_pid}): left alone (use --all to remove it too)")
+    if not targets:
+        print("nothing to clean")
+    for r in targets:
+        if args.dry_run:
+            print(f"would remove run {r.prefix}: {len(r.namespaces)} namespaces, {len(r.processes)} processes")
+            continue
+        removed = clean_run(r)
+        print(f"removed run {r.prefix}: {len(removed['namespaces'])} namespaces, "
+              f"{len(removed['processes'])} processes")
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from .capacity import machine_capacity_bps
+    from .delay_element import build_helper
+    from .units import format_rate
+
+    _root_preamble("testbed doctor")
+    missing = missing_tools(["nsenter", "iperf3", "ping", "iptables-restore", "tc"])
+    print("tools: " + ("all present" if not missing else "missing " + ", ".join(missing)))
+    print(f"delay element: {build_helper()}")
+    from .emulation import Emulation
+    from .topology import parse_topology
+    from .capacity import PROBE
+
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        with Emulation(parse_topology(PROBE, "<probe>"), out_dir=Path(tmp), check_capacity=False,
+                       delay_mechanism=args.delay_mechanism) as emu:
+            mech = emu.mechanism
+    print(f"sch_netem: {'present' if cached_features().get('netem') else 'absent'}")
+    print(f"delay mechanism: {describe_mechanism(mech)}")
+    cap, cached = machine_capacity_bps(mech)
+    print(f"capacity through {mech}: {format_rate(cap)} ({'cached' if cached else 'measured now'})")
+    return 1 if missing else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="testbed", description="Emulated multi-datacenter LLM training testbed.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def topo_args(sp, out=True):
+        sp.add_argument("file", nargs="?", default=DEFAULT_TOPOLOGY,
+                        help=f"topology file or shipped name (default: {DEFAULT_TOPOLOGY})")
+        sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto",
+                        help="netem where the kernel has it (auto), or force one")
+        if out:
+            sp.add_argument("--out", type=Path, default=None, help="folder for logs and results "
+                            "(default: results/topo-<time>-<prefix>)")
+
+    topo = sub.add_parser("topo", help="topologies: show, check, up").add_subparsers(dest="topo_command", required=True)
+    sp = topo.add_parser("show", help="print DCs, hosts, addresses, routes (no root needed)")
+    topo_args(sp, out=False)
+    sp.add_argument("--tc", action="store_true", help="also print the shaping as tc commands")
+    sp.set_defaults(func=cmd_topo_show)
+    sp = topo.add_parser("check", help="build the topology and measure every WAN link against the file")
+    topo_args(sp)
+    sp.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    sp.add_argument("--duration", type=float, default=10.0, help="iperf3 seconds per direction (default 10)")
+    sp.add_argument("--omit", type=float, default=2.0, help="warm-up seconds omitted (default 2)")
+    sp.add_argument("--rtt-samples", type=int, default=20, help="ping samples per direction (default 20)")
+    sp.set_defaults(func=cmd_topo_check)
+    sp = topo.add_parser("up", help="build the topology and keep it up until Ctrl-C")
+    topo_args(sp)
+    sp.set_defaults(func=cmd_topo_up)
+
+    sp = sub.add_parser("clean", help="remove what crashed or killed runs left behind")
+    sp.add_argument("--all", action="store_true", help="also remove runs whose owner is still alive")
+    sp.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    sp.set_defaults(func=cmd_clean)
+    sp = sub.add_parser("doctor", help="detect kernel features, build the delay element, measure capacity")
+    sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
+    sp.set_defaults(func=cmd_doctor)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGHUP, _on_sigterm)
+    try:
+        return args.func(args)
+    except SpecError as e:
+        _err(f"error: {e}")
+        return 2
+    except TestbedError as e:
+        _err(f"error: {e}")
+        return 1
+    except KeyboardInterrupt:
+        _err("interrupted; everything the run created was removed")
+        return 130
+    except BrokenPipeError:
+        sys.stderr.close()  # stdout went to a pager or head that quit early
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

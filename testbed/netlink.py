@@ -1,0 +1,204 @@
+"""The one place that talks to the kernel's netlink (through pyroute2).
+
+Namespaces are created from the calling thread (unshare + bind mount of /proc/thread-self/ns/net,
+as ``ip netns add`` does) and each gets one rtnetlink socket opened inside it, so building dozens
+of namespaces costs milliseconds instead of a fork each. pyroute2 0.9.7 traps (DESIGN.md section 3):
+u32 filters need ``protocol=0x0800``; a missing kernel feature comes back as a bare ENOENT, which
+``FeatureError`` names here.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+from contextlib import contextmanager
+from typing import Iterator
+
+from pyroute2 import IPRoute
+from pyroute2 import netns as _netns
+from pyroute2.netlink.exceptions import NetlinkError
+
+from .errors import BuildError, FeatureError
+from .shaping import ROOT_HANDLE, EgressPlan, HtbClass, Netem, Pfifo, U32Filter
+
+CLONE_NEWNET = 0x40000000
+ETH_P_IP = 0x0800
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+@contextmanager
+def _inside_new_netns(name: str) -> Iterator[None]:
+    """Create namespace ``name`` and run the body with this thread inside it."""
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        if _libc.unshare(CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"unshare(CLONE_NEWNET) failed: {os.strerror(err)}")
+        try:
+            _netns.attach(name, "thread-self")
+            yield
+        finally:
+            _netns.setns(home)
+    finally:
+        os.close(home)
+
+
+def _write_sysctl(key: str, value: str, optional: bool) -> None:
+    try:
+        with open("/proc/sys/" + key.replace(".", "/"), "w") as f:
+            f.write(value)
+    except FileNotFoundError:
+        if not optional:
+            raise
+
+
+def create_netns(name: str, sysctls: dict[str, str], optional: dict[str, str] | None = None) -> IPRoute:
+    """Create network namespace ``name``, set ``sysctls`` (and ``optional`` ones, where the kernel
+    has them) inside it, return an IPRoute bound to it."""
+    with _inside_new_netns(name):
+        for key, value in sysctls.items():
+            _write_sysctl(key, value, optional=False)
+        for key, value in (optional or {}).items():
+            _write_sysctl(key, value, optional=True)
+        return IPRoute()
+
+
+def remove_netns(name: str) -> None:
+    if name in _netns.listnetns():
+        _netns.remove(name)
+
+
+def _one(ipr: IPRoute, ifname: str) -> int:
+    found = ipr.link_lookup(ifname=ifname)
+    if not found:
+        raise BuildError(f"interface {ifname} not found")
+    return found[0]
+
+
+def ifindex(ipr: IPRoute, ifname: str) -> int:
+    return _one(ipr, ifname)
+
+
+def add_bridge(ipr: IPRoute, ifname: str) -> int:
+    ipr.link("add", ifname=ifname, kind="bridge", br_stp_state=0, br_forward_delay=0)
+    return _one(ipr, ifname)
+
+
+def add_veth(ipr: IPRoute, ifname: str, peer_ifname: str, peer_netns: str) -> int:
+    """A veth pair: ``ifname`` in ``ipr``'s namespace, ``peer_ifname`` directly in ``peer_netns``
+    (never in the root namespace, so a crash cannot leave a link there)."""
+    ipr.link("add", ifname=ifname, kind="veth", peer={"ifname": peer_ifname, "net_ns_fd": peer_netns})
+    return _one(ipr, ifname)
+
+
+def set_master(ipr: IPRoute, index: int, master: int) -> None:
+    ipr.link("set", index=index, master=master)
+
+
+def up(ipr: IPRoute, index: int) -> None:
+    ipr.link("set", index=index, state="up")
+
+
+def add_address(ipr: IPRoute, index: int, address: str, prefixlen: int) -> None:
+    ipr.addr("add", index=index, address=address, prefixlen=prefixlen)
+
+
+def add_route(ipr: IPRoute, dst: str, gateway: str) -> None:
+    """``dst`` as ``a.b.c.d/len`` or ``default``."""
+    if dst == "default":
+        ipr.route("add", dst="0.0.0.0/0", gateway=gateway)
+    else:
+        ipr.route("add", dst=dst, gateway=gateway)
+
+
+def _tc(ipr: IPRoute, *args, what: str, **kwargs) -> None:
+    try:
+        ipr.tc(*args, **kwargs)
+    except NetlinkError as e:
+        if e.code == errno.ENOENT and args[1] in ("netem", "htb", "u32", "pfifo"):
+            raise FeatureError(f"the kernel refused {what} with ENOENT: the '{args[1]}' module "
+                               f"(sch_{args[1]} / cls_{args[1]}) is not available") from None
+        raise BuildError(f"{what} failed: {e}") from None
+
+
+def _leaf_kwargs(leaf: Pfifo | Netem) -> tuple[str, dict]:
+    if isinstance(leaf, Pfifo):
+        return "pfifo", {"limit": leaf.limit_packets}
+    return "netem", {"delay": leaf.delay_us, "jitter": leaf.jitter_us, "loss": leaf.loss_pct,
+                     "limit": leaf.limit_packets}
+
+
+def _class_kwargs(cls: HtbClass) -> dict:
+    return {"handle": cls.classid, "parent": ROOT_HANDLE | cls.parent_minor if cls.parent_minor else ROOT_HANDLE,
+            "rate": cls.rate_bps // 8, "ceil": cls.ceil_bps // 8, "burst": cls.burst_bytes,
+            "cburst": cls.cburst_bytes, "quantum": cls.quantum_bytes}
+
+
+def apply_egress(ipr: IPRoute, plan: EgressPlan) -> None:
+    """Install an egress plan on its interface (which must have no root qdisc of ours yet)."""
+    index = _one(ipr, plan.ifname)
+    where = f"{plan.netns}/{plan.ifname}"
+    if plan.root_netem is not None:
+        kind, kw = _leaf_kwargs(plan.root_netem)
+        _tc(ipr, "add", kind, index, handle=ROOT_HANDLE, what=f"root {kind} on {where}", **kw)
+        return
+    if not plan.classes:
+        return
+    _tc(ipr, "add", "htb", index, handle=ROOT_HANDLE, default=0x10, what=f"root htb on {where}")
+    for cls in plan.classes:
+        add_class(ipr, index, cls, where)
+    for f in plan.filters:
+        add_filter(ipr, index, f, where)
+
+
+def add_class(ipr: IPRoute, index: int, cls: HtbClass, where: str = "") -> None:
+    _tc(ipr, "add-class", "htb", index, what=f"htb class 1:{cls.minor:x} on {where}", **_class_kwargs(cls))
+    if cls.leaf is not None:
+        kind, kw = _leaf_kwargs(cls.leaf)
+        _tc(ipr, "add", kind, index, parent=cls.classid, handle=cls.minor << 16,
+            what=f"{kind} leaf of 1:{cls.minor:x} on {where}", **kw)
+
+
+def add_filter(ipr: IPRoute, index: int, f: U32Filter, where: str = "") -> None:
+    _tc(ipr, "add-filter", "u32", index, parent=ROOT_HANDLE, prio=f.prio, protocol=ETH_P_IP,
+        target=ROOT_HANDLE | f.flow_minor, keys=f.keys(), what=f"u32 filter prio {f.prio} on {where}")
+
+
+def change_class(ipr: IPRoute, index: int, cls: HtbClass) -> None:
+    """Change an HTB class's rate and ceil in place (netlink RTM_NEWTCLASS without NLM_F_CREATE:
+    the class and its queue stay, no unshaped window)."""
+    _tc(ipr, "change-class", "htb", index, what=f"change of htb class 1:{cls.minor:x}", **_class_kwargs(cls))
+
+
+def read_classes(ipr: IPRoute, ifname: str) -> dict[int, dict]:
+    """HTB classes of an interface as ``{minor: {"rate_bps", "ceil_bps"}}``, read back from the kernel."""
+    out = {}
+    for msg in ipr.get_classes(_one(ipr, ifname)):
+        if msg.get_attr("TCA_KIND") != "htb":
+            continue
+        opts = msg.get_attr("TCA_OPTIONS")
+        params = opts.get_attr("TCA_HTB_PARMS")
+        rate = opts.get_attr("TCA_HTB_RATE64") or params["rate"]
+        ceil = opts.get_attr("TCA_HTB_CEIL64") or params["ceil"]
+        out[msg["handle"] & 0xFFFF] = {"rate_bps": rate * 8, "ceil_bps": ceil * 8}
+    return out
+
+
+def read_qdiscs(ipr: IPRoute, ifname: str) -> list[str]:
+    """Kinds of the qdiscs on an interface (root first), read back from the kernel."""
+    index = _one(ipr, ifname)
+    return [m.get_attr("TCA_KIND") for m in ipr.get_qdiscs(index) if m["index"] == index]
+
+
+def netem_available(ipr: IPRoute) -> bool:
+    """Whether the kernel has sch_netem: try one on loopback of ``ipr``'s (our own) namespace."""
+    index = _one(ipr, "lo")
+    try:
+        ipr.tc("add", "netem", index, handle=0xFFFE0000, delay=1000)
+    except NetlinkError as e:
+        if e.code in (errno.ENOENT, errno.EOPNOTSUPP):
+            return False
+        raise
+    ipr.tc("del", index=index, handle=0xFFFE0000)
+    return True
