@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Set-up for a fresh Debian/Ubuntu machine, run as root. Safe to run twice: it installs only what
+# is missing (apt packages, the virtual environment .venv, the package) and builds the NFQUEUE
+# delay element. `scripts/setup.sh --test` adds what the tests need (pytest, vagrant).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" != 0 ]; then
+  echo "setup needs root (apt, network namespaces): run it with sudo" >&2
+  exit 1
+fi
+packages="iproute2 iptables iperf3 iputils-ping util-linux gcc libc6-dev libnetfilter-queue-dev python3 python3-venv"
+extras=""
+if [ "${1:-}" = "--test" ]; then
+  packages="$packages vagrant"
+  extras="[test]"
+fi
+missing=""
+for p in $packages; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  echo "installing:$missing"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+if [ ! -x .venv/bin/python ]; then
+  /usr/bin/python3 -m venv .venv
+fi
+stamp=".venv/.installed-$(cat setup.cfg pyproject.toml | sha256sum | cut -c1-12)${extras:+-test}"
+if [ ! -f "$stamp" ]; then
+  .venv/bin/pip install -q --disable-pip-version-check -e ".$extras"
+  touch "$stamp"
+fi
+.venv/bin/python -c "from testbed.delay_element import build_helper; build_helper()"
