@@ -41,6 +41,8 @@ from .topology import TopologySpec
 
 #: Smallest socket-buffer ceiling the hosts get (Linux's default tcp_rmem maximum, 6 MiB).
 MIN_TCP_BUFFER_BYTES = 6 * 2**20
+#: Largest: the sysctl holds an int; 1 GiB is far above any path the testbed can carry.
+MAX_TCP_BUFFER_BYTES = 2**30
 
 
 def _tcp_buffer_bytes(spec: TopologySpec, routes: RoutingTable) -> int:
@@ -53,7 +55,7 @@ def _tcp_buffer_bytes(spec: TopologySpec, routes: RoutingTable) -> int:
             rate = routes.bottleneck_bps(a.name, b.name)
             if rate is not None:
                 bdp = max(bdp, rate / 8 * 2 * routes.one_way_delay_us(a.name, b.name) / 1e6)
-    return int(max(MIN_TCP_BUFFER_BYTES, 4 * bdp))
+    return int(min(MAX_TCP_BUFFER_BYTES, max(MIN_TCP_BUFFER_BYTES, 4 * bdp)))
 
 
 class Emulation:
@@ -86,6 +88,8 @@ class Emulation:
         self._shaping_log = None
         self._lock = threading.Lock()
         self._old_usr1 = None
+        self._builder_tid = threading.get_ident()
+        self._bound: set[tuple[int, str]] = set()
 
     # ----------------------------------------------------------------- lifecycle
     def __enter__(self) -> "Emulation":
@@ -300,12 +304,14 @@ class Emulation:
         if end is None:
             raise KeyError(f"no WAN link between {src_dc} and {dst_dc}")
         ns = self.plan.routers[src_dc].netns
-        return self._ipr[ns], self._egress[(ns, end.ifname)]
+        return self.ipr(ns), self._egress[(ns, end.ifname)]
 
-    def _log_shaping(self, event: str, netns: str, ifname: str, cls: HtbClass, duration_ns: int) -> None:
+    def _log_shaping(self, event: str, netns: str, ifname: str, cls: HtbClass, duration_ns: int,
+                     t_ns: int | None = None) -> None:
+        """One line of ``shaping.jsonl``: ``t_ns`` is CLOCK_MONOTONIC when the change was issued."""
         if self._shaping_log is not None:
             self._shaping_log.write(json.dumps(
-                {"t_ns": time.monotonic_ns(), "event": event, "netns": netns, "ifname": ifname,
+                {"t_ns": t_ns or time.monotonic_ns(), "event": event, "netns": netns, "ifname": ifname,
                  "classid": f"1:{cls.minor:x}", "rate_bps": cls.rate_bps, "ceil_bps": cls.ceil_bps,
                  "duration_ns": duration_ns}) + "\n")
 
@@ -329,7 +335,7 @@ class Emulation:
             for f in filters:
                 netlink.add_filter(ipr, idx, f, egress.ifname)
             self._egress[(egress.netns, egress.ifname)] = new
-            self._log_shaping("add", egress.netns, egress.ifname, new.classes[-1], time.monotonic_ns() - t0)
+            self._log_shaping("add", egress.netns, egress.ifname, new.classes[-1], time.monotonic_ns() - t0, t0)
 
     def set_wan_class_rate(self, src_dc: str, dst_dc: str, minor: int, rate_bps: int,
                            ceil_bps: int | None = None) -> int:
@@ -346,7 +352,7 @@ class Emulation:
             dt = time.monotonic_ns() - t0
             self._egress[(egress.netns, egress.ifname)] = replace(
                 egress, classes=tuple(new if c.minor == minor else c for c in egress.classes))
-            self._log_shaping("change", egress.netns, egress.ifname, new, dt)
+            self._log_shaping("change", egress.netns, egress.ifname, new, dt, t0)
         return t0
 
     def set_link_rate(self, a: str, b: str, rate_bps: int) -> None:
@@ -365,7 +371,12 @@ class Emulation:
         return tc_argv(self._wan(src_dc, dst_dc)[1])
 
     def ipr(self, netns: str) -> IPRoute:
-        return self._ipr[netns]
+        """The rtnetlink handle of one of the run's namespaces, usable from the calling thread."""
+        ipr, tid = self._ipr[netns], threading.get_ident()
+        if tid != self._builder_tid and (tid, netns) not in self._bound:
+            netlink.bind_thread(ipr, netns)
+            self._bound.add((tid, netns))
+        return ipr
 
 
 def warn_stale_runs() -> str | None:

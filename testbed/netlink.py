@@ -44,6 +44,29 @@ def _inside_new_netns(name: str) -> Iterator[None]:
         os.close(home)
 
 
+@contextmanager
+def in_netns(name: str) -> Iterator[None]:
+    """Run the body with this thread inside existing namespace ``name`` (other threads unaffected)."""
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        _netns.setns(target)
+        try:
+            yield
+        finally:
+            _netns.setns(home)
+    finally:
+        os.close(target)
+        os.close(home)
+
+
+def bind_thread(ipr: IPRoute, netns: str) -> None:
+    """Make ``ipr`` usable from the calling thread. pyroute2 0.9 opens one socket per thread, lazily,
+    in the thread's current namespace; open this thread's socket inside ``netns``."""
+    with in_netns(netns):
+        ipr.link_lookup(ifname="lo")
+
+
 def _write_sysctl(key: str, value: str, optional: bool) -> None:
     try:
         with open("/proc/sys/" + key.replace(".", "/"), "w") as f:

@@ -27,12 +27,16 @@ def registry_dir() -> Path:
 
 
 def proc_start_time(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (proc(5), /proc/PID/stat field 22), or None."""
+    """Start time of ``pid`` in clock ticks since boot (proc(5), /proc/PID/stat field 22), or None
+    if there is no such process or it has exited (a zombie waiting to be reaped counts as gone)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
 
 
 def same_process(pid: int, start: int | None) -> bool:

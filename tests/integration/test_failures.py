@@ -1,0 +1,104 @@
+"""Failure paths: a dead delay element, kill -9 then clean, Ctrl-C, limits, missing privileges."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from testbed.emulation import Emulation
+from testbed.errors import BuildError, DelayElementError, FeatureError
+from testbed.features import cached_features
+from testbed.registry import same_process
+from testbed.topology import load_topology, parse_topology
+
+from .conftest import REPO, machine_state, run_cli
+
+
+def _start_up(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "topo", "up", "two_dc", "--out", str(tmp_path)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if "Ctrl-C to tear down" in line:
+            return proc
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise AssertionError("topo up did not come up:\n" + "".join(lines))
+
+
+def test_kill_9_then_clean_restores_machine(tmp_path):
+    before = machine_state()
+    proc = _start_up(tmp_path)
+    runs = [json.loads(p.read_text()) for p in Path("/run/testbed/runs").glob("*.json")
+            if json.loads(p.read_text())["owner_pid"] == proc.pid]
+    assert len(runs) == 1
+    run = runs[0]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    leftover = machine_state()
+    assert set(run["namespaces"]) <= set(leftover["netns"])  # kill -9 leaves them: clean must act
+    warn = run_cli("topo", "show", "two_dc")  # any command works; root commands warn about leftovers
+    assert warn.returncode == 0
+    cleaned = run_cli("clean")
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert f"removed run {run['prefix']}" in cleaned.stdout
+    assert machine_state() == before
+    for p in run["processes"]:
+        assert not same_process(p["pid"], p["start"])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_tears_down(tmp_path, sig):
+    before = machine_state()
+    proc = _start_up(tmp_path)
+    proc.send_signal(sig)
+    assert proc.wait(timeout=30) in (0, 128 + sig, 130)
+    assert machine_state() == before
+
+
+def test_dead_delay_element_fails_loudly(tmp_path, clean_machine):
+    spec = load_topology("two_dc")
+    if not cached_features().get("netem", False) is False:
+        pytest.skip("the kernel has netem: no delay element runs under auto")
+    with pytest.raises(DelayElementError, match="dropped, not delayed"):
+        with Emulation(spec, out_dir=tmp_path, delay_mechanism="nfqueue") as emu:
+            emu._elements[0].proc.kill()
+            time.sleep(3)  # the supervisor interrupts this sleep
+            raise AssertionError("a dead delay element went unnoticed")
+
+
+def test_rate_above_machine_capacity_is_refused(tmp_path, clean_machine):
+    spec = parse_topology({"dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
+                           "links": [{"between": ["a", "b"], "rate": "900gbit", "delay": "5ms"}]}, "huge.yaml")
+    with pytest.raises(BuildError, match=r"huge.yaml: links\[0\].rate: '900gbit' is above what this machine carries"):
+        with Emulation(spec, out_dir=tmp_path):
+            pass
+
+
+def test_forced_netem_follows_the_kernel(tmp_path, clean_machine):
+    spec = load_topology("two_dc")
+    try:
+        with Emulation(spec, out_dir=tmp_path, delay_mechanism="netem") as emu:
+            assert emu.mechanism == "netem"
+            assert "netem" in str(emu.wan_tc_argv("east", "west"))
+    except FeatureError as e:
+        assert cached_features()["netem"] is False
+        assert "--delay-mechanism nfqueue" in str(e)
+
+
+def test_not_root_says_sudo():
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+                           "testbed.cli", "topo", "check", "two_dc"], capture_output=True, text=True, cwd="/",
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 1, proc.stderr
+    assert "sudo" in proc.stderr and "Traceback" not in proc.stderr

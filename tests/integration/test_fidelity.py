@@ -1,0 +1,56 @@
+"""The fidelity check on the shipped topologies: measured rate and RTT within the stated tolerances."""
+from __future__ import annotations
+
+import json
+
+from testbed.emulation import Emulation
+from testbed.fidelity import check_fidelity
+from testbed.topology import load_topology, parse_topology
+
+from .conftest import run_cli
+
+SHORT = {"duration_s": 3, "omit_s": 1, "rtt_samples": 20}
+
+
+def _assert_report_ok(report):
+    bad = [link for link in report["links"] if not link["ok"]]
+    assert not bad, json.dumps(bad, indent=1)
+    assert report["ok"]
+
+
+def test_three_dc_fidelity(tmp_path, clean_machine):
+    spec = load_topology("three_dc")
+    with Emulation(spec, out_dir=tmp_path) as emu:
+        report = check_fidelity(emu, **SHORT)
+    assert len(report["links"]) == 2 * len(spec.links)
+    _assert_report_ok(report)
+
+
+def test_cli_check_json_two_dc(tmp_path, clean_machine):
+    proc = run_cli("topo", "check", "two_dc", "--json", "--duration", "3", "--omit", "1", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["delay_mechanism"] in ("netem", "nfqueue")
+    assert {"src_dc", "dst_dc", "rate_mbit", "measured_rate_mbit", "delay_ms", "measured_rtt_ms", "ok"} <= set(
+        report["links"][0])
+    assert {(link["src_dc"], link["dst_dc"]) for link in report["links"]} == {("east", "west"), ("west", "east")}
+    assert report["links"][0]["delay_ms"] == 20
+    _assert_report_ok(report)
+    assert (tmp_path / "fidelity.json").exists() and (tmp_path / "shaping.jsonl").exists()
+
+
+def test_loss_jitter_and_access_links(tmp_path, clean_machine):
+    spec = parse_topology({
+        "dcs": [{"name": "a", "hosts": 2, "intra_rate": "200mbit", "intra_delay": "1ms"}, {"name": "b", "hosts": 1}],
+        "links": [{"between": ["a", "b"], "rate": "50mbit", "delay": "15ms", "jitter": "1ms", "loss": "1%"}],
+    }, "impaired")
+    with Emulation(spec, out_dir=tmp_path) as emu:
+        report = check_fidelity(emu, **SHORT)
+        _assert_report_ok(report)
+        assert report["links"][0]["measured_loss_pct"] is not None
+        assert report["links"][0]["expected_rtt_ms"] == 2 * (1 + 15)
+        # two hosts of one DC are two access links apart: RTT 4 x 1 ms
+        from testbed.fidelity import measure_rtt_ms, rtt_within
+
+        rtt, _ = measure_rtt_ms(emu, "a-h0", "a-h1", 20)
+        assert rtt_within(rtt, 4.0), rtt

@@ -1,0 +1,88 @@
+"""The run registry: records round-trip, PIDs are matched with their start time, dead owners found."""
+import os
+import subprocess
+
+import pytest
+
+import testbed.registry as registry
+from testbed.registry import (ProcessEntry, RunRecord, list_runs, proc_start_time, same_process, stale_runs,
+                              stop_process)
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(registry, "RUN_DIR", tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def dead_process():
+    """(pid, start time) of a process that was alive, then killed and reaped."""
+    p = subprocess.Popen(["sleep", "30"])
+    start = proc_start_time(p.pid)
+    p.kill()
+    p.wait()
+    return p.pid, start
+
+
+def test_proc_start_time_of_self_matches_proc_stat():
+    start = proc_start_time(os.getpid())
+    stat = open(f"/proc/{os.getpid()}/stat").read()
+    # field 22 (starttime); fields after the ')' that ends the command name start at field 3
+    assert start == int(stat.rsplit(")", 1)[1].split()[22 - 3])
+    assert same_process(os.getpid(), start)
+
+
+def test_same_process_refuses_recycled_or_unknown(dead_process):
+    pid, start = dead_process
+    assert isinstance(start, int)
+    assert not same_process(pid, start)                 # gone
+    mine = proc_start_time(os.getpid())
+    assert not same_process(os.getpid(), mine + 1)     # same PID, other start: recycled
+    assert not same_process(os.getpid(), None)          # start unknown: never ours
+
+
+def test_round_trip(state_dir):
+    rec = RunRecord("tb1234", os.getpid(), proc_start_time(os.getpid()), 1000.5, out_dir="/tmp/out")
+    rec.save()
+    rec.add_namespaces(["tb1234-a-r", "tb1234-a-h0", "tb1234-a-r"])    # duplicates kept once
+    rec.add_process(os.getpid(), "delay element")
+    assert rec.path == state_dir / "runs" / "tb1234.json"
+    loaded = RunRecord.load(rec.path)
+    assert loaded == rec
+    assert loaded.namespaces == ["tb1234-a-r", "tb1234-a-h0"]
+    assert loaded.processes == [ProcessEntry(os.getpid(), proc_start_time(os.getpid()), "delay element")]
+    rec.forget_process(os.getpid())
+    assert RunRecord.load(rec.path).processes == []
+    rec.delete()
+    assert list_runs() == []
+
+
+def test_list_runs_oldest_first_and_skips_junk(state_dir):
+    RunRecord("tbbbbb", 1, None, 200.0).save()
+    RunRecord("tbaaaa", 1, None, 300.0).save()
+    RunRecord("tbcccc", 1, None, 100.0).save()
+    (state_dir / "runs" / "tbdddd.json").write_text("{not json")
+    assert [r.prefix for r in list_runs()] == ["tbcccc", "tbbbbb", "tbaaaa"]
+
+
+def test_stale_runs_finds_dead_owner(dead_process):
+    pid, start = dead_process
+    alive = RunRecord.new("tbaaaa")                     # owned by this test process
+    RunRecord("tbdead", pid, start, alive.created_unix + 1).save()
+    assert alive.owner_alive()
+    assert [r.prefix for r in stale_runs()] == ["tbdead"]
+
+
+def test_stop_process_stops_ours_only():
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        start = proc_start_time(p.pid)
+        assert not stop_process(p.pid, start + 1)          # wrong start time: not signalled
+        assert p.poll() is None
+        assert stop_process(p.pid, start, grace_s=2.0)
+        assert not same_process(p.pid, start)
+    finally:
+        if p.poll() is None:     # poll() also copes with a child that stop_process already reaped
+            p.kill()
+            p.wait()
