@@ -90,6 +90,7 @@ class Emulation:
         self._old_usr1 = None
         self._builder_tid = threading.get_ident()
         self._bound: set[tuple[int, str]] = set()
+        self._ifindex: dict[tuple[str, str], int] = {}
 
     # ----------------------------------------------------------------- lifecycle
     def __enter__(self) -> "Emulation":
@@ -298,6 +299,12 @@ class Emulation:
         return run_logged(self.host(host).netns, argv, self.log_path(host), timeout_s)
 
     # ----------------------------------------------------------------- shaping
+    def _index(self, netns: str, ifname: str) -> int:
+        key = (netns, ifname)
+        if key not in self._ifindex:
+            self._ifindex[key] = netlink.ifindex(self.ipr(netns), ifname)
+        return self._ifindex[key]
+
     def _wan(self, src_dc: str, dst_dc: str) -> tuple[IPRoute, EgressPlan]:
         """The egress plan of the WAN link from ``src_dc`` towards its neighbour ``dst_dc``."""
         end = self.plan.wan_ends.get((src_dc, dst_dc))
@@ -328,7 +335,7 @@ class Emulation:
                                   src=str(self.host(s).ip) if s else None, dst=str(self.host(d).ip) if d else None)
                         for i, (s, d) in enumerate(pairs))
         new = with_class(egress, cls, filters)
-        idx = netlink.ifindex(ipr, egress.ifname)
+        idx = self._index(egress.netns, egress.ifname)
         with self._lock:
             t0 = time.monotonic_ns()
             netlink.add_class(ipr, idx, new.classes[-1], egress.ifname)
@@ -348,7 +355,7 @@ class Emulation:
         new = replace(old, rate_bps=rate_bps, ceil_bps=ceil_bps or rate_bps)
         with self._lock:
             t0 = time.monotonic_ns()
-            netlink.change_class(ipr, netlink.ifindex(ipr, egress.ifname), new)
+            netlink.change_class(ipr, self._index(egress.netns, egress.ifname), new)
             dt = time.monotonic_ns() - t0
             self._egress[(egress.netns, egress.ifname)] = replace(
                 egress, classes=tuple(new if c.minor == minor else c for c in egress.classes))
