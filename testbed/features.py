@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from .errors import FeatureError, PrivilegeError
-from .registry import RUN_DIR
+from . import registry
 
 #: tool -> Debian package that provides it
 TOOLS = {"iperf3": "iperf3", "ping": "iputils-ping", "iptables-restore": "iptables", "nsenter": "util-linux",
@@ -40,7 +40,7 @@ def _boot_id() -> str:
 
 
 def _cache_path() -> Path:
-    return RUN_DIR / "features.json"
+    return registry.RUN_DIR / "features.json"
 
 
 def cached_features() -> dict:

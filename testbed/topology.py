@@ -129,8 +129,9 @@ class TopologySpec:
 class _Reader:
     """Reads one mapping of the file, naming the field path in every error."""
 
-    def __init__(self, source: str, data: Any, path: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()):
-        self.source, self.path = source, path
+    def __init__(self, source: str, data: Any, path: str, allowed: tuple[str, ...], required: tuple[str, ...] = (),
+                 fields: dict[str, str] | None = None):
+        self.source, self.path, self.fields = source, path, fields or {}
         if not isinstance(data, dict):
             raise SpecError(source, path or "(top level)", data, "is not a mapping",
                             f"write it as 'key: value' lines with keys among {', '.join(allowed)}")
@@ -145,6 +146,8 @@ class _Reader:
         self.data = data
 
     def at(self, key: str) -> str:
+        if key in self.fields:
+            return self.fields[key]
         return f"{self.path}.{key}" if self.path else key
 
     def fail(self, key: str, problem: str, fix: str) -> SpecError:
@@ -197,9 +200,9 @@ def _read_dc(source: str, raw: Any, i: int) -> DCSpec:
     return DCSpec(name=name, hosts=hosts, intra_rate_bps=rate, intra_delay_us=delay)
 
 
-def _read_link(source: str, raw: Any, i: int, dc_names: list[str]) -> LinkSpec:
+def _read_link(source: str, raw: Any, i: int, dc_names: list[str], fields: dict[str, str] | None = None) -> LinkSpec:
     r = _Reader(source, raw, f"links[{i}]", ("between", "rate", "delay", "jitter", "loss", "queue"),
-                ("between", "rate", "delay"))
+                ("between", "rate", "delay"), fields)
     between = raw["between"]
     if not (isinstance(between, list) and len(between) == 2 and all(isinstance(x, str) for x in between)):
         raise r.fail("between", "is not a pair of DC names", "write it as [dc1, dc2]")
@@ -229,33 +232,49 @@ def _read_link(source: str, raw: Any, i: int, dc_names: list[str]) -> LinkSpec:
                     loss_pct=loss, queue_packets=queue)
 
 
-def _read_matrix(source: str, raw: Any, dc_names: list[str]) -> list[dict[str, Any]]:
-    """Turn a symmetric rate/delay matrix into link mappings (then read like ``links``)."""
+def _read_matrix(source: str, raw: Any, dc_names: list[str]) -> list[LinkSpec]:
+    """Turn a symmetric rate/delay matrix into links; errors name the matrix cell."""
     r = _Reader(source, raw, "matrix", ("dcs", "rate", "delay"), ("dcs", "rate", "delay"))
     order = raw["dcs"]
     if not isinstance(order, list) or sorted(map(str, order)) != sorted(dc_names):
         raise r.fail("dcs", "does not list exactly the DCs of 'dcs'", f"list {', '.join(dc_names)} in any order")
     n = len(order)
-    for key in ("rate", "delay"):
+    parsers = {"rate": parse_rate_bps, "delay": parse_duration_us}
+    values: dict[str, list[list[Any]]] = {}
+    for key, parse in parsers.items():
         m = raw[key]
         if not (isinstance(m, list) and len(m) == n and all(isinstance(row, list) and len(row) == n for row in m)):
             raise r.fail(key, f"is not a {n}x{n} matrix", f"write {n} rows of {n} entries (null for no link)")
+        values[key] = [[None] * n for _ in range(n)]
+        for i in range(n):
+            for j in range(n):
+                cell = m[i][j]
+                if cell is None:
+                    continue
+                if i == j:
+                    raise SpecError(source, f"matrix.{key}[{i}][{i}]", cell, "links a DC to itself",
+                                    "write null on the diagonal")
+                try:
+                    values[key][i][j] = parse(cell)
+                except UnitError as e:
+                    raise SpecError(source, f"matrix.{key}[{i}][{j}]", cell, *_split_unit_error(e)) from None
     links = []
     for i in range(n):
-        for j in range(n):
-            for key in ("rate", "delay"):
-                if raw[key][i][j] != raw[key][j][i]:
+        for j in range(i + 1, n):
+            for key in parsers:
+                if values[key][i][j] != values[key][j][i]:
                     raise SpecError(source, f"matrix.{key}[{i}][{j}]", raw[key][i][j],
                                     f"differs from matrix.{key}[{j}][{i}] = {raw[key][j][i]!r}",
                                     "links are symmetric: make the matrix symmetric")
-            if j <= i:
-                continue
             rate, delay = raw["rate"][i][j], raw["delay"][i][j]
             if (rate is None) != (delay is None):
-                raise SpecError(source, f"matrix[{i}][{j}]", {"rate": rate, "delay": delay},
-                                "has a rate or a delay but not both", "give both, or null for both (no link)")
+                raise SpecError(source, f"matrix.rate[{i}][{j}]", rate, f"goes with delay {delay!r}: a link "
+                                "needs both", "give both a rate and a delay, or null for both (no link)")
             if rate is not None:
-                links.append({"between": [order[i], order[j]], "rate": rate, "delay": delay})
+                fields = {"rate": f"matrix.rate[{i}][{j}]", "delay": f"matrix.delay[{i}][{j}]",
+                          "between": "matrix.dcs"}
+                links.append(_read_link(source, {"between": [order[i], order[j]], "rate": rate, "delay": delay},
+                                        len(links), dc_names, fields))
     return links
 
 
@@ -292,12 +311,13 @@ def parse_topology(data: Any, source: str = "<memory>") -> TopologySpec:
     names = [dc.name for dc in dcs]
     if "links" in data and "matrix" in data:
         raise top.fail("matrix", "is given together with 'links'", "describe the WAN with either links or matrix")
-    raw_links = _read_matrix(source, data["matrix"], names) if "matrix" in data else data.get("links") or []
+    raw_links = data.get("links") or []
     if not isinstance(raw_links, list):
         raise top.fail("links", "is not a list", "list links as - {between: [a, b], rate: 100mbit, delay: 10ms}")
+    read = _read_matrix(source, data["matrix"], names) if "matrix" in data else [
+        _read_link(source, raw, i, names) for i, raw in enumerate(raw_links)]
     links: list[LinkSpec] = []
-    for i, raw in enumerate(raw_links):
-        link = _read_link(source, raw, i, names)
+    for i, link in enumerate(read):
         for j, other in enumerate(links):
             if {other.a, other.b} == {link.a, link.b}:
                 raise SpecError(source, f"links[{i}].between", [link.a, link.b],
@@ -352,7 +372,11 @@ def load_topology(name_or_path: str | Path | None = None) -> TopologySpec:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        raise SpecError(str(path), "(file)", path.name, f"is not valid YAML ({e})", "fix the YAML syntax") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise SpecError(str(path), "(file)", path.name, f"is not valid YAML{where}: {problem}",
+                        "fix the YAML syntax there") from None
     except OSError as e:
         raise SpecError(str(path), "(file)", path.name, f"cannot be read ({e.strerror})", "check the path") from None
     return parse_topology(data, str(path))

@@ -24,7 +24,7 @@ def _split(text: object, kind: str, units: dict[str, int], example: str) -> tupl
     m = re.fullmatch(_NUM + r"([a-z/%]*)", s)
     if m is None:
         if s.startswith("-"):
-            raise UnitError(f"is negative; write a {kind} above zero, such as {example}")
+            raise UnitError(f"is negative; write a {kind} of zero or more, such as {example}")
         raise UnitError(f"is not a {kind}; write a number and a unit, such as {example}")
     number, unit = float(m.group(1)), m.group(2)
     if unit == "":
@@ -37,16 +37,23 @@ def _split(text: object, kind: str, units: dict[str, int], example: str) -> tupl
     return number, unit
 
 
+def _whole(value: float, resolution: str, unit: str) -> int:
+    """Round to the integer resolution, refusing a nonzero value that would round to zero."""
+    if 0 < value < 0.5:
+        raise UnitError(f"is below the resolution of {resolution}; write 0 or at least {resolution}")
+    return round(value)
+
+
 def parse_rate_bps(text: object) -> int:
     """Parse a rate such as ``100mbit`` into bits per second (int). Raises UnitError."""
     number, unit = _split(text, "rate", _RATE_UNITS, "100mbit")
-    return round(number * _RATE_UNITS[unit])
+    return _whole(number * _RATE_UNITS[unit], "1bit", "bit/s")
 
 
 def parse_duration_us(text: object) -> int:
     """Parse a duration such as ``25ms`` into microseconds (int). Raises UnitError."""
     number, unit = _split(text, "duration", _TIME_UNITS_US, "25ms")
-    return round(number * _TIME_UNITS_US[unit])
+    return _whole(number * _TIME_UNITS_US[unit], "1us", "microseconds")
 
 
 def parse_percent(text: object) -> float:

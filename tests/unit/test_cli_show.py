@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from testbed import registry
+
 import testbed.features as features
 from testbed.addressing import AddressPlan
 from testbed.cli import main
@@ -25,7 +27,7 @@ def run_cli(*args, state_dir):
 @pytest.fixture
 def in_process(tmp_path, monkeypatch):
     """Call main() here: keep the feature cache in tmp_path and restore the signal handlers it sets."""
-    monkeypatch.setattr(features, "RUN_DIR", tmp_path)
+    monkeypatch.setattr(registry, "RUN_DIR", tmp_path)
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     yield main
     for s, handler in saved.items():

@@ -40,6 +40,7 @@ def test_same_process_refuses_recycled_or_unknown(dead_process):
     mine = proc_start_time(os.getpid())
     assert not same_process(os.getpid(), mine + 1)     # same PID, other start: recycled
     assert not same_process(os.getpid(), None)          # start unknown: never ours
+    assert not same_process(pid, None)                  # ... even though a gone PID has no start either
 
 
 def test_round_trip(state_dir):

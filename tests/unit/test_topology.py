@@ -104,9 +104,9 @@ def test_duplicate_link_either_order(second):
 
 @pytest.mark.parametrize("key, value, fix", [
     ("rate", "0mbit", "above 0"),
-    ("rate", "-10mbit", "above zero"),
+    ("rate", "-10mbit", "zero or more"),
     ("delay", "11s", "between 0ms and 10s"),
-    ("delay", "-5ms", "above zero"),
+    ("delay", "-5ms", "zero or more"),
     ("loss", "100%", "up to (not including) 100%"),
     ("loss", "150%", "up to (not including) 100%"),
     ("loss", "-1%", "such as 0.1%"),
@@ -191,7 +191,32 @@ def test_matrix_not_symmetric():
 def test_matrix_rate_without_delay():
     err = spec_error(matrix_dc(rate=[[None, "100mbit"], ["100mbit", None]],
                                delay=[[None, None], [None, None]]))
-    assert_names_everything(err, "matrix[0][1]", {"rate": "100mbit", "delay": None}, "give both")
+    assert_names_everything(err, "matrix.rate[0][1]", "100mbit", "give both")
+
+
+def test_matrix_cell_errors_name_the_cell():
+    err = spec_error(matrix_dc(rate=[[None, "100mbps"], ["100mbps", None]], delay=[[None, "5ms"], ["5ms", None]]))
+    assert_names_everything(err, "matrix.rate[0][1]", "100mbps", "mbit")
+    err = spec_error(matrix_dc(rate=[[None, "0mbit"], ["0mbit", None]], delay=[[None, "5ms"], ["5ms", None]]))
+    assert_names_everything(err, "matrix.rate[0][1]", "0mbit", "above 0")
+
+
+def test_matrix_diagonal_must_be_null():
+    err = spec_error(matrix_dc(rate=[["5mbit", "1mbit"], ["1mbit", None]], delay=[[None, "5ms"], ["5ms", None]]))
+    assert_names_everything(err, "matrix.rate[0][0]", "5mbit", "null on the diagonal")
+
+
+def test_matrix_symmetry_compares_values_not_text():
+    spec = parse_topology(matrix_dc(rate=[[None, "100mbit"], ["0.1gbit", None]],
+                                    delay=[[None, "1ms"], ["1000us", None]]), SOURCE)
+    assert spec.links[0].rate_bps == 100_000_000 and spec.links[0].delay_us == 1000
+
+
+def test_sub_resolution_values_are_refused():
+    data = {"dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
+            "links": [{"between": ["a", "b"], "rate": "1mbit", "delay": "0.4us"}]}
+    err = spec_error(data)
+    assert_names_everything(err, "links[0].delay", "0.4us", "1us")
 
 
 def test_links_and_matrix_together():
@@ -206,3 +231,14 @@ def test_spec_is_not_changed_by_parsing():
     before = copy.deepcopy(data)
     parse_topology(data)
     assert data == before
+
+
+def test_invalid_yaml_is_one_line_with_position(tmp_path):
+    from testbed.topology import load_topology
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("dcs: [\n  {name: a\n")
+    with pytest.raises(SpecError) as info:
+        load_topology(bad)
+    msg = str(info.value)
+    assert "\n" not in msg and "bad.yaml" in msg and "line " in msg and "fix the YAML syntax" in msg
