@@ -163,6 +163,18 @@ def cmd_doctor(args) -> int:
     return 1 if missing else 0
 
 
+def _number(lo: float, hi: float, kind=float):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{text} is outside {lo:g}..{hi:g}")
+        return value
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="testbed", description="Emulated multi-datacenter LLM training testbed.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -184,9 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = topo.add_parser("check", help="build the topology and measure every WAN link against the file")
     topo_args(sp)
     sp.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    sp.add_argument("--duration", type=float, default=10.0, help="iperf3 seconds per direction (default 10)")
-    sp.add_argument("--omit", type=float, default=2.0, help="warm-up seconds omitted (default 2)")
-    sp.add_argument("--rtt-samples", type=int, default=20, help="ping samples per direction (default 20)")
+    sp.add_argument("--duration", type=_number(1, 3600), default=10.0, help="iperf3 seconds per direction (default 10)")
+    sp.add_argument("--omit", type=_number(0, 600), default=2.0, help="warm-up seconds omitted (default 2)")
+    sp.add_argument("--rtt-samples", type=_number(3, 10000, int), default=20, help="ping samples per direction (default 20)")
     sp.set_defaults(func=cmd_topo_check)
     sp = topo.add_parser("up", help="build the topology and keep it up until Ctrl-C")
     topo_args(sp)

@@ -30,7 +30,7 @@ from pyroute2 import IPRoute
 from . import netlink
 from .addressing import BRIDGE_IFNAME, HOST_IFNAME, AddressPlan, HostAddr, host_port_ifname, new_run_prefix
 from .delay_element import DelayElement, Supervisor
-from .errors import BuildError, DelayElementError
+from .errors import BuildError, CheckError, DelayElementError
 from .features import cached_features, require_root, require_tools, resolve_delay_mechanism, store_feature
 from .hostproc import netns_argv, open_log, run_logged
 from .registry import RunRecord, stale_runs
@@ -367,6 +367,20 @@ class Emulation:
         for src, dst in ((a, b), (b, a)):
             for minor in (LINK_CLASS_MINOR, DEFAULT_CLASS_MINOR):
                 self.set_wan_class_rate(src, dst, minor, rate_bps)
+
+    def wait_quiet(self, timeout_s: float = 60.0) -> float:
+        """Wait until no shaped interface holds queued packets (e.g. after a bulk transfer filled
+        a deep queue), so that what follows measures an idle network. Returns the seconds waited;
+        raises CheckError if the queues have not drained within ``timeout_s``."""
+        t0 = time.monotonic()
+        while True:
+            queued = sum(netlink.queued_packets(self.ipr(ns), ifname) for ns, ifname in self._egress)
+            waited = time.monotonic() - t0
+            if queued == 0:
+                return waited
+            if waited > timeout_s:
+                raise CheckError(f"{queued} packets still queued after {timeout_s:g} s: the network is not idle")
+            time.sleep(0.05)
 
     def wan_classes(self, src_dc: str, dst_dc: str) -> dict[int, dict]:
         """HTB classes on the WAN egress ``src_dc`` -> ``dst_dc`` as read back from the kernel."""

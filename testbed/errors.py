@@ -17,7 +17,10 @@ class SpecError(TestbedError):
 
     def __init__(self, source: str, field: str, value: object, problem: str, fix: str) -> None:
         self.source, self.field, self.value, self.problem, self.fix = source, field, value, problem, fix
-        super().__init__(f"{source}: {field}: {value!r} {problem}; {fix}")
+        shown = repr(value)
+        if len(shown) > 120:
+            shown = shown[:100] + f"... ({len(shown)} characters)"
+        super().__init__(f"{source}: {field}: {shown} {problem}; {fix}")
 
 
 class PrivilegeError(TestbedError):

@@ -86,6 +86,7 @@ def check_direction(emu, src_dc: str, dst_dc: str, duration_s: float, omit_s: fl
     route = emu.routes.route(src_dc, dst_dc)
     rate = emu.routes.bottleneck_bps(src_dc, dst_dc)
     one_way_us = emu.routes.one_way_delay_us(src_dc, dst_dc)
+    emu.wait_quiet()  # an earlier transfer may have left a deep queue: RTT is measured idle
     rtt_ms, n = measure_rtt_ms(emu, src, dst, rtt_samples)
     expected_rtt = 2 * one_way_us / 1000
     tcp = iperf(emu, src, dst, duration_s, omit_s)

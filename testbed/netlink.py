@@ -214,6 +214,16 @@ def read_qdiscs(ipr: IPRoute, ifname: str) -> list[str]:
     return [m.get_attr("TCA_KIND") for m in ipr.get_qdiscs(index) if m["index"] == index]
 
 
+TC_H_ROOT = 0xFFFFFFFF
+
+
+def queued_packets(ipr: IPRoute, ifname: str) -> int:
+    """Packets queued on an interface's egress (the root qdisc's qlen counts its whole tree)."""
+    index = _one(ipr, ifname)
+    return sum(m.get_attr("TCA_STATS")["qlen"] for m in ipr.get_qdiscs(index)
+               if m["index"] == index and m["parent"] == TC_H_ROOT and m.get_attr("TCA_STATS") is not None)
+
+
 def netem_available(ipr: IPRoute) -> bool:
     """Whether the kernel has sch_netem: try one on loopback of ``ipr``'s (our own) namespace."""
     index = _one(ipr, "lo")

@@ -126,6 +126,32 @@ class TopologySpec:
         }
 
 
+_REQUIRED = object()
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing aliases (an alias bomb expands to gigabytes) and duplicate
+    keys (where PyYAML silently keeps the last one)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(None, None, "YAML aliases (*name) are not supported; write the "
+                                              "value out", mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                raise yaml.constructor.ConstructorError(None, None, "a key must be a plain word", key_node.start_mark)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 class _Reader:
     """Reads one mapping of the file, naming the field path in every error."""
 
@@ -155,6 +181,9 @@ class _Reader:
 
     def get(self, key: str, parse: Callable[[Any], Any], default: Any = None) -> Any:
         if key not in self.data or self.data[key] is None:
+            if default is _REQUIRED:
+                raise SpecError(self.source, self.at(key), None, "is empty",
+                                f"give '{key}' a value (see the topology format in topology.py)")
             return default
         try:
             return parse(self.data[key])
@@ -189,7 +218,7 @@ def _read_dc(source: str, raw: Any, i: int) -> DCSpec:
         raise r.fail("name", f"makes the WAN interface name {ifname!r} ({len(ifname)} characters), over "
                      f"Linux's {IFNAME_MAX}-character limit (IFNAMSIZ)",
                      f"use a DC name of at most {IFNAME_MAX - len(WAN_IFNAME_PREFIX)} characters")
-    hosts = r.get("hosts", _positive_int)
+    hosts = r.get("hosts", _positive_int, _REQUIRED)
     if hosts < 1:
         raise r.fail("hosts", "is not a positive number of hosts", "give each DC at least 1 host")
     rate = r.get("intra_rate", parse_rate_bps)
@@ -213,10 +242,10 @@ def _read_link(source: str, raw: Any, i: int, dc_names: list[str], fields: dict[
             raise r.fail("between", f"names unknown DC {name!r}", f"{hint}known DCs are {', '.join(dc_names)}")
     if between[0] == between[1]:
         raise r.fail("between", "joins a DC to itself", "name two different DCs")
-    rate = r.get("rate", parse_rate_bps)
+    rate = r.get("rate", parse_rate_bps, _REQUIRED)
     if rate <= 0:
         raise r.fail("rate", "is not a positive rate", "write a rate above 0, such as 100mbit")
-    delay = r.get("delay", parse_duration_us)
+    delay = r.get("delay", parse_duration_us, _REQUIRED)
     _check_delay(r, "delay", delay)
     jitter = r.get("jitter", parse_duration_us, 0)
     if jitter > delay:
@@ -317,11 +346,13 @@ def parse_topology(data: Any, source: str = "<memory>") -> TopologySpec:
     read = _read_matrix(source, data["matrix"], names) if "matrix" in data else [
         _read_link(source, raw, i, names) for i, raw in enumerate(raw_links)]
     links: list[LinkSpec] = []
+    seen: dict[frozenset[str], int] = {}
     for i, link in enumerate(read):
-        for j, other in enumerate(links):
-            if {other.a, other.b} == {link.a, link.b}:
-                raise SpecError(source, f"links[{i}].between", [link.a, link.b],
-                                f"duplicates links[{j}]", "keep one link per DC pair")
+        pair = frozenset((link.a, link.b))
+        if pair in seen:
+            raise SpecError(source, f"links[{i}].between", [link.a, link.b],
+                            f"duplicates links[{seen[pair]}]", "keep one link per DC pair")
+        seen[pair] = i
         links.append(link)
     name = data.get("name") or (Path(source).stem if source != "<memory>" else "topology")
     spec = TopologySpec(name=str(name), dcs=tuple(dcs), links=tuple(links), source=source,
@@ -368,9 +399,13 @@ def load_topology(name_or_path: str | Path | None = None) -> TopologySpec:
 
     Needs no root. Raises SpecError for a missing file, bad YAML or any invalid field.
     """
-    path = resolve_topology_path(name_or_path)
     try:
-        data = yaml.safe_load(path.read_text())
+        path = resolve_topology_path(name_or_path)
+    except OSError as e:
+        raise SpecError(str(name_or_path)[:200], "(file)", str(name_or_path)[:200],
+                        f"cannot be read ({e.strerror})", "check the path and its permissions") from None
+    try:
+        data = yaml.load(path.read_text(), Loader=_Loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -378,5 +413,12 @@ def load_topology(name_or_path: str | Path | None = None) -> TopologySpec:
         raise SpecError(str(path), "(file)", path.name, f"is not valid YAML{where}: {problem}",
                         "fix the YAML syntax there") from None
     except OSError as e:
-        raise SpecError(str(path), "(file)", path.name, f"cannot be read ({e.strerror})", "check the path") from None
+        raise SpecError(str(path), "(file)", path.name, f"cannot be read ({e.strerror})",
+                        "check the path and its permissions") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(str(path), "(file)", path.name, f"is not UTF-8 text (byte 0x{e.object[e.start]:02x} at "
+                        f"offset {e.start})", "save it as UTF-8") from None
+    except (ValueError, RecursionError) as e:
+        raise SpecError(str(path), "(file)", path.name, f"cannot be read as a topology ({type(e).__name__}: "
+                        f"{str(e)[:120]})", "keep numbers short and nesting shallow") from None
     return parse_topology(data, str(path))

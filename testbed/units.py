@@ -39,7 +39,9 @@ def _split(text: object, kind: str, units: dict[str, int], example: str) -> tupl
 
 def _whole(value: float, resolution: str, unit: str) -> int:
     """Round to the integer resolution, refusing a nonzero value that would round to zero."""
-    if 0 < value < 0.5:
+    if value > 1e18:
+        raise UnitError(f"is too large; write a realistic value in {unit}")
+    if value != round(value) and value < 1:
         raise UnitError(f"is below the resolution of {resolution}; write 0 or at least {resolution}")
     return round(value)
 

@@ -54,3 +54,18 @@ def test_loss_jitter_and_access_links(tmp_path, clean_machine):
 
         rtt, _ = measure_rtt_ms(emu, "a-h0", "a-h1", 20)
         assert rtt_within(rtt, 4.0), rtt
+
+
+def test_rate_accuracy_at_the_ends_of_the_range(tmp_path, clean_machine):
+    """HTB with ~1 ms bursts holds its rate from 1 Gbit/s down to 1 Mbit/s (DESIGN.md section 3)."""
+    from testbed.fidelity import rate_within
+    from testbed.iperf import iperf
+    from testbed.shaping import TCP_GOODPUT_FRACTION
+
+    spec = parse_topology({"dcs": [{"name": "a", "hosts": 2}, {"name": "b", "hosts": 2}],
+                           "links": [{"between": ["a", "b"], "rate": "1gbit", "delay": "10ms"}]}, "range")
+    with Emulation(spec, out_dir=tmp_path) as emu:
+        _assert_report_ok(check_fidelity(emu, duration_s=4, omit_s=2, rtt_samples=10))
+        emu.set_link_rate("a", "b", 1_000_000)
+        slow = iperf(emu, "a-h1", "b-h1", duration_s=6, omit_s=2)
+        assert rate_within(slow.bits_per_second, 1e6 * TCP_GOODPUT_FRACTION), slow

@@ -242,3 +242,33 @@ def test_invalid_yaml_is_one_line_with_position(tmp_path):
         load_topology(bad)
     msg = str(info.value)
     assert "\n" not in msg and "bad.yaml" in msg and "line " in msg and "fix the YAML syntax" in msg
+
+
+@pytest.mark.parametrize("text, words", [
+    ("a: &x [1]\ndcs: *x\n", "aliases"),
+    ("dcs: []\ndcs: []\n", "duplicate key 'dcs'"),
+    ("? [a, b]\n: 1\n", "plain word"),
+])
+def test_yaml_traps_are_refused_with_position(tmp_path, text, words):
+    from testbed.topology import load_topology
+
+    bad = tmp_path / "t.yaml"
+    bad.write_text(text)
+    with pytest.raises(SpecError) as info:
+        load_topology(bad)
+    assert words in str(info.value) and "line " in str(info.value)
+
+
+def test_null_required_values_are_missing_not_crashes():
+    data = {"dcs": [{"name": "a", "hosts": None}, {"name": "b", "hosts": 1}], "links": []}
+    err = spec_error(data)
+    assert err.field == "dcs[0].hosts" and "is empty" in str(err)
+
+
+def test_non_utf8_file(tmp_path):
+    from testbed.topology import load_topology
+
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(SpecError, match="is not UTF-8 text"):
+        load_topology(bad)
