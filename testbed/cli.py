@@ -139,7 +139,7 @@ def cmd_clean(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from .capacity import machine_capacity_bps
+    from .capacity import CACHE, machine_capacity_bps
     from .delay_element import build_helper
     from .units import format_rate
 
@@ -159,7 +159,7 @@ def cmd_doctor(args) -> int:
     print(f"sch_netem: {'present' if cached_features().get('netem') else 'absent'}")
     print(f"delay mechanism: {describe_mechanism(mech)}")
     cap, cached = machine_capacity_bps(mech)
-    print(f"capacity through {mech}: {format_rate(cap)} ({'cached' if cached else 'measured now'})")
+    print(f"capacity through {mech}: {format_rate(round(cap, -6))} ({'cached in ' + str(CACHE) if cached else 'measured now'})")
     return 1 if missing else 0
 
 
