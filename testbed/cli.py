@@ -5,6 +5,7 @@ import argparse
 import json
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -147,11 +148,10 @@ def cmd_doctor(args) -> int:
     missing = missing_tools(["nsenter", "iperf3", "ping", "iptables-restore", "tc"])
     print("tools: " + ("all present" if not missing else "missing " + ", ".join(missing)))
     print(f"delay element: {build_helper()}")
+    from .capacity import PROBE
     from .emulation import Emulation
     from .topology import parse_topology
-    from .capacity import PROBE
 
-    import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         with Emulation(parse_topology(PROBE, "<probe>"), out_dir=Path(tmp), check_capacity=False,
                        delay_mechanism=args.delay_mechanism) as emu:
