@@ -78,7 +78,7 @@ def main() -> None:
                 t0 = time.perf_counter_ns()
                 subprocess.run(argv, check=True)
                 tc.append((time.perf_counter_ns() - t0) / 1e6)
-        print(f"live rate change of one WAN class (dc0->dc1 1:10):")
+        print("live rate change of one WAN class (dc0->dc1 1:10):")
         print(f"  netlink (pyroute2)  n={len(nl):5d}  p50 {pct(nl, 50):.3f} ms  p99 {pct(nl, 99):.3f} ms  "
               f"(target p99 < 1 ms; includes the shaping-log write)")
         print(f"  tc tool (nsenter)   n={len(tc):5d}  p50 {pct(tc, 50):.3f} ms  p99 {pct(tc, 99):.3f} ms")

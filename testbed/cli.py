@@ -78,7 +78,7 @@ def cmd_topo_show(args) -> int:
 
 
 def cmd_topo_check(args) -> int:
-    from .fidelity import HEADER, LinkCheck, check_fidelity, format_row
+    from .fidelity import HEADER, check_fidelity, format_row
     from .features import require_tools
 
     spec = load_topology(args.file)

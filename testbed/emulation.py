@@ -15,7 +15,6 @@ Use::
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import threading

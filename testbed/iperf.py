@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import select
 import time
 from dataclasses import dataclass
 
@@ -20,23 +18,26 @@ class IperfResult:
     packets: int | None = None
     lost_percent: float | None = None
     retransmits: int | None = None
+    #: the client's per-interval figures (bit/s, one per second by default, omitted ones included)
+    interval_bps: tuple[float, ...] = ()
 
 
 def _start_server(emu, host: str):
-    srv = emu.popen(host, ["iperf3", "-s", "-1", "--forceflush", "-p", str(PORT)], stdout=subprocess.PIPE)
+    """Start a one-shot iperf3 server in ``host`` and wait until it listens (its log says so).
+    Its output goes to the host's log, never to a pipe that nobody reads on a long test."""
+    log = emu.log_path(host)
+    offset = log.stat().st_size if log.exists() else 0
+    srv = emu.popen(host, ["iperf3", "-s", "-1", "--forceflush", "-p", str(PORT)])
     deadline = time.monotonic() + 5
-    buf = b""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([srv.stdout], [], [], 0.1)
-        if ready:
-            chunk = srv.stdout.read1(4096) if hasattr(srv.stdout, "read1") else srv.stdout.readline()
-            if not chunk:
-                break
-            buf += chunk
-            if b"listening" in buf:
+    while time.monotonic() < deadline and srv.poll() is None:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            if b"listening" in f.read():
                 return srv
+        time.sleep(0.02)
     srv.kill()
-    raise CheckError(f"iperf3 server in {host} did not start: {buf.decode(errors='replace')[-300:]}")
+    srv.wait()
+    raise CheckError(f"iperf3 server in {host} did not start; see {log}")
 
 
 def iperf(emu, src: str, dst: str, duration_s: float, omit_s: float, udp_rate_bps: int | None = None,
@@ -61,7 +62,10 @@ def iperf(emu, src: str, dst: str, duration_s: float, omit_s: float, udp_rate_bp
     if "error" in data:
         raise CheckError(f"iperf3 {src}->{dst} failed: {data['error']}")
     end = data["end"]
+    intervals = tuple(iv["sum"]["bits_per_second"] for iv in data.get("intervals", []))
     if udp_rate_bps:
         s = end["sum"]
-        return IperfResult(s["bits_per_second"] * (1 - s["lost_percent"] / 100), s["packets"], s["lost_percent"])
-    return IperfResult(end["sum_received"]["bits_per_second"], retransmits=end["sum_sent"].get("retransmits"))
+        return IperfResult(s["bits_per_second"] * (1 - s["lost_percent"] / 100), s["packets"], s["lost_percent"],
+                           interval_bps=intervals)
+    return IperfResult(end["sum_received"]["bits_per_second"], retransmits=end["sum_sent"].get("retransmits"),
+                       interval_bps=intervals)

@@ -24,7 +24,7 @@ def test_link_rate_change_takes_effect_mid_transfer(tmp_path, clean_machine):
 
         t = threading.Thread(target=change_later)
         t.start()
-        result = iperf_intervals(emu, "east-h0", "west-h0", seconds=10)
+        result = iperf(emu, "east-h0", "west-h0", duration_s=10, omit_s=0).interval_bps
         t.join()
         # per-second figures are the sender's and come in bursts: average whole seconds
         before = statistics.mean(result[1:3])
@@ -35,17 +35,6 @@ def test_link_rate_change_takes_effect_mid_transfer(tmp_path, clean_machine):
         log = [json.loads(line) for line in (tmp_path / "shaping.jsonl").read_text().splitlines()]
         change = [e for e in log if e["event"] == "change"]
         assert change and change[-1]["t_ns"] == changed["t_ns"] and change[-1]["rate_bps"] == new_rate
-
-
-def iperf_intervals(emu, src, dst, seconds):
-    """Per-second receiver goodput (bit/s) of one TCP transfer."""
-    srv = emu.popen(dst, ["iperf3", "-s", "-1", "-p", "5202"])
-    time.sleep(0.3)
-    proc = emu.run(src, ["iperf3", "-c", str(emu.host(dst).ip), "-p", "5202", "-t", str(seconds), "-J"],
-                   timeout_s=seconds + 20)
-    srv.wait(timeout=5)
-    data = json.loads(proc.stdout)
-    return [iv["sum"]["bits_per_second"] for iv in data["intervals"]]
 
 
 def test_per_host_classes_with_filters(tmp_path, clean_machine):

@@ -9,7 +9,6 @@ import pytest
 
 from testbed import registry
 
-import testbed.features as features
 from testbed.addressing import AddressPlan
 from testbed.cli import main
 from testbed.topology import load_topology
