@@ -175,6 +175,34 @@ def _number(lo: float, hi: float, kind=float):
     return parse
 
 
+def cmd_run(args) -> int:
+    from .experiment import load_experiment
+    from .report import format_summary
+    from .runner import run_experiment
+
+    exp = load_experiment(args.experiment).with_overrides(
+        iterations=args.iterations, microbatches=args.microbatches, topology=args.topology, schedule=args.schedule,
+        data=str(args.data) if args.data else None)
+    _root_preamble("testbed run")
+    out = args.out or Path("results") / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    summary = run_experiment(exp, out, delay_mechanism=args.delay_mechanism,
+                             progress=lambda line: print(line, flush=True))
+    print(format_summary(summary))
+    return 0
+
+
+def cmd_analyze(args) -> int:
+    from .report import finalize, format_summary
+
+    if not (args.run_dir / "config.json").exists():
+        raise SpecError(str(args.run_dir), "(run folder)", str(args.run_dir), "has no config.json",
+                        "give a folder written by testbed run")
+    summary = finalize(args.run_dir)
+    print(format_summary(summary))
+    print(f"summary, events.parquet, trace.json and plots rewritten in {args.run_dir}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="testbed", description="Emulated multi-datacenter LLM training testbed.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -203,6 +231,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp = topo.add_parser("up", help="build the topology and keep it up until Ctrl-C")
     topo_args(sp)
     sp.set_defaults(func=cmd_topo_up)
+
+    sp = sub.add_parser("run", help="train across the emulated DCs (default: the embedded default experiment)")
+    sp.add_argument("experiment", nargs="?", default=None, help="experiment file or shipped name (default: default)")
+    sp.add_argument("--iterations", type=_number(1, 100000, int))
+    sp.add_argument("--microbatches", type=_number(1, 1024, int))
+    sp.add_argument("--schedule", choices=("gpipe", "1f1b"))
+    sp.add_argument("--topology", help="topology file or shipped name")
+    sp.add_argument("--data", type=Path, help="text file or folder to train on (default: Python's stdlib sources)")
+    sp.add_argument("--out", type=Path, help="run folder (default: results/<experiment>-<time>)")
+    sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
+    sp.set_defaults(func=cmd_run)
+    sp = sub.add_parser("analyze", help="recompute summary, parquet, Chrome trace and plots of a run folder")
+    sp.add_argument("run_dir", type=Path)
+    sp.set_defaults(func=cmd_analyze)
 
     sp = sub.add_parser("clean", help="remove what crashed or killed runs left behind")
     sp.add_argument("--all", action="store_true", help="also remove runs whose owner is still alive")

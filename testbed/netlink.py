@@ -217,6 +217,20 @@ def read_qdiscs(ipr: IPRoute, ifname: str) -> list[str]:
 TC_H_ROOT = 0xFFFFFFFF
 
 
+def class_tx_bytes(ipr: IPRoute, ifname: str) -> dict[int, tuple[int, int]]:
+    """``{minor: (bytes sent, ceil in bit/s)}`` for each HTB class of an interface, from the kernel."""
+    out = {}
+    for msg in ipr.get_classes(_one(ipr, ifname)):
+        if msg.get_attr("TCA_KIND") != "htb":
+            continue
+        stats = msg.get_attr("TCA_STATS")
+        opts = msg.get_attr("TCA_OPTIONS")
+        params = opts.get_attr("TCA_HTB_PARMS")
+        ceil = opts.get_attr("TCA_HTB_CEIL64") or params["ceil"]
+        out[msg["handle"] & 0xFFFF] = (stats["bytes"] if stats is not None else 0, ceil * 8)
+    return out
+
+
 def queued_packets(ipr: IPRoute, ifname: str) -> int:
     """Packets queued on an interface's egress (the root qdisc's qlen counts its whole tree)."""
     index = _one(ipr, ifname)

@@ -1,0 +1,141 @@
+"""Metrics from traces: pure functions, DataFrame in, DataFrame (or number) out.
+
+Definitions (once, here):
+- iteration time: from the first operation of an iteration on any worker to the end of its last
+  optimizer step; warm-up iterations are excluded from every statistic;
+- GPU utilization of a worker: time spent computing (forward, backward, optimizer; padded time
+  where padding is on) over the wall time of the measured iterations; waiting for a receive or an
+  all-reduce is not compute. Bubble fraction of a stage: one minus its workers' mean utilization;
+- WAN transfer time: from the moment both sides are ready (the later of the send's start and the
+  matching receive's start) to the end of the receive on a worker in another DC (CLOCK_MONOTONIC
+  is shared). Counting from the send's start alone would add the receiver's busy time: gloo sends
+  only once the receiver has posted its receive (rendezvous). ``wan_compute_ratio`` is the median
+  forward activation transfer time over the senders' median forward time;
+- WAN link utilization: bytes sent by the link's HTB tree per sampling interval over the link rate.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from . import trace as T
+
+
+def measured(ev: pd.DataFrame, warmup: int) -> pd.DataFrame:
+    return ev[ev[T.ITERATION] >= warmup]
+
+
+def iteration_times(ev: pd.DataFrame, warmup: int = 0) -> pd.DataFrame:
+    """One row per completed iteration (>= warmup): iteration, start_ns, end_ns, duration_s."""
+    ev = measured(ev, warmup)
+    opt = ev[ev[T.KIND] == T.OPTIMIZER].groupby(T.ITERATION)[T.END_NS].max()
+    start = ev.groupby(T.ITERATION)[T.START_NS].min()
+    out = pd.DataFrame({T.START_NS: start, T.END_NS: opt}).dropna().astype("int64")
+    out["duration_s"] = (out[T.END_NS] - out[T.START_NS]) / 1e9
+    return out.reset_index()
+
+
+def iteration_stats(it: pd.DataFrame) -> dict:
+    d = it["duration_s"]
+    if d.empty:
+        return {"mean": None, "p50": None, "p95": None}
+    return {"mean": float(d.mean()), "p50": float(d.quantile(0.5)), "p95": float(d.quantile(0.95))}
+
+
+def worker_utilization(ev: pd.DataFrame, warmup: int = 0) -> pd.DataFrame:
+    """One row per worker: stage, replica, compute_s, wall_s, utilization."""
+    it = iteration_times(ev, warmup)
+    if it.empty:
+        return pd.DataFrame(columns=[T.WORKER, T.STAGE, T.REPLICA, "compute_s", "wall_s", "utilization"])
+    t0, t1 = it[T.START_NS].min(), it[T.END_NS].max()
+    comp = measured(ev, warmup)
+    comp = comp[comp[T.KIND].isin(T.COMPUTE_KINDS)]
+    clipped = (comp[T.END_NS].clip(upper=t1) - comp[T.START_NS].clip(lower=t0)).clip(lower=0)
+    per = clipped.groupby(comp[T.WORKER]).sum() / 1e9
+    workers = ev.groupby(T.WORKER)[[T.STAGE, T.REPLICA]].first()
+    out = workers.assign(compute_s=per.reindex(workers.index).fillna(0.0), wall_s=(t1 - t0) / 1e9)
+    out["utilization"] = out["compute_s"] / out["wall_s"]
+    return out.reset_index()
+
+
+def stage_bubbles(util: pd.DataFrame) -> pd.DataFrame:
+    """One row per stage: utilization (mean over its replicas) and bubble_fraction."""
+    s = util.groupby(T.STAGE)["utilization"].mean()
+    return pd.DataFrame({"utilization": s, "bubble_fraction": 1 - s}).reset_index()
+
+
+def transfers(ev: pd.DataFrame) -> pd.DataFrame:
+    """Sends matched to their receives: sender, receiver, iteration, microbatch, direction
+    (forward: to a later stage), cross_dc, bytes, transfer_s."""
+    sends = ev[ev[T.KIND] == T.SEND][[T.WORKER, T.STAGE, T.DC, T.ITERATION, T.MICROBATCH, T.PEER, T.START_NS, T.BYTES]]
+    recvs = ev[ev[T.KIND] == T.RECV_WAIT][[T.WORKER, T.STAGE, T.DC, T.ITERATION, T.MICROBATCH, T.PEER, T.START_NS,
+                                          T.END_NS]]
+    m = sends.merge(recvs, left_on=[T.PEER, T.WORKER, T.ITERATION, T.MICROBATCH],
+                    right_on=[T.WORKER, T.PEER, T.ITERATION, T.MICROBATCH], suffixes=("_s", "_r"))
+    ready = m[[f"{T.START_NS}_s", f"{T.START_NS}_r"]].max(axis=1)
+    return pd.DataFrame({
+        "sender": m[f"{T.WORKER}_s"], "receiver": m[f"{T.WORKER}_r"], T.ITERATION: m[T.ITERATION],
+        T.MICROBATCH: m[T.MICROBATCH], "forward": m[f"{T.STAGE}_r"] > m[f"{T.STAGE}_s"],
+        "cross_dc": m[f"{T.DC}_s"] != m[f"{T.DC}_r"], T.BYTES: m[T.BYTES],
+        "transfer_s": (m[T.END_NS] - ready) / 1e9})
+
+
+def wan_compute_ratio(ev: pd.DataFrame, warmup: int = 0) -> float | None:
+    """Median forward activation transfer time across DCs over the senders' median forward time."""
+    ev = measured(ev, warmup)
+    tr = transfers(ev)
+    tr = tr[tr["forward"] & tr["cross_dc"]]
+    if tr.empty:
+        return None
+    fwd = ev[(ev[T.KIND] == T.FORWARD) & ev[T.WORKER].isin(tr["sender"].unique())]
+    return float(tr["transfer_s"].median() / ((fwd[T.END_NS] - fwd[T.START_NS]).median() / 1e9))
+
+
+def overrun_fraction(ev: pd.DataFrame, targets_ns: dict[str, int], warmup: int = 0) -> float:
+    """Share of forward and backward operations of the measured iterations whose real time exceeded
+    their padding target (warm-up iterations pay one-off allocation costs)."""
+    ev = measured(ev, warmup)
+    ops = ev[ev[T.KIND].isin(list(targets_ns))]
+    if ops.empty:
+        return 0.0
+    target = ops[T.KIND].map(targets_ns)
+    return float((ops[T.REAL_NS] > target).mean())
+
+
+def losses(ev: pd.DataFrame) -> pd.Series:
+    """Global training loss per iteration (reported by the last stage)."""
+    opt = ev[(ev[T.KIND] == T.OPTIMIZER) & ev[T.LOSS].notna()]
+    return opt.groupby(T.ITERATION)[T.LOSS].first().astype(float)
+
+
+def idle_gaps(ev: pd.DataFrame) -> pd.DataFrame:
+    """Idle rows: each worker's gaps between consecutive operations (receive waits count as idle
+    time too, but are already their own rows)."""
+    rows = []
+    for w, g in ev[ev[T.KIND] != T.IDLE].sort_values(T.START_NS).groupby(T.WORKER):
+        ends = g[T.END_NS].cummax().shift()
+        gap = g[T.START_NS] - ends
+        sel = gap > 0
+        for (_, r), start in zip(g[sel].iterrows(), ends[sel]):
+            rows.append({**{c: r[c] for c in (T.WORKER, T.HOST, T.DC, T.STAGE, T.REPLICA, T.ITERATION)},
+                         T.MICROBATCH: -1, T.KIND: T.IDLE, T.START_NS: int(start), T.END_NS: int(r[T.START_NS])})
+    return pd.DataFrame(rows)
+
+
+def link_utilization(counters: pd.DataFrame) -> pd.DataFrame:
+    """Per link and sampling interval: t_s (from the first sample), bits per second sent by the
+    link class 1:1 and its share of the link rate."""
+    c = counters[counters[T.CLASSID] == "1:1"].sort_values([T.LINK, T.T_NS])
+    if c.empty:
+        return pd.DataFrame(columns=[T.LINK, "t_s", "bps", "utilization"])
+    t0 = c[T.T_NS].min()
+    g = c.groupby(T.LINK)
+    dt = g[T.T_NS].diff() / 1e9
+    bps = g[T.TX_BYTES].diff() * 8 / dt
+    out = pd.DataFrame({T.LINK: c[T.LINK], "t_s": (c[T.T_NS] - t0) / 1e9, "bps": bps,
+                        "utilization": bps / c[T.RATE_BPS]}).dropna()
+    return out.reset_index(drop=True)
+
+
+def nan_to_none(x):
+    return None if x is None or (isinstance(x, float) and np.isnan(x)) else x

@@ -1,0 +1,232 @@
+"""Experiment description: which topology, model, data, parallelism, schedule and compute model.
+
+Pure data, validated at load time like topologies (errors name file, field, value and fix).
+Layout (DESIGN.md section 1): ``stages`` pipeline stages placed on DCs in file order, each DC
+taking as many consecutive stages as its hosts hold with all ``replicas`` data-parallel replicas
+of a stage inside it; the global batch is replicas x microbatches x microbatch_size sequences.
+
+Emulated-GPU compute: each forward and backward of a stage on one microbatch is padded to a
+target duration, given in ms (``compute.forward_ms``/``backward_ms``) or derived from a reference
+model's FLOPs and a device's peak FLOP/s times an efficiency (``compute.device``); the backward
+takes twice the forward's FLOPs (Narayanan et al. 2021, "Efficient Large-Scale Language Model
+Training on GPU Clusters", section 5.1: 3x forward for forward plus backward).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import SpecError
+from .model import ModelConfig
+from .schedule import SCHEDULES
+from .topology import TopologySpec, _Loader, _Reader, load_topology
+
+WORKLOAD_DIR = Path(__file__).resolve().parent.parent / "workloads"
+DEFAULT_EXPERIMENT = "default"
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """A GPU's dense peak FLOP/s and the share a training step reaches (MFU), with their source."""
+
+    name: str
+    peak_tflops: float
+    efficiency: float
+    source: str
+
+
+@dataclass(frozen=True)
+class ComputeModel:
+    """``mode``: ``padded`` (each operation padded to its target) or ``real`` (CPU speed, no padding)."""
+
+    mode: str = "padded"
+    forward_ms: float = 40.0
+    backward_ms: float = 80.0
+    device: DeviceModel | None = None
+    reference_forward_tflop: float | None = None  # FLOPs of one stage's forward on one microbatch
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    topology: str
+    schedule: str = "1f1b"
+    iterations: int = 10
+    warmup_iterations: int = 2
+    stages: int = 3
+    replicas: int = 2
+    microbatches: int = 4
+    microbatch_size: int = 4
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lr: float = 3e-4
+    seed: int = 0
+    data: str | None = None
+    compute: ComputeModel = field(default_factory=ComputeModel)
+    policy: str = "pp-fair"
+    source: str = "<memory>"
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per iteration, over all replicas."""
+        return self.replicas * self.microbatches * self.microbatch_size
+
+    @property
+    def tokens_per_iteration(self) -> int:
+        return self.global_batch * self.model.seq_len
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def with_overrides(self, **kw: Any) -> "Experiment":
+        """The experiment with main fields replaced (None values ignored), re-validated."""
+        changed = {k: v for k, v in kw.items() if v is not None}
+        out = replace(self, **changed)
+        _check(out)
+        return out
+
+
+def _num(kind):
+    def parse(v: Any):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
+            from .units import UnitError
+
+            raise UnitError(f"is not {'a whole number' if kind is int else 'a number'}; write e.g. "
+                            f"{4 if kind is int else 0.0003}")
+        return kind(v)
+    return parse
+
+
+def parse_experiment(data: Any, source: str = "<memory>") -> Experiment:
+    """Validate parsed YAML into an Experiment. Raises SpecError naming field, value and fix."""
+    keys = ("name", "description", "topology", "schedule", "iterations", "warmup_iterations", "stages",
+            "replicas", "microbatches", "microbatch_size", "model", "lr", "seed", "data", "compute", "policy")
+    r = _Reader(source, data, "", keys, ("topology",))
+    kw: dict[str, Any] = {"name": str(data.get("name") or Path(source).stem), "source": source,
+                          "topology": str(data["topology"])}
+    for key in ("iterations", "warmup_iterations", "stages", "replicas", "microbatches", "microbatch_size", "seed"):
+        if key in data:
+            kw[key] = r.get(key, _num(int))
+    if "lr" in data:
+        kw["lr"] = r.get("lr", _num(float))
+    for key in ("schedule", "data", "policy"):
+        if data.get(key) is not None:
+            kw[key] = str(data[key])
+    if "model" in data:
+        m = _Reader(source, data["model"], "model", ("n_layers", "d_model", "n_heads", "seq_len"))
+        kw["model"] = ModelConfig(**{k: m.get(k, _num(int)) for k in m.data})
+    if "compute" in data:
+        c = _Reader(source, data["compute"], "compute", ("mode", "forward_ms", "backward_ms", "device",
+                                                          "reference_forward_tflop"))
+        ckw: dict[str, Any] = {k: c.get(k, _num(float)) for k in ("forward_ms", "backward_ms",
+                                                                  "reference_forward_tflop") if k in c.data}
+        if "mode" in c.data:
+            ckw["mode"] = str(c.data["mode"])
+        if "device" in c.data:
+            d = _Reader(source, c.data["device"], "compute.device", ("name", "peak_tflops", "efficiency", "source"),
+                        ("name", "peak_tflops", "efficiency", "source"))
+            ckw["device"] = DeviceModel(str(d.data["name"]), d.get("peak_tflops", _num(float)),
+                                        d.get("efficiency", _num(float)), str(d.data["source"]))
+        kw["compute"] = _resolve_compute(source, ComputeModel(**ckw))
+    exp = Experiment(**kw)
+    _check(exp)
+    return exp
+
+
+def _resolve_compute(source: str, c: ComputeModel) -> ComputeModel:
+    """Derive forward/backward targets from the device model when one is given."""
+    if c.device is None:
+        return c
+    if c.reference_forward_tflop is None:
+        raise SpecError(source, "compute.reference_forward_tflop", None, "is missing while compute.device is given",
+                        "give the FLOPs (in TFLOP) of one stage's forward pass on one microbatch")
+    fwd_ms = c.reference_forward_tflop / (c.device.peak_tflops * c.device.efficiency) * 1000
+    return replace(c, forward_ms=fwd_ms, backward_ms=2 * fwd_ms)
+
+
+def _check(e: Experiment) -> None:
+    src = e.source
+
+    def bad(field: str, value: Any, problem: str, fix: str) -> SpecError:
+        return SpecError(src, field, value, problem, fix)
+
+    for key in ("iterations", "stages", "replicas", "microbatches", "microbatch_size"):
+        if getattr(e, key) < 1:
+            raise bad(key, getattr(e, key), "is not positive", "use 1 or more")
+    if not 0 <= e.warmup_iterations < e.iterations:
+        raise bad("warmup_iterations", e.warmup_iterations, f"must be from 0 to iterations - 1 ({e.iterations - 1})",
+                  "measure at least one iteration after warm-up")
+    if e.schedule not in SCHEDULES:
+        raise bad("schedule", e.schedule, "is not a known schedule", f"use one of {', '.join(SCHEDULES)}")
+    if e.stages > e.model.n_layers:
+        raise bad("stages", e.stages, f"exceeds model.n_layers ({e.model.n_layers})", "use at most one stage per block")
+    if e.model.d_model % e.model.n_heads:
+        raise bad("model.n_heads", e.model.n_heads, f"does not divide d_model ({e.model.d_model})",
+                  "choose heads that divide d_model")
+    if e.compute.mode not in ("padded", "real"):
+        raise bad("compute.mode", e.compute.mode, "is not padded or real", "use padded (emulated GPU) or real")
+    if not (e.compute.forward_ms > 0 and e.compute.backward_ms > 0):
+        raise bad("compute.forward_ms", e.compute.forward_ms, "is not positive", "give targets above 0 ms")
+    if not 0 < e.lr < 1:
+        raise bad("lr", e.lr, "is not a learning rate in (0, 1)", "use e.g. 0.0003")
+
+
+def resolve_experiment_path(name_or_path: str | Path | None) -> Path:
+    p = Path(name_or_path or DEFAULT_EXPERIMENT)
+    if p.exists():
+        return p
+    shipped = WORKLOAD_DIR / (p.name if p.suffix else f"{p.name}.yaml")
+    if shipped.exists() and p.parent == Path("."):
+        return shipped
+    known = ", ".join(sorted(f.stem for f in WORKLOAD_DIR.glob("*.yaml")))
+    raise SpecError(str(name_or_path), "(file)", str(name_or_path), "does not exist",
+                    f"give a path to an experiment file or one of the shipped names: {known}")
+
+
+def load_experiment(name_or_path: str | Path | None = None) -> Experiment:
+    """Load and validate an experiment file (default: the shipped ``default`` experiment)."""
+    path = resolve_experiment_path(name_or_path)
+    try:
+        data = yaml.load(path.read_text(), Loader=_Loader)
+    except yaml.YAMLError as e:
+        raise SpecError(str(path), "(file)", path.name, f"is not valid YAML: {getattr(e, 'problem', e)}",
+                        "fix the YAML syntax") from None
+    return parse_experiment(data, str(path))
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One worker = one emulated GPU: global rank, pipeline stage, data-parallel replica, host."""
+
+    rank: int
+    stage: int
+    replica: int
+    host: str
+    dc: str
+
+
+def place(exp: Experiment, topo: TopologySpec) -> list[WorkerSpec]:
+    """Stages on DCs in file order; each DC takes as many consecutive stages as its hosts hold
+    (all replicas of a stage in one DC). Rank = stage x replicas + replica. Raises SpecError
+    naming the shortfall when the topology cannot hold the layout."""
+    workers, stage = [], 0
+    for dc in topo.dcs:
+        fit = dc.hosts // exp.replicas
+        for k in range(fit):
+            if stage == exp.stages:
+                break
+            for r in range(exp.replicas):
+                workers.append(WorkerSpec(stage * exp.replicas + r, stage, r, f"{dc.name}-h{k * exp.replicas + r}",
+                                          dc.name))
+            stage += 1
+    if stage < exp.stages:
+        raise SpecError(exp.source, "stages", exp.stages, f"x replicas {exp.replicas} do not fit topology "
+                        f"{topo.name}: its DCs hold only {stage} stages of {exp.replicas} replicas",
+                        "use fewer stages or replicas, or a topology with more hosts")
+    return workers
+
+
+def load_with_topology(exp: Experiment) -> TopologySpec:
+    return load_topology(exp.topology)

@@ -1,0 +1,176 @@
+"""From a run folder's traces to ``events.parquet``, ``summary.json``, ``trace.json`` and plots.
+
+Used at the end of every run (also an aborted one) and by ``testbed analyze RUN_DIR``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from . import analysis as A
+from . import trace as T
+
+#: A run whose share of padded operations that overran their target exceeds this is flagged.
+MAX_REPRESENTATIVE_OVERRUN = 0.05
+COLORS = {T.FORWARD: "#4c72b0", T.BACKWARD: "#55a868", T.SEND: "#dd8452", T.RECV_WAIT: "#e5e5e5",
+          T.ALLREDUCE: "#c44e52", T.OPTIMIZER: "#8172b3", T.IDLE: "#ffffff"}
+
+
+def summarize(ev: pd.DataFrame, config: dict, env: dict, counters: pd.DataFrame, aborted: bool = False) -> dict:
+    warmup = config["warmup_iterations"]
+    if ev.empty:
+        it = pd.DataFrame(columns=["duration_s"])
+    else:
+        it = A.iteration_times(ev, warmup)
+    stats = A.iteration_stats(it)
+    util = A.worker_utilization(ev, warmup) if not ev.empty else pd.DataFrame(columns=["utilization", T.STAGE])
+    bubbles = A.stage_bubbles(util) if not util.empty else pd.DataFrame(columns=[T.STAGE, "bubble_fraction"])
+    loss = A.losses(ev) if not ev.empty else pd.Series(dtype=float)
+    compute = config["compute"]
+    targets = {T.FORWARD: int(compute["forward_ms"] * 1e6), T.BACKWARD: int(compute["backward_ms"] * 1e6)}
+    overrun = A.overrun_fraction(ev, targets, warmup) if compute["mode"] == "padded" and not ev.empty else 0.0
+    tokens = config["replicas"] * config["microbatches"] * config["microbatch_size"] * config["model"]["seq_len"]
+    lu = A.link_utilization(counters)
+    return {
+        "policy": config.get("policy", "pp-fair"),
+        "topology": config["topology"],
+        "experiment": config["name"],
+        "schedule": config["schedule"],
+        "workers": len(config["workers"]),
+        "iterations": config["iterations"],
+        "completed_iterations": int(loss.index.max() + 1) if len(loss) else 0,
+        "warmup_iterations": warmup,
+        "iteration_time_s": stats["mean"],
+        "iteration_time_p50_s": stats["p50"],
+        "iteration_time_p95_s": stats["p95"],
+        "tokens_per_s": tokens / stats["mean"] if stats["mean"] else None,
+        "gpu_utilization": float(util["utilization"].mean()) if not util.empty else None,
+        "bubble_fraction": float(bubbles["bubble_fraction"].mean()) if not bubbles.empty else None,
+        "bubble_fraction_per_stage": [float(b) for b in bubbles["bubble_fraction"]],
+        "loss_first": float(loss.iloc[0]) if len(loss) else None,
+        "loss_last": float(loss.iloc[-1]) if len(loss) else None,
+        "delay_mechanism": env.get("delay_mechanism"),
+        "wan_compute_ratio": A.nan_to_none(A.wan_compute_ratio(ev, warmup)) if not ev.empty else None,
+        "compute_overrun_fraction": overrun,
+        "representative": overrun <= MAX_REPRESENTATIVE_OVERRUN,
+        "wan_utilization_mean": float(lu["utilization"].mean()) if not lu.empty else None,
+        "aborted": aborted,
+    }
+
+
+def chrome_trace(ev: pd.DataFrame) -> dict:
+    """Chrome trace format (chrome://tracing, Perfetto): one process per DC, one thread per worker."""
+    out = []
+    dcs = {dc: i for i, dc in enumerate(dict.fromkeys(ev[T.DC]))}
+    for dc, pid in dcs.items():
+        out.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"DC {dc}"}})
+    for (w, dc, stage, replica), _ in ev.groupby([T.WORKER, T.DC, T.STAGE, T.REPLICA]):
+        out.append({"name": "thread_name", "ph": "M", "pid": dcs[dc], "tid": int(w),
+                    "args": {"name": f"worker {w} (stage {stage}, replica {replica})"}})
+    t0 = int(ev[T.START_NS].min())
+    for r in ev.itertuples(index=False):
+        row = r._asdict()
+        out.append({"name": f"{row[T.KIND]} mb{row[T.MICROBATCH]}" if row[T.MICROBATCH] >= 0 else row[T.KIND],
+                    "cat": row[T.KIND], "ph": "X", "pid": dcs[row[T.DC]], "tid": int(row[T.WORKER]),
+                    "ts": (row[T.START_NS] - t0) / 1e3, "dur": (row[T.END_NS] - row[T.START_NS]) / 1e3,
+                    "args": {"iteration": int(row[T.ITERATION])}})
+    return {"traceEvents": out, "displayTimeUnit": "ms"}
+
+
+def plot_timeline(ev: pd.DataFrame, path: Path, warmup: int) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ev = ev[(ev[T.ITERATION] >= warmup) & (ev[T.ITERATION] < warmup + 2)]
+    if ev.empty:
+        return
+    t0 = ev[T.START_NS].min()
+    workers = sorted(ev[T.WORKER].unique())
+    fig, ax = plt.subplots(figsize=(14, 0.5 * len(workers) + 1.5))
+    for kind, color in COLORS.items():
+        if kind in (T.IDLE, T.SEND):
+            continue
+        k = ev[ev[T.KIND] == kind]
+        if k.empty:
+            continue
+        ax.barh(k[T.WORKER], (k[T.END_NS] - k[T.START_NS]) / 1e6, left=(k[T.START_NS] - t0) / 1e6, color=color,
+                edgecolor="black", linewidth=0.3, label=kind, height=0.8)
+        if kind in (T.FORWARD, T.BACKWARD):
+            for r in k.itertuples():
+                ax.text((getattr(r, T.START_NS) - t0) / 1e6 + 1, getattr(r, T.WORKER), str(getattr(r, T.MICROBATCH)),
+                        va="center", fontsize=6)
+    labels = ev.groupby(T.WORKER)[[T.STAGE, T.REPLICA, T.DC]].first()
+    ax.set_yticks(workers, [f"w{w} s{labels.loc[w, T.STAGE]} r{labels.loc[w, T.REPLICA]} {labels.loc[w, T.DC]}"
+                            for w in workers])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"time (ms) from the start of iteration {warmup}")
+    ax.set_title("pipeline timeline (numbers: microbatch)")
+    ax.legend(loc="upper right", fontsize=7, ncol=5)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_links(lu: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if lu.empty:
+        return
+    fig, ax = plt.subplots(figsize=(12, 4))
+    for link, g in lu.groupby(T.LINK):
+        ax.plot(g["t_s"], g["utilization"], label=link, linewidth=0.8)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("share of link rate")
+    ax.set_ylim(0, 1.1)
+    ax.set_title("WAN link utilization")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def finalize(run_dir: Path, exp=None, aborted: bool = False) -> dict:
+    """Write events.parquet (with idle rows), summary.json, trace.json and the plots; return the summary."""
+    config = json.loads((run_dir / "config.json").read_text())
+    env_path = run_dir / "env.json"
+    env = json.loads(env_path.read_text()) if env_path.exists() else {}
+    ev = T.read_events(run_dir)
+    if not ev.empty:
+        ev = ev[ev[T.KIND] != T.IDLE]
+        idle = A.idle_gaps(ev)
+        full = pd.concat([ev, idle], ignore_index=True) if not idle.empty else ev
+        full.to_parquet(run_dir / "events.parquet", index=False)
+    counters = T.read_link_counters(run_dir)
+    summary = summarize(ev, config, env, counters, aborted)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    if not ev.empty:
+        (run_dir / "trace.json").write_text(json.dumps(chrome_trace(ev)))
+        plot_timeline(ev, run_dir / "timeline.png", config["warmup_iterations"])
+    plot_links(A.link_utilization(counters), run_dir / "wan_utilization.png")
+    return summary
+
+
+SUMMARY_ROWS = [("iteration_time_s", "iteration time (s, mean)"), ("iteration_time_p95_s", "iteration time (s, p95)"),
+                ("tokens_per_s", "tokens/s"), ("gpu_utilization", "GPU utilization"),
+                ("bubble_fraction", "bubble fraction"), ("wan_compute_ratio", "WAN/compute ratio"),
+                ("loss_first", "loss (first)"), ("loss_last", "loss (last)"),
+                ("compute_overrun_fraction", "compute overrun fraction"), ("delay_mechanism", "delay mechanism")]
+
+
+def format_summary(s: dict) -> str:
+    lines = [f"{s['experiment']} on {s['topology']}: {s['workers']} workers, {s['schedule']}, "
+             f"{s['completed_iterations']}/{s['iterations']} iterations ({s['warmup_iterations']} warm-up)"]
+    for key, label in SUMMARY_ROWS:
+        v = s.get(key)
+        lines.append(f"  {label:<28} {v:.4g}" if isinstance(v, float) else f"  {label:<28} {v}")
+    lines.append(f"  {'bubble fraction per stage':<28} " + ", ".join(f"{b:.3f}" for b in s["bubble_fraction_per_stage"]))
+    if not s["representative"]:
+        lines.append("  WARNING: more than 5% of operations overran their compute target: not representative")
+    if s["aborted"]:
+        lines.append("  the run was ABORTED: figures cover the completed part")
+    return "\n".join(lines)

@@ -1,0 +1,176 @@
+"""Run an experiment: build the topology, start one worker per emulated GPU in its host, watch
+them, sample the WAN classes, tear down, and turn the traces into a summary and plots.
+
+Failure handling: a worker that exits non-zero, or a run whose workers write no event for
+``hang_timeout_s``, aborts the whole run with an error naming the worker and its log tail; the
+network is removed in every case and the traces written so far are kept and summarised.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+from . import trace as T
+from .data import load_corpus
+from .emulation import Emulation
+from .errors import TestbedError
+from .experiment import Experiment, place
+from .topology import load_topology
+
+GLOO_PORT = 29500
+
+
+class RunError(TestbedError):
+    """A worker crashed or hung; the run was aborted (its traces are kept)."""
+
+
+def _versions() -> dict:
+    import pyroute2
+    import torch
+
+    def cmd(argv):
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=5).stdout.strip()
+        except OSError:
+            return None
+
+    repo = Path(__file__).resolve().parent.parent
+    return {"python": platform.python_version(), "torch": torch.__version__, "pyroute2": pyroute2.__version__,
+            "iproute2": cmd(["ip", "-V"]), "kernel": platform.release(),
+            "git_commit": cmd(["git", "-C", str(repo), "rev-parse", "HEAD"]),
+            "trace_schema": T.SCHEMA_VERSION}
+
+
+def timeout_s(exp: Experiment, topo) -> float:
+    """Collective timeout: ten times the slowest activation transfer (bytes / slowest WAN rate plus
+    the longest one-way delay) plus the padded compute of a whole iteration, at least 60 s. A slow
+    link never trips it; a dead peer is detected within it."""
+    act_bytes = exp.microbatch_size * exp.model.seq_len * exp.model.d_model * 4
+    slowest = min(link.rate_bps for link in topo.links) if topo.links else 10**9
+    longest = max((link.delay_us for link in topo.links), default=0) / 1e6
+    per_iter = exp.microbatches * (exp.compute.forward_ms + exp.compute.backward_ms) / 1000 * exp.stages
+    return max(60.0, 10 * (act_bytes * 8 / slowest + longest) * exp.microbatches * exp.stages + 3 * per_iter)
+
+
+class LinkSampler(threading.Thread):
+    """Samples the transmitted bytes of every WAN class every ``interval_s`` into link_counters.jsonl."""
+
+    def __init__(self, emu: Emulation, path: Path, interval_s: float = 0.1) -> None:
+        super().__init__(name="link-sampler", daemon=True)
+        self.emu, self.path, self.interval_s = emu, path, interval_s
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        from .netlink import class_tx_bytes
+
+        with open(self.path, "a", buffering=1) as f:
+            while not self._stop.wait(self.interval_s):
+                for (src, dst), end in self.emu.plan.wan_ends.items():
+                    ns = self.emu.plan.routers[src].netns
+                    try:
+                        counters = class_tx_bytes(self.emu.ipr(ns), end.ifname)
+                    except Exception:  # the network is being torn down
+                        return
+                    t = T.now_ns()
+                    for minor, (tx, rate) in counters.items():
+                        f.write(json.dumps({T.T_NS: t, T.LINK: f"{src}->{dst}", T.CLASSID: f"1:{minor:x}",
+                                            T.TX_BYTES: tx, T.RATE_BPS: rate}) + "\n")
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto",
+                   progress: Callable[[str], None] = print, hang_timeout_s: float | None = None) -> dict:
+    """Run ``exp`` and return its summary (also in ``out_dir/summary.json``). Raises RunError when a
+    worker fails; PrivilegeError, FeatureError, BuildError from the network."""
+    from .report import finalize
+
+    topo = load_topology(exp.topology)
+    workers = place(exp, topo)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _, corpus_sha = load_corpus(Path(exp.data) if exp.data else None)
+    (out_dir / "config.json").write_text(json.dumps({**exp.to_dict(), "topology_spec": topo.to_dict(),
+                                                     "workers": [asdict(w) for w in workers]}, indent=1))
+    t_timeout = timeout_s(exp, topo)
+    hang = hang_timeout_s or t_timeout
+    error: BaseException | None = None
+    t_start = time.monotonic()
+    try:
+        with Emulation(topo, delay_mechanism=delay_mechanism, out_dir=out_dir) as emu:
+            (out_dir / "env.json").write_text(json.dumps({
+                **_versions(), "delay_mechanism": emu.mechanism, "netem": emu.mechanism == "netem",
+                "corpus_sha256": corpus_sha, "cpus": os.cpu_count(), "run_prefix": emu.prefix}, indent=1))
+            master = emu.host(workers[0].host).ip
+            cfg = {"experiment": exp.to_dict(), "workers": [asdict(w) for w in workers], "out_dir": str(out_dir),
+                   "init_method": f"tcp://{master}:{GLOO_PORT}", "timeout_s": t_timeout}
+            cfg_path = out_dir / "worker_config.json"
+            cfg_path.write_text(json.dumps(cfg))
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
+                   "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+            procs = {w.rank: emu.popen(w.host, [sys.executable, "-m", "testbed.worker", str(cfg_path), str(w.rank)],
+                                       env=env) for w in workers}
+            progress(f"{len(workers)} workers started on {topo.name} ({emu.mechanism} delay); "
+                     f"{exp.stages} stages x {exp.replicas} replicas, {exp.schedule}, {exp.microbatches} microbatches")
+            sampler = LinkSampler(emu, out_dir / "link_counters.jsonl")
+            sampler.start()
+            try:
+                _watch(emu, exp, workers, procs, out_dir, hang, progress, t_start)
+            finally:
+                sampler.stop()
+    except (RunError, KeyboardInterrupt) as e:
+        error = e
+    summary = finalize(out_dir, exp, aborted=error is not None)
+    if error is not None:
+        raise error
+    progress(f"done in {time.monotonic() - t_start:.1f} s; traces in {out_dir}")
+    return summary
+
+
+def _log_tail(emu: Emulation, host: str, lines: int = 15) -> str:
+    text = emu.log_path(host).read_text(errors="replace").splitlines()
+    return "\n".join(text[-lines:])
+
+
+def _watch(emu, exp, workers, procs, out_dir: Path, hang_s: float, progress, t_start: float) -> None:
+    events = out_dir / "events"
+    last_size, last_change, shown = -1, time.monotonic(), -1
+    last_stage = [w for w in workers if w.stage == exp.stages - 1 and w.replica == 0][0]
+    while True:
+        emu.check_alive()
+        codes = {r: p.poll() for r, p in procs.items()}
+        for r, code in codes.items():
+            if code not in (None, 0):
+                w = workers[r]
+                raise RunError(f"worker {r} (stage {w.stage}, replica {w.replica}, host {w.host}) exited with "
+                               f"status {code}; the run was aborted. Log tail:\n{_log_tail(emu, w.host)}")
+        if all(code == 0 for code in codes.values()):
+            return
+        size = sum(p.stat().st_size for p in events.glob("*.jsonl")) if events.exists() else 0
+        now = time.monotonic()
+        if size != last_size:
+            last_size, last_change = size, now
+        elif now - last_change > hang_s:
+            stuck = [r for r, code in codes.items() if code is None]
+            raise RunError(f"no worker progressed for {hang_s:.0f} s (still running: workers {stuck}); the run was "
+                           f"aborted. Log tail of worker {stuck[0]}:\n{_log_tail(emu, workers[stuck[0]].host)}")
+        path = events / f"w{last_stage.rank}.jsonl"
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                if e.get(T.KIND) == T.OPTIMIZER and e[T.ITERATION] > shown:
+                    shown = e[T.ITERATION]
+                    progress(f"iteration {shown + 1}/{exp.iterations}  loss {e[T.LOSS]:.4f}  "
+                             f"elapsed {now - t_start:.1f} s")
+        time.sleep(0.2)

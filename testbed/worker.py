@@ -1,0 +1,154 @@
+"""One training worker (= one emulated GPU), run inside its host's namespace by the runner.
+
+``python -m testbed.worker CONFIG.json RANK``. It joins the gloo process group over its own
+interface (GLOO_SOCKET_IFNAME), keeps its pipeline stage of the seeded model, and runs the
+schedule's actions for each iteration: receives and sends between neighbouring stages of its
+replica (across the WAN when the stages sit in different DCs), the gradient all-reduce among
+the replicas of its stage (inside its DC), and the optimizer step. Every operation is written to
+its event file as it completes.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from . import trace as T
+from .data import batch, load_corpus, split
+from .model import ModelConfig, Stage, build_model, lm_loss
+from .schedule import make_schedule
+
+
+class Padder:
+    """Pads an operation to its target duration (emulated GPU); records real and padded time."""
+
+    def __init__(self, targets_ms: dict[str, float], enabled: bool) -> None:
+        self.targets_ns = {k: int(v * 1e6) for k, v in targets_ms.items()}
+        self.enabled = enabled
+
+    def finish(self, kind: str, start_ns: int) -> tuple[int, int]:
+        """Sleep out the rest of ``kind``'s target; return (real_ns, padded_ns)."""
+        real = T.now_ns() - start_ns
+        if not self.enabled:
+            return real, real
+        target = self.targets_ns[kind]
+        while (left := target - (T.now_ns() - start_ns)) > 0:
+            time.sleep(left / 1e9)
+        return real, max(real, target)
+
+
+def main(config_path: str, rank: int) -> None:
+    cfg = json.loads(Path(config_path).read_text())
+    exp, me = cfg["experiment"], cfg["workers"][rank]
+    S, R, M, mb = exp["stages"], exp["replicas"], exp["microbatches"], exp["microbatch_size"]
+    stage, replica = me["stage"], me["replica"]
+    torch.set_num_threads(1)
+    torch.manual_seed(exp["seed"])
+    out = Path(cfg["out_dir"])
+    ev = T.EventWriter(out / "events" / f"w{rank}.jsonl", **{T.WORKER: rank, T.HOST: me["host"], T.DC: me["dc"],
+                                                              T.STAGE: stage, T.REPLICA: replica})
+    dist.init_process_group("gloo", init_method=cfg["init_method"], rank=rank, world_size=len(cfg["workers"]),
+                            timeout=timedelta(seconds=cfg["timeout_s"]))
+    dp_groups = [dist.new_group([s * R + r for r in range(R)]) for s in range(S)]
+    my_dp = dp_groups[stage]
+    mcfg = ModelConfig(**exp["model"])
+    model = Stage(build_model(mcfg, exp["seed"]), stage, S)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=exp["lr"], weight_decay=0.0)
+    corpus, _ = load_corpus(Path(exp["data"]) if exp["data"] else None)
+    train, _ = split(corpus)
+    padder = Padder({T.FORWARD: exp["compute"]["forward_ms"], T.BACKWARD: exp["compute"]["backward_ms"]},
+                    exp["compute"]["mode"] == "padded")
+    actions = make_schedule(exp["schedule"], S, M)[stage]
+    prev_rank = (stage - 1) * R + replica if stage > 0 else None
+    next_rank = (stage + 1) * R + replica if stage < S - 1 else None
+    act_shape = (mb, mcfg.seq_len, mcfg.d_model)
+    act_bytes = mb * mcfg.seq_len * mcfg.d_model * 4
+    first, last = stage == 0, stage == S - 1
+
+    for it in range(exp["iterations"]):
+        x, y = batch(train, R * M * mb, mcfg.seq_len, exp["seed"], it)
+        rows = slice(replica * M * mb, (replica + 1) * M * mb)
+        x, y = x[rows], y[rows]
+        saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        pending = []
+        loss_sum = 0.0
+        for a in actions:
+            m = a.microbatch
+            fields = {T.ITERATION: it, T.MICROBATCH: m}
+            if a.kind == "F":
+                if first:
+                    inp = x[m * mb:(m + 1) * mb]
+                else:
+                    inp = torch.empty(act_shape)
+                    t0 = T.now_ns()
+                    dist.recv(inp, src=prev_rank, tag=m)
+                    ev.write(T.RECV_WAIT, t0, T.now_ns(), **fields, bytes=act_bytes, peer=prev_rank)
+                    inp.requires_grad_()
+                t0 = T.now_ns()
+                outp = model(inp)
+                if last:
+                    loss = lm_loss(outp, y[m * mb:(m + 1) * mb]) / M
+                    loss_sum += loss.item()
+                    outp = loss
+                real, padded = padder.finish(T.FORWARD, t0)
+                ev.write(T.FORWARD, t0, T.now_ns(), **fields, real_ns=real, padded_ns=padded)
+                saved[m] = (inp, outp)
+                if not last:
+                    t0 = T.now_ns()
+                    pending.append(dist.isend(outp.detach().contiguous(), dst=next_rank, tag=m))
+                    ev.write(T.SEND, t0, T.now_ns(), **fields, bytes=act_bytes, peer=next_rank)
+            else:
+                inp, outp = saved.pop(m)
+                if last:
+                    grad = None
+                else:
+                    grad = torch.empty(act_shape)
+                    t0 = T.now_ns()
+                    dist.recv(grad, src=next_rank, tag=m)
+                    ev.write(T.RECV_WAIT, t0, T.now_ns(), **fields, bytes=act_bytes, peer=next_rank)
+                t0 = T.now_ns()
+                outp.backward(grad)
+                real, padded = padder.finish(T.BACKWARD, t0)
+                ev.write(T.BACKWARD, t0, T.now_ns(), **fields, real_ns=real, padded_ns=padded)
+                if not first:
+                    t0 = T.now_ns()
+                    pending.append(dist.isend(inp.grad.contiguous(), dst=prev_rank, tag=m))
+                    ev.write(T.SEND, t0, T.now_ns(), **fields, bytes=act_bytes, peer=prev_rank)
+        for w in pending:
+            w.wait()
+        fields = {T.ITERATION: it, T.MICROBATCH: -1}
+        if R > 1:
+            t0 = T.now_ns()
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            dist.all_reduce(flat, group=my_dp)
+            flat /= R
+            offset = 0
+            for p in params:
+                n = p.numel()
+                p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+                offset += n
+            ev.write(T.ALLREDUCE, t0, T.now_ns(), **fields, bytes=flat.numel() * 4)
+        t0 = T.now_ns()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        loss_value = None
+        if last:
+            loss_t = torch.tensor([loss_sum])
+            if R > 1:
+                dist.all_reduce(loss_t, group=my_dp)
+                loss_t /= R
+            loss_value = loss_t.item()
+        ev.write(T.OPTIMIZER, t0, T.now_ns(), **fields, loss=loss_value)
+    dist.barrier()
+    ev.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))
