@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Benchmark of the training harness (figures printed, nothing asserted).
+
+- the harness's own overhead on a training step: the cost of writing the trace events of one
+  step, and the padding's overshoot (sleep wake-up beyond the target), as shares of the step's
+  padded compute time (target: under 2%);
+- the default run's wall time (target: under 3 minutes on the 2-core VM).
+
+Run as root: .venv/bin/python scripts/bench_training.py [--skip-run]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from testbed import trace as T
+from testbed.experiment import load_experiment
+from testbed.worker import Padder
+
+
+def tracing_cost_ns(n: int = 5000) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        w = T.EventWriter(Path(tmp) / "w.jsonl", worker=0, host="h", dc="d", stage=0, replica=0)
+        t0 = time.perf_counter_ns()
+        for i in range(n):
+            w.write(T.FORWARD, i, i + 1, iteration=0, microbatch=i, real_ns=1, padded_ns=1)
+        dt = time.perf_counter_ns() - t0
+        w.close()
+    return dt / n
+
+
+def padding_overshoot_ns(target_ms: float, n: int = 200) -> list[float]:
+    p = Padder({T.FORWARD: target_ms}, enabled=True)
+    out = []
+    for _ in range(n):
+        t0 = T.now_ns()
+        p.finish(T.FORWARD, t0)
+        out.append(T.now_ns() - t0 - target_ms * 1e6)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--skip-run", action="store_true", help="only the in-process overhead figures")
+    args = ap.parse_args()
+    exp = load_experiment()
+    c = exp.compute
+    step_ns = exp.microbatches * (c.forward_ms + c.backward_ms) * 1e6  # padded compute of one stage's step
+    events_per_step = exp.microbatches * 4 + 2  # F, B, send, recv per microbatch; all-reduce, optimizer
+    trace_ns = tracing_cost_ns() * events_per_step
+    over = padding_overshoot_ns(c.forward_ms)
+    pad_ns = statistics.mean(over) * exp.microbatches * 2
+    print(f"default experiment: {exp.microbatches} microbatches, targets {c.forward_ms:g}/{c.backward_ms:g} ms "
+          f"-> {step_ns / 1e6:.0f} ms of padded compute per stage per step")
+    print(f"  tracing: {trace_ns / 1e3:.1f} us per step ({events_per_step} events) = {100 * trace_ns / step_ns:.3f}%")
+    print(f"  padding overshoot: mean {statistics.mean(over) / 1e3:.1f} us, p99 "
+          f"{statistics.quantiles(over, n=100)[98] / 1e3:.1f} us per op = {100 * pad_ns / step_ns:.3f}% per step")
+    print(f"  harness overhead: {100 * (trace_ns + pad_ns) / step_ns:.3f}% of a step (target < 2%)")
+    if args.skip_run:
+        return
+    from testbed.runner import run_experiment
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.monotonic()
+        s = run_experiment(exp, Path(tmp), progress=lambda line: None)
+        wall = time.monotonic() - t0
+    print(f"default run: {wall:.1f} s wall for {exp.iterations} iterations (target < 180 s); "
+          f"iteration {s['iteration_time_s']:.3f} s, wan_compute_ratio {s['wan_compute_ratio']:.2f}, "
+          f"bubble fraction {s['bubble_fraction']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
