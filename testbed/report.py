@@ -55,6 +55,8 @@ def summarize(ev: pd.DataFrame, config: dict, env: dict, counters: pd.DataFrame,
         "wan_compute_ratio": A.nan_to_none(A.wan_compute_ratio(ev, warmup)) if not ev.empty else None,
         "compute_overrun_fraction": overrun,
         "representative": overrun <= MAX_REPRESENTATIVE_OVERRUN,
+        "compute_headroom": (A.compute_headroom(ev, targets, warmup)
+                             if compute["mode"] == "padded" and not ev.empty else None),
         "wan_utilization_mean": float(lu["utilization"].mean()) if not lu.empty else None,
         "aborted": aborted,
     }
@@ -159,7 +161,8 @@ SUMMARY_ROWS = [("iteration_time_s", "iteration time (s, mean)"), ("iteration_ti
                 ("tokens_per_s", "tokens/s"), ("gpu_utilization", "GPU utilization"),
                 ("bubble_fraction", "bubble fraction"), ("wan_compute_ratio", "WAN/compute ratio"),
                 ("loss_first", "loss (first)"), ("loss_last", "loss (last)"),
-                ("compute_overrun_fraction", "compute overrun fraction"), ("delay_mechanism", "delay mechanism")]
+                ("compute_overrun_fraction", "compute overrun fraction"),
+                ("compute_headroom", "compute headroom (target/real)"), ("delay_mechanism", "delay mechanism")]
 
 
 def format_summary(s: dict) -> str:

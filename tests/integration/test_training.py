@@ -54,6 +54,7 @@ def test_default_run_regime_and_traces(tmp_path, clean_machine):
     assert 0.5 <= summary["wan_compute_ratio"] <= 2, summary
     assert min(summary["bubble_fraction_per_stage"]) >= 0.10
     assert summary["compute_overrun_fraction"] <= 0.05 and summary["representative"]
+    assert summary["compute_headroom"] >= 4  # padding targets at least 4x the real operation time
     kinds = set(T.read_events(tmp_path)[T.KIND])
     assert {T.FORWARD, T.BACKWARD, T.SEND, T.RECV_WAIT, T.ALLREDUCE, T.OPTIMIZER, T.IDLE} <= kinds
     trace = json.loads((tmp_path / "trace.json").read_text())
@@ -65,20 +66,27 @@ def test_default_run_regime_and_traces(tmp_path, clean_machine):
         summary["iteration_time_s"])
 
 
-def test_killed_worker_aborts_the_run(tmp_path):
-    before = machine_state()
+def _start_run(tmp_path):
+    """A long `testbed run`, returned once worker 2 has written events, with its registry record."""
     proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", "--iterations", "50", "--out", str(tmp_path)],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    victim = None
-    while time.monotonic() < deadline and victim is None:
+    while time.monotonic() < deadline:
         time.sleep(0.5)
-        if (tmp_path / "events" / "w2.jsonl").exists() and (tmp_path / "events" / "w2.jsonl").stat().st_size:
+        events = tmp_path / "events" / "w2.jsonl"
+        if events.exists() and events.stat().st_size:
             for rec in Path("/run/testbed/runs").glob("*.json"):
                 data = json.loads(rec.read_text())
                 if data["owner_pid"] == proc.pid:
-                    victim = next(p["pid"] for p in data["processes"] if p["what"].endswith(" in central-h0"))
-    assert victim is not None, "the run never started"
+                    return proc, data
+    proc.kill()
+    raise AssertionError("the run never started: " + proc.communicate()[1][-2000:])
+
+
+def test_killed_worker_aborts_the_run(tmp_path):
+    before = machine_state()
+    proc, record = _start_run(tmp_path)
+    victim = next(p["pid"] for p in record["processes"] if p["what"].endswith(" in central-h0"))
     t_kill = time.monotonic()
     os.kill(victim, signal.SIGKILL)
     out, err = proc.communicate(timeout=120)
@@ -87,4 +95,15 @@ def test_killed_worker_aborts_the_run(tmp_path):
     assert time.monotonic() - t_kill < 30
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["aborted"] is True
+    assert machine_state() == before
+
+
+def test_ctrl_c_keeps_traces_and_removes_the_network(tmp_path):
+    before = machine_state()
+    proc, _ = _start_run(tmp_path)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["aborted"] is True and (tmp_path / "events.parquet").exists()
     assert machine_state() == before
