@@ -26,6 +26,8 @@ from .experiment import Experiment, place
 from .topology import load_topology
 
 GLOO_PORT = 29500
+#: Extra time before a run's first event: workers import torch and join the process group.
+STARTUP_S = 120.0
 
 
 class RunError(TestbedError):
@@ -158,7 +160,7 @@ def _watch(emu, exp, workers, procs, out_dir: Path, hang_s: float, progress, t_s
         now = time.monotonic()
         if size != last_size:
             last_size, last_change = size, now
-        elif now - last_change > hang_s:
+        elif now - last_change > (hang_s if size else hang_s + STARTUP_S):
             stuck = [r for r, code in codes.items() if code is None]
             raise RunError(f"no worker progressed for {hang_s:.0f} s (still running: workers {stuck}); the run was "
                            f"aborted. Log tail of worker {stuck[0]}:\n{_log_tail(emu, workers[stuck[0]].host)}")

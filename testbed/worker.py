@@ -6,6 +6,11 @@ schedule's actions for each iteration: receives and sends between neighbouring s
 replica (across the WAN when the stages sit in different DCs), the gradient all-reduce among
 the replicas of its stage (inside its DC), and the optimizer step. Every operation is written to
 its event file as it completes.
+
+The schedule is executed here, from ``schedule.py``'s action tables, rather than by
+``torch.distributed.pipelining``'s schedules: the testbed must time every send, receive wait and
+compute operation separately, pad compute to the emulated GPU's duration, and (for BubbleTea)
+insert work between actions, none of which those schedules expose.
 """
 from __future__ import annotations
 

@@ -107,3 +107,33 @@ def test_ctrl_c_keeps_traces_and_removes_the_network(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["aborted"] is True and (tmp_path / "events.parquet").exists()
     assert machine_state() == before
+
+
+def test_hung_worker_aborts_within_the_hang_timeout(tmp_path, clean_machine):
+    import threading
+
+    from testbed.runner import RunError
+
+    exp = load_experiment().with_overrides(iterations=200)
+    stopped = []
+
+    def freeze_worker_4():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not stopped:
+            time.sleep(0.3)
+            events = tmp_path / "events" / "w4.jsonl"
+            if events.exists() and events.stat().st_size:
+                for rec in Path("/run/testbed/runs").glob("*.json"):
+                    data = json.loads(rec.read_text())
+                    if data["owner_pid"] == os.getpid():
+                        pid = next(p["pid"] for p in data["processes"] if p["what"].endswith(" in west-h0"))
+                        os.kill(pid, signal.SIGSTOP)
+                        stopped.append(time.monotonic())
+
+    t = threading.Thread(target=freeze_worker_4)
+    t.start()
+    with pytest.raises(RunError, match="no worker progressed for 8 s"):
+        run_experiment(exp, tmp_path, progress=_quiet, hang_timeout_s=8)
+    t.join()
+    assert stopped and time.monotonic() - stopped[0] < 8 + 20
+    assert json.loads((tmp_path / "summary.json").read_text())["aborted"] is True

@@ -1,0 +1,272 @@
+"""Metrics from traces, on small hand-built event frames (times in ms, stored in ns)."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from testbed import analysis as A
+from testbed import trace as T
+
+MS = 1_000_000
+
+# worker -> (host, dc, stage, replica)
+WORKERS = {0: ("east-h0", "east", 0, 0), 1: ("east-h1", "east", 1, 0), 2: ("west-h0", "west", 2, 0),
+           3: ("east-h2", "east", 0, 1)}
+
+
+def op(w, kind, it, mb, start_ms, end_ms, **extra):
+    host, dc, stage, replica = WORKERS[w]
+    row = {c: None for c in T.COLUMNS}
+    row.update({T.WORKER: w, T.HOST: host, T.DC: dc, T.STAGE: stage, T.REPLICA: replica, T.ITERATION: it,
+                T.MICROBATCH: mb, T.KIND: kind, T.START_NS: int(start_ms * MS), T.END_NS: int(end_ms * MS)})
+    row.update(extra)
+    return row
+
+
+def frame(rows):
+    """Like read_events on JSON lines: missing fields become NaN (floats for numeric columns)."""
+    df = pd.DataFrame(rows, columns=T.COLUMNS)
+    for c in (T.BYTES, T.PEER, T.REAL_NS, T.PADDED_NS, T.LOSS):
+        df[c] = pd.to_numeric(df[c])
+    return df
+
+
+# ---- iteration times -------------------------------------------------------------------------
+
+def three_iterations():
+    rows = []
+    # iteration 0 (warm-up): 0..50 ms
+    rows += [op(0, T.FORWARD, 0, 0, 0, 10), op(1, T.OPTIMIZER, 0, -1, 40, 50), op(0, T.OPTIMIZER, 0, -1, 30, 45)]
+    # iteration 1: first op is worker 1's receive wait at 100; last optimizer ends at 170 (worker 0)
+    rows += [op(1, T.RECV_WAIT, 1, 0, 100, 115, peer=0), op(0, T.FORWARD, 1, 0, 102, 112),
+             op(1, T.OPTIMIZER, 1, -1, 150, 160), op(0, T.OPTIMIZER, 1, -1, 160, 170),
+             op(0, T.SEND, 1, 0, 165, 190, peer=1)]    # a late op that is not an optimizer: not the end
+    # iteration 2: 200..230
+    rows += [op(0, T.FORWARD, 2, 0, 200, 210), op(0, T.OPTIMIZER, 2, -1, 225, 230),
+             op(1, T.OPTIMIZER, 2, -1, 215, 220)]
+    # iteration 3: started, never finished (no optimizer): not a completed iteration
+    rows += [op(0, T.FORWARD, 3, 0, 300, 310)]
+    return frame(rows)
+
+
+def test_iteration_times_start_end_and_warmup():
+    it = A.iteration_times(three_iterations(), warmup=1)
+    assert it[T.ITERATION].tolist() == [1, 2]
+    assert it[T.START_NS].tolist() == [100 * MS, 200 * MS]
+    assert it[T.END_NS].tolist() == [170 * MS, 230 * MS]
+    assert it["duration_s"].tolist() == pytest.approx([0.070, 0.030])
+
+
+def test_iteration_times_without_warmup_includes_iteration_0():
+    it = A.iteration_times(three_iterations(), warmup=0)
+    assert it[T.ITERATION].tolist() == [0, 1, 2]
+    assert it["duration_s"].iloc[0] == pytest.approx(0.050)
+
+
+def test_iteration_stats():
+    it = pd.DataFrame({"duration_s": [4.0, 1.0, 3.0, 2.0]})
+    st = A.iteration_stats(it)
+    assert st["mean"] == pytest.approx(2.5)
+    assert st["p50"] == pytest.approx(2.5)
+    # linear interpolation between order statistics: position 0.95 * 3 = 2.85 -> 3 + 0.85 * (4 - 3)
+    assert st["p95"] == pytest.approx(3.85)
+    assert A.iteration_stats(pd.DataFrame({"duration_s": []})) == {"mean": None, "p50": None, "p95": None}
+
+
+# ---- utilization -----------------------------------------------------------------------------
+
+def utilization_frame():
+    rows = []
+    # warm-up iteration 0 (excluded entirely, even its compute)
+    rows += [op(0, T.FORWARD, 0, 0, 0, 50), op(0, T.OPTIMIZER, 0, -1, 50, 60), op(1, T.OPTIMIZER, 0, -1, 50, 60)]
+    # iteration 1: window 100..200
+    rows += [op(0, T.FORWARD, 1, 0, 100, 120), op(0, T.SEND, 1, 0, 120, 121, peer=1),
+             op(0, T.RECV_WAIT, 1, 0, 121, 150, peer=1), op(0, T.BACKWARD, 1, 0, 150, 180),
+             op(0, T.ALLREDUCE, 1, -1, 180, 190), op(0, T.OPTIMIZER, 1, -1, 190, 200),
+             op(1, T.RECV_WAIT, 1, 0, 100, 125, peer=0), op(1, T.FORWARD, 1, 0, 125, 135),
+             op(1, T.BACKWARD, 1, 0, 135, 150), op(1, T.OPTIMIZER, 1, -1, 195, 198)]
+    # iteration 2 (aborted run: no optimizer): a forward straddling the window's end counts up to it,
+    # one after it counts nothing
+    rows += [op(1, T.FORWARD, 2, 0, 198, 206), op(0, T.FORWARD, 2, 0, 205, 215)]
+    # worker 2 only waits in the window: utilization 0
+    rows += [op(2, T.RECV_WAIT, 1, 0, 110, 190, peer=1)]
+    return frame(rows)
+
+
+def test_worker_utilization_compute_only_clipped_to_window():
+    u = A.worker_utilization(utilization_frame(), warmup=1).set_index(T.WORKER)
+    assert sorted(u.index) == [0, 1, 2]
+    assert u["wall_s"].tolist() == pytest.approx([0.100] * 3)
+    # worker 0: F 20 + B 30 + optimizer 10 (send, receive wait, all-reduce do not count; its
+    # iteration-2 forward lies after the window)
+    assert u.loc[0, "compute_s"] == pytest.approx(0.060)
+    # worker 1: F 10 + B 15 + optimizer 3 + 2 of the straddling forward (198..200)
+    assert u.loc[1, "compute_s"] == pytest.approx(0.030)
+    assert u.loc[2, "compute_s"] == 0.0
+    assert u["utilization"].tolist() == pytest.approx([0.60, 0.30, 0.0])
+    assert u.loc[2, T.STAGE] == 2 and u.loc[1, T.REPLICA] == 0
+
+
+def test_worker_utilization_recv_wait_is_not_compute():
+    ev = utilization_frame()
+    base = A.worker_utilization(ev, warmup=1).set_index(T.WORKER)
+    longer = ev.copy()
+    longer.loc[longer[T.KIND] == T.RECV_WAIT, T.END_NS] += 3 * MS
+    assert A.worker_utilization(longer, warmup=1).set_index(T.WORKER)["compute_s"].tolist() == pytest.approx(
+        base["compute_s"].tolist())
+
+
+def test_worker_utilization_empty_when_no_iteration_completes():
+    ev = frame([op(0, T.FORWARD, 0, 0, 0, 10)])
+    assert A.worker_utilization(ev).empty
+
+
+def test_stage_bubbles_mean_over_replicas():
+    util = pd.DataFrame({T.WORKER: [0, 3, 1], T.STAGE: [0, 0, 1], T.REPLICA: [0, 1, 0],
+                         "utilization": [0.6, 0.8, 0.5]})
+    b = A.stage_bubbles(util).set_index(T.STAGE)
+    assert b["utilization"].tolist() == pytest.approx([0.7, 0.5])
+    assert b["bubble_fraction"].tolist() == pytest.approx([0.3, 0.5])
+
+
+# ---- transfers -------------------------------------------------------------------------------
+
+def transfer_frame():
+    return frame([
+        # forward, same DC (east): 0 -> 1; the receive was posted first (at 0), the send at 10
+        op(0, T.SEND, 0, 0, 10, 11, peer=1, bytes=1000), op(1, T.RECV_WAIT, 0, 0, 0, 30, peer=0, bytes=1000),
+        # forward, across DCs: 1 -> 2; the send at 40, the receiver busy until 55, done at 85
+        op(1, T.SEND, 0, 0, 40, 41, peer=2, bytes=2000), op(2, T.RECV_WAIT, 0, 0, 55, 85, peer=1, bytes=2000),
+        # backward, across DCs: 2 -> 1 (same pair, same microbatch, other direction)
+        op(2, T.SEND, 0, 0, 100, 101, peer=1, bytes=2000), op(1, T.RECV_WAIT, 0, 0, 90, 140, peer=2, bytes=2000),
+        # a send whose receive is in another microbatch, and one in another iteration: no match
+        op(0, T.SEND, 0, 1, 12, 13, peer=1, bytes=1000), op(1, T.RECV_WAIT, 0, 2, 12, 20, peer=0, bytes=1000),
+        op(0, T.SEND, 1, 0, 200, 201, peer=1, bytes=1000), op(1, T.RECV_WAIT, 2, 0, 200, 230, peer=0, bytes=1000),
+        op(0, T.FORWARD, 0, 0, 0, 10),
+    ])
+
+
+def test_transfers_match_send_to_receive():
+    tr = A.transfers(transfer_frame()).sort_values(["sender", "receiver"]).reset_index(drop=True)
+    assert list(zip(tr["sender"], tr["receiver"])) == [(0, 1), (1, 2), (2, 1)]
+    assert tr["forward"].tolist() == [True, True, False]
+    assert tr["cross_dc"].tolist() == [False, True, True]
+    assert tr[T.BYTES].tolist() == [1000, 2000, 2000]
+    assert tr[T.ITERATION].tolist() == [0, 0, 0] and tr[T.MICROBATCH].tolist() == [0, 0, 0]
+    # from max(send start, receive start) to receive end
+    assert tr["transfer_s"].tolist() == pytest.approx([(30 - 10) / 1e3, (85 - 55) / 1e3, (140 - 100) / 1e3])
+
+
+def wan_frame():
+    rows = []
+    for it, (fwd_ms, xfer_ms) in enumerate([(50, 500), (10, 15), (20, 25), (10, 20)]):
+        b = 1000 * it
+        rows += [op(1, T.FORWARD, it, 0, b, b + fwd_ms),
+                 op(1, T.SEND, it, 0, b + fwd_ms, b + fwd_ms + 1, peer=2, bytes=8),
+                 op(2, T.RECV_WAIT, it, 0, b, b + fwd_ms + xfer_ms, peer=1, bytes=8),
+                 op(2, T.FORWARD, it, 0, b + 600, b + 900),            # receiver's forward: not in the ratio
+                 op(0, T.FORWARD, it, 0, b + 500, b + 800),            # a same-DC sender's forward: not in it
+                 op(2, T.SEND, it, 0, b + 900, b + 901, peer=1, bytes=8),  # backward across DCs: not in it
+                 op(1, T.RECV_WAIT, it, 0, b + 100, b + 990, peer=2, bytes=8),
+                 op(0, T.SEND, it, 0, b, b + 1, peer=1, bytes=8),      # forward inside east: not in it
+                 op(1, T.RECV_WAIT, it, 0, b, b + 400, peer=0, bytes=8)]
+    return frame(rows)
+
+
+def test_wan_compute_ratio_medians_measured_iterations():
+    # iterations 1..3: transfers 15, 25, 20 ms (median 20); sender's forwards 10, 20, 10 (median 10)
+    assert A.wan_compute_ratio(wan_frame(), warmup=1) == pytest.approx(20 / 10)
+    # with the warm-up: transfers 500, 15, 25, 20 (median 22.5); forwards 50, 10, 20, 10 (median 15)
+    assert A.wan_compute_ratio(wan_frame(), warmup=0) == pytest.approx(22.5 / 15)
+
+
+def test_wan_compute_ratio_none_without_cross_dc_forward():
+    ev = transfer_frame()
+    # without the one forward across DCs (1 -> 2) only the backward 2 -> 1 crosses: no ratio
+    fwd_wan = ((ev[T.WORKER] == 1) & (ev[T.KIND] == T.SEND) & (ev[T.PEER] == 2)) | (
+        (ev[T.WORKER] == 2) & (ev[T.KIND] == T.RECV_WAIT))
+    assert A.wan_compute_ratio(ev[~fwd_wan]) is None
+
+
+# ---- overruns, losses ------------------------------------------------------------------------
+
+def test_overrun_fraction_excludes_warmup_and_other_kinds():
+    targets = {T.FORWARD: 10 * MS, T.BACKWARD: 20 * MS}
+    ev = frame([
+        op(0, T.FORWARD, 0, 0, 0, 30, real_ns=30 * MS),      # warm-up overrun: excluded
+        op(0, T.BACKWARD, 0, 0, 30, 90, real_ns=60 * MS),    # warm-up overrun: excluded
+        op(0, T.FORWARD, 1, 0, 100, 111, real_ns=11 * MS),   # overrun
+        op(0, T.FORWARD, 1, 1, 111, 121, real_ns=10 * MS),   # exactly on target: not an overrun
+        op(0, T.BACKWARD, 1, 0, 121, 141, real_ns=19 * MS),
+        op(0, T.BACKWARD, 1, 1, 141, 161, real_ns=5 * MS),
+        op(0, T.OPTIMIZER, 1, -1, 161, 300, real_ns=999 * MS),  # not a padded kind
+    ])
+    assert A.overrun_fraction(ev, targets, warmup=1) == pytest.approx(1 / 4)
+    assert A.overrun_fraction(ev, targets, warmup=0) == pytest.approx(3 / 6)
+    assert A.overrun_fraction(ev[ev[T.KIND] == T.OPTIMIZER], targets) == 0.0
+
+
+def test_losses_from_the_optimizer_rows_that_carry_one():
+    ev = frame([op(0, T.OPTIMIZER, 0, -1, 0, 1), op(2, T.OPTIMIZER, 0, -1, 0, 1, loss=5.5),
+                op(2, T.FORWARD, 1, 0, 1, 2, loss=9.9),       # not an optimizer row
+                op(0, T.OPTIMIZER, 1, -1, 2, 3), op(2, T.OPTIMIZER, 1, -1, 2, 3, loss=4.25)])
+    loss = A.losses(ev)
+    assert loss.index.tolist() == [0, 1]
+    assert loss.tolist() == [5.5, 4.25]
+    assert loss.dtype == float
+
+
+# ---- idle gaps -------------------------------------------------------------------------------
+
+def test_idle_gaps_between_consecutive_ops_per_worker():
+    ev = frame([
+        op(0, T.FORWARD, 0, 0, 0, 10), op(0, T.SEND, 0, 0, 4, 6, peer=1),   # nested in the forward: no gap
+        op(0, T.BACKWARD, 0, 0, 12, 20),                                     # gap 10..12
+        op(0, T.IDLE, 0, -1, 20, 30),                                        # old idle rows are ignored
+        op(0, T.OPTIMIZER, 0, -1, 25, 26),                                   # gap 20..25
+        op(1, T.RECV_WAIT, 0, 0, 1, 3, peer=0), op(1, T.FORWARD, 0, 0, 3, 5),  # back to back: no gap
+        op(1, T.OPTIMIZER, 1, -1, 9, 10),                                     # gap 5..9, iteration 1
+    ])
+    idle = A.idle_gaps(ev).sort_values([T.WORKER, T.START_NS]).reset_index(drop=True)
+    assert (idle[T.KIND] == T.IDLE).all() and (idle[T.MICROBATCH] == -1).all()
+    got = list(zip(idle[T.WORKER], idle[T.START_NS] // MS, idle[T.END_NS] // MS, idle[T.ITERATION]))
+    assert got == [(0, 10, 12, 0), (0, 20, 25, 0), (1, 5, 9, 1)]
+    assert idle.loc[2, T.DC] == "east" and idle.loc[2, T.HOST] == "east-h1" and idle.loc[2, T.STAGE] == 1
+
+
+def test_idle_gaps_none():
+    ev = frame([op(0, T.FORWARD, 0, 0, 0, 10), op(0, T.BACKWARD, 0, 0, 10, 20)])
+    assert A.idle_gaps(ev).empty
+
+
+# ---- link utilization ------------------------------------------------------------------------
+
+def test_link_utilization_from_class_1_1_byte_deltas():
+    rows = [
+        # east->west, 100 Mbit/s: 1.25 MB in 0.1 s = 100 Mbit/s (1.0), then 0.625 MB in 0.2 s = 25 Mbit/s
+        (0, "east->west", "1:1", 0, 100_000_000), (100 * MS, "east->west", "1:1", 1_250_000, 100_000_000),
+        (300 * MS, "east->west", "1:1", 1_875_000, 100_000_000),
+        (100 * MS, "east->west", "1:10", 9_999_999, 100_000_000),        # other class: ignored
+        # west->east starts later, 50 Mbit/s: 0.3125 MB in 0.1 s = 25 Mbit/s (0.5)
+        (50 * MS, "west->east", "1:1", 1000, 50_000_000), (150 * MS, "west->east", "1:1", 1000 + 312_500, 50_000_000),
+    ]
+    counters = pd.DataFrame(rows, columns=[T.T_NS, T.LINK, T.CLASSID, T.TX_BYTES, T.RATE_BPS])
+    lu = A.link_utilization(counters)
+    got = {(r[T.LINK], round(r["t_s"], 6)): (r["bps"], r["utilization"]) for _, r in lu.iterrows()}
+    assert set(got) == {("east->west", 0.1), ("east->west", 0.3), ("west->east", 0.15)}
+    assert got[("east->west", 0.1)] == pytest.approx((100e6, 1.0))
+    assert got[("east->west", 0.3)] == pytest.approx((25e6, 0.25))
+    assert got[("west->east", 0.15)] == pytest.approx((25e6, 0.5))
+
+
+def test_link_utilization_empty_without_class_1_1():
+    counters = pd.DataFrame([(0, "a->b", "1:10", 0, 1)], columns=[T.T_NS, T.LINK, T.CLASSID, T.TX_BYTES, T.RATE_BPS])
+    assert A.link_utilization(counters).empty
+    assert list(A.link_utilization(counters).columns) == [T.LINK, "t_s", "bps", "utilization"]
+
+
+def test_nan_to_none():
+    assert A.nan_to_none(float("nan")) is None and A.nan_to_none(None) is None
+    assert A.nan_to_none(1.5) == 1.5 and A.nan_to_none(np.float64(2.0)) == 2.0
+    assert not math.isnan(A.nan_to_none(0.0))

@@ -1,0 +1,184 @@
+"""summary.json and trace.json from a hand-built run: two stages in two DCs, one replica, one
+microbatch, three iterations of which the first is warm-up (times in ms, stored in ns)."""
+import json
+
+import pandas as pd
+import pytest
+
+from testbed import trace as T
+from testbed.report import MAX_REPRESENTATIVE_OVERRUN, chrome_trace, format_summary, summarize
+
+MS = 1_000_000
+WORKERS = {0: ("east-h0", "east", 0, 0), 1: ("west-h0", "west", 1, 0)}
+# extra wait of stage 0 for its gradient, per iteration: iteration durations 85 + x ms
+EXTRA_MS = [50, 0, 10]
+LOSS = [5.0, 4.0, 3.5]
+FWD_MS, BWD_MS = 10, 20      # padding targets
+
+
+def op(w, kind, it, mb, start_ms, end_ms, **extra):
+    host, dc, stage, replica = WORKERS[w]
+    row = {c: None for c in T.COLUMNS}
+    row.update({T.WORKER: w, T.HOST: host, T.DC: dc, T.STAGE: stage, T.REPLICA: replica, T.ITERATION: it,
+                T.MICROBATCH: mb, T.KIND: kind, T.START_NS: int(start_ms * MS), T.END_NS: int(end_ms * MS)})
+    row.update(extra)
+    return row
+
+
+def run_events():
+    rows = []
+    for it, x in enumerate(EXTRA_MS):
+        b = 200 * it
+        # real time of worker 1's backward: over its 20 ms target in warm-up and in iteration 2
+        w1_bwd_real = {0: 25, 1: 8, 2: 21}[it] * MS
+        w0_fwd_real = {0: 30, 1: 9, 2: 10}[it] * MS        # 10 ms: on target, not an overrun
+        rows += [
+            # stage 0 (east): forward, send the activation, wait for the gradient, backward, step
+            op(0, T.FORWARD, it, 0, b, b + 10, real_ns=w0_fwd_real, padded_ns=10 * MS),
+            op(0, T.SEND, it, 0, b + 10, b + 11, peer=1, bytes=4096),
+            op(0, T.RECV_WAIT, it, 0, b + 11, b + 60 + x, peer=1, bytes=4096),
+            op(0, T.BACKWARD, it, 0, b + 60 + x, b + 80 + x, real_ns=15 * MS, padded_ns=20 * MS),
+            op(0, T.OPTIMIZER, it, -1, b + 80 + x, b + 85 + x),
+            # stage 1 (west): wait for the activation (posted at +2, arrives at +30), forward, backward
+            op(1, T.RECV_WAIT, it, 0, b + 2, b + 30, peer=0, bytes=4096),
+            op(1, T.FORWARD, it, 0, b + 30, b + 40, real_ns=4 * MS, padded_ns=10 * MS),
+            op(1, T.BACKWARD, it, 0, b + 40, b + 48, real_ns=w1_bwd_real, padded_ns=max(w1_bwd_real, 20 * MS)),
+            op(1, T.SEND, it, 0, b + 48, b + 49, peer=0, bytes=4096),
+            op(1, T.OPTIMIZER, it, -1, b + 49, b + 52, loss=LOSS[it]),
+        ]
+    df = pd.DataFrame(rows, columns=T.COLUMNS)
+    for c in (T.BYTES, T.PEER, T.REAL_NS, T.PADDED_NS, T.LOSS):
+        df[c] = pd.to_numeric(df[c])
+    return df
+
+
+def config(**over):
+    c = {"name": "hand", "topology": "two_dc", "schedule": "gpipe", "iterations": 3, "warmup_iterations": 1,
+         "stages": 2, "replicas": 1, "microbatches": 1, "microbatch_size": 2,
+         "model": {"n_layers": 2, "d_model": 16, "n_heads": 2, "seq_len": 8},
+         "compute": {"mode": "padded", "forward_ms": FWD_MS, "backward_ms": BWD_MS},
+         "workers": [{"rank": 0}, {"rank": 1}]}
+    c.update(over)
+    return c
+
+
+def counters():
+    rows = [(0, "east->west", "1:1", 0, 100_000_000), (100 * MS, "east->west", "1:1", 625_000, 100_000_000),
+            (200 * MS, "east->west", "1:1", 1_250_000, 100_000_000),
+            (100 * MS, "east->west", "1:10", 123, 100_000_000)]
+    return pd.DataFrame(rows, columns=[T.T_NS, T.LINK, T.CLASSID, T.TX_BYTES, T.RATE_BPS])
+
+
+def test_summarize_by_hand():
+    s = summarize(run_events(), config(), {"delay_mechanism": "netem"}, counters())
+    # measured iterations 1 and 2: 85 + 0 and 85 + 10 ms
+    durations = [(85 + x) / 1e3 for x in EXTRA_MS[1:]]
+    mean = sum(durations) / 2
+    assert s["iteration_time_s"] == pytest.approx(mean)
+    assert s["iteration_time_p50_s"] == pytest.approx(mean)
+    assert s["iteration_time_p95_s"] == pytest.approx(durations[0] + 0.95 * (durations[1] - durations[0]))
+    tokens = 1 * 1 * 2 * 8                           # replicas x microbatches x microbatch_size x seq_len
+    assert s["tokens_per_s"] == pytest.approx(tokens / mean)
+    # measured window: start of iteration 1 (200 ms) to the end of iteration 2's last step (400 + 95)
+    wall = (400 + 85 + EXTRA_MS[2]) - 200
+    compute = {0: 2 * (10 + 20 + 5), 1: 2 * (10 + 8 + 3)}      # forward + backward + optimizer, per iteration
+    util = {w: c / wall for w, c in compute.items()}
+    assert s["gpu_utilization"] == pytest.approx((util[0] + util[1]) / 2)
+    assert s["bubble_fraction_per_stage"] == pytest.approx([1 - util[0], 1 - util[1]])
+    assert s["bubble_fraction"] == pytest.approx(1 - (util[0] + util[1]) / 2)
+    assert s["loss_first"] == LOSS[0] and s["loss_last"] == LOSS[-1]
+    assert s["completed_iterations"] == 3
+    # activation transfer: from the send at +10 (the receive was posted at +2) to its end at +30;
+    # the sender's forwards take 10 ms
+    assert s["wan_compute_ratio"] == pytest.approx((30 - 10) / 10)
+    # measured forward/backward ops: 2 workers x 2 kinds x 2 iterations = 8; one overran (worker 1's
+    # backward of iteration 2, 21 > 20 ms); the warm-up's overruns do not count
+    assert s["compute_overrun_fraction"] == pytest.approx(1 / 8)
+    assert 1 / 8 > MAX_REPRESENTATIVE_OVERRUN and s["representative"] is False
+    assert s["wan_utilization_mean"] == pytest.approx(0.5)       # 625 kB per 0.1 s = 50 of 100 Mbit/s
+    assert s["policy"] == "pp-fair" and s["topology"] == "two_dc" and s["experiment"] == "hand"
+    assert s["schedule"] == "gpipe" and s["workers"] == 2 and s["iterations"] == 3
+    assert s["warmup_iterations"] == 1
+    assert s["delay_mechanism"] == "netem" and s["aborted"] is False
+    json.dumps(s)                                    # plain JSON types only
+
+
+def test_summarize_documented_keys():
+    s = summarize(run_events(), config(policy="atlas"), {}, counters(), aborted=True)
+    for key in ("policy", "topology", "workers", "iterations", "iteration_time_s", "tokens_per_s", "gpu_utilization",
+                "bubble_fraction", "loss_first", "loss_last", "delay_mechanism", "wan_compute_ratio",
+                "compute_overrun_fraction"):
+        assert key in s, key
+    assert s["policy"] == "atlas" and s["delay_mechanism"] is None and s["aborted"] is True
+
+
+def test_summarize_real_mode_has_no_overrun():
+    s = summarize(run_events(), config(compute={"mode": "real", "forward_ms": FWD_MS, "backward_ms": BWD_MS}),
+                  {}, counters())
+    assert s["compute_overrun_fraction"] == 0.0 and s["representative"] is True
+
+
+def test_summarize_warmup_changes_the_measured_window():
+    s = summarize(run_events(), config(warmup_iterations=0), {}, counters())
+    durations = [(85 + x) / 1e3 for x in EXTRA_MS]
+    assert s["iteration_time_s"] == pytest.approx(sum(durations) / 3)
+    # with the warm-up: 2 workers x 2 kinds x 3 iterations = 12 ops; overruns: worker 0's forward of
+    # iteration 0 (30 > 10), worker 1's backward of iterations 0 (25) and 2 (21)
+    assert s["compute_overrun_fraction"] == pytest.approx(3 / 12)
+
+
+def test_summarize_empty_run():
+    empty = pd.DataFrame(columns=T.COLUMNS)
+    s = summarize(empty, config(), {}, pd.DataFrame(columns=[T.T_NS, T.LINK, T.CLASSID, T.TX_BYTES, T.RATE_BPS]),
+                  aborted=True)
+    assert s["iteration_time_s"] is None and s["tokens_per_s"] is None and s["gpu_utilization"] is None
+    assert s["bubble_fraction"] is None and s["bubble_fraction_per_stage"] == []
+    assert s["loss_first"] is None and s["completed_iterations"] == 0 and s["wan_compute_ratio"] is None
+    assert s["wan_utilization_mean"] is None
+    format_summary(s)                                # prints Nones without failing
+
+
+def test_format_summary():
+    s = summarize(run_events(), config(), {"delay_mechanism": "nfqueue"}, counters())
+    text = format_summary(s)
+    lines = text.splitlines()
+    assert lines[0] == "hand on two_dc: 2 workers, gpipe, 3/3 iterations (1 warm-up)"
+    assert any(line.split()[-1] == "nfqueue" and "delay mechanism" in line for line in lines)
+    assert f"{s['iteration_time_s']:.4g}" in text
+    assert "WARNING" in text and "ABORTED" not in text               # 1/8 overran: not representative
+    ok = summarize(run_events(), config(compute={"mode": "real", "forward_ms": 1, "backward_ms": 2}), {}, counters(),
+                   aborted=True)
+    text = format_summary(ok)
+    assert "WARNING" not in text and "ABORTED" in text
+
+
+def test_chrome_trace_one_process_per_dc_and_x_events_in_us():
+    ev = run_events()
+    tr = chrome_trace(ev)
+    json.dumps(tr)
+    events = tr["traceEvents"]
+    procs = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert procs == {0: "DC east", 1: "DC west"}
+    threads = {(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert threads == {(0, 0), (1, 1)}
+    xs = [e for e in events if e["ph"] == "X"]
+    assert len(xs) == len(ev)
+    assert {e["pid"] for e in xs} == {0, 1}
+    assert all(e["pid"] == e["tid"] for e in xs)    # worker 0 in east (pid 0), worker 1 in west (pid 1)
+    # worker 1's forward of iteration 1: 200 + 30 ms from the first event (0), 10 ms long
+    f = [e for e in xs if e["tid"] == 1 and e["cat"] == T.FORWARD and e["args"]["iteration"] == 1]
+    assert len(f) == 1
+    assert f[0]["ts"] == pytest.approx(230_000.0) and f[0]["dur"] == pytest.approx(10_000.0)
+    assert f[0]["name"] == "forward mb0"
+    opt = [e for e in xs if e["cat"] == T.OPTIMIZER]
+    assert {e["name"] for e in opt} == {"optimizer"}   # no microbatch (-1) in the name
+    assert min(e["ts"] for e in xs) == 0.0
+
+
+def test_chrome_trace_origin_is_the_first_event():
+    ev = run_events()
+    ev[T.START_NS] += 5_000 * MS
+    ev[T.END_NS] += 5_000 * MS
+    xs = [e for e in chrome_trace(ev)["traceEvents"] if e["ph"] == "X"]
+    assert min(e["ts"] for e in xs) == 0.0
+    assert max(e["ts"] + e["dur"] for e in xs) == pytest.approx((400 + 85 + EXTRA_MS[2]) * 1000.0)
