@@ -88,6 +88,8 @@ def wan_compute_ratio(ev: pd.DataFrame, warmup: int = 0) -> float | None:
     if tr.empty:
         return None
     fwd = ev[(ev[T.KIND] == T.FORWARD) & ev[T.WORKER].isin(tr["sender"].unique())]
+    if fwd.empty:
+        return None
     return float(tr["transfer_s"].median() / ((fwd[T.END_NS] - fwd[T.START_NS]).median() / 1e9))
 
 
@@ -107,7 +109,7 @@ def compute_headroom(ev: pd.DataFrame, targets_ns: dict[str, int], warmup: int =
     (the issue asks for at least 4x on the development machine)."""
     ev = measured(ev, warmup)
     ratios = [targets_ns[k] / ev[ev[T.KIND] == k][T.REAL_NS].median() for k in targets_ns
-              if (ev[T.KIND] == k).any()]
+              if ev[ev[T.KIND] == k][T.REAL_NS].notna().any()]
     return float(min(ratios)) if ratios else None
 
 

@@ -62,10 +62,10 @@ def split(corpus: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def batch(tokens: torch.Tensor, n_seqs: int, seq_len: int, seed: int, iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The global batch of one iteration: (n_seqs, seq_len) inputs and next-byte targets (int64)."""
-    if len(tokens) <= seq_len + 1:
-        raise DataError(f"the corpus has {len(tokens)} bytes, fewer than seq_len + 2 = {seq_len + 2}")
+    if len(tokens) <= seq_len:
+        raise DataError(f"the corpus has {len(tokens)} bytes, fewer than seq_len + 1 = {seq_len + 1}")
     g = torch.Generator().manual_seed(seed * 1_000_003 + iteration)
-    starts = torch.randint(0, len(tokens) - seq_len - 1, (n_seqs,), generator=g)
+    starts = torch.randint(0, len(tokens) - seq_len, (n_seqs,), generator=g)
     x = torch.stack([tokens[s: s + seq_len] for s in starts.tolist()]).long()
     y = torch.stack([tokens[s + 1: s + 1 + seq_len] for s in starts.tolist()]).long()
     return x, y

@@ -22,7 +22,7 @@ import yaml
 from .errors import SpecError
 from .model import ModelConfig
 from .schedule import SCHEDULES
-from .topology import TopologySpec, _Loader, _Reader, load_topology
+from .topology import _REQUIRED, TopologySpec, _Loader, _Reader, load_topology
 
 WORKLOAD_DIR = Path(__file__).resolve().parent.parent / "workloads"
 DEFAULT_EXPERIMENT = "default"
@@ -84,17 +84,17 @@ class Experiment:
         """The experiment with main fields replaced (None values ignored), re-validated."""
         changed = {k: v for k, v in kw.items() if v is not None}
         out = replace(self, **changed)
+        out = replace(out, compute=_resolve_compute(out.source, out.compute))
         _check(out)
         return out
 
 
-def _num(kind):
+def _num(kind, example):
     def parse(v: Any):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
             from .units import UnitError
 
-            raise UnitError(f"is not {'a whole number' if kind is int else 'a number'}; write e.g. "
-                            f"{4 if kind is int else 0.0003}")
+            raise UnitError(f"is not {'a whole number' if kind is int else 'a number'}; write e.g. {example}")
         return kind(v)
     return parse
 
@@ -108,27 +108,33 @@ def parse_experiment(data: Any, source: str = "<memory>") -> Experiment:
                           "topology": str(data["topology"])}
     for key in ("iterations", "warmup_iterations", "stages", "replicas", "microbatches", "microbatch_size", "seed"):
         if key in data:
-            kw[key] = r.get(key, _num(int))
+            kw[key] = r.get(key, _num(int, 4), _REQUIRED)
     if "lr" in data:
-        kw["lr"] = r.get("lr", _num(float))
+        kw["lr"] = r.get("lr", _num(float, 0.0003), _REQUIRED)
     for key in ("schedule", "data", "policy"):
         if data.get(key) is not None:
             kw[key] = str(data[key])
     if "model" in data:
         m = _Reader(source, data["model"], "model", ("n_layers", "d_model", "n_heads", "seq_len"))
-        kw["model"] = ModelConfig(**{k: m.get(k, _num(int)) for k in m.data})
+        kw["model"] = ModelConfig(**{k: m.get(k, _num(int, 128), _REQUIRED) for k in m.data})
     if "compute" in data:
         c = _Reader(source, data["compute"], "compute", ("mode", "forward_ms", "backward_ms", "device",
                                                           "reference_forward_tflop"))
-        ckw: dict[str, Any] = {k: c.get(k, _num(float)) for k in ("forward_ms", "backward_ms",
-                                                                  "reference_forward_tflop") if k in c.data}
+        ckw: dict[str, Any] = {k: c.get(k, _num(float, 40.0), _REQUIRED) for k in ("forward_ms", "backward_ms",
+                                                                                   "reference_forward_tflop")
+                               if k in c.data}
         if "mode" in c.data:
             ckw["mode"] = str(c.data["mode"])
         if "device" in c.data:
             d = _Reader(source, c.data["device"], "compute.device", ("name", "peak_tflops", "efficiency", "source"),
                         ("name", "peak_tflops", "efficiency", "source"))
-            ckw["device"] = DeviceModel(str(d.data["name"]), d.get("peak_tflops", _num(float)),
-                                        d.get("efficiency", _num(float)), str(d.data["source"]))
+            dev = DeviceModel(str(d.data["name"]), d.get("peak_tflops", _num(float, 312.0), _REQUIRED),
+                              d.get("efficiency", _num(float, 0.4), _REQUIRED), str(d.data["source"]))
+            if dev.peak_tflops <= 0:
+                raise d.fail("peak_tflops", "is not positive", "give the device's dense peak in TFLOP/s, e.g. 312")
+            if not 0 < dev.efficiency <= 1:
+                raise d.fail("efficiency", "is not in (0, 1]", "give the reached share of peak (MFU), e.g. 0.4")
+            ckw["device"] = dev
         kw["compute"] = _resolve_compute(source, ComputeModel(**ckw))
     exp = Experiment(**kw)
     _check(exp)
@@ -139,8 +145,9 @@ def _resolve_compute(source: str, c: ComputeModel) -> ComputeModel:
     """Derive forward/backward targets from the device model when one is given."""
     if c.device is None:
         return c
-    if c.reference_forward_tflop is None:
-        raise SpecError(source, "compute.reference_forward_tflop", None, "is missing while compute.device is given",
+    if c.reference_forward_tflop is None or c.reference_forward_tflop <= 0:
+        raise SpecError(source, "compute.reference_forward_tflop", c.reference_forward_tflop,
+                        "is missing or not positive while compute.device is given",
                         "give the FLOPs (in TFLOP) of one stage's forward pass on one microbatch")
     fwd_ms = c.reference_forward_tflop / (c.device.peak_tflops * c.device.efficiency) * 1000
     return replace(c, forward_ms=fwd_ms, backward_ms=2 * fwd_ms)
@@ -155,6 +162,9 @@ def _check(e: Experiment) -> None:
     for key in ("iterations", "stages", "replicas", "microbatches", "microbatch_size"):
         if getattr(e, key) < 1:
             raise bad(key, getattr(e, key), "is not positive", "use 1 or more")
+    for key, low in (("n_layers", 1), ("d_model", 1), ("n_heads", 1), ("seq_len", 2)):
+        if getattr(e.model, key) < low:
+            raise bad(f"model.{key}", getattr(e.model, key), f"is below {low}", f"use {low} or more")
     if not 0 <= e.warmup_iterations < e.iterations:
         raise bad("warmup_iterations", e.warmup_iterations, f"must be from 0 to iterations - 1 ({e.iterations - 1})",
                   "measure at least one iteration after warm-up")

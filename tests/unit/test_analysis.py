@@ -207,6 +207,21 @@ def test_overrun_fraction_excludes_warmup_and_other_kinds():
     assert A.overrun_fraction(ev[ev[T.KIND] == T.OPTIMIZER], targets) == 0.0
 
 
+def test_compute_headroom_smallest_target_over_median_real():
+    targets = {T.FORWARD: 12 * MS, T.BACKWARD: 20 * MS}
+    ev = frame([
+        op(0, T.FORWARD, 0, 0, 0, 12, real_ns=100 * MS),     # warm-up: excluded
+        op(0, T.FORWARD, 1, 0, 0, 12, real_ns=2 * MS), op(0, T.FORWARD, 1, 1, 0, 12, real_ns=3 * MS),
+        op(0, T.FORWARD, 1, 2, 0, 12, real_ns=9 * MS),       # forward median 3 ms: headroom 4
+        op(0, T.BACKWARD, 1, 0, 0, 20, real_ns=4 * MS),
+        op(0, T.BACKWARD, 1, 1, 0, 20, real_ns=6 * MS),      # backward median 5 ms: headroom 4
+    ])
+    assert A.compute_headroom(ev, targets, warmup=1) == pytest.approx(min(12 / 3, 20 / 5))
+    ev.loc[ev[T.KIND] == T.BACKWARD, T.REAL_NS] *= 2          # backward median 10 ms: headroom 2
+    assert A.compute_headroom(ev, targets, warmup=1) == pytest.approx(2.0)
+    assert A.compute_headroom(ev[ev[T.ITERATION] == 0], targets, warmup=1) is None
+
+
 def test_losses_from_the_optimizer_rows_that_carry_one():
     ev = frame([op(0, T.OPTIMIZER, 0, -1, 0, 1), op(2, T.OPTIMIZER, 0, -1, 0, 1, loss=5.5),
                 op(2, T.FORWARD, 1, 0, 1, 2, loss=9.9),       # not an optimizer row

@@ -151,7 +151,7 @@ DEVICE = {"name": "H100 SXM", "peak_tflops": 989.0, "efficiency": 0.4, "source":
 
 def test_device_without_reference_flops():
     err = spec_error(data(compute={"device": DEVICE}))
-    assert err.field == "compute.reference_forward_tflop" and "is missing while compute.device" in str(err)
+    assert err.field == "compute.reference_forward_tflop" and "is missing or not positive while compute.device" in str(err)
     assert "TFLOP" in str(err).partition("; ")[2]
 
 
@@ -245,3 +245,22 @@ def test_place_refuses_what_does_not_fit(hosts, stages, replicas, held):
     msg = str(e.value)
     assert e.value.field == "stages" and f"only {held} stages" in msg
     assert "fewer stages or replicas" in msg.partition("; ")[2]
+
+
+@pytest.mark.parametrize("compute, field", [
+    ({"forward_ms": None}, "compute.forward_ms"),
+    ({"device": {**DEVICE, "efficiency": 0}, "reference_forward_tflop": 1.0}, "compute.device.efficiency"),
+    ({"device": {**DEVICE, "peak_tflops": 0}, "reference_forward_tflop": 1.0}, "compute.device.peak_tflops"),
+])
+def test_bad_compute_values_name_their_field(compute, field):
+    assert spec_error(data(compute=compute)).field == field
+
+
+@pytest.mark.parametrize("model, field", [({"n_heads": 0}, "model.n_heads"), ({"seq_len": 0}, "model.seq_len"),
+                                          ({"n_layers": None}, "model.n_layers"), ({"d_model": 0}, "model.d_model")])
+def test_bad_model_sizes_name_their_field(model, field):
+    assert spec_error(data(model=model)).field == field
+
+
+def test_null_iterations_is_an_error():
+    assert spec_error(data(iterations=None)).field == "iterations"

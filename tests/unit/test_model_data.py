@@ -77,7 +77,8 @@ def test_lm_loss_is_mean_next_byte_cross_entropy():
 def test_forward_flops():
     cfg = SMALL
     tokens = 10
-    assert cfg.forward_flops(tokens) == 2 * cfg.params() * tokens + 2 * cfg.n_layers * cfg.seq_len * cfg.d_model * tokens
+    attention = 2 * cfg.n_layers * cfg.seq_len * cfg.d_model
+    assert cfg.forward_flops(tokens) == 2 * cfg.params() * tokens + attention * tokens
     assert cfg.forward_flops(2 * tokens) == 2 * cfg.forward_flops(tokens)
 
 
@@ -154,8 +155,8 @@ def test_batch_targets_are_inputs_shifted_by_one():
 
 def test_batch_corpus_too_small():
     with pytest.raises(DataError, match="seq_len"):
-        batch(torch.arange(9, dtype=torch.uint8), 2, seq_len=8, seed=0, iteration=0)
-    x, y = batch(torch.arange(10, dtype=torch.uint8), 2, seq_len=8, seed=0, iteration=0)  # seq_len + 2: enough
+        batch(torch.arange(8, dtype=torch.uint8), 2, seq_len=8, seed=0, iteration=0)
+    x, y = batch(torch.arange(9, dtype=torch.uint8), 2, seq_len=8, seed=0, iteration=0)  # seq_len + 1: enough
     assert torch.equal(x[0], torch.arange(8)) and torch.equal(y[0], torch.arange(1, 9))
 
 

@@ -95,6 +95,9 @@ def test_summarize_by_hand():
     # backward of iteration 2, 21 > 20 ms); the warm-up's overruns do not count
     assert s["compute_overrun_fraction"] == pytest.approx(1 / 8)
     assert 1 / 8 > MAX_REPRESENTATIVE_OVERRUN and s["representative"] is False
+    # headroom: target over median real time, the smaller over kinds; measured forwards 9, 10, 4, 4
+    # (median 6.5 ms, target 10), backwards 15, 15, 8, 21 (median 15 ms, target 20)
+    assert s["compute_headroom"] == pytest.approx(min(10 / 6.5, 20 / 15))
     assert s["wan_utilization_mean"] == pytest.approx(0.5)       # 625 kB per 0.1 s = 50 of 100 Mbit/s
     assert s["policy"] == "pp-fair" and s["topology"] == "two_dc" and s["experiment"] == "hand"
     assert s["schedule"] == "gpipe" and s["workers"] == 2 and s["iterations"] == 3
@@ -116,6 +119,7 @@ def test_summarize_real_mode_has_no_overrun():
     s = summarize(run_events(), config(compute={"mode": "real", "forward_ms": FWD_MS, "backward_ms": BWD_MS}),
                   {}, counters())
     assert s["compute_overrun_fraction"] == 0.0 and s["representative"] is True
+    assert s["compute_headroom"] is None
 
 
 def test_summarize_warmup_changes_the_measured_window():
