@@ -191,6 +191,25 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_schedule(args) -> int:
+    from .experiment import load_experiment, place
+    from .schedule import bubble_fraction, format_grid, grid, make_schedule
+
+    exp = load_experiment(args.experiment).with_overrides(microbatches=args.microbatches, schedule=args.schedule)
+    workers = place(exp, load_topology(exp.topology))
+    sched = make_schedule(exp.schedule, exp.stages, exp.microbatches)
+    print(f"{exp.schedule}: {exp.stages} stages x {exp.replicas} replicas, {exp.microbatches} microbatches")
+    print("actions per worker (F/B = forward/backward of microbatch m; receives and sends implied):")
+    for w in workers:
+        print(f"  worker {w.rank} ({w.host}, stage {w.stage}, replica {w.replica}): "
+              + " ".join(str(a) for a in sched[w.stage]))
+    rows = grid(sched)
+    print(f"simulated grid (backward = 2 forward slots, communication free; '.' = bubble, "
+          f"{bubble_fraction(rows):.0%} of slots):")
+    print(format_grid(rows))
+    return 0
+
+
 def cmd_analyze(args) -> int:
     from .report import finalize, format_summary
 
@@ -242,6 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", type=Path, help="run folder (default: results/<experiment>-<time>)")
     sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
     sp.set_defaults(func=cmd_run)
+    sp = sub.add_parser("schedule", help="print an experiment's pipeline schedule as a table (no root needed)")
+    sp.add_argument("experiment", nargs="?", default=None)
+    sp.add_argument("--microbatches", type=_number(1, 1024, int))
+    sp.add_argument("--schedule", choices=("gpipe", "1f1b"))
+    sp.set_defaults(func=cmd_schedule)
     sp = sub.add_parser("analyze", help="recompute summary, parquet, Chrome trace and plots of a run folder")
     sp.add_argument("run_dir", type=Path)
     sp.set_defaults(func=cmd_analyze)

@@ -95,3 +95,11 @@ def test_unknown_mechanism_is_a_usage_error(in_process, capsys):
         in_process(["topo", "show", "two_dc", "--delay-mechanism", "tbf"])
     assert e.value.code == 2
     assert "invalid choice: 'tbf'" in capsys.readouterr().err
+
+
+def test_schedule_command_prints_actions_per_worker(in_process, capsys):
+    assert in_process(["schedule", "--schedule", "1f1b", "--microbatches", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "worker 0 (east-h0, stage 0, replica 0): F0 F1 F2 B0 F3 B1 B2 B3" in out
+    assert "worker 5 (west-h1, stage 2, replica 1): F0 B0 F1 B1 F2 B2 F3 B3" in out
+    assert "stage 2:" in out and " . " in out
