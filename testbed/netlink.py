@@ -18,9 +18,40 @@ from typing import Iterator
 from pyroute2 import IPRoute
 from pyroute2 import netns as _netns
 from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl.tcmsg.common import nla_plus_rtab
 
 from .errors import BuildError, FeatureError
 from .shaping import ROOT_HANDLE, EgressPlan, HtbClass, Netem, Pfifo, U32Filter
+
+def _memoize_rate_tables() -> None:
+    """pyroute2 0.9.7 recomputes HTB's two 256-entry rate tables in Python for every class message,
+    about half the cost of a live rate change. The tables depend only on (rate, cell_log, mpu, mtu),
+    and a controller alternates among a few rates, so remember them (same values, same side effects)."""
+    parms = nla_plus_rtab.parms
+    if getattr(parms.calc_rtab, "_testbed_memo", False):
+        return
+    original = parms.calc_rtab
+    cache: dict[tuple, tuple[list, int]] = {}
+
+    def calc_rtab(self, kind):
+        key = (kind, self.get(kind, "rate"), self[f"{kind}_cell_log"], self[f"{kind}_mpu"], self.get("mtu", 0))
+        if key not in cache:
+            if len(cache) > 4096:
+                cache.clear()
+            table = original(self, kind)
+            cache[key] = (table, self[f"{kind}_cell_log"])
+            return table
+        table, cell_log = cache[key]
+        self[f"{kind}_cell_align"] = -1
+        self[f"{kind}_cell_log"] = cell_log
+        return list(table)
+
+    calc_rtab._testbed_memo = True
+    calc_rtab._original = original
+    parms.calc_rtab = calc_rtab
+
+
+_memoize_rate_tables()
 
 CLONE_NEWNET = 0x40000000
 ETH_P_IP = 0x0800
