@@ -1,8 +1,9 @@
 """Metrics from traces: pure functions, DataFrame in, DataFrame (or number) out.
 
 Definitions (once, here):
-- iteration time: from the first operation of an iteration on any worker to the end of its last
-  optimizer step; warm-up iterations are excluded from every statistic;
+- iteration time: from the end of the previous iteration's last optimizer step (the first
+  iteration: from its first operation) to the end of its own; iterations overlap in a pipeline,
+  so this period is what throughput sees. Warm-up iterations are excluded from every statistic;
 - GPU utilization of a worker: time spent computing (forward, backward, optimizer; padded time
   where padding is on) over the wall time of the measured iterations; waiting for a receive or an
   all-reduce is not compute. Bubble fraction of a stage: one minus its workers' mean utilization;
@@ -26,13 +27,18 @@ def measured(ev: pd.DataFrame, warmup: int) -> pd.DataFrame:
 
 
 def iteration_times(ev: pd.DataFrame, warmup: int = 0) -> pd.DataFrame:
-    """One row per completed iteration (>= warmup): iteration, start_ns, end_ns, duration_s."""
-    ev = measured(ev, warmup)
-    opt = ev[ev[T.KIND] == T.OPTIMIZER].groupby(T.ITERATION)[T.END_NS].max()
-    start = ev.groupby(T.ITERATION)[T.START_NS].min()
-    out = pd.DataFrame({T.START_NS: start, T.END_NS: opt}).dropna().astype("int64")
+    """One row per completed iteration (>= warmup): iteration, start_ns, end_ns, duration_s.
+
+    An iteration ends with its last optimizer step on any worker; it starts where the previous
+    iteration ended (the pipeline's period: iterations overlap, a late stage already waits for
+    iteration k+1 while an early one finishes k), or, for the first one, at its first operation."""
+    end = ev[ev[T.KIND] == T.OPTIMIZER].groupby(T.ITERATION)[T.END_NS].max().dropna().astype("int64")
+    first = ev.groupby(T.ITERATION)[T.START_NS].min()
+    start = [int(end[k - 1]) if k - 1 in end.index else int(first[k]) for k in end.index]
+    out = pd.DataFrame({T.ITERATION: end.index, T.START_NS: start, T.END_NS: end.values})
+    out = out[out[T.ITERATION] >= warmup].reset_index(drop=True)
     out["duration_s"] = (out[T.END_NS] - out[T.START_NS]) / 1e9
-    return out.reset_index()
+    return out
 
 
 def iteration_stats(it: pd.DataFrame) -> dict:

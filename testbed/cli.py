@@ -182,7 +182,7 @@ def cmd_run(args) -> int:
 
     exp = load_experiment(args.experiment).with_overrides(
         iterations=args.iterations, microbatches=args.microbatches, topology=args.topology, schedule=args.schedule,
-        data=str(args.data) if args.data else None)
+        stages=args.stages, replicas=args.replicas, data=str(args.data) if args.data else None)
     _root_preamble("testbed run")
     out = args.out or Path("results") / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     summary = run_experiment(exp, out, delay_mechanism=args.delay_mechanism,
@@ -257,6 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--microbatches", type=_number(1, 1024, int))
     sp.add_argument("--schedule", choices=("gpipe", "1f1b"))
     sp.add_argument("--topology", help="topology file or shipped name")
+    sp.add_argument("--stages", type=_number(1, 1024, int), help="pipeline stages")
+    sp.add_argument("--replicas", type=_number(1, 1024, int), help="data-parallel replicas per stage")
     sp.add_argument("--data", type=Path, help="text file or folder to train on (default: Python's stdlib sources)")
     sp.add_argument("--out", type=Path, help="run folder (default: results/<experiment>-<time>)")
     sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")

@@ -110,7 +110,7 @@ def plot_timeline(ev: pd.DataFrame, path: Path, warmup: int) -> None:
     ax.invert_yaxis()
     ax.set_xlabel(f"time (ms) from the start of iteration {warmup}")
     ax.set_title("pipeline timeline (numbers: microbatch)")
-    ax.legend(loc="upper right", fontsize=7, ncol=5)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / len(workers)), fontsize=7, ncol=5, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -124,9 +124,15 @@ def plot_links(lu: pd.DataFrame, path: Path) -> None:
     if lu.empty:
         return
     fig, ax = plt.subplots(figsize=(12, 4))
+    idle = []
     for link, g in lu.groupby(T.LINK):
+        if (g["bps"] <= 0).all():
+            idle.append(link)
+            continue
         ax.plot(g["t_s"], g["utilization"], label=link, linewidth=0.8)
-    ax.set_xlabel("time (s)")
+    if idle:
+        ax.text(0.01, 0.95, "no traffic: " + ", ".join(idle), transform=ax.transAxes, fontsize=7, va="top")
+    ax.set_xlabel("time (s) since the first sample (the network was up; workers were starting)")
     ax.set_ylabel("share of link rate")
     ax.set_ylim(0, 1.1)
     ax.set_title("WAN link utilization")
@@ -174,6 +180,9 @@ def format_summary(s: dict) -> str:
     lines.append(f"  {'bubble fraction per stage':<28} " + ", ".join(f"{b:.3f}" for b in s["bubble_fraction_per_stage"]))
     if not s["representative"]:
         lines.append("  WARNING: more than 5% of operations overran their compute target: not representative")
+    measured = s["completed_iterations"] - s["warmup_iterations"]
+    if 0 < measured < 3:
+        lines.append(f"  note: statistics from only {measured} measured iteration(s)")
     if s["aborted"]:
         lines.append("  the run was ABORTED: figures cover the completed part")
     return "\n".join(lines)

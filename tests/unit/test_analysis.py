@@ -53,9 +53,10 @@ def three_iterations():
 def test_iteration_times_start_end_and_warmup():
     it = A.iteration_times(three_iterations(), warmup=1)
     assert it[T.ITERATION].tolist() == [1, 2]
-    assert it[T.START_NS].tolist() == [100 * MS, 200 * MS]
+    # each iteration starts where the previous one's last optimizer step ended (50, then 170)
+    assert it[T.START_NS].tolist() == [50 * MS, 170 * MS]
     assert it[T.END_NS].tolist() == [170 * MS, 230 * MS]
-    assert it["duration_s"].tolist() == pytest.approx([0.070, 0.030])
+    assert it["duration_s"].tolist() == pytest.approx([0.120, 0.060])
 
 
 def test_iteration_times_without_warmup_includes_iteration_0():
@@ -97,14 +98,15 @@ def utilization_frame():
 def test_worker_utilization_compute_only_clipped_to_window():
     u = A.worker_utilization(utilization_frame(), warmup=1).set_index(T.WORKER)
     assert sorted(u.index) == [0, 1, 2]
-    assert u["wall_s"].tolist() == pytest.approx([0.100] * 3)
+    # the window runs from the end of warm-up iteration 0 (60) to the end of iteration 1 (200)
+    assert u["wall_s"].tolist() == pytest.approx([0.140] * 3)
     # worker 0: F 20 + B 30 + optimizer 10 (send, receive wait, all-reduce do not count; its
     # iteration-2 forward lies after the window)
     assert u.loc[0, "compute_s"] == pytest.approx(0.060)
     # worker 1: F 10 + B 15 + optimizer 3 + 2 of the straddling forward (198..200)
     assert u.loc[1, "compute_s"] == pytest.approx(0.030)
     assert u.loc[2, "compute_s"] == 0.0
-    assert u["utilization"].tolist() == pytest.approx([0.60, 0.30, 0.0])
+    assert u["utilization"].tolist() == pytest.approx([0.060 / 0.140, 0.030 / 0.140, 0.0])
     assert u.loc[2, T.STAGE] == 2 and u.loc[1, T.REPLICA] == 0
 
 

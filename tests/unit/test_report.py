@@ -71,16 +71,17 @@ def counters():
 
 def test_summarize_by_hand():
     s = summarize(run_events(), config(), {"delay_mechanism": "netem"}, counters())
-    # measured iterations 1 and 2: 85 + 0 and 85 + 10 ms
-    durations = [(85 + x) / 1e3 for x in EXTRA_MS[1:]]
+    # iteration k ends at 200 k + 85 + EXTRA_MS[k] ms; it lasts from the previous iteration's end
+    ends = [200 * k + 85 + x for k, x in enumerate(EXTRA_MS)]
+    durations = [(ends[k] - ends[k - 1]) / 1e3 for k in (1, 2)]
     mean = sum(durations) / 2
     assert s["iteration_time_s"] == pytest.approx(mean)
     assert s["iteration_time_p50_s"] == pytest.approx(mean)
     assert s["iteration_time_p95_s"] == pytest.approx(durations[0] + 0.95 * (durations[1] - durations[0]))
     tokens = 1 * 1 * 2 * 8                           # replicas x microbatches x microbatch_size x seq_len
     assert s["tokens_per_s"] == pytest.approx(tokens / mean)
-    # measured window: start of iteration 1 (200 ms) to the end of iteration 2's last step (400 + 95)
-    wall = (400 + 85 + EXTRA_MS[2]) - 200
+    # measured window: from the end of warm-up iteration 0 to the end of iteration 2's last step
+    wall = ends[2] - ends[0]
     compute = {0: 2 * (10 + 20 + 5), 1: 2 * (10 + 8 + 3)}      # forward + backward + optimizer, per iteration
     util = {w: c / wall for w, c in compute.items()}
     assert s["gpu_utilization"] == pytest.approx((util[0] + util[1]) / 2)
@@ -124,7 +125,8 @@ def test_summarize_real_mode_has_no_overrun():
 
 def test_summarize_warmup_changes_the_measured_window():
     s = summarize(run_events(), config(warmup_iterations=0), {}, counters())
-    durations = [(85 + x) / 1e3 for x in EXTRA_MS]
+    ends = [200 * k + 85 + x for k, x in enumerate(EXTRA_MS)]
+    durations = [ends[0] / 1e3] + [(ends[k] - ends[k - 1]) / 1e3 for k in (1, 2)]  # iteration 0 from its first op (0)
     assert s["iteration_time_s"] == pytest.approx(sum(durations) / 3)
     # with the warm-up: 2 workers x 2 kinds x 3 iterations = 12 ops; overruns: worker 0's forward of
     # iteration 0 (30 > 10), worker 1's backward of iterations 0 (25) and 2 (21)
