@@ -17,12 +17,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .errors import SpecError
 from .model import ModelConfig
 from .schedule import SCHEDULES
-from .topology import _REQUIRED, TopologySpec, _Loader, _Reader, load_topology
+from .specfile import REQUIRED, FieldReader, read_spec_file
+from .topology import TopologySpec, load_topology
 
 WORKLOAD_DIR = Path(__file__).resolve().parent.parent / "workloads"
 DEFAULT_EXPERIMENT = "default"
@@ -103,33 +102,33 @@ def parse_experiment(data: Any, source: str = "<memory>") -> Experiment:
     """Validate parsed YAML into an Experiment. Raises SpecError naming field, value and fix."""
     keys = ("name", "description", "topology", "schedule", "iterations", "warmup_iterations", "stages",
             "replicas", "microbatches", "microbatch_size", "model", "lr", "seed", "data", "compute", "policy")
-    r = _Reader(source, data, "", keys, ("topology",))
+    r = FieldReader(source, data, "", keys, ("topology",))
     kw: dict[str, Any] = {"name": str(data.get("name") or Path(source).stem), "source": source,
                           "topology": str(data["topology"])}
     for key in ("iterations", "warmup_iterations", "stages", "replicas", "microbatches", "microbatch_size", "seed"):
         if key in data:
-            kw[key] = r.get(key, _num(int, 4), _REQUIRED)
+            kw[key] = r.get(key, _num(int, 4), REQUIRED)
     if "lr" in data:
-        kw["lr"] = r.get("lr", _num(float, 0.0003), _REQUIRED)
+        kw["lr"] = r.get("lr", _num(float, 0.0003), REQUIRED)
     for key in ("schedule", "data", "policy"):
         if data.get(key) is not None:
             kw[key] = str(data[key])
     if "model" in data:
-        m = _Reader(source, data["model"], "model", ("n_layers", "d_model", "n_heads", "seq_len"))
-        kw["model"] = ModelConfig(**{k: m.get(k, _num(int, 128), _REQUIRED) for k in m.data})
+        m = FieldReader(source, data["model"], "model", ("n_layers", "d_model", "n_heads", "seq_len"))
+        kw["model"] = ModelConfig(**{k: m.get(k, _num(int, 128), REQUIRED) for k in m.data})
     if "compute" in data:
-        c = _Reader(source, data["compute"], "compute", ("mode", "forward_ms", "backward_ms", "device",
+        c = FieldReader(source, data["compute"], "compute", ("mode", "forward_ms", "backward_ms", "device",
                                                           "reference_forward_tflop"))
-        ckw: dict[str, Any] = {k: c.get(k, _num(float, 40.0), _REQUIRED) for k in ("forward_ms", "backward_ms",
+        ckw: dict[str, Any] = {k: c.get(k, _num(float, 40.0), REQUIRED) for k in ("forward_ms", "backward_ms",
                                                                                    "reference_forward_tflop")
                                if k in c.data}
         if "mode" in c.data:
             ckw["mode"] = str(c.data["mode"])
         if "device" in c.data:
-            d = _Reader(source, c.data["device"], "compute.device", ("name", "peak_tflops", "efficiency", "source"),
+            d = FieldReader(source, c.data["device"], "compute.device", ("name", "peak_tflops", "efficiency", "source"),
                         ("name", "peak_tflops", "efficiency", "source"))
-            dev = DeviceModel(str(d.data["name"]), d.get("peak_tflops", _num(float, 312.0), _REQUIRED),
-                              d.get("efficiency", _num(float, 0.4), _REQUIRED), str(d.data["source"]))
+            dev = DeviceModel(str(d.data["name"]), d.get("peak_tflops", _num(float, 312.0), REQUIRED),
+                              d.get("efficiency", _num(float, 0.4), REQUIRED), str(d.data["source"]))
             if dev.peak_tflops <= 0:
                 raise d.fail("peak_tflops", "is not positive", "give the device's dense peak in TFLOP/s, e.g. 312")
             if not 0 < dev.efficiency <= 1:
@@ -183,26 +182,9 @@ def _check(e: Experiment) -> None:
         raise bad("lr", e.lr, "is not a learning rate in (0, 1)", "use e.g. 0.0003")
 
 
-def resolve_experiment_path(name_or_path: str | Path | None) -> Path:
-    p = Path(name_or_path or DEFAULT_EXPERIMENT)
-    if p.exists():
-        return p
-    shipped = WORKLOAD_DIR / (p.name if p.suffix else f"{p.name}.yaml")
-    if shipped.exists() and p.parent == Path("."):
-        return shipped
-    known = ", ".join(sorted(f.stem for f in WORKLOAD_DIR.glob("*.yaml")))
-    raise SpecError(str(name_or_path), "(file)", str(name_or_path), "does not exist",
-                    f"give a path to an experiment file or one of the shipped names: {known}")
-
-
 def load_experiment(name_or_path: str | Path | None = None) -> Experiment:
     """Load and validate an experiment file (default: the shipped ``default`` experiment)."""
-    path = resolve_experiment_path(name_or_path)
-    try:
-        data = yaml.load(path.read_text(), Loader=_Loader)
-    except yaml.YAMLError as e:
-        raise SpecError(str(path), "(file)", path.name, f"is not valid YAML: {getattr(e, 'problem', e)}",
-                        "fix the YAML syntax") from None
+    path, data = read_spec_file(name_or_path or DEFAULT_EXPERIMENT, WORKLOAD_DIR, "experiment")
     return parse_experiment(data, str(path))
 
 

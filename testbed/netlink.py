@@ -226,16 +226,19 @@ def change_class(ipr: IPRoute, index: int, cls: HtbClass) -> None:
 
 
 def read_classes(ipr: IPRoute, ifname: str) -> dict[int, dict]:
-    """HTB classes of an interface as ``{minor: {"rate_bps", "ceil_bps"}}``, read back from the kernel."""
+    """HTB classes of an interface as ``{minor: {"rate_bps", "ceil_bps", "tx_bytes"}}``, read back
+    from the kernel (``tx_bytes``: bytes the class has sent)."""
     out = {}
     for msg in ipr.get_classes(_one(ipr, ifname)):
         if msg.get_attr("TCA_KIND") != "htb":
             continue
         opts = msg.get_attr("TCA_OPTIONS")
         params = opts.get_attr("TCA_HTB_PARMS")
+        stats = msg.get_attr("TCA_STATS")
         rate = opts.get_attr("TCA_HTB_RATE64") or params["rate"]
         ceil = opts.get_attr("TCA_HTB_CEIL64") or params["ceil"]
-        out[msg["handle"] & 0xFFFF] = {"rate_bps": rate * 8, "ceil_bps": ceil * 8}
+        out[msg["handle"] & 0xFFFF] = {"rate_bps": rate * 8, "ceil_bps": ceil * 8,
+                                       "tx_bytes": stats["bytes"] if stats is not None else 0}
     return out
 
 
@@ -246,20 +249,6 @@ def read_qdiscs(ipr: IPRoute, ifname: str) -> list[str]:
 
 
 TC_H_ROOT = 0xFFFFFFFF
-
-
-def class_tx_bytes(ipr: IPRoute, ifname: str) -> dict[int, tuple[int, int]]:
-    """``{minor: (bytes sent, ceil in bit/s)}`` for each HTB class of an interface, from the kernel."""
-    out = {}
-    for msg in ipr.get_classes(_one(ipr, ifname)):
-        if msg.get_attr("TCA_KIND") != "htb":
-            continue
-        stats = msg.get_attr("TCA_STATS")
-        opts = msg.get_attr("TCA_OPTIONS")
-        params = opts.get_attr("TCA_HTB_PARMS")
-        ceil = opts.get_attr("TCA_HTB_CEIL64") or params["ceil"]
-        out[msg["handle"] & 0xFFFF] = (stats["bytes"] if stats is not None else 0, ceil * 8)
-    return out
 
 
 def queued_packets(ipr: IPRoute, ifname: str) -> int:

@@ -71,20 +71,23 @@ class LinkSampler(threading.Thread):
         self._stop = threading.Event()
 
     def run(self) -> None:
-        from .netlink import class_tx_bytes
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        from .errors import BuildError
+        from .netlink import read_classes
 
         with open(self.path, "a", buffering=1) as f:
             while not self._stop.wait(self.interval_s):
                 for (src, dst), end in self.emu.plan.wan_ends.items():
                     ns = self.emu.plan.routers[src].netns
                     try:
-                        counters = class_tx_bytes(self.emu.ipr(ns), end.ifname)
-                    except Exception:  # the network is being torn down
+                        counters = read_classes(self.emu.ipr(ns), end.ifname)
+                    except (OSError, NetlinkError, BuildError, KeyError):  # the network is being torn down
                         return
                     t = T.now_ns()
-                    for minor, (tx, rate) in counters.items():
+                    for minor, c in counters.items():
                         f.write(json.dumps({T.T_NS: t, T.LINK: f"{src}->{dst}", T.CLASSID: f"1:{minor:x}",
-                                            T.TX_BYTES: tx, T.RATE_BPS: rate}) + "\n")
+                                            T.TX_BYTES: c["tx_bytes"], T.RATE_BPS: c["ceil_bps"]}) + "\n")
 
     def stop(self) -> None:
         self._stop.set()

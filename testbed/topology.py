@@ -26,11 +26,10 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
-
-import yaml
+from typing import Any
 
 from .errors import SpecError
+from .specfile import REQUIRED, FieldReader, read_spec_file, split_unit_error
 from .units import UnitError, parse_duration_us, parse_percent, parse_rate_bps
 
 #: Linux IFNAMSIZ minus the terminating NUL (include/uapi/linux/if.h).
@@ -126,89 +125,19 @@ class TopologySpec:
         }
 
 
-_REQUIRED = object()
-
-
-class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing aliases (an alias bomb expands to gigabytes) and duplicate
-    keys (where PyYAML silently keeps the last one)."""
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark
-            raise yaml.composer.ComposerError(None, None, "YAML aliases (*name) are not supported; write the "
-                                              "value out", mark)
-        return super().compose_node(parent, index)
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if not isinstance(key, (str, int, float, bool)) and key is not None:
-                raise yaml.constructor.ConstructorError(None, None, "a key must be a plain word", key_node.start_mark)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep)
-
-
-class _Reader:
-    """Reads one mapping of the file, naming the field path in every error."""
-
-    def __init__(self, source: str, data: Any, path: str, allowed: tuple[str, ...], required: tuple[str, ...] = (),
-                 fields: dict[str, str] | None = None):
-        self.source, self.path, self.fields = source, path, fields or {}
-        if not isinstance(data, dict):
-            raise SpecError(source, path or "(top level)", data, "is not a mapping",
-                            f"write it as 'key: value' lines with keys among {', '.join(allowed)}")
-        for key in data:
-            if key not in allowed:
-                close = difflib.get_close_matches(str(key), allowed, n=1)
-                fix = f"did you mean {close[0]!r}?" if close else f"allowed keys are {', '.join(allowed)}"
-                raise SpecError(source, self.at(str(key)), key, "is not a known key", fix)
-        for key in required:
-            if key not in data:
-                raise SpecError(source, self.at(key), None, "is missing", f"add '{key}:' to {path or 'the file'}")
-        self.data = data
-
-    def at(self, key: str) -> str:
-        if key in self.fields:
-            return self.fields[key]
-        return f"{self.path}.{key}" if self.path else key
-
-    def fail(self, key: str, problem: str, fix: str) -> SpecError:
-        return SpecError(self.source, self.at(key), self.data.get(key), problem, fix)
-
-    def get(self, key: str, parse: Callable[[Any], Any], default: Any = None) -> Any:
-        if key not in self.data or self.data[key] is None:
-            if default is _REQUIRED:
-                raise SpecError(self.source, self.at(key), None, "is empty",
-                                f"give '{key}' a value (see the topology format in topology.py)")
-            return default
-        try:
-            return parse(self.data[key])
-        except UnitError as e:
-            raise SpecError(self.source, self.at(key), self.data[key], *_split_unit_error(e)) from None
-
-
-def _split_unit_error(e: UnitError) -> tuple[str, str]:
-    problem, _, fix = str(e).partition("; ")
-    return problem, fix
-
-
 def _positive_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise UnitError("is not a whole number; write a count such as 4")
     return value
 
 
-def _check_delay(r: _Reader, key: str, us: int) -> None:
+def _check_delay(r: FieldReader, key: str, us: int) -> None:
     if us > MAX_DELAY_US:
         raise r.fail(key, "is above the 10 s limit for a one-way delay", "write a delay between 0ms and 10s")
 
 
 def _read_dc(source: str, raw: Any, i: int) -> DCSpec:
-    r = _Reader(source, raw, f"dcs[{i}]", ("name", "hosts", "intra_rate", "intra_delay"), ("name", "hosts"))
+    r = FieldReader(source, raw, f"dcs[{i}]", ("name", "hosts", "intra_rate", "intra_delay"), ("name", "hosts"))
     name = raw["name"]
     if not isinstance(name, str) or not _DC_NAME.match(name):
         raise r.fail("name", "is not a valid DC name",
@@ -218,7 +147,7 @@ def _read_dc(source: str, raw: Any, i: int) -> DCSpec:
         raise r.fail("name", f"makes the WAN interface name {ifname!r} ({len(ifname)} characters), over "
                      f"Linux's {IFNAME_MAX}-character limit (IFNAMSIZ)",
                      f"use a DC name of at most {IFNAME_MAX - len(WAN_IFNAME_PREFIX)} characters")
-    hosts = r.get("hosts", _positive_int, _REQUIRED)
+    hosts = r.get("hosts", _positive_int, REQUIRED)
     if hosts < 1:
         raise r.fail("hosts", "is not a positive number of hosts", "give each DC at least 1 host")
     rate = r.get("intra_rate", parse_rate_bps)
@@ -230,7 +159,7 @@ def _read_dc(source: str, raw: Any, i: int) -> DCSpec:
 
 
 def _read_link(source: str, raw: Any, i: int, dc_names: list[str], fields: dict[str, str] | None = None) -> LinkSpec:
-    r = _Reader(source, raw, f"links[{i}]", ("between", "rate", "delay", "jitter", "loss", "queue"),
+    r = FieldReader(source, raw, f"links[{i}]", ("between", "rate", "delay", "jitter", "loss", "queue"),
                 ("between", "rate", "delay"), fields)
     between = raw["between"]
     if not (isinstance(between, list) and len(between) == 2 and all(isinstance(x, str) for x in between)):
@@ -242,10 +171,10 @@ def _read_link(source: str, raw: Any, i: int, dc_names: list[str], fields: dict[
             raise r.fail("between", f"names unknown DC {name!r}", f"{hint}known DCs are {', '.join(dc_names)}")
     if between[0] == between[1]:
         raise r.fail("between", "joins a DC to itself", "name two different DCs")
-    rate = r.get("rate", parse_rate_bps, _REQUIRED)
+    rate = r.get("rate", parse_rate_bps, REQUIRED)
     if rate <= 0:
         raise r.fail("rate", "is not a positive rate", "write a rate above 0, such as 100mbit")
-    delay = r.get("delay", parse_duration_us, _REQUIRED)
+    delay = r.get("delay", parse_duration_us, REQUIRED)
     _check_delay(r, "delay", delay)
     jitter = r.get("jitter", parse_duration_us, 0)
     if jitter > delay:
@@ -263,7 +192,7 @@ def _read_link(source: str, raw: Any, i: int, dc_names: list[str], fields: dict[
 
 def _read_matrix(source: str, raw: Any, dc_names: list[str]) -> list[LinkSpec]:
     """Turn a symmetric rate/delay matrix into links; errors name the matrix cell."""
-    r = _Reader(source, raw, "matrix", ("dcs", "rate", "delay"), ("dcs", "rate", "delay"))
+    r = FieldReader(source, raw, "matrix", ("dcs", "rate", "delay"), ("dcs", "rate", "delay"))
     order = raw["dcs"]
     if not isinstance(order, list) or sorted(map(str, order)) != sorted(dc_names):
         raise r.fail("dcs", "does not list exactly the DCs of 'dcs'", f"list {', '.join(dc_names)} in any order")
@@ -286,7 +215,7 @@ def _read_matrix(source: str, raw: Any, dc_names: list[str]) -> list[LinkSpec]:
                 try:
                     values[key][i][j] = parse(cell)
                 except UnitError as e:
-                    raise SpecError(source, f"matrix.{key}[{i}][{j}]", cell, *_split_unit_error(e)) from None
+                    raise SpecError(source, f"matrix.{key}[{i}][{j}]", cell, *split_unit_error(e)) from None
     links = []
     for i in range(n):
         for j in range(i + 1, n):
@@ -308,7 +237,7 @@ def _read_matrix(source: str, raw: Any, dc_names: list[str]) -> list[LinkSpec]:
 
 
 def _read_addressing(source: str, raw: Any) -> dict[str, Any]:
-    r = _Reader(source, raw or {}, "addressing", ("dc_pool", "dc_prefix_len", "wan_pool"))
+    r = FieldReader(source, raw or {}, "addressing", ("dc_pool", "dc_prefix_len", "wan_pool"))
     out: dict[str, Any] = {}
     for key in ("dc_pool", "wan_pool"):
         if key in r.data:
@@ -327,7 +256,7 @@ def _read_addressing(source: str, raw: Any) -> dict[str, Any]:
 
 def parse_topology(data: Any, source: str = "<memory>") -> TopologySpec:
     """Validate parsed YAML ``data`` into a TopologySpec. Raises SpecError naming field, value and fix."""
-    top = _Reader(source, data, "", ("name", "description", "dcs", "links", "matrix", "addressing"), ("dcs",))
+    top = FieldReader(source, data, "", ("name", "description", "dcs", "links", "matrix", "addressing"), ("dcs",))
     raw_dcs = data["dcs"]
     if not isinstance(raw_dcs, list) or not raw_dcs:
         raise top.fail("dcs", "is not a non-empty list", "list at least one DC: - {name: east, hosts: 2}")
@@ -379,46 +308,10 @@ def _check_connected(spec: TopologySpec) -> None:
                             "add a link that joins it to the other DCs")
 
 
-def resolve_topology_path(name_or_path: str | Path | None) -> Path:
-    """A file path, or the name of a shipped topology (``three_dc``) in ``topologies/``."""
-    if name_or_path is None:
-        name_or_path = DEFAULT_TOPOLOGY
-    p = Path(name_or_path)
-    if p.exists():
-        return p
-    shipped = TOPOLOGY_DIR / (p.name if p.suffix else f"{p.name}.yaml")
-    if shipped.exists() and p.parent == Path("."):
-        return shipped
-    known = ", ".join(sorted(f.stem for f in TOPOLOGY_DIR.glob("*.yaml")))
-    raise SpecError(str(name_or_path), "(file)", str(name_or_path), "does not exist",
-                    f"give a path to a topology file or one of the shipped names: {known}")
-
-
 def load_topology(name_or_path: str | Path | None = None) -> TopologySpec:
     """Load and validate a topology file (or a shipped topology by name; default ``three_dc``).
 
     Needs no root. Raises SpecError for a missing file, bad YAML or any invalid field.
     """
-    try:
-        path = resolve_topology_path(name_or_path)
-    except OSError as e:
-        raise SpecError(str(name_or_path)[:200], "(file)", str(name_or_path)[:200],
-                        f"cannot be read ({e.strerror})", "check the path and its permissions") from None
-    try:
-        data = yaml.load(path.read_text(), Loader=_Loader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or type(e).__name__
-        raise SpecError(str(path), "(file)", path.name, f"is not valid YAML{where}: {problem}",
-                        "fix the YAML syntax there") from None
-    except OSError as e:
-        raise SpecError(str(path), "(file)", path.name, f"cannot be read ({e.strerror})",
-                        "check the path and its permissions") from None
-    except UnicodeDecodeError as e:
-        raise SpecError(str(path), "(file)", path.name, f"is not UTF-8 text (byte 0x{e.object[e.start]:02x} at "
-                        f"offset {e.start})", "save it as UTF-8") from None
-    except (ValueError, RecursionError) as e:
-        raise SpecError(str(path), "(file)", path.name, f"cannot be read as a topology ({type(e).__name__}: "
-                        f"{str(e)[:120]})", "keep numbers short and nesting shallow") from None
+    path, data = read_spec_file(name_or_path or DEFAULT_TOPOLOGY, TOPOLOGY_DIR, "topology")
     return parse_topology(data, str(path))
