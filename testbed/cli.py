@@ -192,7 +192,8 @@ def cmd_run(args) -> int:
 
 
 def cmd_schedule(args) -> int:
-    from .experiment import load_experiment, place
+    from .experiment import load_experiment
+    from .placement import place
     from .schedule import bubble_fraction, format_grid, grid, make_schedule
 
     exp = load_experiment(args.experiment).with_overrides(microbatches=args.microbatches, schedule=args.schedule)

@@ -21,10 +21,12 @@ from .errors import SpecError
 from .model import ModelConfig
 from .schedule import SCHEDULES
 from .specfile import REQUIRED, FieldReader, read_spec_file
-from .topology import TopologySpec, load_topology
 
 WORKLOAD_DIR = Path(__file__).resolve().parent.parent / "workloads"
 DEFAULT_EXPERIMENT = "default"
+#: pp-fair: PP across DCs, DP inside a DC, TCP shares each WAN link; dp-wan: each replica's whole
+#: pipeline in one DC, replicas spread over DCs (the gradient all-reduce crosses the WAN).
+POLICIES = ("pp-fair", "dp-wan")
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,8 @@ def _check(e: Experiment) -> None:
         raise bad("compute.mode", e.compute.mode, "is not padded or real", "use padded (emulated GPU) or real")
     if not (e.compute.forward_ms > 0 and e.compute.backward_ms > 0):
         raise bad("compute.forward_ms", e.compute.forward_ms, "is not positive", "give targets above 0 ms")
+    if e.policy not in POLICIES:
+        raise bad("policy", e.policy, "is not a known policy", f"use one of {', '.join(POLICIES)}")
     if not 0 < e.lr < 1:
         raise bad("lr", e.lr, "is not a learning rate in (0, 1)", "use e.g. 0.0003")
 
@@ -186,39 +190,3 @@ def load_experiment(name_or_path: str | Path | None = None) -> Experiment:
     """Load and validate an experiment file (default: the shipped ``default`` experiment)."""
     path, data = read_spec_file(name_or_path or DEFAULT_EXPERIMENT, WORKLOAD_DIR, "experiment")
     return parse_experiment(data, str(path))
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """One worker = one emulated GPU: global rank, pipeline stage, data-parallel replica, host."""
-
-    rank: int
-    stage: int
-    replica: int
-    host: str
-    dc: str
-
-
-def place(exp: Experiment, topo: TopologySpec) -> list[WorkerSpec]:
-    """Stages on DCs in file order; each DC takes as many consecutive stages as its hosts hold
-    (all replicas of a stage in one DC). Rank = stage x replicas + replica. Raises SpecError
-    naming the shortfall when the topology cannot hold the layout."""
-    workers, stage = [], 0
-    for dc in topo.dcs:
-        fit = dc.hosts // exp.replicas
-        for k in range(fit):
-            if stage == exp.stages:
-                break
-            for r in range(exp.replicas):
-                workers.append(WorkerSpec(stage * exp.replicas + r, stage, r, f"{dc.name}-h{k * exp.replicas + r}",
-                                          dc.name))
-            stage += 1
-    if stage < exp.stages:
-        raise SpecError(exp.source, "stages", exp.stages, f"x replicas {exp.replicas} do not fit topology "
-                        f"{topo.name}: its DCs hold only {stage} stages of {exp.replicas} replicas",
-                        "use fewer stages or replicas, or a topology with more hosts")
-    return workers
-
-
-def load_with_topology(exp: Experiment) -> TopologySpec:
-    return load_topology(exp.topology)

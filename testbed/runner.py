@@ -22,7 +22,8 @@ from . import trace as T
 from .data import load_corpus
 from .emulation import Emulation
 from .errors import TestbedError
-from .experiment import Experiment, place
+from .experiment import Experiment
+from .placement import place
 from .topology import load_topology
 
 GLOO_PORT = 29500

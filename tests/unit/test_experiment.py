@@ -4,7 +4,8 @@ import copy
 import pytest
 
 from testbed.errors import SpecError
-from testbed.experiment import (WORKLOAD_DIR, ComputeModel, Experiment, load_experiment, parse_experiment, place)
+from testbed.experiment import WORKLOAD_DIR, ComputeModel, Experiment, load_experiment, parse_experiment
+from testbed.placement import place
 from testbed.model import ModelConfig
 from testbed.topology import load_topology, parse_topology
 
@@ -64,8 +65,8 @@ def test_parse_valid_and_defaults():
     exp = parse_experiment({"topology": "two_dc"}, "some/dir/myexp.yaml")
     assert exp.name == "myexp"             # from the file name
     assert exp == Experiment(name="myexp", topology="two_dc", source="some/dir/myexp.yaml")
-    exp = parse_experiment(data(lr=0.01, seed=3, data="/tmp/x", policy="atlas"), SOURCE)
-    assert (exp.lr, exp.seed, exp.data, exp.policy) == (0.01, 3, "/tmp/x", "atlas")
+    exp = parse_experiment(data(lr=0.01, seed=3, data="/tmp/x", policy="dp-wan"), SOURCE)
+    assert (exp.lr, exp.seed, exp.data, exp.policy) == (0.01, 3, "/tmp/x", "dp-wan")
 
 
 def test_missing_shipped_name_lists_choices():

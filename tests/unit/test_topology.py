@@ -56,7 +56,7 @@ def test_shipped_three_dc_figures():
     spec = load_topology("three_dc")
     assert spec.link_between("west", "east").delay_us == 30 * 1000
     assert spec.link_between("east", "west").rate_bps == 50 * 10**6
-    assert spec.host_count == 3 * 2
+    assert spec.host_count == 3 * 3
 
 
 def test_shipped_matrix_becomes_links():

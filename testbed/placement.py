@@ -1,0 +1,72 @@
+"""Placement: which host (emulated GPU) runs which pipeline stage of which data-parallel replica.
+
+Pure functions of an experiment and a topology. Rank = stage x replicas + replica under every
+placement, so the training math (and the losses) never depend on where workers run.
+
+- ``pp-fair`` / Atlas layout (DESIGN.md section 1, items 1-2): PP across DCs, DP inside a DC. DCs
+  are taken in an order (file order, or Atlas's: most hosts first, ties in file order); each takes
+  as many consecutive stages as it holds with all replicas of a stage inside it.
+- ``dp-wan``: the conventional layout: all stages of replica r in one DC, replicas in different DCs,
+  so every stage's gradient all-reduce crosses the WAN.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import SpecError
+from .experiment import Experiment
+from .topology import DCSpec, TopologySpec
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One worker = one emulated GPU: global rank, pipeline stage, data-parallel replica, host."""
+
+    rank: int
+    stage: int
+    replica: int
+    host: str
+    dc: str
+
+
+def atlas_dc_order(topo: TopologySpec) -> list[DCSpec]:
+    """DCs by available hosts, largest first; ties keep file order (Python's sort is stable)."""
+    return sorted(topo.dcs, key=lambda dc: -dc.hosts)
+
+
+def place_pipeline(exp: Experiment, topo: TopologySpec, order: list[DCSpec] | None = None) -> list[WorkerSpec]:
+    """PP across DCs (in ``order``, default file order), all replicas of a stage in one DC.
+    Raises SpecError naming the shortfall when the DCs cannot hold the layout."""
+    workers, stage = [], 0
+    for dc in order or topo.dcs:
+        for k in range(dc.hosts // exp.replicas):
+            if stage == exp.stages:
+                break
+            for r in range(exp.replicas):
+                workers.append(WorkerSpec(stage * exp.replicas + r, stage, r, f"{dc.name}-h{k * exp.replicas + r}",
+                                          dc.name))
+            stage += 1
+    if stage < exp.stages:
+        raise SpecError(exp.source, "stages", exp.stages, f"x replicas {exp.replicas} do not fit topology "
+                        f"{topo.name}: its DCs hold only {stage} stages of {exp.replicas} replicas",
+                        "use fewer stages or replicas, or a topology with more hosts")
+    return sorted(workers, key=lambda w: w.rank)
+
+
+def place_dp_wan(exp: Experiment, topo: TopologySpec) -> list[WorkerSpec]:
+    """Replica r's whole pipeline in the r-th DC (file order) that has ``stages`` hosts."""
+    dcs = [dc for dc in topo.dcs if dc.hosts >= exp.stages]
+    if len(dcs) < exp.replicas:
+        raise SpecError(exp.source, "replicas", exp.replicas, f"do not fit topology {topo.name} under dp-wan: only "
+                        f"{len(dcs)} DCs hold a whole pipeline of {exp.stages} stages",
+                        "use fewer replicas or stages, or a topology with larger DCs")
+    return [WorkerSpec(s * exp.replicas + r, s, r, f"{dcs[r].name}-h{s}", dcs[r].name)
+            for s in range(exp.stages) for r in range(exp.replicas)]
+
+
+def place(exp: Experiment, topo: TopologySpec, policy: str | None = None) -> list[WorkerSpec]:
+    """The placement of ``policy`` (default: the experiment's)."""
+    policy = policy or exp.policy
+    if policy == "dp-wan":
+        return place_dp_wan(exp, topo)
+    return place_pipeline(exp, topo)
