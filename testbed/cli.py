@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from .errors import SpecError, TestbedError
+from .experiment import POLICIES
 from .features import DELAY_MECHANISMS, cached_features, describe_mechanism, missing_tools, require_root
 from .topology import DEFAULT_TOPOLOGY, load_topology
 
@@ -182,12 +183,73 @@ def cmd_run(args) -> int:
 
     exp = load_experiment(args.experiment).with_overrides(
         iterations=args.iterations, microbatches=args.microbatches, topology=args.topology, schedule=args.schedule,
-        stages=args.stages, replicas=args.replicas, data=str(args.data) if args.data else None)
+        stages=args.stages, replicas=args.replicas, data=str(args.data) if args.data else None,
+        policy=args.policy)
     _root_preamble("testbed run")
     out = args.out or Path("results") / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     summary = run_experiment(exp, out, delay_mechanism=args.delay_mechanism,
                              progress=lambda line: print(line, flush=True))
     print(format_summary(summary))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from .compare import compare, format_comparison
+    from .experiment import load_experiment
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    bad = [p for p in policies if p not in POLICIES]
+    if bad or not policies:
+        raise SpecError("--policies", "(option)", args.policies, "names an unknown policy" if bad else "is empty",
+                        f"use a comma-separated list of {', '.join(POLICIES)}")
+    exp = load_experiment(args.experiment).with_overrides(iterations=args.iterations)
+    _root_preamble("testbed compare")
+    out = args.out or Path("results") / f"compare-{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    result = compare(exp, policies, out, args.repeat, args.delay_mechanism, progress=lambda line: print(line, flush=True))
+    print(format_comparison(result))
+    print(f"comparison.json and run folders in {out}")
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from .experiment import load_experiment
+    from .placement import place
+    from .planner import alternatives, predict, what_if
+
+    exp = load_experiment(args.experiment)
+    topo = load_topology(exp.topology)
+    print(f"{exp.name} on {topo.name}: global batch {exp.global_batch} sequences of {exp.model.seq_len} tokens, "
+          f"microbatch {exp.microbatch_size}; compute {exp.compute.forward_ms:g}/{exp.compute.backward_ms:g} ms per "
+          f"stage of {exp.model.n_layers // exp.stages} blocks")
+    for policy in POLICIES:
+        try:
+            workers = place(exp, topo, policy)
+        except SpecError as e:
+            print(f"  {policy}: infeasible: {e.problem}")
+            continue
+        p = predict(exp, topo, workers)
+        where = ", ".join(f"s{w.stage}r{w.replica}@{w.host}" for w in workers)
+        print(f"  {policy}: predicted {p.iteration_s:.3f} s (fill {p.fill_s:.3f}, steady {p.steady_s:.3f}, "
+              f"all-reduce {p.allreduce_s:.3f}); {where}")
+    plans = alternatives(exp, topo)
+    print("plans weighed (same global batch and microbatch size; Atlas placement, largest DCs first):")
+    print(f"  {'stages':>6} {'replicas':>8} {'microbatches':>12} {'DCs':>4} {'predicted s':>12}")
+    for p in plans[: args.top]:
+        if p.prediction:
+            print(f"  {p.stages:>6} {p.replicas:>8} {p.microbatches:>12} {p.prediction.dcs_used:>4} "
+                  f"{p.prediction.iteration_s:>12.3f}")
+        else:
+            print(f"  {p.stages:>6} {p.replicas:>8} {p.microbatches:>12} {'-':>4} {'infeasible':>12}  ({p.why_not})")
+    best, more = what_if(plans)
+    if best:
+        if more:
+            verdict = "helps" if more.prediction.iteration_s < best.prediction.iteration_s else "does not help"
+            print(f"what-if: the best plan uses {best.prediction.dcs_used} DC(s); adding a DC {verdict} (best "
+                  f"{best.prediction.dcs_used + 1}-DC plan: {more.stages} stages x {more.replicas} replicas, "
+                  f"{more.prediction.iteration_s:.3f} s vs {best.prediction.iteration_s:.3f} s)")
+        else:
+            print(f"what-if: the best plan uses {best.prediction.dcs_used} DC(s); no feasible plan uses one more")
     return 0
 
 
@@ -262,8 +324,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--replicas", type=_number(1, 1024, int), help="data-parallel replicas per stage")
     sp.add_argument("--data", type=Path, help="text file or folder to train on (default: Python's stdlib sources)")
     sp.add_argument("--out", type=Path, help="run folder (default: results/<experiment>-<time>)")
+    sp.add_argument("--policy", choices=POLICIES, help="layout and WAN sharing policy (default: the experiment's)")
     sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
     sp.set_defaults(func=cmd_run)
+    sp = sub.add_parser("compare", help="run several policies on the same experiment and compare them")
+    sp.add_argument("experiment", nargs="?", default=None)
+    sp.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated (default: {','.join(POLICIES)})")
+    sp.add_argument("--iterations", type=_number(2, 100000, int))
+    sp.add_argument("--repeat", type=_number(1, 100, int), default=1, help="runs per policy, interleaved")
+    sp.add_argument("--out", type=Path, help="folder for comparison.json and one run folder per policy")
+    sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
+    sp.set_defaults(func=cmd_compare)
+    sp = sub.add_parser("plan", help="placements and predicted iteration times, alternatives, what-if (no root)")
+    sp.add_argument("experiment", nargs="?", default=None)
+    sp.add_argument("--top", type=_number(1, 1000, int), default=12, help="plans to print (default 12)")
+    sp.set_defaults(func=cmd_plan)
     sp = sub.add_parser("schedule", help="print an experiment's pipeline schedule as a table (no root needed)")
     sp.add_argument("experiment", nargs="?", default=None)
     sp.add_argument("--microbatches", type=_number(1, 1024, int))

@@ -58,6 +58,9 @@ def summarize(ev: pd.DataFrame, config: dict, env: dict, counters: pd.DataFrame,
         "compute_headroom": (A.compute_headroom(ev, targets, warmup)
                              if compute["mode"] == "padded" and not ev.empty else None),
         "wan_utilization_mean": float(lu["utilization"].mean()) if not lu.empty else None,
+        "predicted_iteration_time_s": config.get("predicted_iteration_time_s"),
+        "prediction_error": ((stats["mean"] - config["predicted_iteration_time_s"]) / stats["mean"]
+                             if stats["mean"] and config.get("predicted_iteration_time_s") else None),
         "aborted": aborted,
     }
 
@@ -168,7 +171,9 @@ SUMMARY_ROWS = [("iteration_time_s", "iteration time (s, mean)"), ("iteration_ti
                 ("bubble_fraction", "bubble fraction"), ("wan_compute_ratio", "WAN/compute ratio"),
                 ("loss_first", "loss (first)"), ("loss_last", "loss (last)"),
                 ("compute_overrun_fraction", "compute overrun fraction"),
-                ("compute_headroom", "compute headroom (target/real)"), ("delay_mechanism", "delay mechanism")]
+                ("compute_headroom", "compute headroom (target/real)"),
+                ("predicted_iteration_time_s", "predicted iteration time (s)"),
+                ("prediction_error", "prediction error (meas-pred)/meas"), ("delay_mechanism", "delay mechanism")]
 
 
 def format_summary(s: dict) -> str:

@@ -104,8 +104,12 @@ def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto"
     workers = place(exp, topo)
     out_dir.mkdir(parents=True, exist_ok=True)
     _, corpus_sha = load_corpus(Path(exp.data) if exp.data else None)
+    from .planner import predict
+
+    predicted = predict(exp, topo, workers).iteration_s
     (out_dir / "config.json").write_text(json.dumps({**exp.to_dict(), "topology_spec": topo.to_dict(),
-                                                     "workers": [asdict(w) for w in workers]}, indent=1))
+                                                     "workers": [asdict(w) for w in workers],
+                                                     "predicted_iteration_time_s": predicted}, indent=1))
     t_timeout = timeout_s(exp, topo)
     hang = hang_timeout_s or t_timeout
     error: BaseException | None = None

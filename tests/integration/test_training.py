@@ -137,3 +137,24 @@ def test_hung_worker_aborts_within_the_hang_timeout(tmp_path, clean_machine):
     t.join()
     assert stopped and time.monotonic() - stopped[0] < 8 + 20
     assert json.loads((tmp_path / "summary.json").read_text())["aborted"] is True
+
+
+def test_compare_policies_same_losses_and_comparison_json(tmp_path, clean_machine):
+    """pp-fair and dp-wan place workers differently; the math (and so the losses) must not change."""
+    from testbed.compare import compare
+    from testbed.experiment import ComputeModel
+
+    exp = load_experiment().with_overrides(iterations=3, warmup_iterations=1, compute=ComputeModel(mode="real"))
+    result = compare(exp, ["pp-fair", "dp-wan"], tmp_path, progress=_quiet)
+    saved = json.loads((tmp_path / "comparison.json").read_text())
+    assert set(saved["policies"]) == {"pp-fair", "dp-wan"}
+    assert saved["policies"]["dp-wan"]["policy"] == "dp-wan"
+    from testbed.analysis import losses
+
+    a = losses(T.read_events(tmp_path / "pp-fair")).tolist()
+    b = losses(T.read_events(tmp_path / "dp-wan")).tolist()
+    assert len(a) == 3 and a == pytest.approx(b, rel=1e-5)
+    cfg = json.loads((tmp_path / "dp-wan" / "config.json").read_text())
+    assert {w["dc"] for w in cfg["workers"] if w["replica"] == 0} == {"east"}      # a whole pipeline in one DC
+    assert result["speedup"]["dp-wan/pp-fair"] == pytest.approx(
+        saved["stats"]["pp-fair"]["iteration_time_s"]["median"] / saved["stats"]["dp-wan"]["iteration_time_s"]["median"])

@@ -1,0 +1,73 @@
+"""Compare policies on one experiment: each policy runs on the same topology, workload and seed in
+one invocation (repeats interleaved: A B A B ...), so that a speed-up is quoted next to the
+spread of each policy against itself (the noise floor)."""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Callable
+
+from .experiment import Experiment
+from .runner import run_experiment
+
+FIGURES = ("iteration_time_s", "tokens_per_s", "gpu_utilization", "bubble_fraction")
+
+
+def spread(values: list[float]) -> float | None:
+    """(max - min) / median of repeated measurements; None with fewer than two."""
+    vals = [v for v in values if v is not None]
+    if len(vals) < 2:
+        return None
+    return (max(vals) - min(vals)) / statistics.median(vals)
+
+
+def aggregate(runs: dict[str, list[dict]]) -> dict:
+    """Per policy: the median of each figure over repeats and its spread; and the speed-up of every
+    policy over every other (median iteration time of the other over its own)."""
+    stats = {}
+    for policy, summaries in runs.items():
+        stats[policy] = {f: {"median": statistics.median(v) if (v := [s[f] for s in summaries if s[f] is not None])
+                             else None, "spread": spread([s[f] for s in summaries])} for f in FIGURES}
+    speedup = {}
+    for a in runs:
+        for b in runs:
+            ta, tb = stats[a]["iteration_time_s"]["median"], stats[b]["iteration_time_s"]["median"]
+            if a != b and ta and tb:
+                speedup[f"{a}/{b}"] = tb / ta
+    return {"stats": stats, "speedup": speedup}
+
+
+def compare(exp: Experiment, policies: list[str], out_dir: Path, repeat: int = 1, delay_mechanism: str = "auto",
+            progress: Callable[[str], None] = print) -> dict:
+    """Run every policy ``repeat`` times, interleaved; write and return ``comparison.json``:
+    ``policies`` maps each policy to its (first run's) summary, ``runs`` to every summary."""
+    runs: dict[str, list[dict]] = {p: [] for p in policies}
+    for k in range(repeat):
+        for policy in policies:
+            run_dir = out_dir / (policy if repeat == 1 else f"{policy}-{k}")
+            progress(f"--- {policy} (run {k + 1}/{repeat}) -> {run_dir}")
+            runs[policy].append(run_experiment(exp.with_overrides(policy=policy), run_dir,
+                                               delay_mechanism=delay_mechanism, progress=progress))
+    result = {"experiment": exp.name, "topology": exp.topology, "repeat": repeat,
+              "policies": {p: s[0] for p, s in runs.items()}, "runs": runs, **aggregate(runs)}
+    (out_dir / "comparison.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def format_comparison(result: dict) -> str:
+    stats = result["stats"]
+    head = f"{'policy':<10} {'iteration s':>12} {'tokens/s':>10} {'GPU util':>9} {'bubble':>7}  spread (iteration time)"
+    lines = [head]
+    for policy, st in stats.items():
+        def cell(f, fmt):
+            v = st[f]["median"]
+            return format(v, fmt) if v is not None else "-"
+        sp = st["iteration_time_s"]["spread"]
+        lines.append(f"{policy:<10} {cell('iteration_time_s', '12.3f')} {cell('tokens_per_s', '10.0f')} "
+                     f"{cell('gpu_utilization', '9.3f')} {cell('bubble_fraction', '7.3f')}  "
+                     f"{'n/a (use --repeat)' if sp is None else f'{sp:.1%}'}")
+    for pair, s in result["speedup"].items():
+        a, b = pair.split("/")
+        lines.append(f"speed-up of {a} over {b}: {s:.2f}x")
+    return "\n".join(lines)

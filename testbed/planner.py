@@ -1,0 +1,140 @@
+"""A cost model of one training iteration, and the plans Atlas weighs (DESIGN.md section 1, item 2).
+
+Pure functions. For a placement of ``stages`` x ``replicas`` workers it predicts the iteration time
+of a pipeline schedule with ``microbatches`` microbatches (Narayanan et al. 2021, section 2.2: the
+pipeline fill and drain plus (M - 1) times the slowest step), extended with WAN terms:
+
+  T = sum_s (f_s + b_s) + 2 sum_k x_k + (M - 1) max(max_s (f_s + b_s), max_k 2 w_k) + A + O
+
+- f_s, b_s: padded forward and backward time of stage s on one microbatch (scaled from the
+  experiment's targets by the stage's share of the blocks);
+- x_k: one transfer across boundary k: R x bytes / rate (the R data-parallel pipelines share the
+  link) + 2 x one-way delay (gloo's rendezvous: the receiver's ready notice, then the data); 0
+  inside a DC. w_k = R x bytes / rate is the link's busy time per microbatch and direction;
+- A: the gradient all-reduce: 0 inside a DC; across the WAN (dp-wan), a ring all-reduce of every
+  stage's gradients over the shared link, 2 (R - 1) / R x bytes / rate + 2 (R - 1) x delay;
+- O: the optimizer step (taken as one forward target, an upper bound for a small stage).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .errors import SpecError
+from .experiment import Experiment
+from .model import ModelConfig, stage_layers
+from .placement import WorkerSpec, atlas_dc_order, place, place_pipeline
+from .routing import RoutingTable
+from .topology import TopologySpec
+
+
+def stage_param_bytes(cfg: ModelConfig, n_stages: int, stage: int) -> int:
+    """fp32 bytes of one stage's parameters (its blocks, plus embeddings or head at the ends)."""
+    d = cfg.d_model
+    block = 12 * d * d + 13 * d
+    n = len(stage_layers(cfg.n_layers, n_stages, stage)) * block
+    if stage == 0:
+        n += cfg.vocab * d + cfg.seq_len * d
+    if stage == n_stages - 1:
+        n += 2 * d + d * cfg.vocab + cfg.vocab
+    return 4 * n
+
+
+def activation_bytes(exp: Experiment) -> int:
+    """fp32 bytes of one microbatch's activations (or their gradients) at a stage boundary."""
+    return 4 * exp.microbatch_size * exp.model.seq_len * exp.model.d_model
+
+
+@dataclass(frozen=True)
+class Prediction:
+    iteration_s: float
+    fill_s: float
+    steady_s: float
+    allreduce_s: float
+    dcs_used: int
+
+
+def per_block_s(exp: Experiment) -> tuple[float, float]:
+    """(forward, backward) seconds of one block on one microbatch: the experiment's per-stage
+    targets divided by its blocks per stage."""
+    return (exp.compute.forward_ms / 1000 * exp.stages / exp.model.n_layers,
+            exp.compute.backward_ms / 1000 * exp.stages / exp.model.n_layers)
+
+
+def predict(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec],
+            block_s: tuple[float, float] | None = None) -> Prediction:
+    """Predicted iteration time of ``exp`` placed as ``workers`` on ``topo`` (see the module doc).
+    ``block_s``: per-block (forward, backward) seconds, by default from ``exp`` itself."""
+    routes = RoutingTable(topo)
+    S, R, M = exp.stages, exp.replicas, exp.microbatches
+    per_layer_f, per_layer_b = block_s or per_block_s(exp)
+    layers = [len(stage_layers(exp.model.n_layers, S, s)) for s in range(S)]
+    step = [n * (per_layer_f + per_layer_b) for n in layers]
+    dc_of = {(w.stage, w.replica): w.dc for w in workers}
+    act = activation_bytes(exp) * 8
+    fill, busy = sum(step), []
+    for s in range(S - 1):
+        a, b = dc_of[(s, 0)], dc_of[(s + 1, 0)]
+        if a == b:
+            continue
+        rate = routes.bottleneck_bps(a, b)
+        delay = routes.one_way_delay_us(a, b) / 1e6
+        w = R * act / rate
+        fill += 2 * (w + 2 * delay)
+        busy.append(2 * w)
+    steady = (M - 1) * max(max(step), max(busy, default=0.0))
+    allreduce = 0.0
+    if R > 1:
+        per_link: dict[tuple[str, str], float] = {}
+        for s in range(S):
+            dcs = sorted({dc_of[(s, r)] for r in range(R)})
+            for a, b in zip(dcs, dcs[1:]):
+                per_link[(a, b)] = per_link.get((a, b), 0.0) + stage_param_bytes(exp.model, S, s) * 8
+        for (a, b), bits in per_link.items():
+            rate = routes.bottleneck_bps(a, b)
+            delay = routes.one_way_delay_us(a, b) / 1e6
+            allreduce = max(allreduce, 2 * (R - 1) / R * bits / rate + 2 * (R - 1) * delay)
+    opt = per_layer_f * max(layers)
+    return Prediction(fill + steady + allreduce + opt, fill, steady, allreduce, len({w.dc for w in workers}))
+
+
+@dataclass(frozen=True)
+class Plan:
+    stages: int
+    replicas: int
+    microbatches: int
+    workers: tuple[WorkerSpec, ...] | None
+    prediction: Prediction | None
+    why_not: str = ""
+
+
+def alternatives(exp: Experiment, topo: TopologySpec) -> list[Plan]:
+    """Every (stages, replicas, microbatches) with the same global batch and microbatch size,
+    placed the Atlas way (largest DCs first); infeasible ones carry the reason."""
+    sequences = exp.replicas * exp.microbatches  # microbatches of the global batch
+    out = []
+    for S in range(1, exp.model.n_layers + 1):
+        for R in range(1, sequences + 1):
+            if sequences % R:
+                continue
+            cand = replace(exp, stages=S, replicas=R, microbatches=sequences // R)
+            try:
+                workers = place_pipeline(cand, topo, atlas_dc_order(topo))
+            except SpecError as e:
+                out.append(Plan(S, R, sequences // R, None, None, e.problem))
+                continue
+            out.append(Plan(S, R, sequences // R, tuple(workers), predict(cand, topo, workers, per_block_s(exp))))
+    return sorted(out, key=lambda p: (p.prediction is None, p.prediction.iteration_s if p.prediction else 0))
+
+
+def what_if(plans: list[Plan]) -> tuple[Plan | None, Plan | None]:
+    """(best plan, best plan that uses one DC more than it) among feasible plans."""
+    feasible = [p for p in plans if p.prediction]
+    if not feasible:
+        return None, None
+    best = feasible[0]
+    more = [p for p in feasible if p.prediction.dcs_used == best.prediction.dcs_used + 1]
+    return best, (more[0] if more else None)
+
+
+def predicted_for_run(exp: Experiment, topo: TopologySpec) -> Prediction:
+    return predict(exp, topo, place(exp, topo))
