@@ -62,17 +62,21 @@ class Emulation:
 
     ``delay_mechanism``: ``auto`` (netem where the kernel has it, else nfqueue), ``netem`` or
     ``nfqueue``. ``out_dir`` receives per-host logs (``logs/``), the shaping-change log
-    (``shaping.jsonl``) and ``topology.json``. Raises PrivilegeError without root, FeatureError
+    (``shaping.jsonl``) and ``topology.json``. ``tcp_buffer_bytes`` caps every host's socket
+    buffers (tcp_rmem/tcp_wmem maximum) to model the share of a long link one TCP connection can
+    fill (DESIGN.md section 2a); by default they are large enough for one connection to fill any path. Raises PrivilegeError without root, FeatureError
     for a missing kernel feature or tool, BuildError when the machine cannot carry the topology.
     """
 
     def __init__(self, spec: TopologySpec, *, delay_mechanism: str = "auto", out_dir: Path | None = None,
-                 prefix: str | None = None, check_capacity: bool = True) -> None:
+                 prefix: str | None = None, check_capacity: bool = True,
+                 tcp_buffer_bytes: int | None = None) -> None:
         self.spec = spec
         self.prefix = prefix or new_run_prefix()
         self.out_dir = Path(out_dir) if out_dir else Path("results") / f"topo-{time.strftime('%Y%m%d-%H%M%S')}-{self.prefix}"
         self.requested_mechanism = delay_mechanism
         self.check_capacity = check_capacity
+        self.tcp_buffer_bytes = tcp_buffer_bytes
         self.plan = AddressPlan(spec, self.prefix)
         self.routes = RoutingTable(spec)
         self.mechanism = ""
@@ -150,9 +154,9 @@ class Emulation:
             indent=1))
 
     def _create_namespaces(self) -> None:
-        tcp = _tcp_buffer_bytes(self.spec, self.routes)
+        tcp = self.tcp_buffer_bytes or _tcp_buffer_bytes(self.spec, self.routes)
         base = {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1",
-                "net.ipv4.tcp_rmem": f"4096 131072 {tcp}", "net.ipv4.tcp_wmem": f"4096 16384 {tcp}"}
+                "net.ipv4.tcp_rmem": f"4096 {min(131072, tcp)} {tcp}", "net.ipv4.tcp_wmem": f"4096 {min(16384, tcp)} {tcp}"}
         # br_netfilter (where loaded) would pass bridged frames through the router's iptables
         # chains and delay intra-DC traffic twice; the DC switch is a plain switch
         no_br_nf = {f"net.bridge.bridge-nf-call-{t}": "0" for t in ("iptables", "ip6tables", "arptables")}

@@ -138,3 +138,23 @@ def what_if(plans: list[Plan]) -> tuple[Plan | None, Plan | None]:
 
 def predicted_for_run(exp: Experiment, topo: TopologySpec) -> Prediction:
     return predict(exp, topo, place(exp, topo))
+
+
+#: Linux advertises about half of a socket's receive buffer as window (tcp_adv_win_scale = 1,
+#: Documentation/networking/ip-sysctl.rst), so a buffer of 2 x W bytes allows a window of W.
+RCVBUF_PER_WINDOW = 2
+
+
+def connections_for(rate_bps: float, rtt_s: float, window_bytes: float, most: int = 16) -> int:
+    """TCP connections needed to fill a link: its bandwidth-delay product over one connection's
+    window (one connection carries at most window / RTT), at least 1, at most ``most``."""
+    import math
+
+    bdp_bytes = rate_bps / 8 * rtt_s
+    return max(1, min(most, math.ceil(bdp_bytes / window_bytes - 1e-9)))
+
+
+def buffer_for_share(rate_bps: float, rtt_s: float, share: float) -> int:
+    """Socket buffer cap (bytes) that holds one connection to ``share`` of a link of this rate and
+    RTT: a window of share x BDP, doubled for the kernel's receive-buffer overhead."""
+    return int(RCVBUF_PER_WINDOW * share * rate_bps / 8 * rtt_s)

@@ -84,3 +84,16 @@ def test_alternatives_keep_the_global_batch_and_mark_infeasible_plans():
     best, more = what_if(plans)
     assert best is feasible[0]
     assert more is None or more.prediction.dcs_used == best.prediction.dcs_used + 1
+
+
+def test_connections_from_the_bandwidth_delay_product():
+    from testbed.planner import buffer_for_share, connections_for
+
+    # 100 Mbit/s x 80 ms = 1 MB in flight; a 250 kB window carries a quarter: 4 connections
+    assert connections_for(100e6, 0.080, 250_000) == 4
+    assert connections_for(100e6, 0.080, 10**9) == 1            # one big window suffices
+    assert connections_for(100e6, 0.080, 1_000) == 16           # capped
+    assert connections_for(100e6, 0.080, 300_000) == 4          # ceil(1e6 / 3e5) = 4
+    buf = buffer_for_share(100e6, 0.080, 0.25)
+    assert buf == 2 * 0.25 * 1_000_000                           # twice the window (receive overhead)
+    assert connections_for(100e6, 0.080, buf / 2) == 4
