@@ -67,6 +67,11 @@ class Experiment:
     data: str | None = None
     compute: ComputeModel = field(default_factory=ComputeModel)
     policy: str = "pp-fair"
+    #: TCP connections each cross-DC activation transfer is striped over (concurrent gloo operations)
+    wan_connections: int = 1
+    #: share of a WAN link one TCP connection fills on the real link modelled (None: no cap, one
+    #: connection can fill the emulated link); the hosts' socket buffers are capped to reproduce it
+    wan_connection_share: float | None = None
     source: str = "<memory>"
 
     @property
@@ -103,11 +108,15 @@ def _num(kind, example):
 def parse_experiment(data: Any, source: str = "<memory>") -> Experiment:
     """Validate parsed YAML into an Experiment. Raises SpecError naming field, value and fix."""
     keys = ("name", "description", "topology", "schedule", "iterations", "warmup_iterations", "stages",
-            "replicas", "microbatches", "microbatch_size", "model", "lr", "seed", "data", "compute", "policy")
+            "replicas", "microbatches", "microbatch_size", "model", "lr", "seed", "data", "compute", "policy",
+            "wan_connections", "wan_connection_share")
     r = FieldReader(source, data, "", keys, ("topology",))
     kw: dict[str, Any] = {"name": str(data.get("name") or Path(source).stem), "source": source,
                           "topology": str(data["topology"])}
-    for key in ("iterations", "warmup_iterations", "stages", "replicas", "microbatches", "microbatch_size", "seed"):
+    if "wan_connection_share" in data:
+        kw["wan_connection_share"] = r.get("wan_connection_share", _num(float, 0.1), REQUIRED)
+    for key in ("iterations", "warmup_iterations", "stages", "replicas", "microbatches", "microbatch_size", "seed",
+                "wan_connections"):
         if key in data:
             kw[key] = r.get(key, _num(int, 4), REQUIRED)
     if "lr" in data:
@@ -180,6 +189,11 @@ def _check(e: Experiment) -> None:
         raise bad("compute.mode", e.compute.mode, "is not padded or real", "use padded (emulated GPU) or real")
     if not (e.compute.forward_ms > 0 and e.compute.backward_ms > 0):
         raise bad("compute.forward_ms", e.compute.forward_ms, "is not positive", "give targets above 0 ms")
+    if not 1 <= e.wan_connections <= 16:
+        raise bad("wan_connections", e.wan_connections, "is outside 1..16", "stripe over 1 to 16 connections")
+    if e.wan_connection_share is not None and not 0 < e.wan_connection_share <= 1:
+        raise bad("wan_connection_share", e.wan_connection_share, "is not in (0, 1]",
+                  "give the share of a link one connection fills, e.g. 0.1")
     if e.policy not in POLICIES:
         raise bad("policy", e.policy, "is not a known policy", f"use one of {', '.join(POLICIES)}")
     if not 0 < e.lr < 1:

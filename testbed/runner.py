@@ -63,6 +63,23 @@ def timeout_s(exp: Experiment, topo) -> float:
     return max(60.0, 10 * (act_bytes * 8 / slowest + longest) * exp.microbatches * exp.stages + 3 * per_iter)
 
 
+def socket_buffer_cap(exp: Experiment, topo, workers) -> int | None:
+    """Socket buffer cap reproducing ``exp.wan_connection_share`` on the slowest, longest
+    cross-DC stage boundary (planner.buffer_for_share), or None when no share is modelled."""
+    if exp.wan_connection_share is None:
+        return None
+    from .planner import buffer_for_share
+    from .routing import RoutingTable
+
+    routes = RoutingTable(topo)
+    dc = {w.stage: w.dc for w in workers if w.replica == 0}
+    pairs = [(dc[s], dc[s + 1]) for s in range(exp.stages - 1) if dc[s] != dc[s + 1]]
+    if not pairs:
+        return None
+    return min(buffer_for_share(routes.bottleneck_bps(a, b), 2 * routes.one_way_delay_us(a, b) / 1e6,
+                                exp.wan_connection_share) for a, b in pairs)
+
+
 class LinkSampler(threading.Thread):
     """Samples the transmitted bytes of every WAN class every ``interval_s`` into link_counters.jsonl."""
 
@@ -115,7 +132,8 @@ def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto"
     error: BaseException | None = None
     t_start = time.monotonic()
     try:
-        with Emulation(topo, delay_mechanism=delay_mechanism, out_dir=out_dir) as emu:
+        with Emulation(topo, delay_mechanism=delay_mechanism, out_dir=out_dir,
+                       tcp_buffer_bytes=socket_buffer_cap(exp, topo, workers)) as emu:
             (out_dir / "env.json").write_text(json.dumps({
                 **_versions(), "delay_mechanism": emu.mechanism, "netem": emu.mechanism == "netem",
                 "corpus_sha256": corpus_sha, "cpus": os.cpu_count(), "run_prefix": emu.prefix}, indent=1))
@@ -124,7 +142,8 @@ def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto"
                    "init_method": f"tcp://{master}:{GLOO_PORT}", "timeout_s": t_timeout}
             cfg_path = out_dir / "worker_config.json"
             cfg_path.write_text(json.dumps(cfg))
-            env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
+            # one gloo connection per pair per entry; concurrent operations use different ones
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": ",".join(["eth0"] * exp.wan_connections), "OMP_NUM_THREADS": "1",
                    "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
             procs = {w.rank: emu.popen(w.host, [sys.executable, "-m", "testbed.worker", str(cfg_path), str(w.rank)],
                                        env=env) for w in workers}

@@ -47,6 +47,20 @@ class Padder:
         return real, max(real, target)
 
 
+def send_striped(t: torch.Tensor, dst: int, tag: int, n: int) -> list:
+    """isend ``t`` as ``n`` concurrent chunks (gloo gives concurrent operations their own connection
+    when GLOO_SOCKET_IFNAME repeats the interface), tags tag*64 + i."""
+    flat = t.reshape(-1)
+    return [dist.isend(c.contiguous(), dst=dst, tag=tag * 64 + i) for i, c in enumerate(flat.chunk(n))]
+
+
+def recv_striped(buf: torch.Tensor, src: int, tag: int, n: int) -> None:
+    """Receive into ``buf`` the ``n`` chunks sent by ``send_striped``."""
+    works = [dist.irecv(c, src=src, tag=tag * 64 + i) for i, c in enumerate(buf.view(-1).chunk(n))]
+    for w in works:
+        w.wait()
+
+
 def main(config_path: str, rank: int) -> None:
     cfg = json.loads(Path(config_path).read_text())
     exp, me = cfg["experiment"], cfg["workers"][rank]
@@ -75,6 +89,10 @@ def main(config_path: str, rank: int) -> None:
     act_shape = (mb, mcfg.seq_len, mcfg.d_model)
     act_bytes = mb * mcfg.seq_len * mcfg.d_model * 4
     first, last = stage == 0, stage == S - 1
+    dc_of = {w["rank"]: w["dc"] for w in cfg["workers"]}
+    # stripe only transfers that cross the WAN; inside a DC one connection is plenty
+    n_prev = exp["wan_connections"] if prev_rank is not None and dc_of[prev_rank] != me["dc"] else 1
+    n_next = exp["wan_connections"] if next_rank is not None and dc_of[next_rank] != me["dc"] else 1
 
     for it in range(exp["iterations"]):
         x, y = batch(train, R * M * mb, mcfg.seq_len, exp["seed"], it)
@@ -92,7 +110,7 @@ def main(config_path: str, rank: int) -> None:
                 else:
                     inp = torch.empty(act_shape)
                     t0 = T.now_ns()
-                    dist.recv(inp, src=prev_rank, tag=m)
+                    recv_striped(inp, prev_rank, m, n_prev)
                     ev.write(T.RECV_WAIT, t0, T.now_ns(), **fields, bytes=act_bytes, peer=prev_rank)
                     inp.requires_grad_()
                 t0 = T.now_ns()
@@ -106,7 +124,7 @@ def main(config_path: str, rank: int) -> None:
                 saved[m] = (inp, outp)
                 if not last:
                     t0 = T.now_ns()
-                    pending.append(dist.isend(outp.detach().contiguous(), dst=next_rank, tag=m))
+                    pending.extend(send_striped(outp.detach(), next_rank, m, n_next))
                     ev.write(T.SEND, t0, T.now_ns(), **fields, bytes=act_bytes, peer=next_rank)
             else:
                 inp, outp = saved.pop(m)
@@ -115,7 +133,7 @@ def main(config_path: str, rank: int) -> None:
                 else:
                     grad = torch.empty(act_shape)
                     t0 = T.now_ns()
-                    dist.recv(grad, src=next_rank, tag=m)
+                    recv_striped(grad, next_rank, m, n_next)
                     ev.write(T.RECV_WAIT, t0, T.now_ns(), **fields, bytes=act_bytes, peer=next_rank)
                 t0 = T.now_ns()
                 outp.backward(grad)
@@ -123,7 +141,7 @@ def main(config_path: str, rank: int) -> None:
                 ev.write(T.BACKWARD, t0, T.now_ns(), **fields, real_ns=real, padded_ns=padded)
                 if not first:
                     t0 = T.now_ns()
-                    pending.append(dist.isend(inp.grad.contiguous(), dst=prev_rank, tag=m))
+                    pending.extend(send_striped(inp.grad, prev_rank, m, n_prev))
                     ev.write(T.SEND, t0, T.now_ns(), **fields, bytes=act_bytes, peer=prev_rank)
         for w in pending:
             w.wait()

@@ -158,3 +158,17 @@ def test_compare_policies_same_losses_and_comparison_json(tmp_path, clean_machin
     assert {w["dc"] for w in cfg["workers"] if w["replica"] == 0} == {"east"}      # a whole pipeline in one DC
     assert result["speedup"]["dp-wan/pp-fair"] == pytest.approx(
         saved["stats"]["pp-fair"]["iteration_time_s"]["median"] / saved["stats"]["dp-wan"]["iteration_time_s"]["median"])
+
+
+def test_striped_wan_transfers_keep_the_math(tmp_path, clean_machine):
+    """Activations and gradients split over 4 connections under a capped socket buffer arrive intact."""
+    from testbed.analysis import losses
+    from testbed.experiment import ComputeModel
+
+    exp = load_experiment().with_overrides(iterations=3, warmup_iterations=1, wan_connections=4,
+                                           wan_connection_share=0.1, compute=ComputeModel(mode="real"))
+    run_experiment(exp, tmp_path, progress=_quiet)
+    got = losses(T.read_events(tmp_path)).tolist()
+    assert got == pytest.approx(reference_losses(exp, 3), rel=1e-4)
+    cfg = json.loads((tmp_path / "worker_config.json").read_text())
+    assert cfg["experiment"]["wan_connections"] == 4
