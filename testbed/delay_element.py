@@ -99,13 +99,13 @@ class Supervisor(threading.Thread):
                  interval_s: float = 0.05) -> None:
         super().__init__(name="delay-supervisor", daemon=True)
         self.elements, self.on_failure, self.interval_s = elements, on_failure, interval_s
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._halt.wait(self.interval_s):
             for el in self.elements:
                 code = el.proc.poll() if el.proc else None
-                if code is not None and not self._stop.is_set():
+                if code is not None and not self._halt.is_set():
                     tail = el.log_path.read_text(errors="replace").strip()[-300:]
                     self.on_failure(DelayElementError(
                         f"the delay element of {el.netns} exited with status {code} at "
@@ -114,4 +114,4 @@ class Supervisor(threading.Thread):
                     return
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()

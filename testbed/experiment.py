@@ -25,8 +25,9 @@ from .specfile import REQUIRED, FieldReader, read_spec_file
 WORKLOAD_DIR = Path(__file__).resolve().parent.parent / "workloads"
 DEFAULT_EXPERIMENT = "default"
 #: pp-fair: PP across DCs, DP inside a DC, TCP shares each WAN link; dp-wan: each replica's whole
-#: pipeline in one DC, replicas spread over DCs (the gradient all-reduce crosses the WAN).
-POLICIES = ("pp-fair", "dp-wan")
+#: pipeline in one DC, replicas spread over DCs (the gradient all-reduce crosses the WAN); atlas:
+#: Atlas's placement (largest DCs first), striped transfers and the link-granting controller.
+POLICIES = ("pp-fair", "dp-wan", "atlas")
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,10 @@ class Experiment:
     data: str | None = None
     compute: ComputeModel = field(default_factory=ComputeModel)
     policy: str = "pp-fair"
-    #: TCP connections each cross-DC activation transfer is striped over (concurrent gloo operations)
-    wan_connections: int = 1
+    #: under atlas, TCP connections each cross-DC transfer is striped over (concurrent gloo
+    #: operations); 0: chosen from the bandwidth-delay product and the per-connection window.
+    #: Other policies use one connection.
+    wan_connections: int = 0
     #: share of a WAN link one TCP connection fills on the real link modelled (None: no cap, one
     #: connection can fill the emulated link); the hosts' socket buffers are capped to reproduce it
     wan_connection_share: float | None = None
@@ -189,8 +192,9 @@ def _check(e: Experiment) -> None:
         raise bad("compute.mode", e.compute.mode, "is not padded or real", "use padded (emulated GPU) or real")
     if not (e.compute.forward_ms > 0 and e.compute.backward_ms > 0):
         raise bad("compute.forward_ms", e.compute.forward_ms, "is not positive", "give targets above 0 ms")
-    if not 1 <= e.wan_connections <= 16:
-        raise bad("wan_connections", e.wan_connections, "is outside 1..16", "stripe over 1 to 16 connections")
+    if not 0 <= e.wan_connections <= 16:
+        raise bad("wan_connections", e.wan_connections, "is outside 0..16",
+                  "stripe over 1 to 16 connections, or 0 to choose from the bandwidth-delay product")
     if e.wan_connection_share is not None and not 0 < e.wan_connection_share <= 1:
         raise bad("wan_connection_share", e.wan_connection_share, "is not in (0, 1]",
                   "give the share of a link one connection fills, e.g. 0.1")

@@ -69,4 +69,6 @@ def place(exp: Experiment, topo: TopologySpec, policy: str | None = None) -> lis
     policy = policy or exp.policy
     if policy == "dp-wan":
         return place_dp_wan(exp, topo)
+    if policy == "atlas":
+        return place_pipeline(exp, topo, atlas_dc_order(topo))
     return place_pipeline(exp, topo)

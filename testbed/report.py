@@ -65,8 +65,22 @@ def summarize(ev: pd.DataFrame, config: dict, env: dict, counters: pd.DataFrame,
     }
 
 
-def chrome_trace(ev: pd.DataFrame) -> dict:
-    """Chrome trace format (chrome://tracing, Perfetto): one process per DC, one thread per worker."""
+def grant_stats(run_dir: Path) -> dict:
+    """Atlas controller figures from controller.jsonl: grants made and the latency from a transfer
+    being ready (both sides) to its class change applied, p50 and p99 in ms."""
+    path = run_dir / "controller.jsonl"
+    if not path.exists():
+        return {}
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lat = pd.Series([(r["t_applied_ns"] - r["t_ready_ns"]) / 1e6 for r in rows], dtype=float)
+    return {"grants": len(rows), "grant_latency_p50_ms": float(lat.quantile(0.5)) if len(lat) else None,
+            "grant_latency_p99_ms": float(lat.quantile(0.99)) if len(lat) else None,
+            "controller_failed": (run_dir / "controller_failed").exists()}
+
+
+def chrome_trace(ev: pd.DataFrame, shaping: list[dict] | None = None) -> dict:
+    """Chrome trace format (chrome://tracing, Perfetto): one process per DC, one thread per worker;
+    live shaping changes (Atlas grants) as instant events on the sending DC's process."""
     out = []
     dcs = {dc: i for i, dc in enumerate(dict.fromkeys(ev[T.DC]))}
     for dc, pid in dcs.items():
@@ -81,6 +95,12 @@ def chrome_trace(ev: pd.DataFrame) -> dict:
                     "cat": row[T.KIND], "ph": "X", "pid": dcs[row[T.DC]], "tid": int(row[T.WORKER]),
                     "ts": (row[T.START_NS] - t0) / 1e3, "dur": (row[T.END_NS] - row[T.START_NS]) / 1e3,
                     "args": {"iteration": int(row[T.ITERATION])}})
+    for change in shaping or []:
+        if change.get("event") != "change" or change["t_ns"] < t0:
+            continue
+        dc = change["netns"].split("-", 1)[1].rsplit("-", 1)[0]  # <prefix>-<dc>-r
+        out.append({"name": f"{change['classid']} {change['ifname']} -> {change['rate_bps'] / 1e6:g} Mbit/s",
+                    "cat": "shaping", "ph": "i", "s": "p", "pid": dcs.get(dc, 0), "ts": (change["t_ns"] - t0) / 1e3})
     return {"traceEvents": out, "displayTimeUnit": "ms"}
 
 
@@ -158,9 +178,12 @@ def finalize(run_dir: Path, exp=None, aborted: bool = False) -> dict:
         full.to_parquet(run_dir / "events.parquet", index=False)
     counters = T.read_link_counters(run_dir)
     summary = summarize(ev, config, env, counters, aborted)
+    summary.update(grant_stats(run_dir))
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     if not ev.empty:
-        (run_dir / "trace.json").write_text(json.dumps(chrome_trace(ev)))
+        shaping_path = run_dir / "shaping.jsonl"
+        shaping = [json.loads(line) for line in shaping_path.read_text().splitlines()] if shaping_path.exists() else []
+        (run_dir / "trace.json").write_text(json.dumps(chrome_trace(ev, shaping)))
         plot_timeline(ev, run_dir / "timeline.png", config["warmup_iterations"])
     plot_links(A.link_utilization(counters), run_dir / "wan_utilization.png")
     return summary

@@ -63,6 +63,27 @@ def timeout_s(exp: Experiment, topo) -> float:
     return max(60.0, 10 * (act_bytes * 8 / slowest + longest) * exp.microbatches * exp.stages + 3 * per_iter)
 
 
+def wan_connections(exp: Experiment, topo, workers) -> int:
+    """Connections per cross-DC transfer: 1 except under atlas, where it is the experiment's figure
+    or, for 0, the bandwidth-delay product of the longest boundary over one connection's window
+    (4 when no per-connection share is modelled)."""
+    if exp.policy != "atlas":
+        return 1
+    if exp.wan_connections:
+        return exp.wan_connections
+    cap = socket_buffer_cap(exp, topo, workers)
+    if cap is None:
+        return 4
+    from .planner import RCVBUF_PER_WINDOW, connections_for
+    from .routing import RoutingTable
+
+    routes = RoutingTable(topo)
+    dc = {w.stage: w.dc for w in workers if w.replica == 0}
+    pairs = [(dc[s], dc[s + 1]) for s in range(exp.stages - 1) if dc[s] != dc[s + 1]]
+    return max(connections_for(routes.bottleneck_bps(a, b), 2 * routes.one_way_delay_us(a, b) / 1e6,
+                               cap / RCVBUF_PER_WINDOW) for a, b in pairs)
+
+
 def socket_buffer_cap(exp: Experiment, topo, workers) -> int | None:
     """Socket buffer cap reproducing ``exp.wan_connection_share`` on the slowest, longest
     cross-DC stage boundary (planner.buffer_for_share), or None when no share is modelled."""
@@ -86,7 +107,7 @@ class LinkSampler(threading.Thread):
     def __init__(self, emu: Emulation, path: Path, interval_s: float = 0.1) -> None:
         super().__init__(name="link-sampler", daemon=True)
         self.emu, self.path, self.interval_s = emu, path, interval_s
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
         from pyroute2.netlink.exceptions import NetlinkError
@@ -95,7 +116,7 @@ class LinkSampler(threading.Thread):
         from .netlink import read_classes
 
         with open(self.path, "a", buffering=1) as f:
-            while not self._stop.wait(self.interval_s):
+            while not self._halt.wait(self.interval_s):
                 for (src, dst), end in self.emu.plan.wan_ends.items():
                     ns = self.emu.plan.routers[src].netns
                     try:
@@ -108,7 +129,7 @@ class LinkSampler(threading.Thread):
                                             T.TX_BYTES: c["tx_bytes"], T.RATE_BPS: c["ceil_bps"]}) + "\n")
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
 
 def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto",
@@ -138,12 +159,22 @@ def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto"
                 **_versions(), "delay_mechanism": emu.mechanism, "netem": emu.mechanism == "netem",
                 "corpus_sha256": corpus_sha, "cpus": os.cpu_count(), "run_prefix": emu.prefix}, indent=1))
             master = emu.host(workers[0].host).ip
-            cfg = {"experiment": exp.to_dict(), "workers": [asdict(w) for w in workers], "out_dir": str(out_dir),
-                   "init_method": f"tcp://{master}:{GLOO_PORT}", "timeout_s": t_timeout}
+            n_conn = wan_connections(exp, topo, workers)
+            controller = None
+            if exp.policy == "atlas":
+                from .controller import Controller
+
+                controller = Controller(emu, workers, exp.replicas, out_dir / "control.sock",
+                                        out_dir / "controller.jsonl")
+                controller.install()
+                controller.start()
+            cfg = {"experiment": {**exp.to_dict(), "wan_connections": n_conn}, "workers": [asdict(w) for w in workers],
+                   "out_dir": str(out_dir), "init_method": f"tcp://{master}:{GLOO_PORT}", "timeout_s": t_timeout,
+                   "control_socket": str(out_dir / "control.sock") if controller else None}
             cfg_path = out_dir / "worker_config.json"
             cfg_path.write_text(json.dumps(cfg))
             # one gloo connection per pair per entry; concurrent operations use different ones
-            env = {**os.environ, "GLOO_SOCKET_IFNAME": ",".join(["eth0"] * exp.wan_connections), "OMP_NUM_THREADS": "1",
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": ",".join(["eth0"] * n_conn), "OMP_NUM_THREADS": "1",
                    "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
             procs = {w.rank: emu.popen(w.host, [sys.executable, "-m", "testbed.worker", str(cfg_path), str(w.rank)],
                                        env=env) for w in workers}
@@ -152,9 +183,11 @@ def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto"
             sampler = LinkSampler(emu, out_dir / "link_counters.jsonl")
             sampler.start()
             try:
-                _watch(emu, exp, workers, procs, out_dir, hang, progress, t_start)
+                _watch(emu, exp, workers, procs, out_dir, hang, progress, t_start, controller)
             finally:
                 sampler.stop()
+                if controller is not None:
+                    controller.stop()
     except (RunError, KeyboardInterrupt) as e:
         error = e
     summary = finalize(out_dir, exp, aborted=error is not None)
@@ -169,12 +202,19 @@ def _log_tail(emu: Emulation, host: str, lines: int = 15) -> str:
     return "\n".join(text[-lines:])
 
 
-def _watch(emu, exp, workers, procs, out_dir: Path, hang_s: float, progress, t_start: float) -> None:
+def _watch(emu, exp, workers, procs, out_dir: Path, hang_s: float, progress, t_start: float,
+           controller=None) -> None:
     events = out_dir / "events"
-    last_size, last_change, shown = -1, time.monotonic(), -1
+    warned = False
+    last_size, last_change, shown, offset = -1, time.monotonic(), -1, 0
     last_stage = [w for w in workers if w.stage == exp.stages - 1 and w.replica == 0][0]
     while True:
         emu.check_alive()
+        if controller is not None and controller.failed is not None and not warned:
+            warned = True
+            progress(f"WARNING: the Atlas controller died ({controller.failed!r}); WAN links fell back to fair "
+                     "sharing and training goes on")
+            (out_dir / "controller_failed").write_text(repr(controller.failed))
         codes = {r: p.poll() for r, p in procs.items()}
         for r, code in codes.items():
             if code not in (None, 0):
@@ -193,11 +233,13 @@ def _watch(emu, exp, workers, procs, out_dir: Path, hang_s: float, progress, t_s
                            f"aborted. Log tail of worker {stuck[0]}:\n{_log_tail(emu, workers[stuck[0]].host)}")
         path = events / f"w{last_stage.rank}.jsonl"
         if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue
+            with open(path) as f:  # read only what was appended since the last look
+                f.seek(offset)
+                chunk = f.read()
+            complete = chunk[: chunk.rfind("\n") + 1]
+            offset += len(complete.encode())
+            for line in complete.splitlines():
+                e = json.loads(line)
                 if e.get(T.KIND) == T.OPTIMIZER and e[T.ITERATION] > shown:
                     shown = e[T.ITERATION]
                     progress(f"iteration {shown + 1}/{exp.iterations}  loss {e[T.LOSS]:.4f}  "

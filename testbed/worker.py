@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from . import trace as T
+from .controller import ControlClient
 from .data import batch, load_corpus, split
 from .model import ModelConfig, Stage, build_model, lm_loss
 from .schedule import make_schedule
@@ -89,6 +90,7 @@ def main(config_path: str, rank: int) -> None:
     act_shape = (mb, mcfg.seq_len, mcfg.d_model)
     act_bytes = mb * mcfg.seq_len * mcfg.d_model * 4
     first, last = stage == 0, stage == S - 1
+    ctl = ControlClient(cfg.get("control_socket"))
     dc_of = {w["rank"]: w["dc"] for w in cfg["workers"]}
     # stripe only transfers that cross the WAN; inside a DC one connection is plenty
     n_prev = exp["wan_connections"] if prev_rank is not None and dc_of[prev_rank] != me["dc"] else 1
@@ -110,7 +112,9 @@ def main(config_path: str, rank: int) -> None:
                 else:
                     inp = torch.empty(act_shape)
                     t0 = T.now_ns()
+                    ctl.send("recv", prev_rank, rank, it, m)
                     recv_striped(inp, prev_rank, m, n_prev)
+                    ctl.send("done", prev_rank, rank, it, m)
                     ev.write(T.RECV_WAIT, t0, T.now_ns(), **fields, bytes=act_bytes, peer=prev_rank)
                     inp.requires_grad_()
                 t0 = T.now_ns()
@@ -124,6 +128,7 @@ def main(config_path: str, rank: int) -> None:
                 saved[m] = (inp, outp)
                 if not last:
                     t0 = T.now_ns()
+                    ctl.send("ready", rank, next_rank, it, m)
                     pending.extend(send_striped(outp.detach(), next_rank, m, n_next))
                     ev.write(T.SEND, t0, T.now_ns(), **fields, bytes=act_bytes, peer=next_rank)
             else:
@@ -133,7 +138,9 @@ def main(config_path: str, rank: int) -> None:
                 else:
                     grad = torch.empty(act_shape)
                     t0 = T.now_ns()
+                    ctl.send("recv", next_rank, rank, it, m)
                     recv_striped(grad, next_rank, m, n_next)
+                    ctl.send("done", next_rank, rank, it, m)
                     ev.write(T.RECV_WAIT, t0, T.now_ns(), **fields, bytes=act_bytes, peer=next_rank)
                 t0 = T.now_ns()
                 outp.backward(grad)
@@ -141,6 +148,7 @@ def main(config_path: str, rank: int) -> None:
                 ev.write(T.BACKWARD, t0, T.now_ns(), **fields, real_ns=real, padded_ns=padded)
                 if not first:
                     t0 = T.now_ns()
+                    ctl.send("ready", rank, prev_rank, it, m)
                     pending.extend(send_striped(inp.grad, prev_rank, m, n_prev))
                     ev.write(T.SEND, t0, T.now_ns(), **fields, bytes=act_bytes, peer=prev_rank)
         for w in pending:

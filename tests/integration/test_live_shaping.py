@@ -48,3 +48,44 @@ def test_per_host_classes_with_filters(tmp_path, clean_machine):
         emu.set_wan_class_rate("east", "west", 0x11, 40_000_000)
         faster = iperf(emu, "east-h1", "west-h1", duration_s=3, omit_s=1)
         assert rate_within(faster.bits_per_second, 40e6 * TCP_GOODPUT_FRACTION), faster
+
+
+def test_controller_grants_switch_two_flows(tmp_path, clean_machine):
+    """Two pipelines' flows on one link: after each grant the holder gets the link minus the other's
+    floor, measured over the one-second interval that starts 1 s after the change."""
+    from testbed.controller import CLASS_BASE, Controller, Hop, floor_bps
+    from testbed.placement import WorkerSpec
+
+    with Emulation(load_topology("two_dc"), out_dir=tmp_path) as emu:
+        workers = [WorkerSpec(0, 0, 0, "east-h0", "east"), WorkerSpec(1, 0, 1, "east-h1", "east"),
+                   WorkerSpec(2, 1, 0, "west-h0", "west"), WorkerSpec(3, 1, 1, "west-h1", "west")]
+        ctl = Controller(emu, workers, 2, tmp_path / "c.sock", tmp_path / "c.jsonl")
+        ctl.install()
+        hop = Hop("east", "west")
+        ctl.grant(hop, 0)
+        rate = 100_000_000
+        full, floor = rate - floor_bps(rate), floor_bps(rate)
+        results = {}
+
+        def flow(src, dst, port):
+            srv = emu.popen(dst, ["iperf3", "-s", "-1", "-p", str(port)])
+            time.sleep(0.5)
+            out = emu.run(src, ["iperf3", "-c", str(emu.host(dst).ip), "-p", str(port), "-t", "9", "-J"],
+                          timeout_s=40)
+            srv.wait(timeout=5)
+            results[src] = [iv["sum"]["bits_per_second"] for iv in json.loads(out.stdout)["intervals"]]
+
+        threads = [threading.Thread(target=flow, args=("east-h0", "west-h0", 5301)),
+                   threading.Thread(target=flow, args=("east-h1", "west-h1", 5302))]
+        for t in threads:
+            t.start()
+        time.sleep(4.6)                      # replica 0 holds the link for the first ~4 s
+        ctl.grant(hop, 1)
+        for t in threads:
+            t.join()
+        g = TCP_GOODPUT_FRACTION
+        assert rate_within(statistics.mean(results["east-h0"][1:3]), full * g), results
+        assert rate_within(statistics.mean(results["east-h1"][6:8]), full * g), results
+        assert statistics.mean(results["east-h1"][1:3]) < 2 * floor       # held back while not granted
+        classes = emu.wan_classes("east", "west")
+        assert classes[CLASS_BASE + 1]["rate_bps"] == full and classes[CLASS_BASE]["rate_bps"] == floor

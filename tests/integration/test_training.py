@@ -145,15 +145,17 @@ def test_compare_policies_same_losses_and_comparison_json(tmp_path, clean_machin
     from testbed.experiment import ComputeModel
 
     exp = load_experiment().with_overrides(iterations=3, warmup_iterations=1, compute=ComputeModel(mode="real"))
-    result = compare(exp, ["pp-fair", "dp-wan"], tmp_path, progress=_quiet)
+    result = compare(exp, ["pp-fair", "dp-wan", "atlas"], tmp_path, progress=_quiet)
     saved = json.loads((tmp_path / "comparison.json").read_text())
-    assert set(saved["policies"]) == {"pp-fair", "dp-wan"}
+    assert set(saved["policies"]) == {"pp-fair", "dp-wan", "atlas"}
     assert saved["policies"]["dp-wan"]["policy"] == "dp-wan"
     from testbed.analysis import losses
 
     a = losses(T.read_events(tmp_path / "pp-fair")).tolist()
     b = losses(T.read_events(tmp_path / "dp-wan")).tolist()
-    assert len(a) == 3 and a == pytest.approx(b, rel=1e-5)
+    c = losses(T.read_events(tmp_path / "atlas")).tolist()
+    assert len(a) == 3 and a == pytest.approx(b, rel=1e-5) and a == pytest.approx(c, rel=1e-5)
+    assert (tmp_path / "atlas" / "controller.jsonl").read_text().strip()   # grants were made
     cfg = json.loads((tmp_path / "dp-wan" / "config.json").read_text())
     assert {w["dc"] for w in cfg["workers"] if w["replica"] == 0} == {"east"}      # a whole pipeline in one DC
     assert result["speedup"]["dp-wan/pp-fair"] == pytest.approx(
@@ -165,10 +167,42 @@ def test_striped_wan_transfers_keep_the_math(tmp_path, clean_machine):
     from testbed.analysis import losses
     from testbed.experiment import ComputeModel
 
-    exp = load_experiment().with_overrides(iterations=3, warmup_iterations=1, wan_connections=4,
+    exp = load_experiment().with_overrides(iterations=3, warmup_iterations=1, wan_connections=4, policy="atlas",
                                            wan_connection_share=0.1, compute=ComputeModel(mode="real"))
     run_experiment(exp, tmp_path, progress=_quiet)
     got = losses(T.read_events(tmp_path)).tolist()
     assert got == pytest.approx(reference_losses(exp, 3), rel=1e-4)
     cfg = json.loads((tmp_path / "worker_config.json").read_text())
     assert cfg["experiment"]["wan_connections"] == 4
+
+
+def test_dead_controller_falls_back_to_fair_sharing(tmp_path, clean_machine):
+    """A malformed control message kills the controller thread: links open up, training goes on."""
+    import socket
+    import threading
+
+    exp = load_experiment().with_overrides(iterations=4, policy="atlas")
+    lines = []
+
+    def kill_controller():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            if any("iteration 1/" in line for line in lines):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                s.sendto(b"not json", str(tmp_path / "control.sock"))
+                return
+
+    t = threading.Thread(target=kill_controller)
+    t.start()
+    summary = run_experiment(exp, tmp_path, progress=lines.append)
+    t.join()
+    assert summary["completed_iterations"] == 4 and not summary["aborted"]
+    assert (tmp_path / "controller_failed").exists()
+    assert any("fell back to fair sharing" in line for line in lines)
+    last = {}
+    for line in (tmp_path / "shaping.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        last[(e["netns"], e["ifname"], e["classid"])] = e["rate_bps"]
+    pipeline_classes = {k: v for k, v in last.items() if k[2] in ("1:20", "1:21")}
+    assert pipeline_classes and all(v == 100_000_000 for v in pipeline_classes.values())  # all open again
