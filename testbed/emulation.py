@@ -155,7 +155,10 @@ class Emulation:
 
     def _create_namespaces(self) -> None:
         tcp = self.tcp_buffer_bytes or _tcp_buffer_bytes(self.spec, self.routes)
+        # pipeline traffic is bursty: an idle connection must not restart from slow start (RFC 2861's
+        # cwnd validation would shrink it between microbatches)
         base = {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1",
+                "net.ipv4.tcp_slow_start_after_idle": "0",
                 "net.ipv4.tcp_rmem": f"4096 {min(131072, tcp)} {tcp}", "net.ipv4.tcp_wmem": f"4096 {min(16384, tcp)} {tcp}"}
         # br_netfilter (where loaded) would pass bridged frames through the router's iptables
         # chains and delay intra-DC traffic twice; the DC switch is a plain switch

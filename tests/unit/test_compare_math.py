@@ -1,0 +1,27 @@
+"""Aggregation of repeated policy runs: medians, spreads (the noise floor) and speed-ups."""
+from __future__ import annotations
+
+import pytest
+
+from testbed.compare import FIGURES, aggregate, format_comparison, spread
+
+
+def summary(t: float) -> dict:
+    return {"iteration_time_s": t, "tokens_per_s": 1000 / t, "gpu_utilization": 0.5, "bubble_fraction": 0.5}
+
+
+def test_spread_is_range_over_median():
+    assert spread([1.0, 1.2, 1.1]) == pytest.approx(0.2 / 1.1)
+    assert spread([1.0]) is None and spread([None, 2.0]) is None
+
+
+def test_aggregate_medians_and_speedups():
+    runs = {"a": [summary(1.0), summary(1.2), summary(1.1)], "b": [summary(2.0), summary(2.2), summary(2.4)]}
+    agg = aggregate(runs)
+    assert agg["stats"]["a"]["iteration_time_s"]["median"] == pytest.approx(1.1)
+    assert agg["stats"]["b"]["iteration_time_s"]["spread"] == pytest.approx(0.4 / 2.2)
+    assert agg["speedup"]["a/b"] == pytest.approx(2.2 / 1.1)      # a is twice as fast as b
+    assert agg["speedup"]["b/a"] == pytest.approx(1.1 / 2.2)
+    assert set(agg["stats"]["a"]) == set(FIGURES)
+    text = format_comparison({**agg})
+    assert "speed-up of a over b: 2.00x" in text and "18.2%" in text   # b's spread, 0.4 / 2.2
