@@ -9,10 +9,11 @@ classes keep ``FLOOR_SHARE`` of the link). Order: earliest ready first, which fo
 schedule and staggers the pipelines (one computes while another transmits).
 
 Workers report over a control channel outside the emulated WAN (a Unix datagram socket in the
-run folder): the sender says ``ready`` when it starts a send and the receiver ``recv`` when it
-posts the receive (gloo moves data only once both are there, so a transfer is ready when both
-messages have come), and the receiver says ``done`` when the data has arrived. Workers never wait for the controller; if it dies, ``fall_back`` opens every class
-to the full rate (fair sharing by TCP) and the run says so.
+testbed's state folder): the sender says ``ready`` when it starts a send and the receiver ``recv``
+when it posts the receive (gloo moves data only once both are there, so a transfer is ready when
+both messages have come); the receiver says ``done`` when the data has arrived. Workers never wait
+for the controller; if it dies, ``fall_back`` opens every class to the full rate (fair sharing by
+TCP) and the run says so.
 """
 from __future__ import annotations
 
@@ -169,6 +170,7 @@ class Controller(threading.Thread):
         self._halt.set()
         self.join(timeout=2)
         self.log.close()
+        self.sock_path.unlink(missing_ok=True)
 
 
 class ControlClient:

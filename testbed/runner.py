@@ -164,13 +164,17 @@ def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto"
             if exp.policy == "atlas":
                 from .controller import Controller
 
-                controller = Controller(emu, workers, exp.replicas, out_dir / "control.sock",
+                from .registry import RUN_DIR
+
+                # AF_UNIX paths are limited to 108 bytes: keep the socket beside the run registry
+                (RUN_DIR / "control").mkdir(parents=True, exist_ok=True)
+                controller = Controller(emu, workers, exp.replicas, RUN_DIR / "control" / f"{emu.prefix}.sock",
                                         out_dir / "controller.jsonl")
                 controller.install()
                 controller.start()
             cfg = {"experiment": {**exp.to_dict(), "wan_connections": n_conn}, "workers": [asdict(w) for w in workers],
                    "out_dir": str(out_dir), "init_method": f"tcp://{master}:{GLOO_PORT}", "timeout_s": t_timeout,
-                   "control_socket": str(out_dir / "control.sock") if controller else None}
+                   "control_socket": str(controller.sock_path) if controller else None}
             cfg_path = out_dir / "worker_config.json"
             cfg_path.write_text(json.dumps(cfg))
             # one gloo connection per pair per entry; concurrent operations use different ones

@@ -189,8 +189,9 @@ def test_dead_controller_falls_back_to_fair_sharing(tmp_path, clean_machine):
         while time.monotonic() < deadline:
             time.sleep(0.3)
             if any("iteration 1/" in line for line in lines):
+                cfg = json.loads((tmp_path / "worker_config.json").read_text())
                 s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                s.sendto(b"not json", str(tmp_path / "control.sock"))
+                s.sendto(b"not json", cfg["control_socket"])
                 return
 
     t = threading.Thread(target=kill_controller)
