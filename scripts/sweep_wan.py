@@ -26,12 +26,13 @@ from testbed.units import parse_duration_us, parse_rate_bps
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("experiment", nargs="?", default=None)
-    ap.add_argument("--delays", default="10ms,40ms")
-    ap.add_argument("--rates", default="50mbit,200mbit")
-    ap.add_argument("--policies", default="pp-fair,dp-wan,atlas")
-    ap.add_argument("--iterations", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=Path("results") / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}")
+    ap.add_argument("experiment", nargs="?", default=None, help="experiment file or shipped name (default: default)")
+    ap.add_argument("--delays", default="10ms,40ms", help="one-way delays to set on every WAN link (default 10ms,40ms)")
+    ap.add_argument("--rates", default="50mbit,200mbit", help="WAN link rates (default 50mbit,200mbit)")
+    ap.add_argument("--policies", default="pp-fair,dp-wan,atlas", help="policies to run at each point")
+    ap.add_argument("--iterations", type=int, default=5, help="iterations per run (default 5)")
+    ap.add_argument("--out", type=Path, default=Path("results") / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}",
+                    help="folder for sweep.csv, sweep.png and the run folders")
     args = ap.parse_args()
     base = load_experiment(args.experiment).with_overrides(iterations=args.iterations)
     topo = load_topology(base.topology)
@@ -65,6 +66,7 @@ def main() -> None:
         ax.plot(g["delay_ms"], g["iteration_time_s"], marker="o", label=f"{policy} @ {rate:g} Mbit/s")
     ax.set_xlabel("WAN one-way delay (ms)")
     ax.set_ylabel("iteration time (s)")
+    ax.set_ylim(bottom=0)
     ax.set_title(f"{base.name}: iteration time vs WAN delay and rate")
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -180,7 +180,10 @@ def _check(e: Experiment) -> None:
             raise bad(f"model.{key}", getattr(e.model, key), f"is below {low}", f"use {low} or more")
     if not 0 <= e.warmup_iterations < e.iterations:
         raise bad("warmup_iterations", e.warmup_iterations, f"must be from 0 to iterations - 1 ({e.iterations - 1})",
-                  "measure at least one iteration after warm-up")
+                  "measure at least one iteration after warm-up: " + (
+                      "use 0 or more warm-up iterations" if e.warmup_iterations < 0 else
+                      f"run at least {e.warmup_iterations + 1} iterations (--iterations), or lower "
+                      "warmup_iterations in the experiment file"))
     if e.schedule not in SCHEDULES:
         raise bad("schedule", e.schedule, "is not a known schedule", f"use one of {', '.join(SCHEDULES)}")
     if e.stages > e.model.n_layers:

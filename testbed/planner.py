@@ -120,7 +120,7 @@ def alternatives(exp: Experiment, topo: TopologySpec) -> list[Plan]:
             try:
                 workers = place_pipeline(cand, topo, atlas_dc_order(topo))
             except SpecError as e:
-                out.append(Plan(S, R, sequences // R, None, None, e.problem))
+                out.append(Plan(S, R, sequences // R, None, None, f"{e.field} {e.value} {e.problem}"))
                 continue
             out.append(Plan(S, R, sequences // R, tuple(workers), predict(cand, topo, workers, per_block_s(exp))))
     return sorted(out, key=lambda p: (p.prediction is None, p.prediction.iteration_s if p.prediction else 0))
