@@ -96,6 +96,24 @@ def main(config_path: str, rank: int) -> None:
     n_prev = exp["wan_connections"] if prev_rank is not None and dc_of[prev_rank] != me["dc"] else 1
     n_next = exp["wan_connections"] if next_rank is not None and dc_of[next_rank] != me["dc"] else 1
 
+    def receive(src: int, n: int, it: int, m: int) -> torch.Tensor:
+        """Wait for microbatch ``m``'s tensor from ``src`` (traced as a receive wait)."""
+        buf = torch.empty(act_shape)
+        t0 = T.now_ns()
+        ctl.send("recv", src, rank, it, m)
+        recv_striped(buf, src, m, n)
+        ctl.send("done", src, rank, it, m)
+        ev.write(T.RECV_WAIT, t0, T.now_ns(), **{T.ITERATION: it, T.MICROBATCH: m}, bytes=act_bytes, peer=src)
+        return buf
+
+    def send(t: torch.Tensor, dst: int, n: int, it: int, m: int) -> list:
+        """Start sending microbatch ``m``'s tensor to ``dst``; returns the pending operations."""
+        t0 = T.now_ns()
+        ctl.send("ready", rank, dst, it, m)
+        works = send_striped(t, dst, m, n)
+        ev.write(T.SEND, t0, T.now_ns(), **{T.ITERATION: it, T.MICROBATCH: m}, bytes=act_bytes, peer=dst)
+        return works
+
     for it in range(exp["iterations"]):
         x, y = batch(train, R * M * mb, mcfg.seq_len, exp["seed"], it)
         rows = slice(replica * M * mb, (replica + 1) * M * mb)
@@ -110,13 +128,7 @@ def main(config_path: str, rank: int) -> None:
                 if first:
                     inp = x[m * mb:(m + 1) * mb]
                 else:
-                    inp = torch.empty(act_shape)
-                    t0 = T.now_ns()
-                    ctl.send("recv", prev_rank, rank, it, m)
-                    recv_striped(inp, prev_rank, m, n_prev)
-                    ctl.send("done", prev_rank, rank, it, m)
-                    ev.write(T.RECV_WAIT, t0, T.now_ns(), **fields, bytes=act_bytes, peer=prev_rank)
-                    inp.requires_grad_()
+                    inp = receive(prev_rank, n_prev, it, m).requires_grad_()
                 t0 = T.now_ns()
                 outp = model(inp)
                 if last:
@@ -127,30 +139,16 @@ def main(config_path: str, rank: int) -> None:
                 ev.write(T.FORWARD, t0, T.now_ns(), **fields, real_ns=real, padded_ns=padded)
                 saved[m] = (inp, outp)
                 if not last:
-                    t0 = T.now_ns()
-                    ctl.send("ready", rank, next_rank, it, m)
-                    pending.extend(send_striped(outp.detach(), next_rank, m, n_next))
-                    ev.write(T.SEND, t0, T.now_ns(), **fields, bytes=act_bytes, peer=next_rank)
+                    pending.extend(send(outp.detach(), next_rank, n_next, it, m))
             else:
                 inp, outp = saved.pop(m)
-                if last:
-                    grad = None
-                else:
-                    grad = torch.empty(act_shape)
-                    t0 = T.now_ns()
-                    ctl.send("recv", next_rank, rank, it, m)
-                    recv_striped(grad, next_rank, m, n_next)
-                    ctl.send("done", next_rank, rank, it, m)
-                    ev.write(T.RECV_WAIT, t0, T.now_ns(), **fields, bytes=act_bytes, peer=next_rank)
+                grad = None if last else receive(next_rank, n_next, it, m)
                 t0 = T.now_ns()
                 outp.backward(grad)
                 real, padded = padder.finish(T.BACKWARD, t0)
                 ev.write(T.BACKWARD, t0, T.now_ns(), **fields, real_ns=real, padded_ns=padded)
                 if not first:
-                    t0 = T.now_ns()
-                    ctl.send("ready", rank, prev_rank, it, m)
-                    pending.extend(send_striped(inp.grad, prev_rank, m, n_prev))
-                    ev.write(T.SEND, t0, T.now_ns(), **fields, bytes=act_bytes, peer=prev_rank)
+                    pending.extend(send(inp.grad, prev_rank, n_prev, it, m))
         for w in pending:
             w.wait()
         fields = {T.ITERATION: it, T.MICROBATCH: -1}
