@@ -154,5 +154,38 @@ def link_utilization(counters: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def grant_figures(log: list[dict]) -> dict:
+    """Atlas controller figures from ``controller.jsonl`` rows (events ``grant``, ``release``,
+    ``fall_back``), times in ms:
+    - ``grant_latency``: a transfer ready (both sides reported) to its grant applied (kernel ack);
+    - ``handover_gap``: on one link, a granted transfer's completion reported (release) while
+      another transfer waited, to that next grant applied: the controller's own dead time;
+    - ``idle_between_grants``: every release to the next grant on the same link, waiting or not
+      (includes time when no pipeline had anything to send).
+    Each as p50 and p99; None when there are no such intervals."""
+    grants = [r for r in log if r.get("event", "grant") == "grant"]
+    lat = pd.Series([(r["t_applied_ns"] - r["t_ready_ns"]) / 1e6 for r in grants], dtype=float)
+    handover, idle = [], []
+    by_link: dict[str, list[dict]] = {}
+    for r in log:
+        if r.get("event") in ("grant", "release"):
+            by_link.setdefault(r["link"], []).append(r)
+    for rows in by_link.values():
+        rows.sort(key=lambda r: r.get("t_applied_ns", r.get("t_ns")))
+        for a, b in zip(rows, rows[1:]):
+            if a["event"] == "release" and b["event"] == "grant":
+                gap = (b["t_applied_ns"] - a["t_ns"]) / 1e6
+                idle.append(gap)
+                if a["handover"]:
+                    handover.append(gap)
+
+    def q(values, p):
+        return float(pd.Series(values, dtype=float).quantile(p)) if len(values) else None
+
+    return {"grants": len(grants), "grant_latency_p50_ms": q(lat, 0.5), "grant_latency_p99_ms": q(lat, 0.99),
+            "handover_gap_p50_ms": q(handover, 0.5), "handover_gap_p99_ms": q(handover, 0.99),
+            "idle_between_grants_p50_ms": q(idle, 0.5), "idle_between_grants_p99_ms": q(idle, 0.99)}
+
+
 def nan_to_none(x):
     return None if x is None or (isinstance(x, float) and np.isnan(x)) else x

@@ -368,6 +368,33 @@ class Emulation:
             self._log_shaping("change", egress.netns, egress.ifname, new, dt, t0)
         return t0
 
+    def compile_wan_class_rates(self, src_dc: str, dst_dc: str, rates_bps: Sequence[tuple[int, int]]) -> dict:
+        """Compile in-place changes of classes ``1:minor`` on the WAN egress ``src_dc`` -> ``dst_dc``
+        to ``rate_bps`` (= ceil), applied in the given order, without applying them. Returns
+        ``{"netns", "ifname", "data" (bytes, for netlink.send_batch), "classes": [[classid, rate_bps],
+        ...]}``; whoever applies it logs it (``shaping.jsonl`` lines)."""
+        _, egress = self._wan(src_dc, dst_dc)
+        idx = self._index(egress.netns, egress.ifname)
+        by_minor = {c.minor: c for c in egress.classes}
+        missing = [m for m, _ in rates_bps if m not in by_minor]
+        if missing:
+            raise KeyError(f"no class 1:{missing[0]:x} on {src_dc}->{dst_dc}")
+        changes = [(idx, replace(by_minor[m], rate_bps=r, ceil_bps=r)) for m, r in rates_bps]
+        return {"netns": egress.netns, "ifname": egress.ifname, "data": netlink.compile_class_changes(changes),
+                "classes": [[f"1:{m:x}", r] for m, r in rates_bps]}
+
+    @property
+    def shaping_log_path(self) -> Path | None:
+        return self.out_dir / "shaping.jsonl" if self.out_dir is not None else None
+
+    def popen_root(self, argv: Sequence[str], what: str, **kwargs) -> subprocess.Popen:
+        """Start a helper of the run (e.g. the Atlas controller) in the root namespace; registered for
+        ``testbed clean`` and stopped at teardown like the hosts' processes."""
+        proc = subprocess.Popen(list(argv), **kwargs)
+        self._procs.append(proc)
+        self._record.add_process(proc.pid, what)
+        return proc
+
     def set_link_rate(self, a: str, b: str, rate_bps: int) -> None:
         """Change a WAN link's rate in both directions, in place (link and default classes)."""
         for src, dst in ((a, b), (b, a)):

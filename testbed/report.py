@@ -66,16 +66,18 @@ def summarize(ev: pd.DataFrame, config: dict, env: dict, counters: pd.DataFrame,
 
 
 def grant_stats(run_dir: Path) -> dict:
-    """Atlas controller figures from controller.jsonl: grants made and the latency from a transfer
-    being ready (both sides) to its class change applied, p50 and p99 in ms."""
+    """Atlas controller figures from controller.jsonl (``analysis.grant_figures``) and whether the
+    controller failed during the run."""
     path = run_dir / "controller.jsonl"
     if not path.exists():
         return {}
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    lat = pd.Series([(r["t_applied_ns"] - r["t_ready_ns"]) / 1e6 for r in rows], dtype=float)
-    return {"grants": len(rows), "grant_latency_p50_ms": float(lat.quantile(0.5)) if len(lat) else None,
-            "grant_latency_p99_ms": float(lat.quantile(0.99)) if len(lat) else None,
-            "controller_failed": (run_dir / "controller_failed").exists()}
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue  # a torn last line (controller killed mid-write)
+    return {**A.grant_figures(rows), "controller_failed": (run_dir / "controller_failed").exists()}
 
 
 def chrome_trace(ev: pd.DataFrame, shaping: list[dict] | None = None) -> dict:

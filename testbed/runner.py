@@ -209,16 +209,15 @@ def _log_tail(emu: Emulation, host: str, lines: int = 15) -> str:
 def _watch(emu, exp, workers, procs, out_dir: Path, hang_s: float, progress, t_start: float,
            controller=None) -> None:
     events = out_dir / "events"
-    warned = False
     last_size, last_change, shown, offset = -1, time.monotonic(), -1, 0
     last_stage = [w for w in workers if w.stage == exp.stages - 1 and w.replica == 0][0]
     while True:
         emu.check_alive()
-        if controller is not None and controller.failed is not None and not warned:
-            warned = True
-            progress(f"WARNING: the Atlas controller died ({controller.failed!r}); WAN links fell back to fair "
+        why = controller.poll_failure() if controller is not None else None
+        if why is not None:
+            progress(f"WARNING: the Atlas controller died ({why}); WAN links fell back to fair "
                      "sharing and training goes on")
-            (out_dir / "controller_failed").write_text(repr(controller.failed))
+            (out_dir / "controller_failed").write_text(why)
         codes = {r: p.poll() for r, p in procs.items()}
         for r, code in codes.items():
             if code not in (None, 0):
