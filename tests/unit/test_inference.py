@@ -1,0 +1,292 @@
+"""Chunked prefill with a KV cache, greedy decode, cache bytes, chunking and FLOPs."""
+import pytest
+import torch
+
+from testbed.inference import (KV_HEADER_BYTES, InferenceError, InferenceModel, KVCache, chunk_bounds,
+                               decode_flops, decode_step, greedy_decode, prefill_chunk, prefill_flops,
+                               prompt_tokens_for)
+from testbed.model import ModelConfig, build_model
+
+CFG = ModelConfig(n_layers=3, d_model=32, n_heads=4, seq_len=64)
+SEED = 5
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def model():
+    return InferenceModel(CFG, SEED)
+
+
+def reference_logits(tokens: torch.Tensor) -> torch.Tensor:
+    """The plain training model over the whole sequence: (len, vocab)."""
+    with torch.no_grad():
+        return build_model(CFG, SEED)(tokens[None])[0]
+
+
+def prefill(model, tokens, max_chunk):
+    cache = None
+    for s, e in chunk_bounds(len(tokens), max_chunk):
+        cache, logits = prefill_chunk(model, tokens[s:e], cache)
+    return cache, logits
+
+
+# ---- prefill -----------------------------------------------------------------------------------
+
+def test_whole_prefill_equals_plain_gpt_forward(model):
+    prompt = prompt_tokens_for(1, 40, 0)
+    cache, logits = prefill_chunk(model, prompt, None)
+    want = reference_logits(prompt)
+    assert logits.shape == (CFG.vocab,)
+    assert torch.allclose(logits, want[-1], atol=ATOL)
+    assert cache.length == 40
+    assert cache.n_layers == CFG.n_layers
+    for k, v in zip(cache.keys, cache.values):
+        assert k.shape == v.shape == (CFG.n_heads, 40, CFG.d_model // CFG.n_heads)
+
+
+@pytest.mark.parametrize("max_chunk", [1, 7, 10, 39, 40])
+def test_chunked_prefill_equals_one_prefill(model, max_chunk):
+    prompt = prompt_tokens_for(2, 40, 0)
+    whole, whole_logits = prefill_chunk(model, prompt, None)
+    cache, logits = prefill(model, prompt, max_chunk)
+    assert cache.length == whole.length == 40
+    assert torch.allclose(logits, whole_logits, atol=ATOL)
+    assert torch.allclose(logits, reference_logits(prompt)[-1], atol=ATOL)
+    for a, b in zip((*cache.keys, *cache.values), (*whole.keys, *whole.values)):
+        assert torch.allclose(a, b, atol=ATOL)
+
+
+def test_every_chunk_returns_its_own_last_position_logits(model):
+    prompt = prompt_tokens_for(3, 30, 0)
+    want = reference_logits(prompt)
+    cache = None
+    for s, e in chunk_bounds(30, 8):
+        cache, logits = prefill_chunk(model, prompt[s:e], cache)
+        assert torch.allclose(logits, want[e - 1], atol=ATOL)
+
+
+def test_prefill_leaves_the_input_cache_unchanged(model):
+    prompt = prompt_tokens_for(4, 20, 0)
+    first, _ = prefill_chunk(model, prompt[:10], None)
+    before = [t.clone() for t in first.keys]
+    second, _ = prefill_chunk(model, prompt[10:], first)
+    assert first.length == 10 and second.length == 20
+    assert all(torch.equal(a, b) for a, b in zip(first.keys, before))
+
+
+# ---- decode ------------------------------------------------------------------------------------
+
+def test_decode_with_cache_equals_full_forward(model):
+    prompt = prompt_tokens_for(6, 25, 0)
+    cache, logits = prefill(model, prompt, 9)
+    out = greedy_decode(model, cache, logits, 12)
+    assert len(out) == 12 and all(0 <= t < CFG.vocab for t in out)
+    full = torch.cat([prompt, torch.tensor(out)])
+    want = reference_logits(full)
+    # token j is the argmax after prompt + out[:j]
+    for j, tok in enumerate(out):
+        assert tok == int(want[len(prompt) - 1 + j].argmax())
+    # and each decode step's logits match the full forward at that position
+    for j, tok in enumerate(out[:-1]):
+        cache, logits = decode_step(model, tok, cache)
+        assert cache.length == len(prompt) + j + 1
+        assert torch.allclose(logits, want[len(prompt) + j], atol=ATOL)
+
+
+def test_greedy_decode_zero_and_one_token(model):
+    cache, logits = prefill_chunk(model, prompt_tokens_for(7, 5, 0), None)
+    assert greedy_decode(model, cache, logits, 0) == []
+    assert greedy_decode(model, cache, logits, 1) == [int(logits.argmax())]
+
+
+def test_decode_fills_the_context_exactly(model):
+    cache, logits = prefill_chunk(model, prompt_tokens_for(8, CFG.seq_len - 3, 0), None)
+    assert len(greedy_decode(model, cache, logits, 4)) == 4    # the 4th token is not fed back
+    with pytest.raises(InferenceError, match=f"seq_len={CFG.seq_len}"):
+        greedy_decode(model, cache, logits, 5)
+
+
+# ---- context limit and bad input ----------------------------------------------------------------
+
+def test_over_length_prompt_is_rejected_with_limit_and_fix(model):
+    prefill_chunk(model, prompt_tokens_for(9, CFG.seq_len, 0), None)     # exactly the context: fine
+    with pytest.raises(InferenceError, match=rf"needs {CFG.seq_len + 1} positions.*seq_len={CFG.seq_len}.*"
+                                             rf"seq_len >= {CFG.seq_len + 1}.*clip"):
+        prefill_chunk(model, prompt_tokens_for(9, CFG.seq_len + 1, 0), None)
+    cache, _ = prefill_chunk(model, prompt_tokens_for(9, CFG.seq_len - 2, 0), None)
+    with pytest.raises(ValueError, match="seq_len"):                      # InferenceError is a ValueError
+        prefill_chunk(model, prompt_tokens_for(9, 3, 0), cache)
+    full, _ = prefill_chunk(model, prompt_tokens_for(9, CFG.seq_len, 0), None)
+    with pytest.raises(InferenceError, match="positions"):
+        decode_step(model, 1, full)
+
+
+@pytest.mark.parametrize("tokens", [torch.tensor([], dtype=torch.long), torch.tensor([[1, 2]]),
+                                    torch.tensor([1.0, 2.0]), torch.tensor([1, 256]), torch.tensor([-1, 3])])
+def test_bad_tokens_rejected(model, tokens):
+    with pytest.raises(InferenceError, match="tokens"):
+        prefill_chunk(model, tokens, None)
+
+
+def test_cache_of_another_model_rejected(model):
+    other = KVCache.empty(ModelConfig(n_layers=2, d_model=32, n_heads=4, seq_len=64))
+    with pytest.raises(InferenceError, match="n_layers, n_heads, head_dim"):
+        prefill_chunk(model, torch.tensor([1]), other)
+
+
+# ---- cache bytes ---------------------------------------------------------------------------------
+
+def test_cache_bytes_round_trip_exactly(model):
+    cache, _ = prefill(model, prompt_tokens_for(10, 33, 0), 10)
+    data = cache.to_bytes()
+    hd = CFG.d_model // CFG.n_heads
+    assert cache.nbytes() == 2 * CFG.n_layers * CFG.n_heads * 33 * hd * 4
+    assert len(data) == KV_HEADER_BYTES + cache.nbytes()
+    back = KVCache.from_bytes(data)
+    assert back.length == 33
+    for a, b in zip((*cache.keys, *cache.values), (*back.keys, *back.values)):
+        assert a.dtype == b.dtype == torch.float32
+        assert torch.equal(a, b)
+    # the rebuilt cache continues the request as the original does
+    _, la = decode_step(model, 65, cache)
+    _, lb = decode_step(model, 65, back)
+    assert torch.equal(la, lb)
+
+
+def test_keys_and_values_travel_in_their_own_places(model):
+    cache, _ = prefill_chunk(model, prompt_tokens_for(11, 6, 0), None)
+    back = KVCache.from_bytes(cache.to_bytes())
+    assert not torch.equal(back.keys[0], back.values[0])
+    assert not torch.equal(back.keys[0], back.keys[1])
+
+
+def test_empty_cache_round_trips():
+    back = KVCache.from_bytes(KVCache.empty(CFG).to_bytes())
+    assert back.length == 0 and back.nbytes() == 0 and back.n_layers == CFG.n_layers
+
+
+@pytest.mark.parametrize("cut", [lambda d: d[:-4], lambda d: d + b"\0" * 4, lambda d: b"XXXX" + d[4:],
+                                 lambda d: d[:KV_HEADER_BYTES - 1]])
+def test_damaged_cache_bytes_rejected(model, cut):
+    cache, _ = prefill_chunk(model, prompt_tokens_for(12, 4, 0), None)
+    with pytest.raises(InferenceError, match="KV cache bytes"):
+        KVCache.from_bytes(cut(cache.to_bytes()))
+
+
+def test_inconsistent_cache_tensors_rejected():
+    with pytest.raises(InferenceError):
+        KVCache((torch.zeros(2, 3, 4),), (torch.zeros(2, 4, 4),))
+    with pytest.raises(InferenceError):
+        KVCache((torch.zeros(2, 3, 4),), ())
+    with pytest.raises(InferenceError):
+        KVCache((torch.zeros(2, 3, 4, dtype=torch.float64),), (torch.zeros(2, 3, 4, dtype=torch.float64),))
+
+
+# ---- chunk bounds ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n, m, want", [
+    (1, 1, [(0, 1)]),
+    (5, 1, [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]),
+    (10, 4, [(0, 4), (4, 8), (8, 10)]),
+    (8, 4, [(0, 4), (4, 8)]),
+    (3, 100, [(0, 3)]),
+])
+def test_chunk_bounds(n, m, want):
+    assert chunk_bounds(n, m) == want
+
+
+@pytest.mark.parametrize("n, m", [(0, 4), (-1, 4), (4, 0), (4, -2), (4.0, 2), (4, 2.5), (True, 2), ("4", 2)])
+def test_chunk_bounds_bad_input(n, m):
+    with pytest.raises(InferenceError):
+        chunk_bounds(n, m)
+
+
+# ---- synthetic prompts ------------------------------------------------------------------------------
+
+def test_prompt_tokens_deterministic_and_distinct():
+    a = prompt_tokens_for(3, 50, 1)
+    assert a.dtype == torch.long and a.shape == (50,)
+    assert int(a.min()) >= 0 and int(a.max()) <= 255
+    assert torch.equal(a, prompt_tokens_for(3, 50, 1))
+    assert torch.equal(a[:20], prompt_tokens_for(3, 20, 1))
+    assert not torch.equal(a, prompt_tokens_for(4, 50, 1))
+    assert not torch.equal(a, prompt_tokens_for(3, 50, 2))
+    assert not torch.equal(a, prompt_tokens_for(3, 50, 1 + 2**32))   # every bit of the seed counts
+    assert not torch.equal(prompt_tokens_for(1, 50, 0), prompt_tokens_for(0, 50, 1))
+
+
+@pytest.mark.parametrize("rid, n, seed", [(-1, 5, 0), (0, 0, 0), (0, 5, -1), (1.0, 5, 0), (0, 5, True)])
+def test_prompt_tokens_bad_input(rid, n, seed):
+    with pytest.raises(InferenceError):
+        prompt_tokens_for(rid, n, seed)
+
+
+# ---- FLOPs ------------------------------------------------------------------------------------------
+
+BIG = ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=2048)
+
+
+def attention_flops(cfg, start, chunk):
+    """prefill_flops less its parameter terms (blocks on every token, norm and head once)."""
+    d = cfg.d_model
+    params = 2.0 * cfg.n_layers * (12 * d * d + 13 * d) * chunk + 2.0 * (d * cfg.vocab + cfg.vocab + 2 * d)
+    return prefill_flops(cfg, start, chunk) - params
+
+
+def test_prefill_flops_by_hand():
+    # n_layers=1, d=2, vocab=3: blocks 12*4+26 = 74 params, output 2*3+3+4 = 13 params
+    cfg = ModelConfig(n_layers=1, d_model=2, n_heads=1, seq_len=8, vocab=3)
+    # positions 4, 5: attended keys 5 + 6 = 11
+    assert prefill_flops(cfg, 4, 2) == 2 * 74 * 2 + 2 * 13 + 4 * 1 * 2 * 11
+    assert decode_flops(cfg, 4) == 2 * 74 + 2 * 13 + 4 * 2 * 5
+
+
+def test_prefill_parameters_split_as_model_counts_them():
+    # blocks + final norm and head + the two embedding tables = ModelConfig.params()
+    for cfg in (CFG, BIG, ModelConfig()):
+        d = cfg.d_model
+        body = cfg.n_layers * (12 * d * d + 13 * d) + d * cfg.vocab + cfg.vocab + 2 * d
+        assert body + (cfg.vocab + cfg.seq_len) * d == cfg.params()
+        assert sum(p.numel() for n, p in InferenceModel(cfg, 0).named_parameters()
+                   if not n.startswith(("gpt.tok.", "gpt.pos."))) == body
+
+
+def test_flops_grow_with_start_position():
+    f = [prefill_flops(BIG, s, 256) for s in (0, 256, 1024, 1792)]
+    assert f == sorted(f) and len(set(f)) == 4
+    # attention grows linearly in start: 4 n_layers d chunk per extra position
+    assert f[1] - f[0] == 4 * BIG.n_layers * BIG.d_model * 256 * 256
+    d = [decode_flops(BIG, p) for p in (0, 1, 100)]
+    assert d[1] - d[0] == 4 * BIG.n_layers * BIG.d_model
+    assert d[2] - d[0] == 100 * 4 * BIG.n_layers * BIG.d_model
+
+
+def test_chunks_sum_to_the_whole_prompt_plus_one_head_per_extra_chunk():
+    bounds = chunk_bounds(1000, 256)
+    parts = sum(prefill_flops(BIG, s, e - s) for s, e in bounds)
+    head = 2.0 * (BIG.d_model * BIG.vocab + BIG.vocab + 2 * BIG.d_model)
+    assert parts == prefill_flops(BIG, 0, 1000) + (len(bounds) - 1) * head
+
+
+@pytest.mark.parametrize("L", [16, 128, 2048])
+def test_attention_term_matches_kaplan_in_the_limit(L):
+    cfg = ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=L)
+    kaplan = cfg.forward_flops(L) - 2.0 * cfg.params() * L              # 2 n_layers seq_len d per token
+    ours = attention_flops(cfg, 0, L)
+    assert ours == kaplan + 2.0 * cfg.n_layers * cfg.d_model * L        # causal: L (L + 1) / 2 keys, not L^2 / 2
+    assert ours / kaplan == pytest.approx(1 + 1 / L)
+
+
+def test_whole_prompt_flops_versus_model_formula():
+    # forward_flops counts the embeddings and the head on every token; prefill neither
+    cfg, L = BIG, BIG.seq_len
+    d = cfg.d_model
+    head = 2.0 * (d * cfg.vocab + cfg.vocab + 2 * d)
+    gap = 2.0 * (cfg.vocab + cfg.seq_len) * d * L + head * (L - 1) - 2.0 * cfg.n_layers * d * L
+    assert cfg.forward_flops(L) - prefill_flops(cfg, 0, L) == gap
+
+
+@pytest.mark.parametrize("start, chunk", [(-1, 4), (0, 0), (0, -3), (1.5, 4)])
+def test_prefill_flops_bad_input(start, chunk):
+    with pytest.raises(InferenceError):
+        prefill_flops(BIG, start, chunk)
