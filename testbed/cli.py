@@ -228,7 +228,7 @@ def cmd_plan(args) -> int:
         except SpecError as e:
             print(f"  {policy}: infeasible: {e.problem}")
             continue
-        p = predict(exp, topo, workers)
+        p = predict(exp.with_overrides(policy=policy), topo, workers)
         where = ", ".join(f"s{w.stage}r{w.replica}@{w.host}" for w in workers)
         print(f"  {policy}: predicted {p.iteration_s:.3f} s (fill {p.fill_s:.3f}, steady {p.steady_s:.3f}, "
               f"all-reduce {p.allreduce_s:.3f}); {where}")

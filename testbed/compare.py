@@ -42,6 +42,12 @@ def compare(exp: Experiment, policies: list[str], out_dir: Path, repeat: int = 1
             progress: Callable[[str], None] = print) -> dict:
     """Run every policy ``repeat`` times, interleaved; write and return ``comparison.json``:
     ``policies`` maps each policy to its (first run's) summary, ``runs`` to every summary."""
+    from .runner import check_fresh_out_dir
+
+    check_fresh_out_dir(out_dir)
+    for k in range(repeat):
+        for policy in policies:
+            check_fresh_out_dir(out_dir / (policy if repeat == 1 else f"{policy}-{k}"))
     runs: dict[str, list[dict]] = {p: [] for p in policies}
     for k in range(repeat):
         for policy in policies:

@@ -8,9 +8,11 @@ pipeline fill and drain plus (M - 1) times the slowest step), extended with WAN 
 
 - f_s, b_s: padded forward and backward time of stage s on one microbatch (scaled from the
   experiment's targets by the stage's share of the blocks);
-- x_k: one transfer across boundary k: R x bytes / rate (the R data-parallel pipelines share the
-  link) + 2 x one-way delay (gloo's rendezvous: the receiver's ready notice, then the data); 0
-  inside a DC. w_k = R x bytes / rate is the link's busy time per microbatch and direction;
+- x_k: one transfer across boundary k: bytes / r + 2 x one-way delay (gloo's rendezvous: the
+  receiver's ready notice, then the data); 0 inside a DC. r = ``flow_rate_bps``: the R data-parallel
+  pipelines share the link, and each transfer's connections carry at most their modelled share of
+  it (one connection under pp-fair and dp-wan, n striped ones under atlas). w_k = bytes / r is
+  the time a boundary is busy per microbatch and direction;
 - A: the gradient all-reduce: 0 inside a DC; across the WAN (dp-wan), a ring all-reduce of every
   stage's gradients over the shared link, 2 (R - 1) / R x bytes / rate + 2 (R - 1) x delay;
 - O: the optimizer step (taken as one forward target, an upper bound for a small stage).
@@ -60,10 +62,23 @@ def per_block_s(exp: Experiment) -> tuple[float, float]:
             exp.compute.backward_ms / 1000 * exp.stages / exp.model.n_layers)
 
 
+def flow_rate_bps(exp: Experiment, link_bps: float, flows: int, connections: int = 1) -> float:
+    """Rate one of ``flows`` concurrent transfers gets on a link of ``link_bps``: a fair share of the
+    link, but no more than its ``connections`` TCP connections can carry when the experiment models
+    a per-connection share (each connection ``wan_connection_share`` x link rate; DESIGN.md 2a)."""
+    fair = link_bps / flows
+    if exp.wan_connection_share is None:
+        return fair
+    return min(fair, connections * exp.wan_connection_share * link_bps)
+
+
 def predict(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec],
-            block_s: tuple[float, float] | None = None) -> Prediction:
+            block_s: tuple[float, float] | None = None, connections: int | None = None) -> Prediction:
     """Predicted iteration time of ``exp`` placed as ``workers`` on ``topo`` (see the module doc).
-    ``block_s``: per-block (forward, backward) seconds, by default from ``exp`` itself."""
+    ``block_s``: per-block (forward, backward) seconds, by default from ``exp`` itself;
+    ``connections`` per cross-DC pipeline transfer, by default ``wan_connections`` of the policy."""
+    if connections is None:
+        connections = wan_connections(exp, topo, workers)
     routes = RoutingTable(topo)
     S, R, M = exp.stages, exp.replicas, exp.microbatches
     per_layer_f, per_layer_b = block_s or per_block_s(exp)
@@ -78,7 +93,7 @@ def predict(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec],
             continue
         rate = routes.bottleneck_bps(a, b)
         delay = routes.one_way_delay_us(a, b) / 1e6
-        w = R * act / rate
+        w = act / flow_rate_bps(exp, rate, R, connections)
         fill += 2 * (w + 2 * delay)
         busy.append(2 * w)
     steady = (M - 1) * max(max(step), max(busy, default=0.0))
@@ -92,7 +107,10 @@ def predict(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec],
         for (a, b), bits in per_link.items():
             rate = routes.bottleneck_bps(a, b)
             delay = routes.one_way_delay_us(a, b) / 1e6
-            allreduce = max(allreduce, 2 * (R - 1) / R * bits / rate + 2 * (R - 1) * delay)
+            # every stage's all-reduce runs at once, one connection each: the link's share is bounded
+            # by the per-connection share times the stages that cross it
+            eff = min(rate, S * (exp.wan_connection_share or 1.0) * rate)
+            allreduce = max(allreduce, 2 * (R - 1) / R * bits / eff + 2 * (R - 1) * delay)
     opt = per_layer_f * max(layers)
     return Prediction(fill + steady + allreduce + opt, fill, steady, allreduce, len({w.dc for w in workers}))
 
@@ -116,7 +134,7 @@ def alternatives(exp: Experiment, topo: TopologySpec) -> list[Plan]:
         for R in range(1, sequences + 1):
             if sequences % R:
                 continue
-            cand = replace(exp, stages=S, replicas=R, microbatches=sequences // R)
+            cand = replace(exp, stages=S, replicas=R, microbatches=sequences // R, policy="atlas")
             try:
                 workers = place_pipeline(cand, topo, atlas_dc_order(topo))
             except SpecError as e:
@@ -158,3 +176,47 @@ def buffer_for_share(rate_bps: float, rtt_s: float, share: float) -> int:
     """Socket buffer cap (bytes) that holds one connection to ``share`` of a link of this rate and
     RTT: a window of share x BDP, doubled for the kernel's receive-buffer overhead."""
     return int(RCVBUF_PER_WINDOW * share * rate_bps / 8 * rtt_s)
+
+
+def wan_connections(exp: Experiment, topo, workers) -> int:
+    """Connections per cross-DC transfer: 1 except under atlas, where it is the experiment's figure
+    or, for 0, the bandwidth-delay product of the longest boundary over one connection's window
+    (4 when no per-connection share is modelled)."""
+    if exp.policy != "atlas":
+        return 1
+    if exp.wan_connections:
+        return exp.wan_connections
+    cap = socket_buffer_cap(exp, topo, workers)
+    if cap is None:
+        return 4
+    routes = RoutingTable(topo)
+    pairs = wan_pairs(workers)
+    if not pairs:
+        return 1
+    return max(connections_for(routes.bottleneck_bps(a, b), 2 * routes.one_way_delay_us(a, b) / 1e6,
+                               cap / RCVBUF_PER_WINDOW) for a, b in pairs)
+
+
+def wan_pairs(workers) -> list[tuple[str, str]]:
+    """DC pairs whose WAN path carries training traffic: neighbouring stages of one pipeline (PP)
+    and replicas of one stage (the gradient all-reduce), where the two sit in different DCs."""
+    by = {(w.stage, w.replica): w for w in workers}
+    pairs = set()
+    for w in workers:
+        for other in (by.get((w.stage + 1, w.replica)), by.get((w.stage, w.replica + 1))):
+            if other is not None and other.dc != w.dc:
+                pairs.add(tuple(sorted((w.dc, other.dc))))
+    return sorted(pairs)
+
+
+def socket_buffer_cap(exp: Experiment, topo, workers) -> int | None:
+    """Socket buffer cap reproducing ``exp.wan_connection_share`` on the slowest, longest WAN path
+    that training traffic crosses (``wan_pairs``) (planner.buffer_for_share), or None when no share is modelled."""
+    if exp.wan_connection_share is None:
+        return None
+    routes = RoutingTable(topo)
+    pairs = wan_pairs(workers)
+    if not pairs:
+        return None
+    return min(buffer_for_share(routes.bottleneck_bps(a, b), 2 * routes.one_way_delay_us(a, b) / 1e6,
+                                exp.wan_connection_share) for a, b in pairs)

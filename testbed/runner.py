@@ -21,9 +21,10 @@ from typing import Callable
 from . import trace as T
 from .data import load_corpus
 from .emulation import Emulation
-from .errors import TestbedError
+from .errors import SpecError, TestbedError
 from .experiment import Experiment
 from .placement import place
+from .planner import socket_buffer_cap, wan_connections
 from .topology import load_topology
 
 GLOO_PORT = 29500
@@ -63,44 +64,6 @@ def timeout_s(exp: Experiment, topo) -> float:
     return max(60.0, 10 * (act_bytes * 8 / slowest + longest) * exp.microbatches * exp.stages + 3 * per_iter)
 
 
-def wan_connections(exp: Experiment, topo, workers) -> int:
-    """Connections per cross-DC transfer: 1 except under atlas, where it is the experiment's figure
-    or, for 0, the bandwidth-delay product of the longest boundary over one connection's window
-    (4 when no per-connection share is modelled)."""
-    if exp.policy != "atlas":
-        return 1
-    if exp.wan_connections:
-        return exp.wan_connections
-    cap = socket_buffer_cap(exp, topo, workers)
-    if cap is None:
-        return 4
-    from .planner import RCVBUF_PER_WINDOW, connections_for
-    from .routing import RoutingTable
-
-    routes = RoutingTable(topo)
-    dc = {w.stage: w.dc for w in workers if w.replica == 0}
-    pairs = [(dc[s], dc[s + 1]) for s in range(exp.stages - 1) if dc[s] != dc[s + 1]]
-    return max(connections_for(routes.bottleneck_bps(a, b), 2 * routes.one_way_delay_us(a, b) / 1e6,
-                               cap / RCVBUF_PER_WINDOW) for a, b in pairs)
-
-
-def socket_buffer_cap(exp: Experiment, topo, workers) -> int | None:
-    """Socket buffer cap reproducing ``exp.wan_connection_share`` on the slowest, longest
-    cross-DC stage boundary (planner.buffer_for_share), or None when no share is modelled."""
-    if exp.wan_connection_share is None:
-        return None
-    from .planner import buffer_for_share
-    from .routing import RoutingTable
-
-    routes = RoutingTable(topo)
-    dc = {w.stage: w.dc for w in workers if w.replica == 0}
-    pairs = [(dc[s], dc[s + 1]) for s in range(exp.stages - 1) if dc[s] != dc[s + 1]]
-    if not pairs:
-        return None
-    return min(buffer_for_share(routes.bottleneck_bps(a, b), 2 * routes.one_way_delay_us(a, b) / 1e6,
-                                exp.wan_connection_share) for a, b in pairs)
-
-
 class LinkSampler(threading.Thread):
     """Samples the transmitted bytes of every WAN class every ``interval_s`` into link_counters.jsonl."""
 
@@ -132,6 +95,19 @@ class LinkSampler(threading.Thread):
         self._halt.set()
 
 
+#: what a run writes into its folder: a folder holding any of them holds an earlier run
+RUN_MARKERS = ("events", "config.json", "summary.json", "comparison.json")
+
+
+def check_fresh_out_dir(out_dir: Path) -> None:
+    """Refuse a folder that already holds a run: traces are appended as they are written, so a
+    second run there would mix its events with the first's. Raises SpecError."""
+    found = [m for m in RUN_MARKERS if (out_dir / m).exists()]
+    if found:
+        raise SpecError("--out", "(option)", str(out_dir), f"already holds a run ({found[0]})",
+                        "give a new folder, or remove the old run first")
+
+
 def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto",
                    progress: Callable[[str], None] = print, hang_timeout_s: float | None = None) -> dict:
     """Run ``exp`` and return its summary (also in ``out_dir/summary.json``). Raises RunError when a
@@ -140,6 +116,7 @@ def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto"
 
     topo = load_topology(exp.topology)
     workers = place(exp, topo)
+    check_fresh_out_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _, corpus_sha = load_corpus(Path(exp.data) if exp.data else None)
     from .planner import predict

@@ -25,3 +25,17 @@ def test_aggregate_medians_and_speedups():
     assert set(agg["stats"]["a"]) == set(FIGURES)
     text = format_comparison({**agg})
     assert "speed-up of a over b: 2.00x" in text and "18.2%" in text   # b's spread, 0.4 / 2.2
+
+
+def test_a_folder_holding_a_run_is_refused(tmp_path):
+    """Traces are appended as written: a second run into the same folder would mix events."""
+    import pytest
+
+    from testbed.errors import SpecError
+    from testbed.runner import check_fresh_out_dir
+
+    check_fresh_out_dir(tmp_path / "new")               # absent: fine
+    check_fresh_out_dir(tmp_path)                       # empty: fine
+    (tmp_path / "events").mkdir()
+    with pytest.raises(SpecError, match="already holds a run"):
+        check_fresh_out_dir(tmp_path)

@@ -50,11 +50,12 @@ def test_shipped_default_loads():
     exp = load_experiment()
     assert exp.source == str(WORKLOAD_DIR / "default.yaml")
     assert (exp.name, exp.topology, exp.schedule) == ("default", "three_dc", "1f1b")
-    assert (exp.stages, exp.replicas, exp.microbatches, exp.microbatch_size) == (3, 2, 4, 4)
+    assert (exp.stages, exp.replicas, exp.microbatches, exp.microbatch_size) == (3, 2, 4, 2)
     assert (exp.iterations, exp.warmup_iterations) == (8, 2)
-    assert exp.model == ModelConfig(n_layers=6, d_model=64, n_heads=4, seq_len=128)
+    assert exp.model == ModelConfig(n_layers=6, d_model=128, n_heads=4, seq_len=64)
     assert exp.compute == ComputeModel(mode="padded", forward_ms=40.0, backward_ms=80.0)
-    assert exp.global_batch == 2 * 4 * 4 and exp.tokens_per_iteration == 32 * 128
+    assert exp.wan_connection_share == 0.2
+    assert exp.global_batch == 2 * 4 * 2 and exp.tokens_per_iteration == 16 * 64
     assert load_experiment("default") == exp
     # and it fits its topology
     workers = place(exp, load_topology(exp.topology))
