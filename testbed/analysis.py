@@ -26,6 +26,11 @@ def measured(ev: pd.DataFrame, warmup: int) -> pd.DataFrame:
     return ev[ev[T.ITERATION] >= warmup]
 
 
+def training_events(ev: pd.DataFrame) -> pd.DataFrame:
+    """The events of training alone (without BubbleTea's prefill chunks)."""
+    return ev[ev[T.KIND] != T.PREFILL]
+
+
 def iteration_times(ev: pd.DataFrame, warmup: int = 0) -> pd.DataFrame:
     """One row per completed iteration (>= warmup): iteration, start_ns, end_ns, duration_s.
 
@@ -48,14 +53,15 @@ def iteration_stats(it: pd.DataFrame) -> dict:
     return {"mean": float(d.mean()), "p50": float(d.quantile(0.5)), "p95": float(d.quantile(0.95))}
 
 
-def worker_utilization(ev: pd.DataFrame, warmup: int = 0) -> pd.DataFrame:
-    """One row per worker: stage, replica, compute_s, wall_s, utilization."""
+def worker_utilization(ev: pd.DataFrame, warmup: int = 0, kinds: tuple[str, ...] = T.COMPUTE_KINDS) -> pd.DataFrame:
+    """One row per worker: stage, replica, compute_s, wall_s, utilization. ``kinds``: what counts
+    as computing (training's forward, backward and optimizer; add ``prefill`` for BubbleTea)."""
     it = iteration_times(ev, warmup)
     if it.empty:
         return pd.DataFrame(columns=[T.WORKER, T.STAGE, T.REPLICA, "compute_s", "wall_s", "utilization"])
     t0, t1 = it[T.START_NS].min(), it[T.END_NS].max()
     comp = measured(ev, warmup)
-    comp = comp[comp[T.KIND].isin(T.COMPUTE_KINDS)]
+    comp = comp[comp[T.KIND].isin(kinds)]
     clipped = (comp[T.END_NS].clip(upper=t1) - comp[T.START_NS].clip(lower=t0)).clip(lower=0)
     per = clipped.groupby(comp[T.WORKER]).sum() / 1e9
     workers = ev.groupby(T.WORKER)[[T.STAGE, T.REPLICA]].first()

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from .errors import SpecError, TestbedError
-from .experiment import POLICIES
+from .experiment import POLICIES, known_policies
 from .features import DELAY_MECHANISMS, cached_features, describe_mechanism, missing_tools, require_root
 from .topology import DEFAULT_TOPOLOGY, load_topology
 
@@ -176,6 +176,18 @@ def _number(lo: float, hi: float, kind=float):
     return parse
 
 
+def _bubbletea_options(sp) -> None:
+    g = sp.add_argument_group("BubbleTea (policies ending in +bubbletea)")
+    g.add_argument("--requests", type=Path, metavar="FILE",
+                   help="Azure LLM inference trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens); default: a "
+                        "synthetic stream fitted to that trace")
+    g.add_argument("--request-rate", type=_number(0.001, 10000, float), metavar="R",
+                   help="synthetic requests per second (default: the experiment's, 4)")
+    g.add_argument("--time-scale", type=_number(0.0001, 10000, float), help="multiply the trace's arrival times")
+    g.add_argument("--rate-factor", type=_number(0.0001, 10000, float), help="divide the trace's arrival times")
+    g.add_argument("--no-decode", action="store_true", help="decode hosts record TTFT but run no decode steps")
+
+
 def cmd_run(args) -> int:
     from .experiment import load_experiment
     from .report import format_summary
@@ -185,6 +197,7 @@ def cmd_run(args) -> int:
         iterations=args.iterations, microbatches=args.microbatches, topology=args.topology, schedule=args.schedule,
         stages=args.stages, replicas=args.replicas, data=str(args.data) if args.data else None,
         policy=args.policy)
+    exp = _bubbletea_overrides(exp, args)
     _root_preamble("testbed run")
     out = args.out or Path("results") / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     summary = run_experiment(exp, out, delay_mechanism=args.delay_mechanism,
@@ -193,16 +206,34 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _bubbletea_overrides(exp, args):
+    """--requests FILE, --request-rate R, --no-decode, --time-scale, --rate-factor."""
+    from dataclasses import replace
+
+    changes = {}
+    if getattr(args, "requests", None):
+        if not args.requests.is_file():
+            raise SpecError("--requests", "(option)", str(args.requests), "is not a file",
+                            "give a CSV of the Azure LLM inference trace format (TIMESTAMP,ContextTokens,GeneratedTokens)")
+        changes["requests"] = str(args.requests)
+    for key in ("request_rate", "time_scale", "rate_factor"):
+        if getattr(args, key, None) is not None:
+            changes[key] = getattr(args, key)
+    if getattr(args, "no_decode", False):
+        changes["decode"] = False
+    return exp.with_overrides(bubbletea=replace(exp.bubbletea, **changes)) if changes else exp
+
+
 def cmd_compare(args) -> int:
     from .compare import compare, format_comparison
     from .experiment import load_experiment
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    bad = [p for p in policies if p not in POLICIES]
+    bad = [p for p in policies if p not in known_policies()]
     if bad or not policies:
         raise SpecError("--policies", "(option)", args.policies, "names an unknown policy" if bad else "is empty",
-                        f"use a comma-separated list of {', '.join(POLICIES)}")
-    exp = load_experiment(args.experiment).with_overrides(iterations=args.iterations)
+                        f"use a comma-separated list of {', '.join(POLICIES)}, each optionally followed by +bubbletea")
+    exp = _bubbletea_overrides(load_experiment(args.experiment).with_overrides(iterations=args.iterations), args)
     _root_preamble("testbed compare")
     out = args.out or Path("results") / f"compare-{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
@@ -324,8 +355,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--replicas", type=_number(1, 1024, int), help="data-parallel replicas per stage")
     sp.add_argument("--data", type=Path, help="text file or folder to train on (default: Python's stdlib sources)")
     sp.add_argument("--out", type=Path, help="run folder (default: results/<experiment>-<time>)")
-    sp.add_argument("--policy", choices=POLICIES, help="layout and WAN sharing policy (default: the experiment's)")
+    sp.add_argument("--policy", choices=known_policies(), metavar="POLICY",
+                    help=f"{', '.join(POLICIES)}, optionally followed by +bubbletea (default: the experiment's)")
     sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
+    _bubbletea_options(sp)
     sp.set_defaults(func=cmd_run)
     sp = sub.add_parser("compare", help="run several policies on the same experiment and compare them")
     sp.add_argument("experiment", nargs="?", default=None)
@@ -334,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--repeat", type=_number(1, 100, int), default=1, help="runs per policy, interleaved")
     sp.add_argument("--out", type=Path, help="folder for comparison.json and one run folder per policy")
     sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
+    _bubbletea_options(sp)
     sp.set_defaults(func=cmd_compare)
     sp = sub.add_parser("plan", help="placements and predicted iteration times, alternatives, what-if (no root)")
     sp.add_argument("experiment", nargs="?", default=None)

@@ -28,6 +28,45 @@ DEFAULT_EXPERIMENT = "default"
 #: pipeline in one DC, replicas spread over DCs (the gradient all-reduce crosses the WAN); atlas:
 #: Atlas's placement (largest DCs first), striped transfers and the link-granting controller.
 POLICIES = ("pp-fair", "dp-wan", "atlas")
+#: any policy followed by this suffix also fills the pipeline bubbles with prefill (BubbleTea)
+BUBBLETEA_SUFFIX = "+bubbletea"
+
+
+def split_policy(policy: str) -> tuple[str, bool]:
+    """``"atlas+bubbletea"`` -> ("atlas", True); ``"pp-fair"`` -> ("pp-fair", False)."""
+    if policy.endswith(BUBBLETEA_SUFFIX):
+        return policy[: -len(BUBBLETEA_SUFFIX)], True
+    return policy, False
+
+
+def known_policies() -> tuple[str, ...]:
+    return POLICIES + tuple(p + BUBBLETEA_SUFFIX for p in POLICIES)
+
+
+@dataclass(frozen=True)
+class BubbleTeaSpec:
+    """Prefill-in-the-bubbles (BubbleTea, DESIGN.md section 1 item 5), used by ``<policy>+bubbletea``.
+
+    ``model``: the inference model each worker holds beside its stage (real weights from the
+    experiment's seed; ``seq_len`` is its context). Requests: the Azure 2023 trace's CSV
+    (``requests``, with ``time_scale`` and ``rate_factor``) or, without one, a synthetic stream at
+    ``request_rate`` per second fitted to that trace (``requests.synthetic_requests``). Prompts are
+    clipped to ``max_prompt_tokens`` and decode to ``max_output_tokens`` (both within the context).
+    A chunk holds at most ``max_chunk_tokens``; a worker starts a chunk only if its predicted end
+    plus ``guard_ms`` falls inside the predicted bubble, predicted as the minimum of the slot's
+    last ``profile_iterations`` bubbles. ``decode``: decode hosts run the decode steps."""
+
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=2048))
+    request_rate: float = 4.0
+    requests: str | None = None
+    time_scale: float = 1.0
+    rate_factor: float = 1.0
+    max_prompt_tokens: int = 1536
+    max_output_tokens: int = 256
+    max_chunk_tokens: int = 128
+    guard_ms: float = 3.0
+    profile_iterations: int = 3
+    decode: bool = True
 
 
 @dataclass(frozen=True)
@@ -75,7 +114,17 @@ class Experiment:
     #: share of a WAN link one TCP connection fills on the real link modelled (None: no cap, one
     #: connection can fill the emulated link); the hosts' socket buffers are capped to reproduce it
     wan_connection_share: float | None = None
+    bubbletea: BubbleTeaSpec = field(default_factory=BubbleTeaSpec)
     source: str = "<memory>"
+
+    @property
+    def base_policy(self) -> str:
+        """The network policy without the BubbleTea suffix."""
+        return split_policy(self.policy)[0]
+
+    @property
+    def uses_bubbletea(self) -> bool:
+        return split_policy(self.policy)[1]
 
     @property
     def global_batch(self) -> int:
@@ -112,7 +161,7 @@ def parse_experiment(data: Any, source: str = "<memory>") -> Experiment:
     """Validate parsed YAML into an Experiment. Raises SpecError naming field, value and fix."""
     keys = ("name", "description", "topology", "schedule", "iterations", "warmup_iterations", "stages",
             "replicas", "microbatches", "microbatch_size", "model", "lr", "seed", "data", "compute", "policy",
-            "wan_connections", "wan_connection_share")
+            "wan_connections", "wan_connection_share", "bubbletea")
     r = FieldReader(source, data, "", keys, ("topology",))
     kw: dict[str, Any] = {"name": str(data.get("name") or Path(source).stem), "source": source,
                           "topology": str(data["topology"])}
@@ -149,9 +198,34 @@ def parse_experiment(data: Any, source: str = "<memory>") -> Experiment:
                 raise d.fail("efficiency", "is not in (0, 1]", "give the reached share of peak (MFU), e.g. 0.4")
             ckw["device"] = dev
         kw["compute"] = _resolve_compute(source, ComputeModel(**ckw))
+    if "bubbletea" in data:
+        kw["bubbletea"] = _parse_bubbletea(source, data["bubbletea"])
     exp = Experiment(**kw)
     _check(exp)
     return exp
+
+
+def _parse_bubbletea(source: str, data: Any) -> BubbleTeaSpec:
+    keys = ("model", "request_rate", "requests", "time_scale", "rate_factor", "max_prompt_tokens",
+            "max_output_tokens", "max_chunk_tokens", "guard_ms", "profile_iterations", "decode")
+    b = FieldReader(source, data, "bubbletea", keys)
+    kw: dict[str, Any] = {}
+    for key in ("request_rate", "time_scale", "rate_factor", "guard_ms"):
+        if key in b.data:
+            kw[key] = b.get(key, _num(float, 4.0), REQUIRED)
+    for key in ("max_prompt_tokens", "max_output_tokens", "max_chunk_tokens", "profile_iterations"):
+        if key in b.data:
+            kw[key] = b.get(key, _num(int, 128), REQUIRED)
+    if "requests" in b.data and b.data["requests"] is not None:
+        kw["requests"] = str(b.data["requests"])
+    if "decode" in b.data:
+        if not isinstance(b.data["decode"], bool):
+            raise b.fail("decode", "is not true or false", "write decode: true or decode: false")
+        kw["decode"] = b.data["decode"]
+    if "model" in b.data:
+        m = FieldReader(source, b.data["model"], "bubbletea.model", ("n_layers", "d_model", "n_heads", "seq_len"))
+        kw["model"] = ModelConfig(**{k: m.get(k, _num(int, 64), REQUIRED) for k in m.data})
+    return BubbleTeaSpec(**kw)
 
 
 def _resolve_compute(source: str, c: ComputeModel) -> ComputeModel:
@@ -201,8 +275,25 @@ def _check(e: Experiment) -> None:
     if e.wan_connection_share is not None and not 0 < e.wan_connection_share <= 1:
         raise bad("wan_connection_share", e.wan_connection_share, "is not in (0, 1]",
                   "give the share of a link one connection fills, e.g. 0.1")
-    if e.policy not in POLICIES:
-        raise bad("policy", e.policy, "is not a known policy", f"use one of {', '.join(POLICIES)}")
+    if e.base_policy not in POLICIES:
+        raise bad("policy", e.policy, "is not a known policy",
+                  f"use one of {', '.join(POLICIES)}, each optionally followed by {BUBBLETEA_SUFFIX}")
+    bt = e.bubbletea
+    for key, low in (("request_rate", 0.0), ("time_scale", 0.0), ("rate_factor", 0.0)):
+        if not getattr(bt, key) > low:
+            raise bad(f"bubbletea.{key}", getattr(bt, key), "is not positive", "give a value above 0")
+    if bt.guard_ms < 0:
+        raise bad("bubbletea.guard_ms", bt.guard_ms, "is negative", "give a guard of 0 ms or more, e.g. 3")
+    for key in ("max_prompt_tokens", "max_output_tokens", "max_chunk_tokens", "profile_iterations"):
+        if getattr(bt, key) < 1:
+            raise bad(f"bubbletea.{key}", getattr(bt, key), "is not positive", "use 1 or more")
+    if bt.max_prompt_tokens + bt.max_output_tokens > bt.model.seq_len:
+        raise bad("bubbletea.max_prompt_tokens", bt.max_prompt_tokens,
+                  f"plus max_output_tokens ({bt.max_output_tokens}) exceeds the inference model's context "
+                  f"(bubbletea.model.seq_len {bt.model.seq_len})", "lower them or raise bubbletea.model.seq_len")
+    if bt.model.d_model % bt.model.n_heads:
+        raise bad("bubbletea.model.n_heads", bt.model.n_heads, f"does not divide d_model ({bt.model.d_model})",
+                  "choose heads that divide d_model")
     if not 0 < e.lr < 1:
         raise bad("lr", e.lr, "is not a learning rate in (0, 1)", "use e.g. 0.0003")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import SpecError
-from .experiment import Experiment
+from .experiment import Experiment, split_policy
 from .topology import DCSpec, TopologySpec
 
 
@@ -66,9 +66,26 @@ def place_dp_wan(exp: Experiment, topo: TopologySpec) -> list[WorkerSpec]:
 
 def place(exp: Experiment, topo: TopologySpec, policy: str | None = None) -> list[WorkerSpec]:
     """The placement of ``policy`` (default: the experiment's)."""
-    policy = policy or exp.policy
+    policy = split_policy(policy or exp.policy)[0]
     if policy == "dp-wan":
         return place_dp_wan(exp, topo)
     if policy == "atlas":
         return place_pipeline(exp, topo, atlas_dc_order(topo))
     return place_pipeline(exp, topo)
+
+
+def decode_hosts(topo: TopologySpec, workers: list[WorkerSpec]) -> dict[str, str]:
+    """BubbleTea's decode host of every DC that holds training workers: the DC's first host that is
+    not a training worker. Raises SpecError naming the DC when it has none."""
+    used = {w.host for w in workers}
+    out = {}
+    for dc in topo.dcs:
+        if not any(w.dc == dc.name for w in workers):
+            continue
+        free = [f"{dc.name}-h{k}" for k in range(dc.hosts) if f"{dc.name}-h{k}" not in used]
+        if not free:
+            raise SpecError(topo.source, f"dcs[{dc.name}].hosts", dc.hosts,
+                            "leaves no host for a BubbleTea decode host (every host trains)",
+                            "give the DC one host more than the placement uses")
+        out[dc.name] = free[0]
+    return out

@@ -182,7 +182,7 @@ def wan_connections(exp: Experiment, topo, workers) -> int:
     """Connections per cross-DC transfer: 1 except under atlas, where it is the experiment's figure
     or, for 0, the bandwidth-delay product of the longest boundary over one connection's window
     (4 when no per-connection share is modelled)."""
-    if exp.policy != "atlas":
+    if exp.base_policy != "atlas":
         return 1
     if exp.wan_connections:
         return exp.wan_connections

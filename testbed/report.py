@@ -15,7 +15,7 @@ from . import trace as T
 #: A run whose share of padded operations that overran their target exceeds this is flagged.
 MAX_REPRESENTATIVE_OVERRUN = 0.05
 COLORS = {T.FORWARD: "#4c72b0", T.BACKWARD: "#55a868", T.SEND: "#dd8452", T.RECV_WAIT: "#e5e5e5",
-          T.ALLREDUCE: "#c44e52", T.OPTIMIZER: "#8172b3", T.IDLE: "#ffffff"}
+          T.ALLREDUCE: "#c44e52", T.OPTIMIZER: "#8172b3", T.IDLE: "#ffffff", T.PREFILL: "#e7b416"}
 
 
 def summarize(ev: pd.DataFrame, config: dict, env: dict, counters: pd.DataFrame, aborted: bool = False) -> dict:
@@ -65,6 +65,67 @@ def summarize(ev: pd.DataFrame, config: dict, env: dict, counters: pd.DataFrame,
     }
 
 
+def _jsonl(path: Path) -> list[dict]:
+    rows = []
+    for p in sorted(path.parent.glob(path.name)):
+        for line in p.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue  # a torn last line
+    return rows
+
+
+#: a training operation held back longer than this by a running prefill chunk counts as delayed
+DELAY_THRESHOLD_NS = 1_000_000
+
+
+def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict) -> dict:
+    """GPU utilization with and without prefill, and, under BubbleTea, how the bubbles were filled
+    and what the requests saw (definitions in ``bubbles.fill_stats`` and ``decode.py``):
+    ``bubble_fill_fraction``, ``prefill_tokens_per_s`` (prefilled tokens over the measured
+    iterations' wall time), ``requests_assigned``, ``requests_completed`` (first token at a decode
+    host), ``requests_decoded``, ``ttft_p50_s``/``ttft_p99_s`` (arrival to first token at the decode
+    host, KV transfer included), ``training_ops_delayed_by_prefill`` (forward/backward operations
+    whose input had arrived while a chunk ran and which started more than 1 ms later), and the
+    bubble profile's prediction error (``bubbles.prediction_error_stats``)."""
+    from . import bubbles as B
+
+    warmup = config["warmup_iterations"]
+    if ev.empty:
+        return {}
+    train = A.training_events(ev)
+    util = A.worker_utilization(ev, warmup, T.COMPUTE_KINDS + (T.PREFILL,))
+    out = {"training_gpu_utilization": float(A.worker_utilization(train, warmup)["utilization"].mean()),
+           "gpu_utilization": float(util["utilization"].mean())}
+    if not str(config.get("policy", "")).endswith("+bubbletea"):
+        return out
+    pre = ev[ev[T.KIND] == T.PREFILL]
+    it = A.iteration_times(train, warmup)
+    t0, t1 = (int(it[T.START_NS].min()), int(it[T.END_NS].max())) if not it.empty else (0, 0)
+    inside = pre[(pre[T.START_NS] >= t0) & (pre[T.END_NS] <= t1)]
+    fill = B.fill_stats(train, pre[[T.WORKER, T.START_NS, T.END_NS]], warmup) if not it.empty else {}
+    first = [r for r in _jsonl(run_dir / "requests" / "decode-*.jsonl") if r.get("event") == "first_token"]
+    decoded = [r for r in _jsonl(run_dir / "requests" / "decode-*.jsonl") if r.get("event") == "decoded"]
+    assigned = [r for r in _jsonl(run_dir / "requests" / "dispatch.jsonl") if r.get("event") == "assign"]
+    ttft = pd.Series([(r["first_token_ns"] - r["arrival_ns"]) / 1e9 for r in first], dtype=float)
+    delays = train[train[T.KIND].isin((T.FORWARD, T.BACKWARD))]
+    delays = delays[T.PREFILL_DELAY_NS] if T.PREFILL_DELAY_NS in delays else pd.Series(dtype=float)
+    windows = B.bubble_windows(train)
+    errors = B.prediction_error_stats(B.prediction_errors(windows, warmup, config["bubbletea"]["profile_iterations"]))
+    return {**out,
+            "bubble_fill_fraction": fill.get("bubble_fill_fraction"),
+            "prefill_tokens_per_s": float(inside[T.TOKENS].sum() / ((t1 - t0) / 1e9)) if t1 > t0 else None,
+            "prefill_chunks": int(len(pre)),
+            "requests_assigned": len(assigned), "requests_completed": len(first), "requests_decoded": len(decoded),
+            "ttft_p50_s": float(ttft.quantile(0.5)) if len(ttft) else None,
+            "ttft_p99_s": float(ttft.quantile(0.99)) if len(ttft) else None,
+            "training_ops_delayed_by_prefill": int((delays.fillna(0) > DELAY_THRESHOLD_NS).sum()),
+            "bubble_prediction_error_p50_ms": errors.get("abs_error_p50_ms"),
+            "bubble_prediction_error_p99_ms": errors.get("abs_error_p99_ms"),
+            "bubble_over_predicted_share": errors.get("over_predicted_share")}
+
+
 def grant_stats(run_dir: Path) -> dict:
     """Atlas controller figures from controller.jsonl (``analysis.grant_figures``) and whether the
     controller failed during the run."""
@@ -111,7 +172,9 @@ def plot_timeline(ev: pd.DataFrame, path: Path, warmup: int) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ev = ev[(ev[T.ITERATION] >= warmup) & (ev[T.ITERATION] < warmup + 2)]
+    last = int(ev[ev[T.KIND] == T.OPTIMIZER][T.ITERATION].max()) if (ev[T.KIND] == T.OPTIMIZER).any() else warmup + 1
+    first = max(warmup, last - 1)           # the last two iterations: BubbleTea's stream is running by then
+    ev = ev[(ev[T.ITERATION] >= first) & (ev[T.ITERATION] <= first + 1)]
     if ev.empty:
         return
     t0 = ev[T.START_NS].min()
@@ -133,8 +196,8 @@ def plot_timeline(ev: pd.DataFrame, path: Path, warmup: int) -> None:
     ax.set_yticks(workers, [f"w{w} s{labels.loc[w, T.STAGE]} r{labels.loc[w, T.REPLICA]} {labels.loc[w, T.DC]}"
                             for w in workers])
     ax.invert_yaxis()
-    ax.set_xlabel(f"time (ms) from the start of iteration {warmup}")
-    ax.set_title("pipeline timeline (numbers: microbatch)")
+    ax.set_xlabel(f"time (ms) from the start of iteration {first}")
+    ax.set_title("pipeline timeline (numbers: microbatch; prefill chunks in yellow under BubbleTea)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / len(workers)), fontsize=7, ncol=5, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -179,8 +242,9 @@ def finalize(run_dir: Path, exp=None, aborted: bool = False) -> dict:
         full = pd.concat([ev, idle], ignore_index=True) if not idle.empty else ev
         full.to_parquet(run_dir / "events.parquet", index=False)
     counters = T.read_link_counters(run_dir)
-    summary = summarize(ev, config, env, counters, aborted)
+    summary = summarize(A.training_events(ev) if not ev.empty else ev, config, env, counters, aborted)
     summary.update(grant_stats(run_dir))
+    summary.update(bubbletea_stats(run_dir, ev, config))
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     if not ev.empty:
         shaping_path = run_dir / "shaping.jsonl"

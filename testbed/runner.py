@@ -138,7 +138,7 @@ def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto"
             master = emu.host(workers[0].host).ip
             n_conn = wan_connections(exp, topo, workers)
             controller = None
-            if exp.policy == "atlas":
+            if exp.base_policy == "atlas":
                 from .controller import Controller
 
                 from .registry import RUN_DIR
@@ -152,8 +152,17 @@ def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto"
             cfg = {"experiment": {**exp.to_dict(), "wan_connections": n_conn}, "workers": [asdict(w) for w in workers],
                    "out_dir": str(out_dir), "init_method": f"tcp://{master}:{GLOO_PORT}", "timeout_s": t_timeout,
                    "control_socket": str(controller.sock_path) if controller else None}
+            dispatcher = None
+            if exp.uses_bubbletea:
+                dispatcher = _start_bubbletea(emu, exp, topo, workers, cfg, out_dir)
             cfg_path = out_dir / "worker_config.json"
             cfg_path.write_text(json.dumps(cfg))
+            if dispatcher is not None:
+                for dc, host in dispatcher.decode_hosts.items():
+                    emu.popen(host, [sys.executable, "-m", "testbed.decode", str(cfg_path), dc],
+                              env={**os.environ, "OMP_NUM_THREADS": "1",
+                                   "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                dispatcher.start()
             # one gloo connection per pair per entry; concurrent operations use different ones
             env = {**os.environ, "GLOO_SOCKET_IFNAME": ",".join(["eth0"] * n_conn), "OMP_NUM_THREADS": "1",
                    "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
@@ -169,6 +178,10 @@ def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto"
                 sampler.stop()
                 if controller is not None:
                     controller.stop()
+                if dispatcher is not None:
+                    dispatcher.stop()
+                    for w in workers:
+                        Path(cfg["bubbletea"]["inbox"].format(rank=w.rank)).unlink(missing_ok=True)
     except (RunError, KeyboardInterrupt) as e:
         error = e
     summary = finalize(out_dir, exp, aborted=error is not None)
@@ -176,6 +189,37 @@ def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto"
         raise error
     progress(f"done in {time.monotonic() - t_start:.1f} s; traces in {out_dir}")
     return summary
+
+
+def _start_bubbletea(emu: Emulation, exp: Experiment, topo, workers, cfg: dict, out_dir: Path):
+    """Prepare BubbleTea: the request stream (the trace, or the synthetic stream fitted to it), the
+    decode hosts, the workers' part of the configuration (added to ``cfg``) and the dispatcher
+    (returned, not started)."""
+    from .bubbletea import seconds_per_flop
+    from .dispatcher import Dispatcher
+    from .placement import decode_hosts
+    from .registry import RUN_DIR
+    from .requests import load_azure_trace, requests_to_frame, synthetic_requests
+
+    bt = exp.bubbletea
+    if bt.requests:
+        reqs = load_azure_trace(bt.requests, time_scale=bt.time_scale, rate_factor=bt.rate_factor)
+    else:
+        reqs = synthetic_requests(bt.request_rate, 3600.0, exp.seed)
+    (out_dir / "requests").mkdir(parents=True, exist_ok=True)
+    requests_to_frame(reqs).to_parquet(out_dir / "requests" / "stream.parquet", index=False)
+    hosts = decode_hosts(topo, workers)
+    s_per_flop = seconds_per_flop(exp)
+    control = RUN_DIR / "control"
+    control.mkdir(parents=True, exist_ok=True)
+    inbox = str(control / f"{emu.prefix}-w{{rank}}.sock")
+    cfg["bubbletea"] = {"spec": asdict(bt), "s_per_flop": s_per_flop, "inbox": inbox,
+                        "dispatcher": str(control / f"{emu.prefix}-bt.sock"),
+                        "decode_hosts": {dc: str(emu.host(h).ip) for dc, h in hosts.items()},
+                        "padded": exp.compute.mode == "padded"}
+    d = Dispatcher(bt, reqs, [w.rank for w in workers], s_per_flop, control / f"{emu.prefix}-bt.sock", inbox, out_dir)
+    d.decode_hosts = hosts
+    return d
 
 
 def _log_tail(emu: Emulation, host: str, lines: int = 15) -> str:

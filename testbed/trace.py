@@ -19,14 +19,18 @@ WORKER, HOST, DC, STAGE, REPLICA = "worker", "host", "dc", "stage", "replica"
 ITERATION, MICROBATCH, KIND = "iteration", "microbatch", "kind"
 START_NS, END_NS, BYTES, PEER = "start_ns", "end_ns", "bytes", "peer"
 REAL_NS, PADDED_NS, LOSS, READY_NS = "real_ns", "padded_ns", "loss", "ready_ns"
+#: BubbleTea: on forward/backward, when the input had arrived (``ready_ns``) and how long a running
+#: prefill chunk then held the operation back (``prefill_delay_ns``); on prefill chunks, the request,
+#: the chunk's first position and its tokens
+PREFILL_DELAY_NS, RID, CHUNK_START, TOKENS = "prefill_delay_ns", "rid", "chunk_start", "tokens"
 COLUMNS = [WORKER, HOST, DC, STAGE, REPLICA, ITERATION, MICROBATCH, KIND, START_NS, END_NS, BYTES, PEER,
-           REAL_NS, PADDED_NS, LOSS]
+           REAL_NS, PADDED_NS, LOSS, READY_NS, PREFILL_DELAY_NS, RID, CHUNK_START, TOKENS]
 
 # event kinds
 FORWARD, BACKWARD, SEND, RECV_WAIT = "forward", "backward", "send", "recv_wait"
-ALLREDUCE, OPTIMIZER, IDLE = "allreduce", "optimizer", "idle"
+ALLREDUCE, OPTIMIZER, IDLE, PREFILL = "allreduce", "optimizer", "idle", "prefill"
 COMPUTE_KINDS = (FORWARD, BACKWARD, OPTIMIZER)
-KINDS = (FORWARD, BACKWARD, SEND, RECV_WAIT, ALLREDUCE, OPTIMIZER, IDLE)
+KINDS = (FORWARD, BACKWARD, SEND, RECV_WAIT, ALLREDUCE, OPTIMIZER, IDLE, PREFILL)
 
 # link counter columns
 T_NS, LINK, CLASSID, TX_BYTES, RATE_BPS = "t_ns", "link", "classid", "tx_bytes", "rate_bps"

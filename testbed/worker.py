@@ -55,10 +55,14 @@ def send_striped(t: torch.Tensor, dst: int, tag: int, n: int) -> list:
     return [dist.isend(c.contiguous(), dst=dst, tag=tag * 64 + i) for i, c in enumerate(flat.chunk(n))]
 
 
+def post_recv_striped(buf: torch.Tensor, src: int, tag: int, n: int) -> list:
+    """Post the receives into ``buf`` of the ``n`` chunks sent by ``send_striped``; returns them."""
+    return [dist.irecv(c, src=src, tag=tag * 64 + i) for i, c in enumerate(buf.view(-1).chunk(n))]
+
+
 def recv_striped(buf: torch.Tensor, src: int, tag: int, n: int) -> None:
     """Receive into ``buf`` the ``n`` chunks sent by ``send_striped``."""
-    works = [dist.irecv(c, src=src, tag=tag * 64 + i) for i, c in enumerate(buf.view(-1).chunk(n))]
-    for w in works:
+    for w in post_recv_striped(buf, src, tag, n):
         w.wait()
 
 
@@ -96,15 +100,43 @@ def main(config_path: str, rank: int) -> None:
     n_prev = exp["wan_connections"] if prev_rank is not None and dc_of[prev_rank] != me["dc"] else 1
     n_next = exp["wan_connections"] if next_rank is not None and dc_of[next_rank] != me["dc"] else 1
 
-    def receive(src: int, n: int, it: int, m: int) -> torch.Tensor:
-        """Wait for microbatch ``m``'s tensor from ``src`` (traced as a receive wait)."""
+    bt = cfg.get("bubbletea")
+    server = None
+    if bt is not None:
+        from .prefill import PrefillServer
+
+        server = PrefillServer(bt["spec"], bt["s_per_flop"], exp["seed"], rank, ev, bt["inbox"].format(rank=rank),
+                               bt["dispatcher"], bt["decode_hosts"].get(me["dc"]), exp["compute"]["mode"] == "padded")
+    prev_end = [T.now_ns()]  # end of this worker's latest compute: where a bubble starts
+
+    def receive(src: int, n: int, it: int, m: int, slot: str) -> tuple[torch.Tensor, int, bool]:
+        """Wait for microbatch ``m``'s tensor from ``src`` (traced as a receive wait), filling the
+        bubble with prefill under BubbleTea. Returns (tensor, when it had arrived (ns), whether it
+        arrived while a prefill chunk ran: the operation it feeds then starts late by its start
+        minus that time)."""
         buf = torch.empty(act_shape)
         t0 = T.now_ns()
         ctl.send("recv", src, rank, it, m)
-        recv_striped(buf, src, m, n)
-        ctl.send("done", src, rank, it, m)
-        ev.write(T.RECV_WAIT, t0, T.now_ns(), **{T.ITERATION: it, T.MICROBATCH: m}, bytes=act_bytes, peer=src)
-        return buf
+        works = post_recv_striped(buf, src, m, n)
+        seen = []
+
+        def arrived() -> bool:
+            if not seen and all(w.is_completed() for w in works):
+                seen.append(T.now_ns())
+                ctl.send("done", src, rank, it, m)   # the link is free for the next grant at once
+            return bool(seen)
+
+        during_prefill = server.fill(slot, prev_end[0], arrived) if server is not None else None
+        for w in works:
+            w.wait()
+        t1 = T.now_ns()
+        if not seen:
+            ctl.send("done", src, rank, it, m)
+        ready = during_prefill or t1
+        ev.write(T.RECV_WAIT, t0, t1, **{T.ITERATION: it, T.MICROBATCH: m}, bytes=act_bytes, peer=src, ready_ns=ready)
+        if server is not None:
+            server.observe(slot, (ready - prev_end[0]) / 1e9)
+        return buf, ready, during_prefill is not None
 
     def send(t: torch.Tensor, dst: int, n: int, it: int, m: int) -> list:
         """Start sending microbatch ``m``'s tensor to ``dst``; returns the pending operations."""
@@ -114,6 +146,7 @@ def main(config_path: str, rank: int) -> None:
         ev.write(T.SEND, t0, T.now_ns(), **{T.ITERATION: it, T.MICROBATCH: m}, bytes=act_bytes, peer=dst)
         return works
 
+    last_opt_end = None
     for it in range(exp["iterations"]):
         x, y = batch(train, R * M * mb, mcfg.seq_len, exp["seed"], it)
         rows = slice(replica * M * mb, (replica + 1) * M * mb)
@@ -124,11 +157,13 @@ def main(config_path: str, rank: int) -> None:
         for a in actions:
             m = a.microbatch
             fields = {T.ITERATION: it, T.MICROBATCH: m}
+            ready, held = None, False
             if a.kind == "F":
                 if first:
                     inp = x[m * mb:(m + 1) * mb]
                 else:
-                    inp = receive(prev_rank, n_prev, it, m).requires_grad_()
+                    inp, ready, held = receive(prev_rank, n_prev, it, m, f"F{m}")
+                    inp.requires_grad_()
                 t0 = T.now_ns()
                 outp = model(inp)
                 if last:
@@ -136,17 +171,23 @@ def main(config_path: str, rank: int) -> None:
                     loss_sum += loss.item()
                     outp = loss
                 real, padded = padder.finish(T.FORWARD, t0)
-                ev.write(T.FORWARD, t0, T.now_ns(), **fields, real_ns=real, padded_ns=padded)
+                prev_end[0] = T.now_ns()
+                ev.write(T.FORWARD, t0, prev_end[0], **fields, real_ns=real, padded_ns=padded, ready_ns=ready,
+                         prefill_delay_ns=(t0 - ready) if held else 0)
                 saved[m] = (inp, outp)
                 if not last:
                     pending.extend(send(outp.detach(), next_rank, n_next, it, m))
             else:
                 inp, outp = saved.pop(m)
-                grad = None if last else receive(next_rank, n_next, it, m)
+                grad = None
+                if not last:
+                    grad, ready, held = receive(next_rank, n_next, it, m, f"B{m}")
                 t0 = T.now_ns()
                 outp.backward(grad)
                 real, padded = padder.finish(T.BACKWARD, t0)
-                ev.write(T.BACKWARD, t0, T.now_ns(), **fields, real_ns=real, padded_ns=padded)
+                prev_end[0] = T.now_ns()
+                ev.write(T.BACKWARD, t0, prev_end[0], **fields, real_ns=real, padded_ns=padded, ready_ns=ready,
+                         prefill_delay_ns=(t0 - ready) if held else 0)
                 if not first:
                     pending.extend(send(inp.grad, prev_rank, n_prev, it, m))
         for w in pending:
@@ -173,7 +214,13 @@ def main(config_path: str, rank: int) -> None:
                 dist.all_reduce(loss_t, group=my_dp)
                 loss_t /= R
             loss_value = loss_t.item()
-        ev.write(T.OPTIMIZER, t0, T.now_ns(), **fields, loss=loss_value)
+        prev_end[0] = T.now_ns()
+        ev.write(T.OPTIMIZER, t0, prev_end[0], **fields, loss=loss_value)
+        if server is not None:
+            server.report(it, (prev_end[0] - last_opt_end) / 1e9 if last_opt_end else 0.0)
+        last_opt_end = prev_end[0]
+    if server is not None:
+        server.close()
     dist.barrier()
     ev.close()
     dist.destroy_process_group()
