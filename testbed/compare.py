@@ -12,6 +12,9 @@ from .experiment import Experiment
 from .runner import run_experiment
 
 FIGURES = ("iteration_time_s", "tokens_per_s", "gpu_utilization", "bubble_fraction")
+#: BubbleTea's figures, compared when a policy ends in +bubbletea
+BUBBLETEA_FIGURES = ("training_gpu_utilization", "bubble_fill_fraction", "prefill_tokens_per_s", "requests_completed",
+                     "ttft_p50_s", "ttft_p99_s", "training_ops_delayed_by_prefill")
 
 
 def spread(values: list[float]) -> float | None:
@@ -19,23 +22,39 @@ def spread(values: list[float]) -> float | None:
     vals = [v for v in values if v is not None]
     if len(vals) < 2:
         return None
-    return (max(vals) - min(vals)) / statistics.median(vals)
+    mid = statistics.median(vals)
+    if mid == 0:
+        return 0.0 if max(vals) == min(vals) else None
+    return (max(vals) - min(vals)) / mid
 
 
 def aggregate(runs: dict[str, list[dict]]) -> dict:
-    """Per policy: the median of each figure over repeats and its spread; and the speed-up of every
-    policy over every other (median iteration time of the other over its own)."""
+    """Per policy: the median of each figure over repeats and its spread; the speed-up of every
+    policy over every other (median iteration time of the other over its own); and for each
+    ``X+bubbletea`` run beside ``X``, the training slowdown (median iteration time with BubbleTea
+    over without) next to the noise floor (the larger spread of the two against themselves)."""
     stats = {}
     for policy, summaries in runs.items():
-        stats[policy] = {f: {"median": statistics.median(v) if (v := [s[f] for s in summaries if s[f] is not None])
-                             else None, "spread": spread([s[f] for s in summaries])} for f in FIGURES}
+        stats[policy] = {f: {"median": statistics.median(v) if (v := [s.get(f) for s in summaries
+                                                                     if s.get(f) is not None]) else None,
+                             "spread": spread([s.get(f) for s in summaries])}
+                         for f in FIGURES + BUBBLETEA_FIGURES}
+    slowdown = {}
+    for p in runs:
+        base = p.removesuffix("+bubbletea")
+        if p != base and base in runs:
+            tp, tb = stats[p]["iteration_time_s"]["median"], stats[base]["iteration_time_s"]["median"]
+            if tp and tb:
+                noise = [x for x in (stats[p]["iteration_time_s"]["spread"], stats[base]["iteration_time_s"]["spread"])
+                         if x is not None]
+                slowdown[p] = {"training_slowdown": tp / tb, "noise_floor": max(noise) if noise else None}
     speedup = {}
     for a in runs:
         for b in runs:
             ta, tb = stats[a]["iteration_time_s"]["median"], stats[b]["iteration_time_s"]["median"]
             if a != b and ta and tb:
                 speedup[f"{a}/{b}"] = tb / ta
-    return {"stats": stats, "speedup": speedup}
+    return {"stats": stats, "speedup": speedup, "bubbletea": slowdown}
 
 
 def compare(exp: Experiment, policies: list[str], out_dir: Path, repeat: int = 1, delay_mechanism: str = "auto",
@@ -63,17 +82,36 @@ def compare(exp: Experiment, policies: list[str], out_dir: Path, repeat: int = 1
 
 def format_comparison(result: dict) -> str:
     stats = result["stats"]
-    head = f"{'policy':<10} {'iteration s':>12} {'tokens/s':>10} {'GPU util':>9} {'bubble':>7}  spread (iteration time)"
+    head = f"{'policy':<18} {'iteration s':>12} {'tokens/s':>10} {'GPU util':>9} {'bubble':>7}  spread (iteration time)"
     lines = [head]
     for policy, st in stats.items():
         def cell(f, fmt):
             v = st[f]["median"]
             return format(v, fmt) if v is not None else "-"
         sp = st["iteration_time_s"]["spread"]
-        lines.append(f"{policy:<10} {cell('iteration_time_s', '12.3f')} {cell('tokens_per_s', '10.0f')} "
+        lines.append(f"{policy:<18} {cell('iteration_time_s', '12.3f')} {cell('tokens_per_s', '10.0f')} "
                      f"{cell('gpu_utilization', '9.3f')} {cell('bubble_fraction', '7.3f')}  "
                      f"{'n/a (use --repeat)' if sp is None else f'{sp:.1%}'}")
     for pair, s in result["speedup"].items():
         a, b = pair.split("/")
-        lines.append(f"speed-up of {a} over {b}: {s:.2f}x")
+        if a.removesuffix("+bubbletea") != b.removesuffix("+bubbletea"):
+            lines.append(f"speed-up of {a} over {b}: {s:.2f}x")
+    bt = [p for p in stats if p.endswith("+bubbletea")]
+    if bt:
+        lines.append(f"{'BubbleTea':<18} {'train util':>10} {'fill':>6} {'prefill tok/s':>13} {'requests':>8} "
+                     f"{'TTFT p50':>9} {'TTFT p99':>9} {'delayed ops':>11}")
+        for p in bt:
+            st = stats[p]
+
+            def c(f, fmt):
+                v = st[f]["median"]
+                return format(v, fmt) if v is not None else "-"
+            lines.append(f"{p:<18} {c('training_gpu_utilization', '10.3f')} {c('bubble_fill_fraction', '6.3f')} "
+                         f"{c('prefill_tokens_per_s', '13.0f')} {c('requests_completed', '8.0f')} "
+                         f"{c('ttft_p50_s', '9.3f')} {c('ttft_p99_s', '9.3f')} "
+                         f"{c('training_ops_delayed_by_prefill', '11.0f')}")
+        for p, d in result.get("bubbletea", {}).items():
+            noise = "n/a (use --repeat)" if d["noise_floor"] is None else f"{d['noise_floor']:.1%}"
+            lines.append(f"training slowdown of {p} over {p.removesuffix('+bubbletea')}: "
+                         f"{d['training_slowdown'] - 1:+.1%} (noise floor {noise})")
     return "\n".join(lines)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.compare import FIGURES, aggregate, format_comparison, spread
+from testbed.compare import BUBBLETEA_FIGURES, FIGURES, aggregate, format_comparison, spread
 
 
 def summary(t: float) -> dict:
@@ -22,9 +22,25 @@ def test_aggregate_medians_and_speedups():
     assert agg["stats"]["b"]["iteration_time_s"]["spread"] == pytest.approx(0.4 / 2.2)
     assert agg["speedup"]["a/b"] == pytest.approx(2.2 / 1.1)      # a is twice as fast as b
     assert agg["speedup"]["b/a"] == pytest.approx(1.1 / 2.2)
-    assert set(agg["stats"]["a"]) == set(FIGURES)
+    assert set(agg["stats"]["a"]) == set(FIGURES + BUBBLETEA_FIGURES)
+    assert agg["stats"]["a"]["ttft_p50_s"]["median"] is None    # not a BubbleTea run
     text = format_comparison({**agg})
     assert "speed-up of a over b: 2.00x" in text and "18.2%" in text   # b's spread, 0.4 / 2.2
+
+
+def test_bubbletea_slowdown_is_quoted_with_the_noise_floor():
+    def bt(t: float, ttft: float) -> dict:
+        return {**summary(t), "ttft_p50_s": ttft, "requests_completed": 20, "training_ops_delayed_by_prefill": 0}
+
+    runs = {"atlas": [summary(1.00), summary(1.02)], "atlas+bubbletea": [bt(1.01, 0.3), bt(1.03, 0.5)]}
+    agg = aggregate(runs)
+    d = agg["bubbletea"]["atlas+bubbletea"]
+    assert d["training_slowdown"] == pytest.approx(1.02 / 1.01)
+    assert d["noise_floor"] == pytest.approx(max(0.02 / 1.01, 0.02 / 1.02))
+    assert agg["stats"]["atlas+bubbletea"]["ttft_p50_s"]["median"] == pytest.approx(0.4)
+    text = format_comparison(agg)
+    assert "training slowdown of atlas+bubbletea over atlas: +1.0% (noise floor 2.0%)" in text
+    assert "speed-up of atlas+bubbletea over atlas" not in text   # the slowdown line says it
 
 
 def test_a_folder_holding_a_run_is_refused(tmp_path):
