@@ -31,7 +31,7 @@ class WorkerSpec:
 
 def atlas_dc_order(topo: TopologySpec) -> list[DCSpec]:
     """DCs by available hosts, largest first; ties keep file order (Python's sort is stable)."""
-    return sorted(topo.dcs, key=lambda dc: -dc.hosts)
+    return sorted(topo.dcs, key=lambda dc: -dc.training_hosts)
 
 
 def place_pipeline(exp: Experiment, topo: TopologySpec, order: list[DCSpec] | None = None) -> list[WorkerSpec]:
@@ -39,7 +39,7 @@ def place_pipeline(exp: Experiment, topo: TopologySpec, order: list[DCSpec] | No
     Raises SpecError naming the shortfall when the DCs cannot hold the layout."""
     workers, stage = [], 0
     for dc in order or topo.dcs:
-        for k in range(dc.hosts // exp.replicas):
+        for k in range(dc.training_hosts // exp.replicas):
             if stage == exp.stages:
                 break
             for r in range(exp.replicas):
@@ -55,7 +55,7 @@ def place_pipeline(exp: Experiment, topo: TopologySpec, order: list[DCSpec] | No
 
 def place_dp_wan(exp: Experiment, topo: TopologySpec) -> list[WorkerSpec]:
     """Replica r's whole pipeline in the r-th DC (file order) that has ``stages`` hosts."""
-    dcs = [dc for dc in topo.dcs if dc.hosts >= exp.stages]
+    dcs = [dc for dc in topo.dcs if dc.training_hosts >= exp.stages]
     if len(dcs) < exp.replicas:
         raise SpecError(exp.source, "replicas", exp.replicas, f"do not fit topology {topo.name} under dp-wan: only "
                         f"{len(dcs)} DCs hold a whole pipeline of {exp.stages} stages",
@@ -75,17 +75,20 @@ def place(exp: Experiment, topo: TopologySpec, policy: str | None = None) -> lis
 
 
 def decode_hosts(topo: TopologySpec, workers: list[WorkerSpec]) -> dict[str, str]:
-    """BubbleTea's decode host of every DC that holds training workers: the DC's first host that is
-    not a training worker. Raises SpecError naming the DC when it has none."""
+    """BubbleTea's decode host of every DC that holds training workers: the first of the hosts the
+    topology declares for decoding (``decode_hosts``: the DC's last hosts), else its first host that
+    is not a training worker. Raises SpecError naming the DC when it has none."""
     used = {w.host for w in workers}
     out = {}
     for dc in topo.dcs:
         if not any(w.dc == dc.name for w in workers):
             continue
-        free = [f"{dc.name}-h{k}" for k in range(dc.hosts) if f"{dc.name}-h{k}" not in used]
+        free = [f"{dc.name}-h{k}" for k in range(dc.training_hosts, dc.hosts)]
+        free += [f"{dc.name}-h{k}" for k in range(dc.training_hosts) if f"{dc.name}-h{k}" not in used]
         if not free:
             raise SpecError(topo.source, f"dcs[{dc.name}].hosts", dc.hosts,
                             "leaves no host for a BubbleTea decode host (every host trains)",
-                            "give the DC one host more than the placement uses")
+                            "declare one more host with decode_hosts: 1 (hosts + 1), which keeps the training "
+                            "layout as it is")
         out[dc.name] = free[0]
     return out

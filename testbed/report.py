@@ -112,6 +112,7 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict) -> dict:
     delays = train[train[T.KIND].isin((T.FORWARD, T.BACKWARD))]
     delays = delays[T.PREFILL_DELAY_NS] if T.PREFILL_DELAY_NS in delays else pd.Series(dtype=float)
     windows = B.bubble_windows(train)
+    windows.to_parquet(run_dir / "bubbles.parquet", index=False)   # the bubble profile's raw material
     errors = B.prediction_error_stats(B.prediction_errors(windows, warmup, config["bubbletea"]["profile_iterations"]))
     return {**out,
             "bubble_fill_fraction": fill.get("bubble_fill_fraction"),

@@ -56,6 +56,12 @@ class DCSpec:
     hosts: int
     intra_rate_bps: int | None = None
     intra_delay_us: int = 0
+    #: the last ``decode_hosts`` hosts serve BubbleTea's decode steps and never train
+    decode_hosts: int = 0
+
+    @property
+    def training_hosts(self) -> int:
+        return self.hosts - self.decode_hosts
 
 
 @dataclass(frozen=True)
@@ -137,7 +143,8 @@ def _check_delay(r: FieldReader, key: str, us: int) -> None:
 
 
 def _read_dc(source: str, raw: Any, i: int) -> DCSpec:
-    r = FieldReader(source, raw, f"dcs[{i}]", ("name", "hosts", "intra_rate", "intra_delay"), ("name", "hosts"))
+    r = FieldReader(source, raw, f"dcs[{i}]", ("name", "hosts", "intra_rate", "intra_delay", "decode_hosts"),
+                    ("name", "hosts"))
     name = raw["name"]
     if not isinstance(name, str) or not _DC_NAME.match(name):
         raise r.fail("name", "is not a valid DC name",
@@ -155,7 +162,11 @@ def _read_dc(source: str, raw: Any, i: int) -> DCSpec:
         raise r.fail("intra_rate", "is not a positive rate", "write a rate above 0, such as 10gbit, or omit it")
     delay = r.get("intra_delay", parse_duration_us, 0)
     _check_delay(r, "intra_delay", delay)
-    return DCSpec(name=name, hosts=hosts, intra_rate_bps=rate, intra_delay_us=delay)
+    decode = r.get("decode_hosts", _positive_int, 0)
+    if not 0 <= decode < hosts:
+        raise r.fail("decode_hosts", f"is not between 0 and hosts - 1 ({hosts - 1})",
+                     "keep at least one host for training, e.g. decode_hosts: 1 with hosts: 3")
+    return DCSpec(name=name, hosts=hosts, intra_rate_bps=rate, intra_delay_us=delay, decode_hosts=decode)
 
 
 def _read_link(source: str, raw: Any, i: int, dc_names: list[str], fields: dict[str, str] | None = None) -> LinkSpec:

@@ -92,5 +92,21 @@ def test_decode_hosts_are_free_hosts_of_the_training_dcs():
     topo = load_topology("three_dc")                    # 3 hosts per DC, 2 train in each
     assert decode_hosts(topo, place(exp, topo)) == {"east": "east-h2", "central": "central-h2", "west": "west-h2"}
     dp = place(exp, topo, "dp-wan")                     # east and central: 3 stages each, every host trains
-    with pytest.raises(SpecError, match="no host for a BubbleTea decode host"):
+    with pytest.raises(SpecError, match="no host for a BubbleTea decode host.*decode_hosts: 1"):
         decode_hosts(topo, dp)
+
+
+def test_declared_decode_hosts_never_train():
+    from testbed.placement import decode_hosts, place
+    from testbed.topology import parse_topology
+
+    topo = parse_topology({"dcs": [{"name": "a", "hosts": 3, "decode_hosts": 1}, {"name": "b", "hosts": 2}],
+                           "links": [{"between": ["a", "b"], "rate": "10mbit", "delay": "5ms"}]}, "t.yaml")
+    exp = load_experiment().with_overrides(stages=2, replicas=2, topology="two_dc")
+    # a's 2 training hosts take stage 0, b stage 1; a-h2 is reserved for decoding, b has none left
+    workers = place(exp, topo, "pp-fair")
+    assert {w.host for w in workers} == {"a-h0", "a-h1", "b-h0", "b-h1"}
+    with pytest.raises(SpecError, match="decode_hosts: 1"):
+        decode_hosts(topo, workers)
+    with pytest.raises(SpecError, match="decode_hosts"):
+        parse_topology({"dcs": [{"name": "a", "hosts": 2, "decode_hosts": 2}], "links": []}, "t.yaml")
