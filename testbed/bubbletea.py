@@ -9,12 +9,9 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 
 from .bubbles import fits
-from .experiment import Experiment
+from .experiment import MIN_CHUNK_TOKENS, Experiment
 from .inference import decode_flops, prefill_flops
 from .model import ModelConfig, stage_layers
-
-#: smallest chunk worth starting (tokens); smaller leftovers of a bubble stay idle
-MIN_CHUNK_TOKENS = 16
 
 
 def block_forward_flops(cfg: ModelConfig, tokens: int) -> float:

@@ -181,7 +181,7 @@ def _bubbletea_options(sp) -> None:
     g.add_argument("--requests", type=Path, metavar="FILE",
                    help="Azure LLM inference trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens); default: a "
                         "synthetic stream fitted to that trace")
-    g.add_argument("--request-rate", type=_number(0.001, 10000, float), metavar="R",
+    g.add_argument("--request-rate", type=_number(0.001, 1000, float), metavar="R",
                    help="synthetic requests per second (default: the experiment's, 4)")
     g.add_argument("--time-scale", type=_number(0.0001, 10000, float), help="multiply the trace's arrival times")
     g.add_argument("--rate-factor", type=_number(0.0001, 10000, float), help="divide the trace's arrival times")

@@ -61,9 +61,13 @@ def compare(exp: Experiment, policies: list[str], out_dir: Path, repeat: int = 1
             progress: Callable[[str], None] = print) -> dict:
     """Run every policy ``repeat`` times, interleaved; write and return ``comparison.json``:
     ``policies`` maps each policy to its (first run's) summary, ``runs`` to every summary."""
-    from .runner import check_fresh_out_dir
+    from .runner import check_fresh_out_dir, check_runnable
+    from .topology import load_topology
 
     check_fresh_out_dir(out_dir)
+    topo = load_topology(exp.topology)
+    for policy in policies:          # refuse an impossible policy before the others have run
+        check_runnable(exp.with_overrides(policy=policy), topo)
     for k in range(repeat):
         for policy in policies:
             check_fresh_out_dir(out_dir / (policy if repeat == 1 else f"{policy}-{k}"))

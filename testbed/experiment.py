@@ -13,6 +13,8 @@ Training on GPU Clusters", section 5.1: 3x forward for forward plus backward).
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,10 @@ DEFAULT_EXPERIMENT = "default"
 #: pipeline in one DC, replicas spread over DCs (the gradient all-reduce crosses the WAN); atlas:
 #: Atlas's placement (largest DCs first), striped transfers and the link-granting controller.
 POLICIES = ("pp-fair", "dp-wan", "atlas")
+#: highest synthetic request rate (per second) an experiment may ask for
+MAX_REQUEST_RATE = 1000.0
+#: smallest prefill chunk worth starting (tokens); smaller leftovers of a bubble stay idle
+MIN_CHUNK_TOKENS = 16
 #: any policy followed by this suffix also fills the pipeline bubbles with prefill (BubbleTea)
 BUBBLETEA_SUFFIX = "+bubbletea"
 
@@ -177,8 +183,7 @@ def parse_experiment(data: Any, source: str = "<memory>") -> Experiment:
         if data.get(key) is not None:
             kw[key] = str(data[key])
     if "model" in data:
-        m = FieldReader(source, data["model"], "model", ("n_layers", "d_model", "n_heads", "seq_len"))
-        kw["model"] = ModelConfig(**{k: m.get(k, _num(int, 128), REQUIRED) for k in m.data})
+        kw["model"] = _parse_model(source, data["model"], "model")
     if "compute" in data:
         c = FieldReader(source, data["compute"], "compute", ("mode", "forward_ms", "backward_ms", "device",
                                                           "reference_forward_tflop"))
@@ -205,6 +210,12 @@ def parse_experiment(data: Any, source: str = "<memory>") -> Experiment:
     return exp
 
 
+def _parse_model(source: str, data: Any, where: str, defaults: ModelConfig | None = None) -> ModelConfig:
+    """A model section; fields it omits come from ``defaults`` (the training model's otherwise)."""
+    m = FieldReader(source, data, where, ("n_layers", "d_model", "n_heads", "seq_len"))
+    return replace(defaults or ModelConfig(), **{k: m.get(k, _num(int, 128), REQUIRED) for k in m.data})
+
+
 def _parse_bubbletea(source: str, data: Any) -> BubbleTeaSpec:
     keys = ("model", "request_rate", "requests", "time_scale", "rate_factor", "max_prompt_tokens",
             "max_output_tokens", "max_chunk_tokens", "guard_ms", "profile_iterations", "decode")
@@ -216,15 +227,23 @@ def _parse_bubbletea(source: str, data: Any) -> BubbleTeaSpec:
     for key in ("max_prompt_tokens", "max_output_tokens", "max_chunk_tokens", "profile_iterations"):
         if key in b.data:
             kw[key] = b.get(key, _num(int, 128), REQUIRED)
-    if "requests" in b.data and b.data["requests"] is not None:
-        kw["requests"] = str(b.data["requests"])
+    if b.data.get("requests") is not None:
+        req = b.data["requests"]
+        path = Path(req) if isinstance(req, str) and req else None
+        if path is not None and not path.is_absolute():
+            path = Path(source).resolve().parent / path     # relative to the experiment file
+        if path is None or not path.is_file():
+            raise b.fail("requests", "is not a file",
+                         "give the path (absolute, or relative to the experiment file) of a CSV in the Azure LLM "
+                         "inference trace format (TIMESTAMP,ContextTokens,GeneratedTokens), or omit it for the "
+                         "synthetic stream")
+        kw["requests"] = str(path)
     if "decode" in b.data:
         if not isinstance(b.data["decode"], bool):
             raise b.fail("decode", "is not true or false", "write decode: true or decode: false")
         kw["decode"] = b.data["decode"]
     if "model" in b.data:
-        m = FieldReader(source, b.data["model"], "bubbletea.model", ("n_layers", "d_model", "n_heads", "seq_len"))
-        kw["model"] = ModelConfig(**{k: m.get(k, _num(int, 64), REQUIRED) for k in m.data})
+        kw["model"] = _parse_model(source, b.data["model"], "bubbletea.model", BubbleTeaSpec().model)
     return BubbleTeaSpec(**kw)
 
 
@@ -249,9 +268,10 @@ def _check(e: Experiment) -> None:
     for key in ("iterations", "stages", "replicas", "microbatches", "microbatch_size"):
         if getattr(e, key) < 1:
             raise bad(key, getattr(e, key), "is not positive", "use 1 or more")
-    for key, low in (("n_layers", 1), ("d_model", 1), ("n_heads", 1), ("seq_len", 2)):
-        if getattr(e.model, key) < low:
-            raise bad(f"model.{key}", getattr(e.model, key), f"is below {low}", f"use {low} or more")
+    for where, model in (("model", e.model), ("bubbletea.model", e.bubbletea.model)):
+        for key, low in (("n_layers", 1), ("d_model", 1), ("n_heads", 1), ("seq_len", 2)):
+            if getattr(model, key) < low:
+                raise bad(f"{where}.{key}", getattr(model, key), f"is below {low}", f"use {low} or more")
     if not 0 <= e.warmup_iterations < e.iterations:
         raise bad("warmup_iterations", e.warmup_iterations, f"must be from 0 to iterations - 1 ({e.iterations - 1})",
                   "measure at least one iteration after warm-up: " + (
@@ -279,14 +299,24 @@ def _check(e: Experiment) -> None:
         raise bad("policy", e.policy, "is not a known policy",
                   f"use one of {', '.join(POLICIES)}, each optionally followed by {BUBBLETEA_SUFFIX}")
     bt = e.bubbletea
-    for key, low in (("request_rate", 0.0), ("time_scale", 0.0), ("rate_factor", 0.0)):
-        if not getattr(bt, key) > low:
-            raise bad(f"bubbletea.{key}", getattr(bt, key), "is not positive", "give a value above 0")
-    if bt.guard_ms < 0:
-        raise bad("bubbletea.guard_ms", bt.guard_ms, "is negative", "give a guard of 0 ms or more, e.g. 3")
+    for key in ("request_rate", "time_scale", "rate_factor"):
+        v = getattr(bt, key)
+        if not (math.isfinite(v) and v > 0):
+            raise bad(f"bubbletea.{key}", v, "is not a finite number above 0", "give e.g. 4 (request_rate) or 1")
+    if bt.request_rate > MAX_REQUEST_RATE:
+        raise bad("bubbletea.request_rate", bt.request_rate, f"is above {MAX_REQUEST_RATE:g} requests per second",
+                  "lower it: the workers' bubbles hold a few tens of prefills per second")
+    if not (math.isfinite(bt.guard_ms) and bt.guard_ms >= 0):
+        raise bad("bubbletea.guard_ms", bt.guard_ms, "is not a finite number of ms >= 0", "give e.g. 3")
     for key in ("max_prompt_tokens", "max_output_tokens", "max_chunk_tokens", "profile_iterations"):
         if getattr(bt, key) < 1:
             raise bad(f"bubbletea.{key}", getattr(bt, key), "is not positive", "use 1 or more")
+    if bt.max_chunk_tokens < MIN_CHUNK_TOKENS:
+        raise bad("bubbletea.max_chunk_tokens", bt.max_chunk_tokens, f"is below the smallest chunk ({MIN_CHUNK_TOKENS})",
+                  f"use {MIN_CHUNK_TOKENS} or more")
+    if e.uses_bubbletea and bt.profile_iterations >= e.iterations:
+        raise bad("bubbletea.profile_iterations", bt.profile_iterations, f"is not below iterations ({e.iterations})",
+                  "run more iterations (requests start once every worker has seen this many), or lower it")
     if bt.max_prompt_tokens + bt.max_output_tokens > bt.model.seq_len:
         raise bad("bubbletea.max_prompt_tokens", bt.max_prompt_tokens,
                   f"plus max_output_tokens ({bt.max_output_tokens}) exceeds the inference model's context "

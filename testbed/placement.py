@@ -47,8 +47,10 @@ def place_pipeline(exp: Experiment, topo: TopologySpec, order: list[DCSpec] | No
                                           dc.name))
             stage += 1
     if stage < exp.stages:
+        reserved = sum(dc.decode_hosts for dc in topo.dcs)
+        note = f" ({reserved} hosts are reserved by decode_hosts)" if reserved else ""
         raise SpecError(exp.source, "stages", exp.stages, f"x replicas {exp.replicas} do not fit topology "
-                        f"{topo.name}: its DCs hold only {stage} stages of {exp.replicas} replicas",
+                        f"{topo.name}: its DCs hold only {stage} stages of {exp.replicas} replicas{note}",
                         "use fewer stages or replicas, or a topology with more hosts")
     return sorted(workers, key=lambda w: w.rank)
 
@@ -80,14 +82,14 @@ def decode_hosts(topo: TopologySpec, workers: list[WorkerSpec]) -> dict[str, str
     is not a training worker. Raises SpecError naming the DC when it has none."""
     used = {w.host for w in workers}
     out = {}
-    for dc in topo.dcs:
+    for i, dc in enumerate(topo.dcs):
         if not any(w.dc == dc.name for w in workers):
             continue
         free = [f"{dc.name}-h{k}" for k in range(dc.training_hosts, dc.hosts)]
         free += [f"{dc.name}-h{k}" for k in range(dc.training_hosts) if f"{dc.name}-h{k}" not in used]
         if not free:
-            raise SpecError(topo.source, f"dcs[{dc.name}].hosts", dc.hosts,
-                            "leaves no host for a BubbleTea decode host (every host trains)",
+            raise SpecError(topo.source, f"dcs[{i}].hosts", dc.hosts,
+                            f"leaves no host in DC {dc.name} for a BubbleTea decode host (every host trains)",
                             "declare one more host with decode_hosts: 1 (hosts + 1), which keeps the training "
                             "layout as it is")
         out[dc.name] = free[0]

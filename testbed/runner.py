@@ -108,6 +108,17 @@ def check_fresh_out_dir(out_dir: Path) -> None:
                         "give a new folder, or remove the old run first")
 
 
+def check_runnable(exp: Experiment, topo) -> list:
+    """Everything about ``exp`` on ``topo`` that can be refused before anything is built: the
+    placement, and BubbleTea's decode hosts. Returns the placement; raises SpecError."""
+    workers = place(exp, topo)
+    if exp.uses_bubbletea:
+        from .placement import decode_hosts
+
+        decode_hosts(topo, workers)
+    return workers
+
+
 def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto",
                    progress: Callable[[str], None] = print, hang_timeout_s: float | None = None) -> dict:
     """Run ``exp`` and return its summary (also in ``out_dir/summary.json``). Raises RunError when a
@@ -115,7 +126,7 @@ def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto"
     from .report import finalize
 
     topo = load_topology(exp.topology)
-    workers = place(exp, topo)
+    workers = check_runnable(exp, topo)
     check_fresh_out_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _, corpus_sha = load_corpus(Path(exp.data) if exp.data else None)

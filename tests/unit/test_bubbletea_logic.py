@@ -92,7 +92,7 @@ def test_decode_hosts_are_free_hosts_of_the_training_dcs():
     topo = load_topology("three_dc")                    # 3 hosts per DC, 2 train in each
     assert decode_hosts(topo, place(exp, topo)) == {"east": "east-h2", "central": "central-h2", "west": "west-h2"}
     dp = place(exp, topo, "dp-wan")                     # east and central: 3 stages each, every host trains
-    with pytest.raises(SpecError, match="no host for a BubbleTea decode host.*decode_hosts: 1"):
+    with pytest.raises(SpecError, match="no host in DC east for a BubbleTea decode host.*decode_hosts: 1"):
         decode_hosts(topo, dp)
 
 
@@ -110,3 +110,36 @@ def test_declared_decode_hosts_never_train():
         decode_hosts(topo, workers)
     with pytest.raises(SpecError, match="decode_hosts"):
         parse_topology({"dcs": [{"name": "a", "hosts": 2, "decode_hosts": 2}], "links": []}, "t.yaml")
+
+
+@pytest.mark.parametrize("section, field, problem", [
+    ({"model": {"n_heads": 0}}, "bubbletea.model.n_heads", "below 1"),
+    ({"model": {"d_model": -64}}, "bubbletea.model.d_model", "below 1"),
+    ({"requests": "/nonexistent.csv"}, "bubbletea.requests", "is not a file"),
+    ({"requests": 42}, "bubbletea.requests", "is not a file"),
+    ({"guard_ms": float("nan")}, "bubbletea.guard_ms", "finite"),
+    ({"guard_ms": float("inf")}, "bubbletea.guard_ms", "finite"),
+    ({"request_rate": float("inf")}, "bubbletea.request_rate", "finite"),
+    ({"request_rate": 5000}, "bubbletea.request_rate", "above 1000"),
+    ({"max_chunk_tokens": 4}, "bubbletea.max_chunk_tokens", "smallest chunk"),
+    ({"profile_iterations": 8}, "bubbletea.profile_iterations", "not below iterations"),
+])
+def test_bad_bubbletea_values_are_refused_at_load_time(section, field, problem):
+    data = {"topology": "three_dc", "policy": "atlas+bubbletea", "iterations": 8, "bubbletea": section}
+    with pytest.raises(SpecError) as e:
+        parse_experiment(data, "x.yaml")
+    assert e.value.field == field and problem in str(e.value)
+
+
+def test_a_partial_bubbletea_model_keeps_the_inference_defaults(tmp_path):
+    exp = parse_experiment({"topology": "three_dc", "bubbletea": {"model": {"n_heads": 8}}}, "x.yaml")
+    assert exp.bubbletea.model == ModelConfig(n_layers=2, d_model=64, n_heads=8, seq_len=2048)
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n")
+    (tmp_path / "exp.yaml").write_text("topology: three_dc\nbubbletea: {requests: trace.csv}\n")
+    assert load_experiment(tmp_path / "exp.yaml").bubbletea.requests == str(trace)   # relative to the file
+
+
+def test_profile_iterations_matter_only_under_bubbletea():
+    exp = parse_experiment({"topology": "three_dc", "iterations": 3}, "x.yaml")
+    assert exp.bubbletea.profile_iterations == 3 and not exp.uses_bubbletea
