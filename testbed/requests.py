@@ -117,6 +117,9 @@ def load_azure_trace(path: str | Path, *, time_scale: float = 1.0, rate_factor: 
     when = pd.to_datetime(stamps.where(~bad), format="ISO8601", errors="coerce")
     _fail_first(source, table, "TIMESTAMP", bad | when.isna(), "is not a timestamp",
                 "write it as YYYY-MM-DD HH:MM:SS.fffffff, e.g. 2023-11-16 18:15:46.6805900, without a time zone")
+    years = when.dt.year
+    _fail_first(source, table, "TIMESTAMP", (years < 1678) | (years > 2261), "is outside the years 1678-2261",
+                "fix the date (nanosecond timestamps cover 1678 to 2261)")
     prompt = _token_column(source, table, "ContextTokens")
     output = _token_column(source, table, "GeneratedTokens")
 

@@ -304,3 +304,11 @@ def test_frame_missing_column():
     df = requests_to_frame([Request(0, 0.0, 5, 5)]).drop(columns=["output_tokens"])
     with pytest.raises(SpecError, match="lack output_tokens"):
         requests_from_frame(df)
+
+
+def test_a_timestamp_beyond_nanosecond_range_is_refused(tmp_path):
+    """pandas parses year 3023 but converting it to nanoseconds overflows silently."""
+    p = tmp_path / "t.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,10,5\n3023-11-16 18:15:48,10,5\n")
+    with pytest.raises(SpecError, match=r"line 3, column TIMESTAMP: '3023-11-16 18:15:48' is outside"):
+        load_azure_trace(p)
