@@ -40,9 +40,9 @@ CLASS_BASE = 0x20
 FLOOR_SHARE = 0.05
 
 
-def floor_bps(link_rate_bps: int) -> int:
-    """Rate a held class keeps: FLOOR_SHARE of the link, at least 8 kbit/s."""
-    return max(int(link_rate_bps * FLOOR_SHARE), 8000)
+def floor_bps(link_rate_bps: int, share: float = FLOOR_SHARE) -> int:
+    """Rate a held class keeps: ``share`` of the link, at least 8 kbit/s (HTB needs a rate)."""
+    return max(int(link_rate_bps * share), 8000)
 
 
 @dataclass(frozen=True)
@@ -234,8 +234,10 @@ class Controller:
     higher scheduling priority), fed by workers over a Unix datagram socket bound here before any
     worker starts. ``grant`` applies a grant from this process (tests, tools)."""
 
-    def __init__(self, emu, workers: list[WorkerSpec], replicas: int, sock_path: Path, log_path: Path) -> None:
+    def __init__(self, emu, workers: list[WorkerSpec], replicas: int, sock_path: Path, log_path: Path,
+                 floor_share: float = FLOOR_SHARE) -> None:
         self.emu, self.workers, self.replicas = emu, {w.rank: w for w in workers}, replicas
+        self.floor_share = floor_share
         self.sock_path, self.log_path = Path(sock_path), Path(log_path)
         self.error_file = self.log_path.with_name("controller_error.txt")
         self.hops = boundary_hops(workers, emu.routes)
@@ -264,7 +266,7 @@ class Controller:
         batches: dict[Hop, dict] = {}
         for hop in hops:
             rate = self.link_rate(hop)
-            floor = floor_bps(rate)
+            floor = floor_bps(rate, self.floor_share)
             full = rate - floor * (self.replicas - 1)
             minors = sorted(CLASS_BASE + r for (h, r) in pairs if h == hop)
             batches[hop] = {"open": self.emu.compile_wan_class_rates(hop.src, hop.dst, [(m, rate) for m in minors])}

@@ -120,6 +120,9 @@ class Experiment:
     #: share of a WAN link one TCP connection fills on the real link modelled (None: no cap, one
     #: connection can fill the emulated link); the hosts' socket buffers are capped to reproduce it
     wan_connection_share: float | None = None
+    #: under atlas, the share of a link a pipeline's class keeps while another holds the grant
+    #: (0 starves it: its TCP flow then backs off; see controller.py)
+    atlas_floor_share: float = 0.05
     bubbletea: BubbleTeaSpec = field(default_factory=BubbleTeaSpec)
     source: str = "<memory>"
 
@@ -167,12 +170,14 @@ def parse_experiment(data: Any, source: str = "<memory>") -> Experiment:
     """Validate parsed YAML into an Experiment. Raises SpecError naming field, value and fix."""
     keys = ("name", "description", "topology", "schedule", "iterations", "warmup_iterations", "stages",
             "replicas", "microbatches", "microbatch_size", "model", "lr", "seed", "data", "compute", "policy",
-            "wan_connections", "wan_connection_share", "bubbletea")
+            "wan_connections", "wan_connection_share", "atlas_floor_share", "bubbletea")
     r = FieldReader(source, data, "", keys, ("topology",))
     kw: dict[str, Any] = {"name": str(data.get("name") or Path(source).stem), "source": source,
                           "topology": str(data["topology"])}
     if "wan_connection_share" in data:
         kw["wan_connection_share"] = r.get("wan_connection_share", _num(float, 0.1), REQUIRED)
+    if "atlas_floor_share" in data:
+        kw["atlas_floor_share"] = r.get("atlas_floor_share", _num(float, 0.05), REQUIRED)
     for key in ("iterations", "warmup_iterations", "stages", "replicas", "microbatches", "microbatch_size", "seed",
                 "wan_connections"):
         if key in data:
@@ -295,6 +300,9 @@ def _check(e: Experiment) -> None:
     if e.wan_connection_share is not None and not 0 < e.wan_connection_share <= 1:
         raise bad("wan_connection_share", e.wan_connection_share, "is not in (0, 1]",
                   "give the share of a link one connection fills, e.g. 0.1")
+    if not (math.isfinite(e.atlas_floor_share) and 0 <= e.atlas_floor_share < 1 / max(e.replicas, 1)):
+        raise bad("atlas_floor_share", e.atlas_floor_share, f"is not in [0, 1/replicas) = [0, {1 / e.replicas:.3g})",
+                  "give the share a held pipeline keeps, e.g. 0.05 (0: starve it)")
     if e.base_policy not in POLICIES:
         raise bad("policy", e.policy, "is not a known policy",
                   f"use one of {', '.join(POLICIES)}, each optionally followed by {BUBBLETEA_SUFFIX}")

@@ -72,6 +72,10 @@ def parse_ping_ms(output: str) -> list[float]:
     return [float(x) for x in re.findall(r"time=([0-9.]+) ms", output)]
 
 
+#: RTT samples on a path with jitter (see check_direction)
+JITTER_RTT_SAMPLES = 80
+
+
 def measure_rtt_ms(emu, src: str, dst: str, samples: int) -> tuple[float, int]:
     proc = emu.run(src, ["ping", "-U", "-n", "-c", str(samples), "-i", "0.05", "-W", "3",
                          str(emu.host(dst).ip)], timeout_s=samples * 4 + 10)
@@ -87,6 +91,10 @@ def check_direction(emu, src_dc: str, dst_dc: str, duration_s: float, omit_s: fl
     rate = emu.routes.bottleneck_bps(src_dc, dst_dc)
     one_way_us = emu.routes.one_way_delay_us(src_dc, dst_dc)
     emu.wait_quiet()  # an earlier transfer may have left a deep queue: RTT is measured idle
+    if any(link.jitter_us for link in route.links):
+        # jitter spreads each sample over +-2 x jitter: the median of a few samples wanders by more
+        # than the tolerance allows, so take at least JITTER_RTT_SAMPLES (its error falls as 1/sqrt(n))
+        rtt_samples = max(rtt_samples, JITTER_RTT_SAMPLES)
     rtt_ms, n = measure_rtt_ms(emu, src, dst, rtt_samples)
     expected_rtt = 2 * one_way_us / 1000
     tcp = iperf(emu, src, dst, duration_s, omit_s)

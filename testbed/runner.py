@@ -157,7 +157,7 @@ def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto"
                 # AF_UNIX paths are limited to 108 bytes: keep the socket beside the run registry
                 (RUN_DIR / "control").mkdir(parents=True, exist_ok=True)
                 controller = Controller(emu, workers, exp.replicas, RUN_DIR / "control" / f"{emu.prefix}.sock",
-                                        out_dir / "controller.jsonl")
+                                        out_dir / "controller.jsonl", exp.atlas_floor_share)
                 controller.install()
                 controller.start()
             cfg = {"experiment": {**exp.to_dict(), "wan_connections": n_conn}, "workers": [asdict(w) for w in workers],

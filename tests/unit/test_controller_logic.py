@@ -45,3 +45,16 @@ def test_boundaries_inside_a_dc_need_no_grants():
 def test_floor_is_a_small_share_never_zero():
     assert floor_bps(100_000_000) == 5_000_000
     assert floor_bps(1000) == 8000
+
+
+def test_the_floor_share_is_an_experiment_knob():
+    from testbed.errors import SpecError
+    from testbed.experiment import parse_experiment
+
+    assert floor_bps(100_000_000, 0.0) == 8000              # "starved": the least HTB rate
+    exp = parse_experiment({"topology": "three_dc", "atlas_floor_share": 0.1}, "x.yaml")
+    assert exp.atlas_floor_share == 0.1
+    import pytest
+
+    with pytest.raises(SpecError, match="atlas_floor_share"):
+        parse_experiment({"topology": "three_dc", "atlas_floor_share": 0.5}, "x.yaml")   # 2 replicas: < 0.5
