@@ -170,5 +170,14 @@ def clean_run(rec: RunRecord) -> dict[str, list]:
         if name in present:
             _netns.remove(name)
             removed["namespaces"].append(name)
+    for sock in control_sockets(rec.prefix):
+        sock.unlink(missing_ok=True)
     rec.delete()
     return removed
+
+
+def control_sockets(prefix: str) -> list[Path]:
+    """The run's Unix sockets (Atlas controller, BubbleTea dispatcher and worker inboxes), named
+    after its prefix in ``RUN_DIR/control``."""
+    folder = RUN_DIR / "control"
+    return sorted(folder.glob(f"{prefix}.sock")) + sorted(folder.glob(f"{prefix}-*.sock"))

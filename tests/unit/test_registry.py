@@ -87,3 +87,18 @@ def test_stop_process_stops_ours_only():
         if p.poll() is None:     # poll() also copes with a child that stop_process already reaped
             p.kill()
             p.wait()
+
+
+def test_clean_removes_the_runs_control_sockets_only(state_dir):
+    from testbed.registry import clean_run
+
+    control = state_dir / "control"
+    control.mkdir()
+    mine = [control / "tb1234.sock", control / "tb1234-bt.sock", control / "tb1234-w3.sock"]
+    other = [control / "tb5678.sock", control / "tb12345.sock", control / "notes.txt"]
+    for p in mine + other:
+        p.write_text("")
+    rec = RunRecord("tb1234", 1, None, 1000.5)   # an owner that is not this process
+    rec.save()
+    clean_run(rec)
+    assert not any(p.exists() for p in mine) and all(p.exists() for p in other)
