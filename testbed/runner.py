@@ -191,6 +191,10 @@ def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto"
                     controller.stop()
                 if dispatcher is not None:
                     dispatcher.stop()
+                    if dispatcher.failed is not None:
+                        progress(f"WARNING: the BubbleTea dispatcher failed ({dispatcher.failed!r}); requests "
+                                 "stopped being dispatched, training was not affected")
+                        (out_dir / "dispatcher_failed").write_text(repr(dispatcher.failed))
                     for w in workers:
                         Path(cfg["bubbletea"]["inbox"].format(rank=w.rank)).unlink(missing_ok=True)
     except (RunError, KeyboardInterrupt) as e:
