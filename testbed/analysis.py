@@ -12,7 +12,8 @@ Definitions (once, here):
   is shared). Counting from the send's start alone would add the receiver's busy time: gloo sends
   only once the receiver has posted its receive (rendezvous). ``wan_compute_ratio`` is the median
   forward activation transfer time over the senders' median forward time;
-- WAN link utilization: bytes sent by the link's HTB tree per sampling interval over the link rate.
+- WAN link utilization: bytes sent by the link's HTB tree per sampling interval over the link rate;
+  its mean in a summary covers the measured iterations and the link directions that carried traffic.
 """
 from __future__ import annotations
 
@@ -150,14 +151,24 @@ def link_utilization(counters: pd.DataFrame) -> pd.DataFrame:
     link class 1:1 and its share of the link rate."""
     c = counters[counters[T.CLASSID] == "1:1"].sort_values([T.LINK, T.T_NS])
     if c.empty:
-        return pd.DataFrame(columns=[T.LINK, "t_s", "bps", "utilization"])
+        return pd.DataFrame(columns=[T.LINK, T.T_NS, "t_s", "bps", "utilization"])
     t0 = c[T.T_NS].min()
     g = c.groupby(T.LINK)
     dt = g[T.T_NS].diff() / 1e9
     bps = g[T.TX_BYTES].diff() * 8 / dt
-    out = pd.DataFrame({T.LINK: c[T.LINK], "t_s": (c[T.T_NS] - t0) / 1e9, "bps": bps,
+    out = pd.DataFrame({T.LINK: c[T.LINK], T.T_NS: c[T.T_NS], "t_s": (c[T.T_NS] - t0) / 1e9, "bps": bps,
                         "utilization": bps / c[T.RATE_BPS]}).dropna()
     return out.reset_index(drop=True)
+
+
+def wan_utilization_mean(lu: pd.DataFrame, start_ns: int, end_ns: int) -> float | None:
+    """Mean utilization of the WAN link directions that carried traffic, over the samples taken
+    between ``start_ns`` and ``end_ns`` (the measured iterations: start-up and idle directions
+    would otherwise dilute it, and a policy that starts slower would look less busy)."""
+    w = lu[(lu[T.T_NS] > start_ns) & (lu[T.T_NS] <= end_ns)]
+    used = w.groupby(T.LINK)["bps"].transform("max") > 0
+    w = w[used]
+    return float(w["utilization"].mean()) if not w.empty else None
 
 
 def grant_figures(log: list[dict]) -> dict:

@@ -57,7 +57,8 @@ def summarize(ev: pd.DataFrame, config: dict, env: dict, counters: pd.DataFrame,
         "representative": overrun <= MAX_REPRESENTATIVE_OVERRUN,
         "compute_headroom": (A.compute_headroom(ev, targets, warmup)
                              if compute["mode"] == "padded" and not ev.empty else None),
-        "wan_utilization_mean": float(lu["utilization"].mean()) if not lu.empty else None,
+        "wan_utilization_mean": (A.wan_utilization_mean(lu, int(it[T.START_NS].min()), int(it[T.END_NS].max()))
+                                 if not lu.empty and not it.empty else None),
         "predicted_iteration_time_s": config.get("predicted_iteration_time_s"),
         "prediction_error": ((stats["mean"] - config["predicted_iteration_time_s"]) / stats["mean"]
                              if stats["mean"] and config.get("predicted_iteration_time_s") else None),
@@ -257,13 +258,23 @@ def finalize(run_dir: Path, exp=None, aborted: bool = False) -> dict:
 
 
 SUMMARY_ROWS = [("iteration_time_s", "iteration time (s, mean)"), ("iteration_time_p95_s", "iteration time (s, p95)"),
-                ("tokens_per_s", "tokens/s"), ("gpu_utilization", "GPU utilization"),
+                ("tokens_per_s", "tokens/s"), ("gpu_utilization", "GPU utilization (incl. prefill)"),
                 ("bubble_fraction", "bubble fraction"), ("wan_compute_ratio", "WAN/compute ratio"),
                 ("loss_first", "loss (first)"), ("loss_last", "loss (last)"),
                 ("compute_overrun_fraction", "compute overrun fraction"),
                 ("compute_headroom", "compute headroom (target/real)"),
                 ("predicted_iteration_time_s", "predicted iteration time (s)"),
                 ("prediction_error", "prediction error (meas-pred)/meas"), ("delay_mechanism", "delay mechanism")]
+
+
+#: printed when present: the Atlas controller's and BubbleTea's figures
+EXTRA_ROWS = [("grants", "Atlas grants"), ("grant_latency_p50_ms", "grant latency p50 (ms)"),
+              ("grant_latency_p99_ms", "grant latency p99 (ms)"), ("handover_gap_p50_ms", "handover gap p50 (ms)"),
+              ("training_gpu_utilization", "training GPU utilization"),
+              ("bubble_fill_fraction", "bubble fill fraction"), ("prefill_tokens_per_s", "prefill tokens/s"),
+              ("requests_completed", "requests completed"), ("ttft_p50_s", "TTFT p50 (s)"),
+              ("ttft_p99_s", "TTFT p99 (s)"), ("training_ops_delayed_by_prefill", "training ops delayed by prefill"),
+              ("bubble_prediction_error_p50_ms", "bubble prediction error p50 (ms)")]
 
 
 def format_summary(s: dict) -> str:
@@ -273,6 +284,10 @@ def format_summary(s: dict) -> str:
         v = s.get(key)
         lines.append(f"  {label:<28} {v:.4g}" if isinstance(v, float) else f"  {label:<28} {v}")
     lines.append(f"  {'bubble fraction per stage':<28} " + ", ".join(f"{b:.3f}" for b in s["bubble_fraction_per_stage"]))
+    for key, label in EXTRA_ROWS:
+        v = s.get(key)
+        if v is not None:
+            lines.append(f"  {label:<28} {v:.4g}" if isinstance(v, float) else f"  {label:<28} {v}")
     if not s["representative"]:
         lines.append("  WARNING: more than 5% of operations overran their compute target: not representative")
     measured = s["completed_iterations"] - s["warmup_iterations"]

@@ -280,7 +280,18 @@ def test_link_utilization_from_class_1_1_byte_deltas():
 def test_link_utilization_empty_without_class_1_1():
     counters = pd.DataFrame([(0, "a->b", "1:10", 0, 1)], columns=[T.T_NS, T.LINK, T.CLASSID, T.TX_BYTES, T.RATE_BPS])
     assert A.link_utilization(counters).empty
-    assert list(A.link_utilization(counters).columns) == [T.LINK, "t_s", "bps", "utilization"]
+    assert list(A.link_utilization(counters).columns) == [T.LINK, T.T_NS, "t_s", "bps", "utilization"]
+
+
+def test_mean_wan_utilization_covers_the_measured_window_and_used_directions():
+    rows = [  # a->b busy in the window; b->a never carries anything; samples outside the window ignored
+        (0, "a->b", "1:1", 0, 1000), (100 * MS, "a->b", "1:1", 0, 1000),            # start-up: idle
+        (200 * MS, "a->b", "1:1", 10, 1000), (300 * MS, "a->b", "1:1", 15, 1000),   # 0.8 then 0.4
+        (100 * MS, "b->a", "1:1", 0, 1000), (200 * MS, "b->a", "1:1", 0, 1000), (300 * MS, "b->a", "1:1", 0, 1000),
+    ]
+    lu = A.link_utilization(pd.DataFrame(rows, columns=[T.T_NS, T.LINK, T.CLASSID, T.TX_BYTES, T.RATE_BPS]))
+    assert A.wan_utilization_mean(lu, 150 * MS, 300 * MS) == pytest.approx(0.6)
+    assert A.wan_utilization_mean(lu, 400 * MS, 500 * MS) is None
 
 
 def test_nan_to_none():
