@@ -49,8 +49,10 @@ def place_pipeline(exp: Experiment, topo: TopologySpec, order: list[DCSpec] | No
     if stage < exp.stages:
         reserved = sum(dc.decode_hosts for dc in topo.dcs)
         note = f" ({reserved} hosts are reserved by decode_hosts)" if reserved else ""
+        largest = max(dc.training_hosts for dc in topo.dcs)
         raise SpecError(exp.source, "stages", exp.stages, f"x replicas {exp.replicas} do not fit topology "
-                        f"{topo.name}: its DCs hold only {stage} stages of {exp.replicas} replicas{note}",
+                        f"{topo.name}: its DCs hold only {stage} stages of {exp.replicas} replicas (a stage needs "
+                        f"{exp.replicas} hosts in one DC; the largest DC has {largest}){note}",
                         "use fewer stages or replicas, or a topology with more hosts")
     return sorted(workers, key=lambda w: w.rank)
 
