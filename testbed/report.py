@@ -11,6 +11,7 @@ import pandas as pd
 
 from . import analysis as A
 from . import trace as T
+from .experiment import split_policy
 
 #: A run whose share of padded operations that overran their target exceeds this is flagged.
 MAX_REPRESENTATIVE_OVERRUN = 0.05
@@ -81,9 +82,10 @@ def _jsonl(path: Path) -> list[dict]:
 DELAY_THRESHOLD_NS = 1_000_000
 
 
-def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict) -> dict:
+def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_utilization: float | None) -> dict:
     """GPU utilization with and without prefill, and, under BubbleTea, how the bubbles were filled
-    and what the requests saw (definitions in ``bubbles.fill_stats`` and ``decode.py``):
+    and what the requests saw (definitions in ``bubbles.fill_stats`` and ``decode.py``);
+    ``training_utilization`` is the summary's own (training compute only):
     ``bubble_fill_fraction``, ``prefill_tokens_per_s`` (prefilled tokens over the measured
     iterations' wall time), ``requests_assigned``, ``requests_completed`` (first token at a decode
     host), ``requests_decoded``, ``ttft_p50_s``/``ttft_p99_s`` (arrival to first token at the decode
@@ -97,17 +99,17 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict) -> dict:
         return {}
     train = A.training_events(ev)
     util = A.worker_utilization(ev, warmup, T.COMPUTE_KINDS + (T.PREFILL,))
-    out = {"training_gpu_utilization": float(A.worker_utilization(train, warmup)["utilization"].mean()),
-           "gpu_utilization": float(util["utilization"].mean())}
-    if not str(config.get("policy", "")).endswith("+bubbletea"):
+    out = {"training_gpu_utilization": training_utilization, "gpu_utilization": float(util["utilization"].mean())}
+    if not split_policy(str(config.get("policy", "")))[1]:
         return out
     pre = ev[ev[T.KIND] == T.PREFILL]
     it = A.iteration_times(train, warmup)
     t0, t1 = (int(it[T.START_NS].min()), int(it[T.END_NS].max())) if not it.empty else (0, 0)
     inside = pre[(pre[T.START_NS] >= t0) & (pre[T.END_NS] <= t1)]
     fill = B.fill_stats(train, pre[[T.WORKER, T.START_NS, T.END_NS]], warmup) if not it.empty else {}
-    first = [r for r in _jsonl(run_dir / "requests" / "decode-*.jsonl") if r.get("event") == "first_token"]
-    decoded = [r for r in _jsonl(run_dir / "requests" / "decode-*.jsonl") if r.get("event") == "decoded"]
+    decode_log = _jsonl(run_dir / "requests" / "decode-*.jsonl")
+    first = [r for r in decode_log if r.get("event") == "first_token"]
+    decoded = [r for r in decode_log if r.get("event") == "decoded"]
     assigned = [r for r in _jsonl(run_dir / "requests" / "dispatch.jsonl") if r.get("event") == "assign"]
     ttft = pd.Series([(r["first_token_ns"] - r["arrival_ns"]) / 1e9 for r in first], dtype=float)
     delays = train[train[T.KIND].isin((T.FORWARD, T.BACKWARD))]
@@ -246,7 +248,7 @@ def finalize(run_dir: Path, exp=None, aborted: bool = False) -> dict:
     counters = T.read_link_counters(run_dir)
     summary = summarize(A.training_events(ev) if not ev.empty else ev, config, env, counters, aborted)
     summary.update(grant_stats(run_dir))
-    summary.update(bubbletea_stats(run_dir, ev, config))
+    summary.update(bubbletea_stats(run_dir, ev, config, summary["gpu_utilization"]))
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     if not ev.empty:
         shaping_path = run_dir / "shaping.jsonl"

@@ -163,13 +163,13 @@ def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto"
             cfg = {"experiment": {**exp.to_dict(), "wan_connections": n_conn}, "workers": [asdict(w) for w in workers],
                    "out_dir": str(out_dir), "init_method": f"tcp://{master}:{GLOO_PORT}", "timeout_s": t_timeout,
                    "control_socket": str(controller.sock_path) if controller else None}
-            dispatcher = None
+            dispatcher, decode_at = None, {}
             if exp.uses_bubbletea:
-                dispatcher = _start_bubbletea(emu, exp, topo, workers, cfg, out_dir)
+                dispatcher, decode_at = _start_bubbletea(emu, exp, topo, workers, cfg, out_dir)
             cfg_path = out_dir / "worker_config.json"
             cfg_path.write_text(json.dumps(cfg))
             if dispatcher is not None:
-                for dc, host in dispatcher.decode_hosts.items():
+                for dc, host in decode_at.items():
                     emu.popen(host, [sys.executable, "-m", "testbed.decode", str(cfg_path), dc],
                               env={**os.environ, "OMP_NUM_THREADS": "1",
                                    "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
@@ -208,8 +208,8 @@ def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto"
 
 def _start_bubbletea(emu: Emulation, exp: Experiment, topo, workers, cfg: dict, out_dir: Path):
     """Prepare BubbleTea: the request stream (the trace, or the synthetic stream fitted to it), the
-    decode hosts, the workers' part of the configuration (added to ``cfg``) and the dispatcher
-    (returned, not started)."""
+    decode hosts, the workers' part of the configuration (added to ``cfg``). Returns the dispatcher
+    (not started) and the decode host of each DC."""
     from .bubbletea import seconds_per_flop
     from .dispatcher import Dispatcher
     from .placement import decode_hosts
@@ -233,8 +233,7 @@ def _start_bubbletea(emu: Emulation, exp: Experiment, topo, workers, cfg: dict, 
                         "decode_hosts": {dc: str(emu.host(h).ip) for dc, h in hosts.items()},
                         "padded": exp.compute.mode == "padded"}
     d = Dispatcher(bt, reqs, [w.rank for w in workers], s_per_flop, control / f"{emu.prefix}-bt.sock", inbox, out_dir)
-    d.decode_hosts = hosts
-    return d
+    return d, hosts
 
 
 def _log_tail(emu: Emulation, host: str, lines: int = 15) -> str:

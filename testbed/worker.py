@@ -60,11 +60,6 @@ def post_recv_striped(buf: torch.Tensor, src: int, tag: int, n: int) -> list:
     return [dist.irecv(c, src=src, tag=tag * 64 + i) for i, c in enumerate(buf.view(-1).chunk(n))]
 
 
-def recv_striped(buf: torch.Tensor, src: int, tag: int, n: int) -> None:
-    """Receive into ``buf`` the ``n`` chunks sent by ``send_striped``."""
-    for w in post_recv_striped(buf, src, tag, n):
-        w.wait()
-
 
 def main(config_path: str, rank: int) -> None:
     cfg = json.loads(Path(config_path).read_text())

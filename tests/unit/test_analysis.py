@@ -8,6 +8,8 @@ import pytest
 from testbed import analysis as A
 from testbed import trace as T
 
+from eventrows import event_row
+
 MS = 1_000_000
 
 # worker -> (host, dc, stage, replica)
@@ -16,12 +18,7 @@ WORKERS = {0: ("east-h0", "east", 0, 0), 1: ("east-h1", "east", 1, 0), 2: ("west
 
 
 def op(w, kind, it, mb, start_ms, end_ms, **extra):
-    host, dc, stage, replica = WORKERS[w]
-    row = {c: None for c in T.COLUMNS}
-    row.update({T.WORKER: w, T.HOST: host, T.DC: dc, T.STAGE: stage, T.REPLICA: replica, T.ITERATION: it,
-                T.MICROBATCH: mb, T.KIND: kind, T.START_NS: int(start_ms * MS), T.END_NS: int(end_ms * MS)})
-    row.update(extra)
-    return row
+    return event_row(w, *WORKERS[w], kind, it, mb, start_ms, end_ms, **extra)
 
 
 def frame(rows):

@@ -6,6 +6,8 @@ import pandas as pd
 import pytest
 
 from testbed import trace as T
+
+from eventrows import event_row
 from testbed.report import MAX_REPRESENTATIVE_OVERRUN, chrome_trace, format_summary, summarize
 
 MS = 1_000_000
@@ -17,12 +19,7 @@ FWD_MS, BWD_MS = 10, 20      # padding targets
 
 
 def op(w, kind, it, mb, start_ms, end_ms, **extra):
-    host, dc, stage, replica = WORKERS[w]
-    row = {c: None for c in T.COLUMNS}
-    row.update({T.WORKER: w, T.HOST: host, T.DC: dc, T.STAGE: stage, T.REPLICA: replica, T.ITERATION: it,
-                T.MICROBATCH: mb, T.KIND: kind, T.START_NS: int(start_ms * MS), T.END_NS: int(end_ms * MS)})
-    row.update(extra)
-    return row
+    return event_row(w, *WORKERS[w], kind, it, mb, start_ms, end_ms, **extra)
 
 
 def run_events():
