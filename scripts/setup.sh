@@ -8,10 +8,14 @@ if [ "$(id -u)" != 0 ]; then
   echo "setup needs root (apt, network namespaces): run it with sudo" >&2
   exit 1
 fi
-packages="iproute2 iptables iperf3 iputils-ping util-linux gcc libc6-dev libnetfilter-queue-dev python3 python3-venv"
+# mininet (and bridge-utils, ethtool) for --backend mininet: Debian builds it for the system Python,
+# so the virtual environment sees the system's site packages; openssh-server stands in for remote
+# machines in the tests of --backend remote
+packages="iproute2 iptables iperf3 iputils-ping util-linux gcc libc6-dev libnetfilter-queue-dev python3 python3-venv
+  mininet bridge-utils ethtool python3-yaml"
 extras=""
 if [ "${1:-}" = "--test" ]; then
-  packages="$packages vagrant"
+  packages="$packages vagrant openssh-server"
   extras="[test]"
 fi
 missing=""
@@ -24,7 +28,10 @@ if [ -n "$missing" ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
 fi
 if [ ! -x .venv/bin/python ]; then
-  /usr/bin/python3 -m venv .venv
+  /usr/bin/python3 -m venv --system-site-packages .venv
+elif grep -q "include-system-site-packages = false" .venv/pyvenv.cfg; then
+  # an environment made before the mininet backend: let it see the system's mininet package
+  sed -i "s/include-system-site-packages = false/include-system-site-packages = true/" .venv/pyvenv.cfg
 fi
 stamp=".venv/.installed-$(cat setup.cfg pyproject.toml | sha256sum | cut -c1-12)${extras:+-test}"
 if [ ! -f "$stamp" ]; then

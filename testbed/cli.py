@@ -33,9 +33,29 @@ def _root_preamble(what: str) -> None:
 
 
 def _emulation(args, spec):
-    from .emulation import Emulation
+    from .backends import make_emulation
 
-    return Emulation(spec, delay_mechanism=args.delay_mechanism, out_dir=args.out)
+    return make_emulation(spec, delay_mechanism=args.delay_mechanism, out_dir=args.out, **_backend(args))
+
+
+def _backend(args) -> dict:
+    """``--backend`` and ``--inventory`` as keyword arguments of make_emulation/run_experiment."""
+    if args.backend == "remote" and args.inventory is None:
+        raise SpecError("--inventory", "(option)", "(missing)", "is needed by --backend remote",
+                        "give the inventory file that lists the machines and the DCs they host")
+    if args.inventory is not None and args.backend != "remote":
+        raise SpecError("--inventory", "(option)", str(args.inventory), f"is only used by --backend remote, not "
+                        f"{args.backend}", "add --backend remote, or leave --inventory out")
+    return {"backend": args.backend, "inventory": args.inventory}
+
+
+def _backend_options(sp) -> None:
+    from .backends import BACKENDS
+
+    sp.add_argument("--backend", choices=BACKENDS, default="netns",
+                    help="what builds the network: netns (pyroute2, default), mininet (Mininet's Python API), "
+                         "remote (machines over SSH, with --inventory)")
+    sp.add_argument("--inventory", type=Path, metavar="FILE", help="machines of --backend remote (YAML)")
 
 
 def cmd_topo_show(args) -> int:
@@ -149,6 +169,11 @@ def cmd_doctor(args) -> int:
     missing = missing_tools(["nsenter", "iperf3", "ping", "iptables-restore", "tc"])
     print("tools: " + ("all present" if not missing else "missing " + ", ".join(missing)))
     print(f"delay element: {build_helper()}")
+    from .mininet_backend import mininet_status, openvswitch_status
+
+    print(f"mininet (--backend mininet): {mininet_status()}")
+    print(f"Open vSwitch: {openvswitch_status()} (the mininet backend uses none: hosts link straight to a "
+          "bridge in their DC router)")
     from .capacity import PROBE
     from .emulation import Emulation
     from .topology import parse_topology
@@ -201,7 +226,7 @@ def cmd_run(args) -> int:
     _root_preamble("testbed run")
     out = args.out or Path("results") / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     summary = run_experiment(exp, out, delay_mechanism=args.delay_mechanism,
-                             progress=lambda line: print(line, flush=True))
+                             progress=lambda line: print(line, flush=True), **_backend(args))
     print(format_summary(summary))
     return 0
 
@@ -237,7 +262,8 @@ def cmd_compare(args) -> int:
     _root_preamble("testbed compare")
     out = args.out or Path("results") / f"compare-{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
-    result = compare(exp, policies, out, args.repeat, args.delay_mechanism, progress=lambda line: print(line, flush=True))
+    result = compare(exp, policies, out, args.repeat, args.delay_mechanism, progress=lambda line: print(line, flush=True),
+                     **_backend(args))
     print(format_comparison(result))
     print(f"comparison.json and run folders in {out}")
     return 0
@@ -328,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
         if out:
             sp.add_argument("--out", type=Path, default=None, help="folder for logs and results "
                             "(default: results/topo-<time>-<prefix>)")
+            _backend_options(sp)
 
     topo = sub.add_parser("topo", help="topologies: show, check, up").add_subparsers(dest="topo_command", required=True)
     sp = topo.add_parser("show", help="print DCs, hosts, addresses, routes (no root needed)")
@@ -358,6 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--policy", choices=known_policies(), metavar="POLICY",
                     help=f"{', '.join(POLICIES)}, optionally followed by +bubbletea (default: the experiment's)")
     sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
+    _backend_options(sp)
     _bubbletea_options(sp)
     sp.set_defaults(func=cmd_run)
     sp = sub.add_parser("compare", help="run several policies on the same experiment and compare them")
@@ -367,6 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--repeat", type=_number(1, 100, int), default=1, help="runs per policy, interleaved")
     sp.add_argument("--out", type=Path, help="folder for comparison.json and one run folder per policy")
     sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
+    _backend_options(sp)
     _bubbletea_options(sp)
     sp.set_defaults(func=cmd_compare)
     sp = sub.add_parser("plan", help="placements and predicted iteration times, alternatives, what-if (no root)")

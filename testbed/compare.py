@@ -58,9 +58,10 @@ def aggregate(runs: dict[str, list[dict]]) -> dict:
 
 
 def compare(exp: Experiment, policies: list[str], out_dir: Path, repeat: int = 1, delay_mechanism: str = "auto",
-            progress: Callable[[str], None] = print) -> dict:
+            progress: Callable[[str], None] = print, **backend) -> dict:
     """Run every policy ``repeat`` times, interleaved; write and return ``comparison.json``:
-    ``policies`` maps each policy to its (first run's) summary, ``runs`` to every summary."""
+    ``policies`` maps each policy to its (first run's) summary, ``runs`` to every summary.
+    ``backend``: ``backend=``/``inventory=`` for run_experiment."""
     from .runner import check_fresh_out_dir, check_runnable
     from .topology import load_topology
 
@@ -77,7 +78,7 @@ def compare(exp: Experiment, policies: list[str], out_dir: Path, repeat: int = 1
             run_dir = out_dir / (policy if repeat == 1 else f"{policy}-{k}")
             progress(f"--- {policy} (run {k + 1}/{repeat}) -> {run_dir}")
             runs[policy].append(run_experiment(exp.with_overrides(policy=policy), run_dir,
-                                               delay_mechanism=delay_mechanism, progress=progress))
+                                               delay_mechanism=delay_mechanism, progress=progress, **backend))
     result = {"experiment": exp.name, "topology": exp.topology, "repeat": repeat,
               "policies": {p: s[0] for p, s in runs.items()}, "runs": runs, **aggregate(runs)}
     (out_dir / "comparison.json").write_text(json.dumps(result, indent=1))

@@ -68,6 +68,9 @@ class Emulation:
     for a missing kernel feature or tool, BuildError when the machine cannot carry the topology.
     """
 
+    #: what realises the topology (``--backend``)
+    backend = "netns"
+
     def __init__(self, spec: TopologySpec, *, delay_mechanism: str = "auto", out_dir: Path | None = None,
                  prefix: str | None = None, check_capacity: bool = True,
                  tcp_buffer_bytes: int | None = None) -> None:
@@ -133,7 +136,7 @@ class Emulation:
         t0 = time.perf_counter()
         (self.out_dir / "logs").mkdir(parents=True, exist_ok=True)
         self._shaping_log = open(self.out_dir / "shaping.jsonl", "a", buffering=1)
-        self._record = RunRecord.new(self.prefix, out_dir=str(self.out_dir))
+        self._record = RunRecord.new(self.prefix, kind=self.backend, out_dir=str(self.out_dir))
         self._record.add_namespaces(self.plan.namespaces)
         self._create_namespaces()
         self.mechanism = self._detect_mechanism()
@@ -149,11 +152,12 @@ class Emulation:
         self._apply_shaping()
         self.build_s = time.perf_counter() - t0
         (self.out_dir / "topology.json").write_text(json.dumps(
-            {**self.spec.to_dict(), "prefix": self.prefix, "delay_mechanism": self.mechanism,
+            {**self.spec.to_dict(), "prefix": self.prefix, "backend": self.backend, "delay_mechanism": self.mechanism,
              "hosts": {h.name: {"dc": h.dc, "ip": str(h.ip), "netns": h.netns} for h in self.plan.hosts.values()}},
             indent=1))
 
-    def _create_namespaces(self) -> None:
+    def _sysctls(self) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+        """(every namespace's sysctls, a router's extra ones, a router's optional ones)."""
         tcp = self.tcp_buffer_bytes or _tcp_buffer_bytes(self.spec, self.routes)
         # pipeline traffic is bursty: an idle connection must not restart from slow start (RFC 2861's
         # cwnd validation would shrink it between microbatches)
@@ -163,8 +167,12 @@ class Emulation:
         # br_netfilter (where loaded) would pass bridged frames through the router's iptables
         # chains and delay intra-DC traffic twice; the DC switch is a plain switch
         no_br_nf = {f"net.bridge.bridge-nf-call-{t}": "0" for t in ("iptables", "ip6tables", "arptables")}
+        return base, {"net.ipv4.ip_forward": "1"}, no_br_nf
+
+    def _create_namespaces(self) -> None:
+        base, router, no_br_nf = self._sysctls()
         for r in self.plan.routers.values():
-            self._ipr[r.netns] = netlink.create_netns(r.netns, {**base, "net.ipv4.ip_forward": "1"}, no_br_nf)
+            self._ipr[r.netns] = netlink.create_netns(r.netns, {**base, **router}, no_br_nf)
         for h in self.plan.hosts.values():
             self._ipr[h.netns] = netlink.create_netns(h.netns, base)
 
@@ -259,6 +267,7 @@ class Emulation:
         for ipr in self._ipr.values():
             ipr.close()
         self._ipr.clear()
+        self._stop_backend()
         for ns in self.plan.namespaces:
             netlink.remove_netns(ns)
         if self._record is not None:
@@ -270,6 +279,15 @@ class Emulation:
         if self._old_usr1 is not None:
             signal.signal(signal.SIGUSR1, self._old_usr1)
             self._old_usr1 = None
+
+    @property
+    def backend_info(self) -> dict:
+        """What the backend found on the machines (recorded in ``env.json``)."""
+        return {}
+
+    def _stop_backend(self) -> None:
+        """Backends that own the namespaces' processes (Mininet) stop them here, before the
+        namespaces' names are removed."""
 
     # ----------------------------------------------------------------- hosts
     @property

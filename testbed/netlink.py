@@ -120,6 +120,19 @@ def create_netns(name: str, sysctls: dict[str, str], optional: dict[str, str] | 
         return IPRoute()
 
 
+def attach_netns(name: str, pid: int, sysctls: dict[str, str], optional: dict[str, str] | None = None) -> IPRoute:
+    """Give the network namespace of process ``pid`` (e.g. a Mininet node's shell) the name ``name``
+    (like ``ip netns attach``: a bind mount under /run/netns that keeps it alive), set ``sysctls``
+    (and ``optional`` ones) inside it, return an IPRoute bound to it."""
+    _netns.attach(name, pid)
+    with in_netns(name):
+        for key, value in sysctls.items():
+            _write_sysctl(key, value, optional=False)
+        for key, value in (optional or {}).items():
+            _write_sysctl(key, value, optional=True)
+        return IPRoute()
+
+
 def remove_netns(name: str) -> None:
     if name in _netns.listnetns():
         _netns.remove(name)

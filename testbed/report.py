@@ -52,6 +52,7 @@ def summarize(ev: pd.DataFrame, config: dict, env: dict, counters: pd.DataFrame,
         "bubble_fraction_per_stage": [float(b) for b in bubbles["bubble_fraction"]],
         "loss_first": float(loss.iloc[0]) if len(loss) else None,
         "loss_last": float(loss.iloc[-1]) if len(loss) else None,
+        "backend": env.get("backend", "netns"),
         "delay_mechanism": env.get("delay_mechanism"),
         "wan_compute_ratio": A.nan_to_none(A.wan_compute_ratio(ev, warmup)) if not ev.empty else None,
         "compute_overrun_fraction": overrun,
@@ -266,7 +267,8 @@ SUMMARY_ROWS = [("iteration_time_s", "iteration time (s, mean)"), ("iteration_ti
                 ("compute_overrun_fraction", "compute overrun fraction"),
                 ("compute_headroom", "compute headroom (target/real)"),
                 ("predicted_iteration_time_s", "predicted iteration time (s)"),
-                ("prediction_error", "prediction error (meas-pred)/meas"), ("delay_mechanism", "delay mechanism")]
+                ("prediction_error", "prediction error (meas-pred)/meas"), ("backend", "network backend"),
+                ("delay_mechanism", "delay mechanism")]
 
 
 #: printed when present: the Atlas controller's and BubbleTea's figures

@@ -20,6 +20,7 @@ from typing import Callable
 
 from . import trace as T
 from .data import load_corpus
+from .backends import make_emulation
 from .emulation import Emulation
 from .errors import SpecError, TestbedError
 from .experiment import Experiment
@@ -120,9 +121,11 @@ def check_runnable(exp: Experiment, topo) -> list:
 
 
 def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto",
-                   progress: Callable[[str], None] = print, hang_timeout_s: float | None = None) -> dict:
-    """Run ``exp`` and return its summary (also in ``out_dir/summary.json``). Raises RunError when a
-    worker fails; PrivilegeError, FeatureError, BuildError from the network."""
+                   progress: Callable[[str], None] = print, hang_timeout_s: float | None = None,
+                   backend: str = "netns", inventory: Path | None = None) -> dict:
+    """Run ``exp`` on ``backend`` (backends.py) and return its summary (also in
+    ``out_dir/summary.json``). Raises RunError when a worker fails; PrivilegeError, FeatureError,
+    BuildError from the network."""
     from .report import finalize
 
     topo = load_topology(exp.topology)
@@ -141,10 +144,10 @@ def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto"
     error: BaseException | None = None
     t_start = time.monotonic()
     try:
-        with Emulation(topo, delay_mechanism=delay_mechanism, out_dir=out_dir,
-                       tcp_buffer_bytes=socket_buffer_cap(exp, topo, workers)) as emu:
+        with make_emulation(topo, backend, inventory, delay_mechanism=delay_mechanism, out_dir=out_dir,
+                            tcp_buffer_bytes=socket_buffer_cap(exp, topo, workers)) as emu:
             (out_dir / "env.json").write_text(json.dumps({
-                **_versions(), "delay_mechanism": emu.mechanism, "netem": emu.mechanism == "netem",
+                **_versions(), "backend": emu.backend, **emu.backend_info, "delay_mechanism": emu.mechanism, "netem": emu.mechanism == "netem",
                 "corpus_sha256": corpus_sha, "cpus": os.cpu_count(), "run_prefix": emu.prefix}, indent=1))
             master = emu.host(workers[0].host).ip
             n_conn = wan_connections(exp, topo, workers)

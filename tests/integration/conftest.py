@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,23 @@ def machine_state() -> dict:
 def run_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "testbed.cli", *args], capture_output=True, text=True,
                           cwd=REPO, **kwargs)
+
+
+def start_topo_up(tmp_path: Path, *args: str, topology: str = "two_dc") -> subprocess.Popen:
+    """``testbed topo up`` in the background, returned once the network is up."""
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "topo", "up", topology, "--out", str(tmp_path), *args],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if "Ctrl-C to tear down" in line:
+            return proc
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise AssertionError("topo up did not come up:\n" + "".join(lines))
 
 
 @pytest.fixture

@@ -17,28 +17,12 @@ from testbed.features import cached_features
 from testbed.registry import same_process
 from testbed.topology import load_topology, parse_topology
 
-from .conftest import REPO, machine_state, run_cli
-
-
-def _start_up(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "topo", "up", "two_dc", "--out", str(tmp_path)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        lines.append(line)
-        if "Ctrl-C to tear down" in line:
-            return proc
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise AssertionError("topo up did not come up:\n" + "".join(lines))
+from .conftest import REPO, machine_state, run_cli, start_topo_up
 
 
 def test_kill_9_then_clean_restores_machine(tmp_path):
     before = machine_state()
-    proc = _start_up(tmp_path)
+    proc = start_topo_up(tmp_path)
     runs = [json.loads(p.read_text()) for p in Path("/run/testbed/runs").glob("*.json")
             if json.loads(p.read_text())["owner_pid"] == proc.pid]
     assert len(runs) == 1
@@ -60,7 +44,7 @@ def test_kill_9_then_clean_restores_machine(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_tears_down(tmp_path, sig):
     before = machine_state()
-    proc = _start_up(tmp_path)
+    proc = start_topo_up(tmp_path)
     proc.send_signal(sig)
     assert proc.wait(timeout=30) in (0, 128 + sig, 130)
     assert machine_state() == before

@@ -1,0 +1,23 @@
+"""Choosing what realises a topology: ``--backend netns`` (default), ``mininet`` or ``remote``."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .emulation import Emulation
+from .errors import SpecError
+from .topology import TopologySpec
+
+BACKENDS = ("netns", "mininet")
+
+
+def make_emulation(spec: TopologySpec, backend: str = "netns", inventory: Path | None = None,
+                   **kwargs) -> Emulation:
+    """An unbuilt emulation of ``spec`` on ``backend`` (use it as a context manager); ``kwargs`` go
+    to :class:`emulation.Emulation`. Raises SpecError for an unknown backend."""
+    if backend == "netns":
+        return Emulation(spec, **kwargs)
+    if backend == "mininet":
+        from .mininet_backend import MininetEmulation
+
+        return MininetEmulation(spec, **kwargs)
+    raise SpecError("--backend", "(option)", backend, "is not a backend", f"use one of {', '.join(BACKENDS)}")
