@@ -7,7 +7,7 @@ from .emulation import Emulation
 from .errors import SpecError
 from .topology import TopologySpec
 
-BACKENDS = ("netns", "mininet")
+BACKENDS = ("netns", "mininet", "remote")
 
 
 def make_emulation(spec: TopologySpec, backend: str = "netns", inventory: Path | None = None,
@@ -20,4 +20,11 @@ def make_emulation(spec: TopologySpec, backend: str = "netns", inventory: Path |
         from .mininet_backend import MininetEmulation
 
         return MininetEmulation(spec, **kwargs)
+    if backend == "remote":
+        from .remote_backend import RemoteEmulation
+
+        if inventory is None:
+            raise SpecError("--inventory", "(option)", "(missing)", "is needed by --backend remote",
+                            "give the inventory file that lists the machines and the DCs they host")
+        return RemoteEmulation(spec, inventory=inventory, **kwargs)
     raise SpecError("--backend", "(option)", backend, "is not a backend", f"use one of {', '.join(BACKENDS)}")

@@ -68,7 +68,7 @@ def compare(exp: Experiment, policies: list[str], out_dir: Path, repeat: int = 1
     check_fresh_out_dir(out_dir)
     topo = load_topology(exp.topology)
     for policy in policies:          # refuse an impossible policy before the others have run
-        check_runnable(exp.with_overrides(policy=policy), topo)
+        check_runnable(exp.with_overrides(policy=policy), topo, backend.get("backend", "netns"))
     for k in range(repeat):
         for policy in policies:
             check_fresh_out_dir(out_dir / (policy if repeat == 1 else f"{policy}-{k}"))

@@ -15,8 +15,10 @@ Use::
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -73,7 +75,9 @@ class Emulation:
 
     def __init__(self, spec: TopologySpec, *, delay_mechanism: str = "auto", out_dir: Path | None = None,
                  prefix: str | None = None, check_capacity: bool = True,
-                 tcp_buffer_bytes: int | None = None) -> None:
+                 tcp_buffer_bytes: int | None = None, dcs_here: Sequence[str] | None = None,
+                 tunnels: dict[tuple[str, str], dict] | None = None, mtu: int | None = None,
+                 clock_offset_ns: int = 0) -> None:
         self.spec = spec
         self.prefix = prefix or new_run_prefix()
         self.out_dir = Path(out_dir) if out_dir else Path("results") / f"topo-{time.strftime('%Y%m%d-%H%M%S')}-{self.prefix}"
@@ -81,6 +85,13 @@ class Emulation:
         self.check_capacity = check_capacity
         self.tcp_buffer_bytes = tcp_buffer_bytes
         self.plan = AddressPlan(spec, self.prefix)
+        # one machine's part of a topology spread over several (--backend remote, agent.py): only the
+        # DCs here are built; a WAN link to a DC elsewhere is a VXLAN tunnel, ``tunnels[(here, there)]``
+        # = {"vni", "local", "remote", "port"}; ``mtu`` leaves room for the tunnel's headers
+        self.dcs_here = set(dcs_here) if dcs_here is not None else {dc.name for dc in spec.dcs}
+        self.tunnels = tunnels or {}
+        self.mtu = mtu
+        self.clock_offset_ns = clock_offset_ns
         self.routes = RoutingTable(spec)
         self.mechanism = ""
         self.failure: DelayElementError | None = None
@@ -137,7 +148,7 @@ class Emulation:
         (self.out_dir / "logs").mkdir(parents=True, exist_ok=True)
         self._shaping_log = open(self.out_dir / "shaping.jsonl", "a", buffering=1)
         self._record = RunRecord.new(self.prefix, kind=self.backend, out_dir=str(self.out_dir))
-        self._record.add_namespaces(self.plan.namespaces)
+        self._record.add_namespaces(self.namespaces)
         self._create_namespaces()
         self.mechanism = self._detect_mechanism()
         if self.mechanism == "nfqueue":
@@ -171,10 +182,11 @@ class Emulation:
 
     def _create_namespaces(self) -> None:
         base, router, no_br_nf = self._sysctls()
-        for r in self.plan.routers.values():
+        for dc in self._dcs():
+            r = self.plan.routers[dc.name]
             self._ipr[r.netns] = netlink.create_netns(r.netns, {**base, **router}, no_br_nf)
-        for h in self.plan.hosts.values():
-            self._ipr[h.netns] = netlink.create_netns(h.netns, base)
+            for h in self.plan.hosts_of(dc.name):
+                self._ipr[h.netns] = netlink.create_netns(h.netns, base)
 
     def _detect_mechanism(self) -> str:
         feats = cached_features()
@@ -183,15 +195,29 @@ class Emulation:
             store_feature("netem", feats["netem"])
         return resolve_delay_mechanism(self.requested_mechanism, feats["netem"])
 
+    @property
+    def namespaces(self) -> list[str]:
+        """The namespaces this emulation creates: routers first, then hosts (all of the plan's, or
+        those of ``dcs_here``)."""
+        return [ns for ns in self.plan.namespaces if ns in {self.plan.routers[d].netns for d in self.dcs_here}
+                or any(h.netns == ns and h.dc in self.dcs_here for h in self.plan.hosts.values())]
+
+    def _dcs(self) -> list:
+        return [dc for dc in self.spec.dcs if dc.name in self.dcs_here]
+
+    def now_ns(self) -> int:
+        """CLOCK_MONOTONIC in the run's reference clock (the runner's, for --backend remote)."""
+        return time.monotonic_ns() - self.clock_offset_ns
+
     def _build_dcs(self) -> None:
-        for dc in self.spec.dcs:
+        for dc in self._dcs():
             router = self.plan.routers[dc.name]
             r = self._ipr[router.netns]
             netlink.up(r, netlink.ifindex(r, "lo"))
             br = netlink.add_bridge(r, BRIDGE_IFNAME)
             netlink.add_address(r, br, str(router.ip), router.subnet.prefixlen)
             for h in self.plan.hosts_of(dc.name):
-                port = netlink.add_veth(r, host_port_ifname(h.index), HOST_IFNAME, h.netns)
+                port = netlink.add_veth(r, host_port_ifname(h.index), HOST_IFNAME, h.netns, self.mtu)
                 netlink.set_master(r, port, br)
                 netlink.up(r, port)
                 hi = self._ipr[h.netns]
@@ -206,14 +232,21 @@ class Emulation:
         for link in self.spec.links:
             ea, eb = self.plan.wan_ends[(link.a, link.b)], self.plan.wan_ends[(link.b, link.a)]
             ra, rb = self.plan.routers[link.a], self.plan.routers[link.b]
-            ia = netlink.add_veth(self._ipr[ra.netns], ea.ifname, eb.ifname, rb.netns)
-            ib = netlink.ifindex(self._ipr[rb.netns], eb.ifname)
-            for ipr, idx, end in ((self._ipr[ra.netns], ia, ea), (self._ipr[rb.netns], ib, eb)):
+            ends = [end for end in (ea, eb) if end.dc in self.dcs_here]
+            if len(ends) == 2:
+                netlink.add_veth(self._ipr[ra.netns], ea.ifname, eb.ifname, rb.netns, self.mtu)
+            elif len(ends) == 1:
+                t = self.tunnels[(ends[0].dc, ends[0].peer)]
+                netlink.add_vxlan(ends[0].ifname, self.plan.routers[ends[0].dc].netns, t["vni"], t["local"],
+                                  t["remote"], t["port"], self.mtu or 1450)
+            for end in ends:
+                ipr = self._ipr[self.plan.routers[end.dc].netns]
+                idx = netlink.ifindex(ipr, end.ifname)
                 netlink.add_address(ipr, idx, str(end.ip.ip), 30)
                 netlink.up(ipr, idx)
 
     def _add_routes(self) -> None:
-        for dc in self.spec.dcs:
+        for dc in self._dcs():
             r = self._ipr[self.plan.routers[dc.name].netns]
             for other in self.spec.dcs:
                 if other.name == dc.name:
@@ -224,14 +257,16 @@ class Emulation:
 
     def _apply_shaping(self) -> None:
         shaping = plan_shaping(self.spec, self.plan, self.mechanism)
-        for e in shaping.egress:
+        here = set(self.namespaces)
+        for e in (e for e in shaping.egress if e.netns in here):
             netlink.apply_egress(self._ipr[e.netns], e)
             self._egress[(e.netns, e.ifname)] = e
             for cls in e.classes:
                 self._log_shaping("add", e.netns, e.ifname, cls, 0)
         by_ns: dict[str, list] = defaultdict(list)
         for q in shaping.delay_queues:
-            by_ns[q.netns].append(q)
+            if q.netns in here:
+                by_ns[q.netns].append(q)
         for i, (ns, queues) in enumerate(by_ns.items()):
             elementary = [q for q in queues if q.needs_element]
             if elementary:
@@ -268,7 +303,7 @@ class Emulation:
             ipr.close()
         self._ipr.clear()
         self._stop_backend()
-        for ns in self.plan.namespaces:
+        for ns in self.namespaces:
             netlink.remove_netns(ns)
         if self._record is not None:
             self._record.delete()
@@ -317,6 +352,34 @@ class Emulation:
         self._record.add_process(proc.pid, f"{argv[0]} in {host}")
         return proc
 
+    def python(self, host: str) -> str:
+        """The Python interpreter processes in ``host`` run with (this one)."""
+        return sys.executable
+
+    def process_env(self, extra: dict[str, str]) -> dict[str, str]:
+        """The environment of a testbed process (worker, decode host) in a host: this one's, with
+        the package on PYTHONPATH, plus ``extra``."""
+        return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), **extra}
+
+    def share_file(self, path: Path) -> str:
+        """``path`` (a file or folder written here, such as the workers' configuration) as the
+        hosts' processes see it; here the same path."""
+        return str(path)
+
+    @property
+    def host_out_dir(self) -> str:
+        """The run folder as the hosts' processes see it (they write their events and logs there)."""
+        return str(self.out_dir)
+
+    def wan_counters(self) -> dict[tuple[str, str], dict[int, dict]]:
+        """Every WAN egress's HTB classes with their counters (netlink.read_classes), by (src DC,
+        dst DC)."""
+        out = {}
+        for (src, dst), end in self.plan.wan_ends.items():
+            if src in self.dcs_here:
+                out[(src, dst)] = netlink.read_classes(self.ipr(self.plan.routers[src].netns), end.ifname)
+        return out
+
     def run(self, host: str, argv: Sequence[str], timeout_s: float = 60) -> subprocess.CompletedProcess:
         """Run ``argv`` inside ``host`` to completion; output returned and appended to the host's log."""
         self.check_alive()
@@ -342,7 +405,7 @@ class Emulation:
         """One line of ``shaping.jsonl``: ``t_ns`` is CLOCK_MONOTONIC when the change was issued."""
         if self._shaping_log is not None:
             self._shaping_log.write(json.dumps(
-                {"t_ns": t_ns or time.monotonic_ns(), "event": event, "netns": netns, "ifname": ifname,
+                {"t_ns": t_ns or self.now_ns(), "event": event, "netns": netns, "ifname": ifname,
                  "classid": f"1:{cls.minor:x}", "rate_bps": cls.rate_bps, "ceil_bps": cls.ceil_bps,
                  "duration_ns": duration_ns}) + "\n")
 
@@ -361,12 +424,12 @@ class Emulation:
         new = with_class(egress, cls, filters)
         idx = self._index(egress.netns, egress.ifname)
         with self._lock:
-            t0 = time.monotonic_ns()
+            t0 = self.now_ns()
             netlink.add_class(ipr, idx, new.classes[-1], egress.ifname)
             for f in filters:
                 netlink.add_filter(ipr, idx, f, egress.ifname)
             self._egress[(egress.netns, egress.ifname)] = new
-            self._log_shaping("add", egress.netns, egress.ifname, new.classes[-1], time.monotonic_ns() - t0, t0)
+            self._log_shaping("add", egress.netns, egress.ifname, new.classes[-1], self.now_ns() - t0, t0)
 
     def set_wan_class_rate(self, src_dc: str, dst_dc: str, minor: int, rate_bps: int,
                            ceil_bps: int | None = None) -> int:
@@ -378,9 +441,9 @@ class Emulation:
             raise KeyError(f"no class 1:{minor:x} on {src_dc}->{dst_dc}")
         new = replace(old, rate_bps=rate_bps, ceil_bps=ceil_bps or rate_bps)
         with self._lock:
-            t0 = time.monotonic_ns()
+            t0 = self.now_ns()
             netlink.change_class(ipr, self._index(egress.netns, egress.ifname), new)
-            dt = time.monotonic_ns() - t0
+            dt = self.now_ns() - t0
             self._egress[(egress.netns, egress.ifname)] = replace(
                 egress, classes=tuple(new if c.minor == minor else c for c in egress.classes))
             self._log_shaping("change", egress.netns, egress.ifname, new, dt, t0)

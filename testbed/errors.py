@@ -41,3 +41,8 @@ class DelayElementError(TestbedError):
 
 class CheckError(TestbedError):
     """A measurement of the fidelity check could not be made (a tool failed or timed out)."""
+
+
+class RemoteError(TestbedError):
+    """A machine of ``--backend remote`` is unreachable, refuses the login or its host key, lacks a
+    tool or module, or its agent failed."""

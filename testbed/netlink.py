@@ -154,11 +154,22 @@ def add_bridge(ipr: IPRoute, ifname: str) -> int:
     return _one(ipr, ifname)
 
 
-def add_veth(ipr: IPRoute, ifname: str, peer_ifname: str, peer_netns: str) -> int:
+def add_veth(ipr: IPRoute, ifname: str, peer_ifname: str, peer_netns: str, mtu: int | None = None) -> int:
     """A veth pair: ``ifname`` in ``ipr``'s namespace, ``peer_ifname`` directly in ``peer_netns``
     (never in the root namespace, so a crash cannot leave a link there)."""
-    ipr.link("add", ifname=ifname, kind="veth", peer={"ifname": peer_ifname, "net_ns_fd": peer_netns})
+    extra = {"mtu": mtu} if mtu else {}
+    ipr.link("add", ifname=ifname, kind="veth", peer={"ifname": peer_ifname, "net_ns_fd": peer_netns, **extra}, **extra)
     return _one(ipr, ifname)
+
+
+def add_vxlan(ifname: str, netns: str, vni: int, local: str, remote: str, port: int, mtu: int) -> None:
+    """A VXLAN interface ``ifname`` created directly inside ``netns`` whose UDP underlay stays in the
+    caller's namespace (the device's link namespace): the calling thread's namespace carries the
+    tunnel between ``local`` and ``remote`` (unicast, UDP ``port``), ``netns`` sees one Ethernet
+    link. Never exists outside ``netns``, so a crash cannot leave it behind (ip-link(8), VXLAN)."""
+    with IPRoute() as ipr:
+        ipr.link("add", ifname=ifname, kind="vxlan", vxlan_id=vni, vxlan_local=local, vxlan_group=remote,
+                 vxlan_port=port, vxlan_learning=0, mtu=mtu, net_ns_fd=netns)
 
 
 def set_master(ipr: IPRoute, index: int, master: int) -> None:

@@ -63,6 +63,8 @@ class RunRecord:
     out_dir: str = ""
     namespaces: list[str] = field(default_factory=list)
     processes: list[ProcessEntry] = field(default_factory=list)
+    #: --backend remote: {"inventory": Inventory.to_dict(), "roots": {machine: run folder there}}
+    remote: dict = field(default_factory=dict)
 
     @classmethod
     def new(cls, prefix: str, kind: str = "topology", out_dir: str = "") -> "RunRecord":

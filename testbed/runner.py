@@ -11,7 +11,6 @@ import json
 import os
 import platform
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict
@@ -76,18 +75,14 @@ class LinkSampler(threading.Thread):
     def run(self) -> None:
         from pyroute2.netlink.exceptions import NetlinkError
 
-        from .errors import BuildError
-        from .netlink import read_classes
-
         with open(self.path, "a", buffering=1) as f:
             while not self._halt.wait(self.interval_s):
-                for (src, dst), end in self.emu.plan.wan_ends.items():
-                    ns = self.emu.plan.routers[src].netns
-                    try:
-                        counters = read_classes(self.emu.ipr(ns), end.ifname)
-                    except (OSError, NetlinkError, BuildError, KeyError):  # the network is being torn down
-                        return
-                    t = T.now_ns()
+                try:
+                    links = self.emu.wan_counters()
+                except (OSError, NetlinkError, TestbedError, KeyError):  # the network is being torn down
+                    return
+                t = T.now_ns()
+                for (src, dst), counters in links.items():
                     for minor, c in counters.items():
                         f.write(json.dumps({T.T_NS: t, T.LINK: f"{src}->{dst}", T.CLASSID: f"1:{minor:x}",
                                             T.TX_BYTES: c["tx_bytes"], T.RATE_BPS: c["ceil_bps"]}) + "\n")
@@ -109,9 +104,15 @@ def check_fresh_out_dir(out_dir: Path) -> None:
                         "give a new folder, or remove the old run first")
 
 
-def check_runnable(exp: Experiment, topo) -> list:
+def check_runnable(exp: Experiment, topo, backend: str = "netns") -> list:
     """Everything about ``exp`` on ``topo`` that can be refused before anything is built: the
-    placement, and BubbleTea's decode hosts. Returns the placement; raises SpecError."""
+    placement, BubbleTea's decode hosts, what the backend cannot do. Returns the placement; raises
+    SpecError."""
+    if backend == "remote" and (exp.base_policy == "atlas" or exp.uses_bubbletea):
+        raise SpecError("--policy", "(option)", exp.policy, "needs the controller's local control sockets and live "
+                        "shaping, which --backend remote does not carry across machines yet",
+                        "use --policy pp-fair or dp-wan with --backend remote, or run atlas and BubbleTea on the "
+                        "netns or mininet backend")
     workers = place(exp, topo)
     if exp.uses_bubbletea:
         from .placement import decode_hosts
@@ -129,7 +130,7 @@ def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto"
     from .report import finalize
 
     topo = load_topology(exp.topology)
-    workers = check_runnable(exp, topo)
+    workers = check_runnable(exp, topo, backend)
     check_fresh_out_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _, corpus_sha = load_corpus(Path(exp.data) if exp.data else None)
@@ -163,24 +164,26 @@ def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto"
                                         out_dir / "controller.jsonl", exp.atlas_floor_share)
                 controller.install()
                 controller.start()
-            cfg = {"experiment": {**exp.to_dict(), "wan_connections": n_conn}, "workers": [asdict(w) for w in workers],
-                   "out_dir": str(out_dir), "init_method": f"tcp://{master}:{GLOO_PORT}", "timeout_s": t_timeout,
+            exp_cfg = {**exp.to_dict(), "wan_connections": n_conn}
+            if exp.data:
+                exp_cfg["data"] = emu.share_file(Path(exp.data))
+            cfg = {"experiment": exp_cfg, "workers": [asdict(w) for w in workers],
+                   "out_dir": emu.host_out_dir, "init_method": f"tcp://{master}:{GLOO_PORT}", "timeout_s": t_timeout,
                    "control_socket": str(controller.sock_path) if controller else None}
             dispatcher, decode_at = None, {}
             if exp.uses_bubbletea:
                 dispatcher, decode_at = _start_bubbletea(emu, exp, topo, workers, cfg, out_dir)
             cfg_path = out_dir / "worker_config.json"
             cfg_path.write_text(json.dumps(cfg))
+            cfg_arg = emu.share_file(cfg_path)
             if dispatcher is not None:
                 for dc, host in decode_at.items():
-                    emu.popen(host, [sys.executable, "-m", "testbed.decode", str(cfg_path), dc],
-                              env={**os.environ, "OMP_NUM_THREADS": "1",
-                                   "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                    emu.popen(host, [emu.python(host), "-m", "testbed.decode", cfg_arg, dc],
+                              env=emu.process_env({"OMP_NUM_THREADS": "1"}))
                 dispatcher.start()
             # one gloo connection per pair per entry; concurrent operations use different ones
-            env = {**os.environ, "GLOO_SOCKET_IFNAME": ",".join(["eth0"] * n_conn), "OMP_NUM_THREADS": "1",
-                   "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-            procs = {w.rank: emu.popen(w.host, [sys.executable, "-m", "testbed.worker", str(cfg_path), str(w.rank)],
+            env = emu.process_env({"GLOO_SOCKET_IFNAME": ",".join(["eth0"] * n_conn), "OMP_NUM_THREADS": "1"})
+            procs = {w.rank: emu.popen(w.host, [emu.python(w.host), "-m", "testbed.worker", cfg_arg, str(w.rank)],
                                        env=env) for w in workers}
             progress(f"{len(workers)} workers started on {topo.name} ({emu.mechanism} delay); "
                      f"{exp.stages} stages x {exp.replicas} replicas, {exp.schedule}, {exp.microbatches} microbatches")

@@ -130,6 +130,25 @@ class TopologySpec:
                            "wan_pool": str(self.wan_pool)},
         }
 
+    def to_file_dict(self) -> dict[str, Any]:
+        """The topology in the file format (``parse_topology(spec.to_file_dict(), spec.source)``
+        gives it back), e.g. to ship it to another machine."""
+        def dc(d: DCSpec) -> dict:
+            out: dict[str, Any] = {"name": d.name, "hosts": d.hosts}
+            if d.intra_rate_bps:
+                out["intra_rate"] = f"{d.intra_rate_bps}bit"
+            if d.intra_delay_us:
+                out["intra_delay"] = f"{d.intra_delay_us}us"
+            if d.decode_hosts:
+                out["decode_hosts"] = d.decode_hosts
+            return out
+        return {"name": self.name, "description": self.description, "dcs": [dc(d) for d in self.dcs],
+                "links": [{"between": [k.a, k.b], "rate": f"{k.rate_bps}bit", "delay": f"{k.delay_us}us",
+                           "jitter": f"{k.jitter_us}us", "loss": f"{k.loss_pct!r}%", "queue": k.queue_packets}
+                          for k in self.links],
+                "addressing": {"dc_pool": str(self.dc_pool), "dc_prefix_len": self.dc_prefix_len,
+                               "wan_pool": str(self.wan_pool)}}
+
 
 def _positive_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):

@@ -7,6 +7,7 @@ that dies still leaves every completed operation on disk; ``to_parquet`` turns t
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -51,9 +52,16 @@ class EventWriter:
         self._f.close()
 
 
+#: This machine's CLOCK_MONOTONIC minus the run's reference clock (the runner's), in ns: set by
+#: ``--backend remote`` for processes on other machines (clock_offsets.json records how it was
+#: estimated); 0 on the runner's machine.
+CLOCK_OFFSET_NS = int(os.environ.get("TESTBED_CLOCK_OFFSET_NS", "0"))
+
+
 def now_ns() -> int:
-    """CLOCK_MONOTONIC nanoseconds (shared by every namespace on one machine)."""
-    return time.monotonic_ns()
+    """CLOCK_MONOTONIC nanoseconds (shared by every namespace on one machine), in the run's
+    reference clock (see CLOCK_OFFSET_NS)."""
+    return time.monotonic_ns() - CLOCK_OFFSET_NS
 
 
 def read_events(run_dir: Path) -> pd.DataFrame:
