@@ -143,7 +143,7 @@ def cmd_clean(args) -> int:
     from .registry import clean_run, list_runs
 
     require_root("testbed clean")
-    runs = list_runs()
+    runs = [r for r in list_runs() if args.run is None or r.prefix == args.run]
     targets = [r for r in runs if args.all or not r.owner_alive()]
     for r in runs:
         if r not in targets:
@@ -154,6 +154,15 @@ def cmd_clean(args) -> int:
         if args.dry_run:
             print(f"would remove run {r.prefix}: {len(r.namespaces)} namespaces, {len(r.processes)} processes")
             continue
+        if r.kind == "remote":
+            from .remote_backend import clean_remote_run
+
+            notes = clean_remote_run(r)
+            for note in notes:
+                print(f"run {r.prefix}: {note}")
+            if any(note.startswith("could not") for note in notes):
+                print(f"run {r.prefix}: kept in the registry; run 'testbed clean' again once the machines are reachable")
+                continue
         removed = clean_run(r)
         print(f"removed run {r.prefix}: {len(removed['namespaces'])} namespaces, "
               f"{len(removed['processes'])} processes")
@@ -414,6 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("clean", help="remove what crashed or killed runs left behind")
     sp.add_argument("--all", action="store_true", help="also remove runs whose owner is still alive")
     sp.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    sp.add_argument("--run", metavar="PREFIX", help="only this run (such as tb3f9a)")
     sp.set_defaults(func=cmd_clean)
     sp = sub.add_parser("doctor", help="detect kernel features, build the delay element, measure capacity")
     sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 
 from .errors import CheckError
 from .iperf import iperf
-from .shaping import TCP_GOODPUT_FRACTION
+from .shaping import tcp_goodput_fraction
 
 RATE_TOLERANCE = 0.05
 RTT_TOLERANCE_MS, RTT_TOLERANCE_FRACTION = 1.0, 0.05
@@ -98,7 +98,7 @@ def check_direction(emu, src_dc: str, dst_dc: str, duration_s: float, omit_s: fl
     rtt_ms, n = measure_rtt_ms(emu, src, dst, rtt_samples)
     expected_rtt = 2 * one_way_us / 1000
     tcp = iperf(emu, src, dst, duration_s, omit_s)
-    expected_goodput = rate * TCP_GOODPUT_FRACTION
+    expected_goodput = rate * tcp_goodput_fraction(emu.mtu or 1500)
     loss_pct = 100 * (1 - route.delivery_probability)
     measured_loss, loss_ok = None, True
     if loss_pct > 0:

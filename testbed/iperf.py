@@ -30,10 +30,11 @@ def _start_server(emu, host: str):
     srv = emu.popen(host, ["iperf3", "-s", "-1", "--forceflush", "-p", str(PORT)])
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and srv.poll() is None:
-        with open(log, "rb") as f:
-            f.seek(offset)
-            if b"listening" in f.read():
-                return srv
+        if log.exists():  # on the remote backend the log arrives with the next copy from the machine
+            with open(log, "rb") as f:
+                f.seek(offset)
+                if b"listening" in f.read():
+                    return srv
         time.sleep(0.02)
     srv.kill()
     srv.wait()

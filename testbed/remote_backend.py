@@ -225,6 +225,7 @@ class RemoteEmulation(Emulation):
 
     def __init__(self, spec: TopologySpec, *, inventory: Path | Inventory, **kwargs) -> None:
         super().__init__(spec, **kwargs)
+        self.mtu = TUNNEL_MTU  # every emulated interface, so TCP's segments fit the tunnels
         self.inventory = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
         check_against(self.inventory, spec)
         self.conns: dict[str, Connection] = {}
@@ -349,7 +350,10 @@ class RemoteEmulation(Emulation):
         with self._sync_lock:
             for name, agent in self.agents.items():
                 for rel, text in agent.call("read")["files"].items():
-                    dest = self.out_dir / rel
+                    # traces and logs merge into the run folder; other files (the machine's own
+                    # topology.json) keep to machines/<name>/
+                    merged = rel.endswith(".jsonl") or rel.startswith("logs/") or rel.startswith("events/")
+                    dest = self.out_dir / rel if merged else self.out_dir / "machines" / name / rel
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     with open(dest, "ab") as f:
                         f.write(text.encode("latin-1"))
@@ -476,3 +480,71 @@ def _put(sftp, path: Path, dest: str) -> None:
     else:
         sftp.put(str(path), dest)
 
+
+
+def clean_remote_run(rec: RunRecord) -> list[str]:
+    """Finish a dead remote run on its machines (``testbed clean``): fetch the traces left in each
+    machine's run folder into ``<run folder>/leftover-<machine>/``, let the machine's own registry
+    remove what a killed agent left (``testbed clean --run PREFIX`` there, with the deployed code),
+    and delete the run folder there. Returns one note per machine; a note starting with "could not"
+    means that machine still needs cleaning."""
+    inv = rec.remote.get("inventory", {})
+    roots = rec.remote.get("roots", {})
+    notes = []
+    for raw in inv.get("machines", []):
+        m = Machine(raw["name"], raw["address"], raw["user"], tuple(raw["dcs"]), raw["port"],
+                    Path(raw["key"]) if raw.get("key") else None, raw["python"], raw["tunnel_address"], raw["workdir"])
+        root = roots.get(m.name)
+        if not root or not root.startswith(m.workdir + "/") or not root.endswith("/" + rec.prefix):
+            notes.append(f"could not clean {m.name}: its recorded run folder {root!r} is not <workdir>/{rec.prefix}")
+            continue
+        try:
+            conn = Connection(m, Path(inv["known_hosts"]), inv.get("accept_unknown_host_keys", False)).open()
+        except RemoteError as e:
+            notes.append(f"could not clean {m.name}: {e}")
+            continue
+        try:
+            code, out, _ = conn.run(["test", "-d", root])
+            if code != 0:
+                notes.append(f"{m.name}: nothing left")
+                continue
+            fetched = _fetch_dir(conn, f"{root}/run", Path(rec.out_dir or ".") / f"leftover-{m.name}")
+            note = f"{m.name}: {fetched} trace files fetched into {Path(rec.out_dir or '.') / f'leftover-{m.name}'}"
+            # the agent removes the deployed code only after its teardown: code left means it was killed
+            if conn.run(["test", "-d", f"{root}/code/testbed"])[0] == 0:
+                code, out, err = conn.run([m.python, "-m", "testbed.cli", "clean", "--run", rec.prefix],
+                                          env={"PYTHONPATH": f"{root}/code"}, timeout_s=120)
+                note += "; " + (out.strip().replace("\n", "; ") if code == 0 else f"clean there failed: {err.strip()[-200:]}")
+            conn.run(["rm", "-rf", "--", root])
+            notes.append(note)
+        except RemoteError as e:
+            notes.append(f"could not clean {m.name}: {e}")
+        finally:
+            conn.close()
+    return notes
+
+
+def _fetch_dir(conn: Connection, remote: str, local: Path) -> int:
+    """Copy a remote folder's files (recursively) into ``local``; returns how many."""
+    import stat
+
+    sftp = conn.sftp()
+    n = 0
+    try:
+        todo = [(remote, local)]
+        while todo:
+            src, dst = todo.pop()
+            try:
+                entries = sftp.listdir_attr(src)
+            except OSError:
+                continue
+            dst.mkdir(parents=True, exist_ok=True)
+            for e in entries:
+                if stat.S_ISDIR(e.st_mode):
+                    todo.append((f"{src}/{e.filename}", dst / e.filename))
+                else:
+                    sftp.get(f"{src}/{e.filename}", str(dst / e.filename))
+                    n += 1
+    finally:
+        sftp.close()
+    return n

@@ -15,9 +15,11 @@ inventory, a client key and a known_hosts file, so::
 from __future__ import annotations
 
 import ipaddress
+import os
 import secrets
 import shlex
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -122,11 +124,17 @@ class SshLab:
         lan.close()
         (self.out / "known_hosts").write_text("".join(known))
         self._wait_listening()
-        self.inventory = self.out / "inventory.yaml"
-        self.inventory.write_text(yaml.safe_dump({
+        self.inventory = self.write_inventory(self.out / "inventory.yaml", [m.dcs for m in self.machines])
+
+    def write_inventory(self, path: Path, dcs: list[list[str]], **top) -> Path:
+        """An inventory of this lab's machines hosting ``dcs[i]`` on machine i; ``top`` adds or
+        replaces top-level fields (such as known_hosts)."""
+        path.write_text(yaml.safe_dump({
             "known_hosts": str(self.out / "known_hosts"),
-            "machines": [{"name": m.name, "address": m.ip, "user": "root", "key": str(key), "dcs": m.dcs,
-                          "python": self.python, "workdir": self.workdir} for m in self.machines]}, sort_keys=False))
+            "machines": [{"name": m.name, "address": m.ip, "user": "root", "key": str(self.out / "id_ed25519"),
+                          "dcs": list(d), "python": self.python, "workdir": self.workdir}
+                         for m, d in zip(self.machines, dcs)], **top}, sort_keys=False))
+        return path
 
     @staticmethod
     def _port(ipr, br: int, ifname: str) -> None:
@@ -180,7 +188,10 @@ class SshLab:
     def stop(self) -> None:
         for m in self.machines:
             if m.proc is not None and m.proc.poll() is None:
-                m.proc.terminate()
+                try:  # unshare --fork waits for its child: stop sshd itself
+                    os.kill(_sshd_pid(m.proc.pid), signal.SIGTERM)
+                except (OSError, BuildError):
+                    m.proc.terminate()
                 try:
                     m.proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:

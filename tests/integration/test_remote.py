@@ -1,0 +1,170 @@
+"""The remote backend across stand-in machines: sshd instances in their own network, mount and time
+namespaces (testbed/sshlab.py; one machine's CLOCK_MONOTONIC runs 1000 s ahead). Fidelity, a short
+training run with clock-corrected traces, refusals before anything is built, and nothing left
+behind on any machine, including after kill -9."""
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from testbed import trace as T
+from testbed.analysis import losses
+from testbed.errors import RemoteError
+from testbed.experiment import load_experiment
+from testbed.fidelity import check_fidelity
+from testbed.reference import reference_losses
+from testbed.registry import list_runs
+from testbed.remote_backend import RemoteEmulation
+from testbed.runner import run_experiment
+from testbed.sshlab import SshLab
+from testbed.topology import load_topology
+
+from .conftest import run_cli, start_topo_up
+
+SHIFT_S = 1000
+GROUPS = {"two_dc": [["east"], ["west"]], "three_dc": [["east", "central"], ["west"]]}
+EMPTY = {"netns": [], "runs": [], "workdir": []}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    with SshLab([["east"], ["west"]], tmp_path_factory.mktemp("lab"), shifts=[0, SHIFT_S]) as lab:
+        yield lab
+
+
+def _empty(lab) -> dict:
+    return {m.name: {k: v for k, v in lab.machine_state(m).items() if k != "links"} for m in lab.machines}
+
+
+def _assert_machines_clean(lab) -> None:
+    assert _empty(lab) == {m.name: EMPTY for m in lab.machines}
+    for m in lab.machines:
+        assert lab.machine_state(m)["links"] == ["eth0", "lo"]
+
+
+def _assert_offsets(clock: dict) -> None:
+    for name, want in (("m0", 0), ("m1", SHIFT_S * 10**9)):
+        est = clock[name]["before"]
+        assert abs(est["offset_ns"] - want) <= est["uncertainty_ns"] + 1_000_000, (name, est)
+
+
+@pytest.mark.parametrize("name", ["two_dc", "three_dc"])
+def test_fidelity_across_machines(name, lab, tmp_path, clean_machine):
+    inv = lab.write_inventory(tmp_path / "inventory.yaml", GROUPS[name])
+    spec = load_topology(name)
+    with RemoteEmulation(spec, inventory=inv, out_dir=tmp_path / "run") as emu:
+        state = _empty(lab)
+        assert state["m1"]["netns"] == sorted(emu.plan.hosts[h].netns for h in emu.plan.hosts if h.startswith("west")) \
+            + [f"{emu.prefix}-west-r"]
+        _assert_offsets(emu.clock)
+        report = check_fidelity(emu, duration_s=3, omit_s=1, rtt_samples=20)
+    bad = [link for link in report["links"] if not link["ok"]]
+    assert not bad and report["ok"], json.dumps(bad, indent=1)
+    assert len(report["links"]) == 2 * len(spec.links)
+    topo = json.loads((tmp_path / "run" / "topology.json").read_text())
+    assert topo["backend"] == "remote" and topo["tunnels"]["m0"] and topo["hosts"]["west-h0"]["machine"] == "m1"
+    shaping = [json.loads(line) for line in (tmp_path / "run" / "shaping.jsonl").read_text().splitlines()]
+    assert {s["netns"].split("-", 1)[1] for s in shaping} >= {"east-r", "west-r"}  # both ends shaped
+    _assert_machines_clean(lab)
+
+
+def test_training_across_machines(lab, tmp_path, clean_machine):
+    inv = lab.write_inventory(tmp_path / "inventory.yaml", GROUPS["two_dc"])
+    exp = load_experiment().with_overrides(topology="two_dc", stages=2, replicas=2, iterations=3,
+                                           warmup_iterations=1, schedule="gpipe")
+    exp = exp.with_overrides(compute=type(exp.compute)(mode="real"))
+    t0 = time.monotonic_ns()
+    summary = run_experiment(exp, tmp_path / "run", progress=lambda line: None, backend="remote", inventory=inv)
+    t1 = time.monotonic_ns()
+    assert summary["backend"] == "remote" and summary["completed_iterations"] == 3
+    run = tmp_path / "run"
+    assert losses(T.read_events(run)).tolist() == pytest.approx(reference_losses(exp, 3), rel=1e-4)
+    clock = json.loads((run / "clock_offsets.json").read_text())["machines"]
+    _assert_offsets(clock)
+    assert all("after" in c for c in clock.values())
+    ev = T.read_events(run)
+    assert set(ev[T.HOST].map(lambda h: h.split("-")[0])) == {"east", "west"}
+    # every event in this machine's clock (m1's raw clock is 1000 s ahead)
+    assert ev[T.START_NS].min() >= t0 and ev[T.END_NS].max() <= t1
+    # causality across machines: a tensor arrives no earlier than one one-way delay after its send began
+    sends = ev[ev[T.KIND] == T.SEND].set_index([T.WORKER, T.PEER, T.ITERATION, T.MICROBATCH])[T.START_NS]
+    recvs = ev[ev[T.KIND] == T.RECV_WAIT]
+    one_way = load_topology("two_dc").links[0].delay_us * 1000
+    gaps = [r[T.END_NS] - sends[(r[T.PEER], r[T.WORKER], r[T.ITERATION], r[T.MICROBATCH])]
+            for _, r in recvs.iterrows()]
+    assert gaps and min(gaps) >= one_way - 2_000_000, min(gaps)
+    _assert_machines_clean(lab)
+
+
+def test_kill_9_then_clean(lab, tmp_path, clean_machine):
+    inv = lab.write_inventory(tmp_path / "inventory.yaml", GROUPS["two_dc"])
+    proc = start_topo_up(tmp_path / "run", "--backend", "remote", "--inventory", str(inv))
+    rec = next(r for r in list_runs() if r.owner_pid == proc.pid)
+    assert rec.kind == "remote" and set(rec.remote["roots"]) == {"m0", "m1"}
+    assert all(_empty(lab)[m.name]["netns"] for m in lab.machines)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    # the agents see their SSH channel close and tear their part down
+    deadline = time.monotonic() + 30
+    while any(_empty(lab)[m.name]["netns"] for m in lab.machines) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(not s["netns"] and not s["runs"] for s in _empty(lab).values())
+    cleaned = run_cli("clean")
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert f"removed run {rec.prefix}" in cleaned.stdout and "trace files fetched" in cleaned.stdout
+    assert (tmp_path / "run" / "leftover-m0").is_dir()
+    _assert_machines_clean(lab)
+
+
+def _refused(inv: Path, tmp_path: Path, lab, needle: str, topology: str = "two_dc") -> str:
+    with pytest.raises(RemoteError) as e:
+        with RemoteEmulation(load_topology(topology), inventory=inv, out_dir=tmp_path / "run"):
+            pass
+    assert needle in str(e.value), str(e.value)
+    assert "nothing was built" in str(e.value)
+    _assert_machines_clean(lab)
+    assert not [r for r in list_runs() if r.kind == "remote"]
+    return str(e.value)
+
+
+def test_unknown_and_changed_host_keys_are_refused(lab, tmp_path, clean_machine):
+    known = (lab.out / "known_hosts").read_text().splitlines()
+    (tmp_path / "kh_m0_only").write_text(known[0] + "\n")
+    inv = lab.write_inventory(tmp_path / "a.yaml", GROUPS["two_dc"], known_hosts=str(tmp_path / "kh_m0_only"))
+    msg = _refused(inv, tmp_path, lab, "is not in")
+    assert "m1" in msg and "accept_unknown_host_keys" in msg
+    # m1 presents a key other than the recorded one
+    ip1 = lab.machines[1].ip
+    (tmp_path / "kh_swapped").write_text(known[0] + "\n" + ip1 + " " + known[0].split(" ", 1)[1] + "\n")
+    inv = lab.write_inventory(tmp_path / "b.yaml", GROUPS["two_dc"], known_hosts=str(tmp_path / "kh_swapped"))
+    _refused(inv, tmp_path, lab, "differs from the one in")
+
+
+def test_unreachable_machine_and_missing_modules_are_refused_before_building(lab, tmp_path, clean_machine):
+    import yaml
+
+    inv = lab.write_inventory(tmp_path / "a.yaml", GROUPS["two_dc"])
+    data = yaml.safe_load(inv.read_text())
+    data["machines"][1]["address"] = str(lab.machines[1].ip).rsplit(".", 1)[0] + ".250"  # nobody there
+    data["accept_unknown_host_keys"] = True
+    inv.write_text(yaml.safe_dump(data))
+    _refused(inv, tmp_path, lab, "is unreachable")
+    data = yaml.safe_load(lab.write_inventory(tmp_path / "b.yaml", GROUPS["two_dc"]).read_text())
+    data["machines"][1]["python"] = "/usr/bin/python3"  # Debian's Python: no torch, no pyroute2
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump(data))
+    _refused(tmp_path / "b.yaml", tmp_path, lab, "m1: Python modules missing: torch")
+
+
+def test_cli_refuses_what_the_remote_backend_cannot_do(lab, tmp_path):
+    inv = lab.write_inventory(tmp_path / "a.yaml", GROUPS["three_dc"])
+    proc = run_cli("run", "--backend", "remote", "--inventory", str(inv), "--policy", "atlas", "--out",
+                   str(tmp_path / "run"))
+    assert proc.returncode == 2 and "--backend remote does not carry" in proc.stderr
+    proc = run_cli("topo", "up", "two_dc", "--backend", "remote")
+    assert proc.returncode == 2 and "--inventory" in proc.stderr
+    proc = run_cli("topo", "up", "two_dc", "--backend", "remote", "--inventory", str(inv))
+    assert proc.returncode == 2 and "central" in proc.stderr  # three_dc's inventory does not fit two_dc

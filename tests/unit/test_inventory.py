@@ -1,0 +1,100 @@
+"""Inventory files of --backend remote: every field validated at load time, naming field, value and fix."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testbed.errors import SpecError
+from testbed.inventory import DEFAULT_PYTHON, check_against, load_inventory, parse_inventory
+from testbed.topology import load_topology
+
+
+def _inv(tmp_path: Path, **machine) -> dict:
+    key = tmp_path / "id_ed25519"
+    key.write_text("not read by validation\n")
+    base = {"name": "m0", "address": "192.0.2.10", "user": "root", "key": str(key), "dcs": ["east"]}
+    base.update(machine)
+    return {"known_hosts": str(tmp_path / "known_hosts"), "machines": [base, {
+        "name": "m1", "address": "192.0.2.11", "user": "root", "dcs": ["west"]}]}
+
+
+def test_a_good_inventory_loads_with_defaults(tmp_path):
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump(_inv(tmp_path)))
+    inv = load_inventory(path)
+    m0, m1 = inv.machines
+    assert (m0.name, m0.port, m0.python, m0.tunnel_address, m0.key) == ("m0", 22, DEFAULT_PYTHON, "192.0.2.10",
+                                                                        tmp_path / "id_ed25519")
+    assert m1.key is None and not inv.accept_unknown_host_keys
+    assert inv.machine_of("west") is m1
+    check_against(inv, load_topology("two_dc"))
+    assert "not read" not in str(inv.to_dict())  # the key's contents never enter records
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("name", "m 0", "machines[0].name"),
+    ("address", "192.0.2.10; rm -rf /", "machines[0].address"),
+    ("address", "-oProxyCommand=x", "machines[0].address"),
+    ("port", 0, "machines[0].port"),
+    ("port", "22", "machines[0].port"),
+    ("port", True, "machines[0].port"),
+    ("user", "root; id", "machines[0].user"),
+    ("user", "", "machines[0].user"),
+    ("dcs", [], "machines[0].dcs"),
+    ("dcs", [1], "machines[0].dcs"),
+    ("python", "python3 -c 'import os'", "machines[0].python"),
+    ("python", "$(id)", "machines[0].python"),
+    ("tunnel_address", "2001:db8::1", "machines[0].tunnel_address"),
+    ("workdir", "relative/dir", "machines[0].workdir"),
+    ("workdir", "/", "machines[0].workdir"),
+    ("workdir", "/var/../etc", "machines[0].workdir"),
+    ("workdir", "/tmp/a b", "machines[0].workdir"),
+    ("key", "/nonexistent/key", "machines[0].key"),
+    ("colour", "blue", "machines[0].colour"),
+])
+def test_bad_machine_fields_are_named(tmp_path, field, value, needle):
+    with pytest.raises(SpecError) as e:
+        parse_inventory(_inv(tmp_path, **{field: value}), "inv.yaml")
+    assert e.value.field == needle and e.value.fix
+
+
+def test_a_host_name_needs_a_tunnel_address(tmp_path):
+    with pytest.raises(SpecError, match="tunnel_address"):
+        parse_inventory(_inv(tmp_path, address="gpu-east.example.org"), "inv.yaml")
+    inv = parse_inventory(_inv(tmp_path, address="gpu-east.example.org", tunnel_address="192.0.2.10"), "inv.yaml")
+    assert inv.machines[0].tunnel_address == "192.0.2.10"
+
+
+@pytest.mark.parametrize("change,needle", [
+    (lambda d: d["machines"][1].update(name="m0"), "machines[1].name"),
+    (lambda d: d["machines"][1].update(address="192.0.2.10"), "machines[1].address"),
+    (lambda d: d["machines"][1].update(dcs=["east"]), "machines[1].dcs"),
+    (lambda d: d.update(accept_unknown_host_keys="yes"), "accept_unknown_host_keys"),
+    (lambda d: d.update(machines=[]), "machines"),
+    (lambda d: d.update(hosts=[]), "hosts"),
+])
+def test_bad_inventories_are_refused(tmp_path, change, needle):
+    data = _inv(tmp_path)
+    change(data)
+    with pytest.raises(SpecError) as e:
+        parse_inventory(data, "inv.yaml")
+    assert e.value.field == needle
+
+
+def test_inventory_must_fit_the_topology(tmp_path):
+    inv = parse_inventory(_inv(tmp_path, dcs=["eats"]), "inv.yaml")
+    with pytest.raises(SpecError, match="did you mean 'east'"):
+        check_against(inv, load_topology("two_dc"))
+    inv = parse_inventory(_inv(tmp_path), "inv.yaml")
+    with pytest.raises(SpecError, match="central.*on no machine"):
+        check_against(inv, load_topology("three_dc"))
+
+
+def test_a_missing_or_broken_file_is_a_spec_error(tmp_path):
+    with pytest.raises(SpecError, match="does not exist"):
+        load_inventory(tmp_path / "nope.yaml")
+    (tmp_path / "bad.yaml").write_text("machines: [\n")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_inventory(tmp_path / "bad.yaml")
