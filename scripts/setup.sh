@@ -25,7 +25,19 @@ done
 if [ -n "$missing" ]; then
   echo "installing:$missing"
   apt-get update -qq
+  # the tests start their own sshd instances inside namespaces: installing openssh-server must not
+  # leave a system sshd listening (policy-rc.d(8) stops the package from starting its service)
+  policy=""
+  case "$missing" in *openssh-server*)
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && policy=1
+    fi;;
+  esac
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+  if [ -n "$policy" ]; then
+    rm -f /usr/sbin/policy-rc.d
+    if [ -d /run/systemd/system ]; then systemctl disable -q ssh.service ssh.socket 2>/dev/null || true; fi
+  fi
 fi
 if [ ! -x .venv/bin/python ]; then
   /usr/bin/python3 -m venv --system-site-packages .venv

@@ -18,7 +18,6 @@ import ipaddress
 import os
 import secrets
 import shlex
-import shutil
 import signal
 import subprocess
 import time
@@ -225,20 +224,3 @@ def _sshd_pid(unshare_pid: int) -> int:
         raise BuildError(f"lab process {unshare_pid} has no sshd child")
     return int(children[0])
 
-
-def lab_process_tree(pid: int) -> list[int]:
-    """``pid`` and all its descendants (for checks that nothing outlives a run)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        for t in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                todo += [int(c) for c in (t / "children").read_text().split()]
-            except OSError:
-                pass
-    return out
-
-
-def clean_lab_dir(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)

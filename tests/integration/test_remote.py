@@ -58,6 +58,9 @@ def test_fidelity_across_machines(name, lab, tmp_path, clean_machine):
     spec = load_topology(name)
     with RemoteEmulation(spec, inventory=inv, out_dir=tmp_path / "run") as emu:
         state = _empty(lab)
+        # each machine holds its own copy of the package, which this namespace cannot see
+        assert state["m0"]["workdir"] == state["m1"]["workdir"] == [emu.prefix]
+        assert not any(Path(lab.workdir).iterdir())
         assert state["m1"]["netns"] == sorted(emu.plan.hosts[h].netns for h in emu.plan.hosts if h.startswith("west")) \
             + [f"{emu.prefix}-west-r"]
         _assert_offsets(emu.clock)
@@ -142,6 +145,20 @@ def test_unknown_and_changed_host_keys_are_refused(lab, tmp_path, clean_machine)
     (tmp_path / "kh_swapped").write_text(known[0] + "\n" + ip1 + " " + known[0].split(" ", 1)[1] + "\n")
     inv = lab.write_inventory(tmp_path / "b.yaml", GROUPS["two_dc"], known_hosts=str(tmp_path / "kh_swapped"))
     _refused(inv, tmp_path, lab, "differs from the one in")
+
+
+def test_a_refused_login_is_named(lab, tmp_path, clean_machine):
+    import subprocess
+
+    import yaml
+
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    data = yaml.safe_load(lab.write_inventory(tmp_path / "a.yaml", GROUPS["two_dc"]).read_text())
+    data["machines"][1]["key"] = str(other)  # not in the machine's authorized_keys
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(data))
+    msg = _refused(tmp_path / "a.yaml", tmp_path, lab, "refused the login")
+    assert "m1" in msg and "PRIVATE KEY" not in msg and other.read_text() not in msg
 
 
 def test_unreachable_machine_and_missing_modules_are_refused_before_building(lab, tmp_path, clean_machine):
