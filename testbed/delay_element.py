@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import DelayElementError, FeatureError
+from .hostproc import stop_popen
 from .shaping import DelayQueue
 
 SOURCE = Path(__file__).with_name("nfq_delay.c")
@@ -82,14 +83,8 @@ class DelayElement:
         return self.proc
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None:
+            stop_popen(self.proc)
 
 
 class Supervisor(threading.Thread):

@@ -27,3 +27,15 @@ def run_logged(netns: str, argv: Sequence[str], log_path: Path, timeout_s: float
         f.write(proc.stdout.encode() + proc.stderr.encode())
         f.write(f"# exit {proc.returncode}\n".encode())
     return proc
+
+
+def stop_popen(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
+    """SIGTERM ``proc`` (a child of ours), SIGKILL it after ``grace_s`` seconds, and reap it."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -109,14 +109,19 @@ def _write_sysctl(key: str, value: str, optional: bool) -> None:
             raise
 
 
+def _write_sysctls(sysctls: dict[str, str], optional: dict[str, str] | None) -> None:
+    """Set ``sysctls`` (and ``optional`` ones, where the kernel has them) in this thread's namespace."""
+    for key, value in sysctls.items():
+        _write_sysctl(key, value, optional=False)
+    for key, value in (optional or {}).items():
+        _write_sysctl(key, value, optional=True)
+
+
 def create_netns(name: str, sysctls: dict[str, str], optional: dict[str, str] | None = None) -> IPRoute:
     """Create network namespace ``name``, set ``sysctls`` (and ``optional`` ones, where the kernel
     has them) inside it, return an IPRoute bound to it."""
     with _inside_new_netns(name):
-        for key, value in sysctls.items():
-            _write_sysctl(key, value, optional=False)
-        for key, value in (optional or {}).items():
-            _write_sysctl(key, value, optional=True)
+        _write_sysctls(sysctls, optional)
         return IPRoute()
 
 
@@ -126,10 +131,7 @@ def attach_netns(name: str, pid: int, sysctls: dict[str, str], optional: dict[st
     (and ``optional`` ones) inside it, return an IPRoute bound to it."""
     _netns.attach(name, pid)
     with in_netns(name):
-        for key, value in sysctls.items():
-            _write_sysctl(key, value, optional=False)
-        for key, value in (optional or {}).items():
-            _write_sysctl(key, value, optional=True)
+        _write_sysctls(sysctls, optional)
         return IPRoute()
 
 

@@ -29,6 +29,7 @@ import yaml
 from . import netlink
 from .errors import BuildError
 from .features import require_root, require_tools
+from .hostproc import stop_popen
 from .registry import RunRecord, stop_process
 
 LAB_POOL = ipaddress.IPv4Network("198.18.0.0/15")
@@ -190,12 +191,8 @@ class SshLab:
                 try:  # unshare --fork waits for its child: stop sshd itself
                     os.kill(_sshd_pid(m.proc.pid), signal.SIGTERM)
                 except (OSError, BuildError):
-                    m.proc.terminate()
-                try:
-                    m.proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    m.proc.kill()
-                    m.proc.wait()
+                    pass
+                stop_popen(m.proc, grace_s=5)
         if self._record is not None:
             for p in self._record.processes:
                 stop_process(p.pid, p.start)

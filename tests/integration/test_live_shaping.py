@@ -6,6 +6,9 @@ import statistics
 import threading
 import time
 
+import pytest
+
+from testbed.backends import make_emulation
 from testbed.emulation import Emulation
 from testbed.fidelity import rate_within
 from testbed.iperf import iperf
@@ -37,8 +40,10 @@ def test_link_rate_change_takes_effect_mid_transfer(tmp_path, clean_machine):
         assert change and change[-1]["t_ns"] == changed["t_ns"] and change[-1]["rate_bps"] == new_rate
 
 
-def test_per_host_classes_with_filters(tmp_path, clean_machine):
-    with Emulation(load_topology("two_dc"), out_dir=tmp_path) as emu:
+@pytest.mark.parametrize("backend", ["netns", "mininet"])
+def test_per_host_classes_with_filters(backend, tmp_path, clean_machine):
+    """Classes added and changed live, on the netns backend's interfaces and on Mininet's."""
+    with make_emulation(load_topology("two_dc"), backend, out_dir=tmp_path) as emu:
         emu.add_wan_class("east", "west", 0x11, 10_000_000, pairs=[("east-h1", "west-h1")])
         assert emu.wan_classes("east", "west")[0x11]["rate_bps"] == 10_000_000
         slow = iperf(emu, "east-h1", "west-h1", duration_s=3, omit_s=1)
