@@ -44,7 +44,12 @@ def main() -> int:
     if not 1 <= args.machines <= len(names):
         p.error(f"--machines must be 1..{len(names)} (the topology's DCs)")
     shifts = [float(x) for x in args.shift.split(",") if x]
-    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+    def stop(signum, frame):
+        print(f"{signal.Signals(signum).name}: stopping", flush=True)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with & (SIGINT ignored)
     with SshLab(split(names, args.machines), args.out, shifts=shifts) as lab:
         for m in lab.machines:
             print(f"machine {m.name}: {m.ip}, DCs {', '.join(m.dcs)}, clock shifted by {m.shift_s:g} s")

@@ -24,7 +24,7 @@ def make_emulation(spec: TopologySpec, backend: str = "netns", inventory: Path |
         from .remote_backend import RemoteEmulation
 
         if inventory is None:
-            raise SpecError("--inventory", "(option)", "(missing)", "is needed by --backend remote",
+            raise SpecError("--backend remote", "--inventory", None, "is missing",
                             "give the inventory file that lists the machines and the DCs they host")
         return RemoteEmulation(spec, inventory=inventory, **kwargs)
     raise SpecError("--backend", "(option)", backend, "is not a backend", f"use one of {', '.join(BACKENDS)}")

@@ -20,6 +20,7 @@ def _err(msg: str) -> None:
 
 
 def _on_sigterm(signum, frame) -> None:
+    _err(f"{signal.Signals(signum).name}: tearing down")
     raise SystemExit(128 + signum)
 
 
@@ -41,8 +42,9 @@ def _emulation(args, spec):
 def _backend(args) -> dict:
     """``--backend`` and ``--inventory`` as keyword arguments of make_emulation/run_experiment."""
     if args.backend == "remote" and args.inventory is None:
-        raise SpecError("--inventory", "(option)", "(missing)", "is needed by --backend remote",
-                        "give the inventory file that lists the machines and the DCs they host")
+        raise SpecError("--backend remote", "--inventory", None, "is missing",
+                        "give the inventory file that lists the machines and the DCs they host (README: Several "
+                        "machines)")
     if args.inventory is not None and args.backend != "remote":
         raise SpecError("--inventory", "(option)", str(args.inventory), f"is only used by --backend remote, not "
                         f"{args.backend}", "add --backend remote, or leave --inventory out")
@@ -435,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGHUP, _on_sigterm)
+    # a shell starting a command with & ignores SIGINT in it, and Python keeps an ignored SIGINT;
+    # Ctrl-C (or kill -INT) must always tear down
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return args.func(args)
     except SpecError as e:
