@@ -5,7 +5,9 @@ tunnels), starts and watches processes in their hosts, reads link counters, and 
 processes write, all on request. Protocol: one JSON request per line on stdin, one JSON reply per
 line on the original stdout (``{"ok": true, ...}`` or ``{"ok": false, "error": ..., "type": ...}``);
 anything else printed goes to stderr. When stdin closes (the runner exited or died, or its SSH
-connection dropped) or on SIGTERM/SIGHUP the agent tears everything down and exits; its run is in
+connection dropped), when no request came for 30 s (the runner asks several times a second, so
+silence means it or the network is gone even where TCP never reports it), or on SIGTERM/SIGHUP, the
+agent tears everything down and exits; its run is in
 this machine's registry, so ``testbed clean`` here finishes the job if the agent itself is killed.
 
 Run as ``python -m testbed.agent`` with the deployed package on PYTHONPATH.
@@ -18,7 +20,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+import traceback
 from pathlib import Path
 
 from .errors import TestbedError
@@ -31,6 +35,8 @@ class Agent:
         self.procs: dict[int, subprocess.Popen] = {}
         self.offsets: dict[str, int] = {}
         self.run_dir: Path | None = None
+        self.busy = False
+        self.last_request = time.monotonic()
 
     # ------------------------------------------------------------------ requests
     def op_hello(self, req: dict) -> dict:
@@ -134,6 +140,7 @@ class Agent:
         for line in lines:
             if not line.strip():
                 continue
+            self.busy = True
             req = json.loads(line)
             op = getattr(self, "op_" + req.get("op", ""), None)
             try:
@@ -142,7 +149,24 @@ class Agent:
                 result = {"ok": True, **op(req)}
             except (TestbedError, OSError, KeyError, ValueError, subprocess.SubprocessError) as e:
                 result = {"ok": False, "type": type(e).__name__, "error": str(e)}
+            except Exception as e:  # a library's own error type (pyroute2's NetlinkError, ...)
+                traceback.print_exc()
+                result = {"ok": False, "type": type(e).__name__, "error": str(e)}
+            result["id"] = req.get("id")
             self.reply(result)
+            self.last_request = time.monotonic()
+            self.busy = False
+
+    def watchdog(self, idle_s: float) -> None:
+        """Tear down (SIGTERM to this process) when no request came for ``idle_s`` seconds while
+        idle: the runner polls every fraction of a second, so silence means it, its machine or the
+        network between is gone, even where TCP never delivers the close."""
+        while True:
+            time.sleep(1.0)
+            if not self.busy and time.monotonic() - self.last_request > idle_s:
+                print(f"testbed agent: no request for {idle_s:g} s; the runner is gone: tearing down", flush=True)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
 
 
 def _on_signal(signum, frame) -> None:
@@ -161,6 +185,8 @@ def main() -> int:
     agent = Agent(reply)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, _on_signal)
+    threading.Thread(target=agent.watchdog, args=(float(os.environ.get("TESTBED_AGENT_IDLE_S", "30")),),
+                     name="watchdog", daemon=True).start()
     try:
         agent.serve(sys.stdin)
     finally:

@@ -130,7 +130,8 @@ def cmd_topo_up(args) -> int:
         print(f"{spec.name} is up ({emu.build_s:.2f} s, run prefix {emu.prefix}, delay mechanism: "
               f"{describe_mechanism(emu.mechanism)}); logs in {emu.out_dir}")
         for h in emu.hosts.values():
-            print(f"  {h.name:<16} {str(h.ip):<15} ip netns exec {h.netns} ...")
+            where = f"on machine {emu.machine_of_host(h.name).name}: " if emu.backend == "remote" else ""
+            print(f"  {h.name:<16} {str(h.ip):<15} {where}ip netns exec {h.netns} ...")
         print("Ctrl-C to tear down.", flush=True)
         try:
             while True:
@@ -162,8 +163,9 @@ def cmd_clean(args) -> int:
             notes = clean_remote_run(r)
             for note in notes:
                 print(f"run {r.prefix}: {note}")
-            if any(note.startswith("could not") for note in notes):
-                print(f"run {r.prefix}: kept in the registry; run 'testbed clean' again once the machines are reachable")
+            if any(note.startswith("could not") for note in notes) and not args.forget:
+                print(f"run {r.prefix}: kept in the registry; run 'testbed clean' again once the machines are "
+                      f"reachable, or 'testbed clean --run {r.prefix} --forget' if they are gone for good")
                 continue
         removed = clean_run(r)
         print(f"removed run {r.prefix}: {len(removed['namespaces'])} namespaces, "
@@ -426,6 +428,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--all", action="store_true", help="also remove runs whose owner is still alive")
     sp.add_argument("--dry-run", action="store_true", help="only say what would be removed")
     sp.add_argument("--run", metavar="PREFIX", help="only this run (such as tb3f9a)")
+    sp.add_argument("--forget", action="store_true", help="drop remote runs from the registry even when their "
+                    "machines cannot be reached (what they left there stays)")
     sp.set_defaults(func=cmd_clean)
     sp = sub.add_parser("doctor", help="detect kernel features, build the delay element, measure capacity")
     sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")

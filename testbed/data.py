@@ -40,8 +40,8 @@ def corpus_files(path: Path | None) -> list[Path]:
     raise DataError(f"--data {path}: no such file or folder; give a text file or a folder of text files")
 
 
-def load_corpus(path: Path | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[torch.Tensor, str]:
-    """(uint8 tensor of the corpus bytes, sha256 of them). Raises DataError if empty."""
+def corpus_bytes(path: Path | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """The corpus: the first ``max_bytes`` of its files in name order. Raises DataError if empty."""
     chunks, total = [], 0
     for f in corpus_files(path):
         data = f.read_bytes()[: max_bytes - total]
@@ -52,6 +52,12 @@ def load_corpus(path: Path | None = None, max_bytes: int = DEFAULT_MAX_BYTES) ->
     blob = b"".join(chunks)
     if not blob:
         raise DataError(f"the corpus at {path or default_corpus_dir()} is empty")
+    return blob
+
+
+def load_corpus(path: Path | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[torch.Tensor, str]:
+    """(uint8 tensor of the corpus bytes, sha256 of them). Raises DataError if empty."""
+    blob = corpus_bytes(path, max_bytes)
     return torch.frombuffer(bytearray(blob), dtype=torch.uint8), hashlib.sha256(blob).hexdigest()
 
 

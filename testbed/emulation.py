@@ -147,7 +147,7 @@ class Emulation:
         t0 = time.perf_counter()
         (self.out_dir / "logs").mkdir(parents=True, exist_ok=True)
         self._shaping_log = open(self.out_dir / "shaping.jsonl", "a", buffering=1)
-        self._record = RunRecord.new(self.prefix, kind=self.backend, out_dir=str(self.out_dir))
+        self._record = RunRecord.new(self.prefix, kind=self.backend, out_dir=str(self.out_dir.absolute()))
         self._record.add_namespaces(self.namespaces)
         self._create_namespaces()
         self.mechanism = self._detect_mechanism()
@@ -362,9 +362,14 @@ class Emulation:
         return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), **extra}
 
     def share_file(self, path: Path) -> str:
-        """``path`` (a file or folder written here, such as the workers' configuration) as the
-        hosts' processes see it; here the same path."""
+        """``path`` (a file written here, such as the workers' configuration) as the hosts'
+        processes see it; here the same path."""
         return str(path)
+
+    def share_corpus(self, path: Path | None) -> str | None:
+        """The training text (``--data``; None: the default corpus) as the hosts' processes name it;
+        here unchanged."""
+        return str(path) if path is not None else None
 
     @property
     def host_out_dir(self) -> str:

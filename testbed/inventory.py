@@ -36,6 +36,8 @@ from .topology import TopologySpec
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_WORKDIR = "/var/tmp/testbed"
 DEFAULT_PYTHON = "python3"
+MAX_MACHINES = 1024
+MAX_INVENTORY_BYTES = 1 << 20
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}\Z")
 #: useradd(8)'s default NAME_REGEX
 _USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}\Z")
@@ -114,17 +116,35 @@ def _address(r: FieldReader) -> str:
     return value
 
 
-def _path(r: FieldReader, key: str, must_exist: bool) -> Path | None:
+def _expand(r: FieldReader, key: str, value: str, base: Path | None) -> Path:
+    """``~`` expanded, a relative path taken from the inventory's folder, made absolute."""
+    if "\0" in value:
+        raise r.fail(key, "contains a NUL character", "give a plain path")
+    try:
+        p = Path(value).expanduser()
+    except RuntimeError:  # ~nosuchuser
+        raise r.fail(key, "names the home folder of a user this machine does not have",
+                     "give an absolute path, or ~/ for your own home") from None
+    return (p if p.is_absolute() else (base or Path.cwd()) / p).absolute()
+
+
+def _path(r: FieldReader, key: str, must_exist: bool, base: Path | None) -> Path | None:
     value = _get_str(r, key, None)
     if value is None:
         return None
-    p = Path(value).expanduser()
+    p = _expand(r, key, value, base)
     if must_exist and not p.is_file():
-        raise r.fail(key, "is not a readable file", f"give the path of the file ({key})")
+        raise r.fail(key, "is not a readable file", f"give the path of the file ({key}; relative paths start at "
+                     "the inventory's folder)")
     return p
 
 
-def _machine(source: str, data: Any, i: int) -> Machine:
+def _tunnel_ok(text: str) -> bool:
+    ip = ipaddress.IPv4Address(text)
+    return not (ip.is_loopback or ip.is_multicast or ip.is_unspecified or ip == ipaddress.IPv4Address("255.255.255.255"))
+
+
+def _machine(source: str, data: Any, i: int, base: Path | None = None) -> Machine:
     r = FieldReader(source, data, f"machines[{i}]", ("name", "address", "port", "user", "key", "dcs", "python",
                                                      "tunnel_address", "workdir"), ("name", "address", "user", "dcs"))
     name = _get_str(r, "name")
@@ -151,26 +171,36 @@ def _machine(source: str, data: Any, i: int) -> Machine:
         if not _ipv4(address):
             raise r.fail("address", "is not an IPv4 address, and the machine has no tunnel_address",
                          "add tunnel_address: the machine's IPv4 address that the WAN tunnels (VXLAN) use")
+        if not _tunnel_ok(address):
+            raise r.fail("address", "cannot carry the WAN tunnels (a loopback, multicast or unspecified address)",
+                         "give the machine's own address, or add tunnel_address: an address other machines reach")
         tunnel = address
     elif not _ipv4(tunnel):
         raise r.fail("tunnel_address", "is not an IPv4 address", "give the machine's IPv4 address for the WAN tunnels")
+    elif not _tunnel_ok(tunnel):
+        raise r.fail("tunnel_address", "is a loopback, multicast, broadcast or unspecified address",
+                     "give an IPv4 address of the machine that the other machines reach")
     workdir = _get_str(r, "workdir", DEFAULT_WORKDIR)
     if not _SAFE_PATH.match(workdir) or ".." in workdir.split("/") or workdir.rstrip("/") in ("", "/"):
         raise r.fail("workdir", "is not an absolute path of a folder below /",
                      "give e.g. /var/tmp/testbed (letters, digits, '.', '_', '-', '/' only)")
-    return Machine(name, address, user, tuple(dcs), port, _path(r, "key", must_exist=True), python, tunnel,
+    return Machine(name, address, user, tuple(dcs), port, _path(r, "key", True, base), python, tunnel,
                    workdir.rstrip("/"))
 
 
-def parse_inventory(data: Any, source: str) -> Inventory:
-    """Validate an inventory given as parsed YAML. Raises SpecError."""
+def parse_inventory(data: Any, source: str, base: Path | None = None) -> Inventory:
+    """Validate an inventory given as parsed YAML; relative paths start at ``base`` (the file's
+    folder; default: the current one). Raises SpecError."""
     r = FieldReader(source, data, "", ("machines", "known_hosts", "accept_unknown_host_keys"), ("machines",))
     raw = r.data["machines"]
     if not isinstance(raw, list) or not raw:
         raise r.fail("machines", "is not a list of machines", "list at least one machine (see inventory.py)")
-    machines = tuple(_machine(source, m, i) for i, m in enumerate(raw))
+    if len(raw) > MAX_MACHINES:
+        raise r.fail("machines", f"lists {len(raw)} machines", f"use at most {MAX_MACHINES}")
+    machines = tuple(_machine(source, m, i, base) for i, m in enumerate(raw))
     seen: dict[str, int] = {}
     where: dict[tuple[str, int], int] = {}
+    tunnels: dict[str, int] = {}
     owner: dict[str, int] = {}
     for i, m in enumerate(machines):
         if m.name in seen:
@@ -181,6 +211,11 @@ def parse_inventory(data: Any, source: str) -> Inventory:
             raise SpecError(source, f"machines[{i}].address", m.address, f"port {m.port} is also machines"
                             f"[{where[(m.address, m.port)]}]'s", "list each machine once, with all its DCs")
         where[(m.address, m.port)] = i
+        if m.tunnel_address in tunnels:
+            raise SpecError(source, f"machines[{i}].tunnel_address", m.tunnel_address, f"is also machines"
+                            f"[{tunnels[m.tunnel_address]}]'s: two entries for one machine?",
+                            "list each machine once, with all its DCs")
+        tunnels[m.tunnel_address] = i
         for dc in m.dcs:
             if dc in owner:
                 raise SpecError(source, f"machines[{i}].dcs", dc, f"is also on machines[{owner[dc]}]",
@@ -190,14 +225,21 @@ def parse_inventory(data: Any, source: str) -> Inventory:
     if not isinstance(accept, bool):
         raise r.fail("accept_unknown_host_keys", "is not true or false",
                      "write true only to trust host keys never seen before (leave it out otherwise)")
-    known = _get_str(r, "known_hosts", DEFAULT_KNOWN_HOSTS)
-    return Inventory(source, machines, Path(known).expanduser(), accept)
+    known = _expand(r, "known_hosts", _get_str(r, "known_hosts", DEFAULT_KNOWN_HOSTS), base)
+    return Inventory(source, machines, known, accept)
 
 
 def load_inventory(path: str | Path) -> Inventory:
     """Load and validate an inventory file. Raises SpecError."""
-    p, data = read_spec_file(path, Path(path).parent, "inventory")
-    return parse_inventory(data, str(p))
+    p = Path(path).absolute()
+    if not p.is_file():
+        raise SpecError(str(path), "(file)", str(path), "is not a file",
+                        "give the path of an inventory file (README: Several machines)")
+    if p.stat().st_size > MAX_INVENTORY_BYTES:
+        raise SpecError(str(path), "(file)", str(path), f"is {p.stat().st_size} bytes long",
+                        f"an inventory lists machines: keep it under {MAX_INVENTORY_BYTES // 1024} KiB")
+    p, data = read_spec_file(p, p.parent, "inventory")
+    return parse_inventory(data, str(p), p.parent)
 
 
 def check_against(inv: Inventory, topo: TopologySpec) -> None:

@@ -118,13 +118,19 @@ class MininetEmulation(Emulation):
     def backend_info(self) -> dict:
         return {"mininet": mininet_status(), "openvswitch": openvswitch_status()}
 
+    def build(self) -> None:
+        from .features import require_root
+
+        require_root("building a topology")
+        self._mn_lock.acquire()  # before anything, even the run folder, is made
+        super().build()
+
     def _create_namespaces(self) -> None:
         mnet = import_mininet()
         from .features import require_tools
         from .mininet_topo import build_topo, router_node
 
         require_tools(["mnexec"], "the mininet backend")
-        self._mn_lock.acquire()
         # Mininet.init() would raise the root namespace's sysctls and rlimits (mininet/util.py,
         # fixLimits); the testbed changes nothing it did not create, and root is checked already
         mnet.Mininet.inited = True

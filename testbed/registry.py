@@ -168,6 +168,14 @@ def clean_run(rec: RunRecord) -> dict[str, list]:
         if stop_process(p.pid, p.start):
             removed["processes"].append(p.pid)
     present = existing_namespaces()
+    # anything still running inside the run's namespaces was started there by the run (a worker
+    # whose parent was killed, an sshd session of a lab machine)
+    inside = _netns.ns_pids() if present else {}
+    for name in rec.namespaces:
+        for pid in inside.get(name, []):
+            if stop_process(pid, proc_start_time(pid)):
+                removed["processes"].append(pid)
+    present = existing_namespaces()
     for name in rec.namespaces:
         if name in present:
             _netns.remove(name)

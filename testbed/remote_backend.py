@@ -66,6 +66,17 @@ print(json.dumps(out))
 """
 
 
+def _last_json_line(text: str) -> dict | None:
+    """The last line of ``text`` that is a JSON object (a login banner may come first)."""
+    for line in reversed(text.strip().splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        return value if isinstance(value, dict) else None
+    return None
+
+
 def package_files() -> list[Path]:
     """The files deployed to each machine: the package's modules and the delay element's source."""
     pkg = Path(__file__).resolve().parent
@@ -74,6 +85,9 @@ def package_files() -> list[Path]:
 
 def check_machine(name: str, report: dict, torch_version: str, pyroute2_version: str) -> list[str]:
     """Problems of one machine's preflight report (empty: ready). Pure: unit-tested."""
+    if not isinstance(report.get("modules"), dict) or not isinstance(report.get("tools"), dict):
+        return [f"{name}: its python printed something other than the preflight report: give the inventory's "
+                "python as a Python 3 interpreter there"]
     problems = []
     if report.get("uid") != 0:
         problems.append("the login is not root (uid 0): the testbed builds network namespaces there; log in as "
@@ -134,13 +148,17 @@ def estimate_offset(samples: Sequence[tuple[int, int, int]]) -> dict:
 class AgentClient:
     """The request/reply channel to one machine's agent. Thread-safe (one request at a time)."""
 
-    def __init__(self, conn: Connection, root: str, log_path: Path) -> None:
+    def __init__(self, conn: Connection, root: str, log_path: Path, idle_s: float = 30.0) -> None:
         self.conn, self.root = conn, root
         m = conn.machine
         self.chan = conn.start([m.python, "-m", "testbed.agent"],
-                               env={"PYTHONPATH": f"{root}/code", "TESTBED_AGENT_REMOVE": f"{root}/code"}, cwd=root)
+                               env={"PYTHONPATH": f"{root}/code", "TESTBED_AGENT_REMOVE": f"{root}/code",
+                                    "TESTBED_AGENT_IDLE_S": f"{idle_s:g}"}, cwd=root)
         self._out = self.chan.makefile("rb")
         self._lock = threading.Lock()
+        self._next_id = 0
+        #: why the agent cannot be used any more ("" while it can)
+        self.gone = ""
         self._log = open(log_path, "ab")
         self._drain = threading.Thread(target=self._drain_stderr, name=f"agent-{m.name}-stderr", daemon=True)
         self._drain.start()
@@ -151,20 +169,38 @@ class AgentClient:
             self._log.write(line)
             self._log.flush()
 
-    def call(self, op: str, timeout_s: float = 60.0, **kwargs) -> dict:
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    def call(self, op: str, timeout_s: float = 30.0, **kwargs) -> dict:
+        """Send one request and return its reply. Raises RemoteError when the agent reports a
+        failure, and (marking the agent gone: later calls fail at once) when it does not answer
+        in ``timeout_s``, exits, or the connection breaks."""
         where = self.conn.where
         with self._lock:
+            if self.gone:
+                raise RemoteError(f"{where}: the agent is gone ({self.gone})")
+            self._next_id += 1
+            want = self._next_id
             try:
                 self.chan.settimeout(timeout_s)
-                self.chan.sendall((json.dumps({"op": op, **kwargs}) + "\n").encode())
-                line = self._out.readline()
+                self.chan.sendall((json.dumps({"op": op, "id": want, **kwargs}) + "\n").encode())
+                while True:  # a reply to an earlier, abandoned request (e.g. interrupted) is skipped
+                    line = self._out.readline()
+                    if not line:
+                        self.gone = f"it exited; its output is in {self._log.name}"
+                        raise RemoteError(f"{where}: the agent exited or was killed (its output: {self._log.name}); "
+                                          "what it built there is removed at teardown")
+                    reply = json.loads(line)
+                    if reply.get("id") == want:
+                        break
             except socket.timeout:
+                self.gone = f"no answer to {op!r} within {timeout_s:g} s"
                 raise RemoteError(f"{where}: the agent did not answer {op!r} within {timeout_s:g} s") from None
             except OSError as e:
+                self.gone = f"connection broke: {e}"
                 raise RemoteError(f"{where}: the connection to the agent broke ({e})") from None
-        if not line:
-            raise RemoteError(f"{where}: the agent exited (see {self._log.name})")
-        reply = json.loads(line)
         if not reply.pop("ok"):
             raise RemoteError(f"{where}: {op} failed: {reply['type']}: {reply['error']}")
         return reply
@@ -235,7 +271,10 @@ class RemoteEmulation(Emulation):
         self._sync: threading.Thread | None = None
         self._sync_halt = threading.Event()
         self._sync_lock = threading.Lock()
-        self._shared: set[str] = set()
+        #: an agent tears down after this long without a request (agent.py's watchdog)
+        self.agent_idle_s = 30.0
+        #: each machine's agent process (its PID there)
+        self.agent_pids: dict[str, int] = {}
 
     # ----------------------------------------------------------------- lifecycle
     def root_of(self, m: Machine) -> str:
@@ -253,7 +292,7 @@ class RemoteEmulation(Emulation):
         require_root("the remote backend's run registry")
         t0 = time.perf_counter()
         (self.out_dir / "logs").mkdir(parents=True, exist_ok=True)
-        self._record = RunRecord.new(self.prefix, kind="remote", out_dir=str(self.out_dir))
+        self._record = RunRecord.new(self.prefix, kind="remote", out_dir=str(self.out_dir.absolute()))
         self._record.remote = {"inventory": self.inventory.to_dict(), "roots": {
             m.name: self.root_of(m) for m in self.inventory.machines}}
         self._record.save()
@@ -268,23 +307,35 @@ class RemoteEmulation(Emulation):
         if problems:
             raise RemoteError("cannot use the inventory's machines; nothing was built:\n  " + "\n  ".join(problems))
         for m in self.inventory.machines:
-            script = PREFLIGHT % {"modules": MODULES, "tools": tuple({**TOOLS, **BUILD_TOOLS})}
-            code, out, err = self.conns[m.name].run([m.python, "-c", script], timeout_s=60)
-            if code != 0:
-                problems.append(f"{m.name}: {m.python} failed ({code}): {(err or out).strip()[-300:]} (give the "
-                                "machine's python in the inventory)")
+            conn = self.conns[m.name]
+            code, out, err = conn.run(["id", "-u"], timeout_s=30)
+            if code != 0 or out.strip().splitlines()[-1:] != ["0"]:
+                problems.append(f"{m.name}: the login {m.user} is not root (id -u: {(out or err).strip()[-80:]!r}): the "
+                                "testbed builds network namespaces there; log in as root with a key")
                 continue
-            self.preflight[m.name] = json.loads(out)
-            problems += check_machine(m.name, self.preflight[m.name], torch.__version__, pyroute2.__version__)
+            script = PREFLIGHT % {"modules": MODULES, "tools": tuple({**TOOLS, **BUILD_TOOLS})}
+            code, out, err = conn.run([m.python, "-c", script], timeout_s=60)
+            report = _last_json_line(out)
+            if code != 0 or report is None:
+                problems.append(f"{m.name}: {m.python} gave no preflight report (exit {code}): "
+                                f"{(err or out).strip()[-300:]!r}; give the inventory's python as a Python 3 "
+                                "interpreter there, and make sure the login prints nothing else")
+                continue
+            self.preflight[m.name] = report
+            problems += check_machine(m.name, report, torch.__version__, pyroute2.__version__)
         if problems:
             raise RemoteError("machines are not ready; nothing was built:\n  " + "\n  ".join(problems))
         # 2. deploy and start the agents
         for m in self.inventory.machines:
             self._deploy(m)
             self.agents[m.name] = AgentClient(self.conns[m.name], self.root_of(m),
-                                              self.out_dir / "logs" / f"agent-{m.name}.log")
-            self.agents[m.name].call("hello")
+                                              self.out_dir / "logs" / f"agent-{m.name}.log", self.agent_idle_s)
+            self.agent_pids[m.name] = self.agents[m.name].call("hello")["pid"]
         self.clock = {m.name: {"before": self.measure_offset(m.name)} for m in self.inventory.machines}
+        # the copying of traces doubles as the agents' heartbeat (agent.py's watchdog), so it runs
+        # while other machines build
+        self._sync = threading.Thread(target=self._sync_loop, name="remote-sync", daemon=True)
+        self._sync.start()
         # 3. each machine builds its DCs
         tunnels = tunnel_plan(self.spec, self.inventory, self.prefix)
         mechanisms = {}
@@ -299,8 +350,6 @@ class RemoteEmulation(Emulation):
             raise BuildError(f"the machines chose different delay mechanisms ({mechanisms}): pass "
                              "--delay-mechanism nfqueue so that every end of a link is shaped alike")
         self.mechanism = next(iter(mechanisms.values()))
-        self._sync = threading.Thread(target=self._sync_loop, name="remote-sync", daemon=True)
-        self._sync.start()
         self.build_s = time.perf_counter() - t0
         self._write_clock()
         (self.out_dir / "topology.json").write_text(json.dumps(
@@ -340,16 +389,23 @@ class RemoteEmulation(Emulation):
 
     def _sync_loop(self) -> None:
         while not self._sync_halt.wait(SYNC_INTERVAL_S):
-            try:
-                self.sync()
-            except RemoteError:
-                return
+            self.sync(wait=False)
 
-    def sync(self) -> None:
-        """Append what the machines' processes wrote since the last call to the local run folder."""
+    def sync(self, wait: bool = True) -> None:
+        """Append what the machines' processes wrote since the last call to the local run folder.
+        ``wait=False`` skips agents busy with another request (a build, a measurement) and agents
+        that are gone (their failure is reported by the request that found it)."""
         with self._sync_lock:
-            for name, agent in self.agents.items():
-                for rel, text in agent.call("read")["files"].items():
+            for name, agent in list(self.agents.items()):
+                if not wait and (agent.gone or agent.busy):
+                    continue
+                try:
+                    files = agent.call("read")["files"]
+                except RemoteError:
+                    if wait:
+                        raise
+                    continue
+                for rel, text in files.items():
                     # traces and logs merge into the run folder; other files (the machine's own
                     # topology.json) keep to machines/<name>/
                     merged = rel.endswith(".jsonl") or rel.startswith("logs/") or rel.startswith("events/")
@@ -359,36 +415,49 @@ class RemoteEmulation(Emulation):
                         f.write(text.encode("latin-1"))
 
     def teardown(self) -> None:
+        """Every agent tears its part down; a machine whose agent is gone is cleaned from its own
+        registry; every machine's run folder is removed. A machine that cannot be reached keeps
+        the run in this machine's registry, for ``testbed clean`` to retry."""
         self._sync_halt.set()
         if self._sync is not None:
             self._sync.join(timeout=5)
             self._sync = None
-        for name, agent in list(self.agents.items()):
+        for name, agent in self.agents.items():
+            if agent.gone:
+                continue
             try:
                 if name in self.clock and "after" not in self.clock[name]:
                     self.clock[name]["after"] = self.measure_offset(name)
                 agent.call("teardown", timeout_s=120)
             except RemoteError as e:
                 print(f"testbed: warning: {e}", flush=True)
-        try:
-            if self.agents:
-                self.sync()
+        if self.agents:
+            self.sync(wait=False)  # the last lines of every machine still answering
+            if self.clock:
                 self._write_clock()
-        except RemoteError as e:
-            print(f"testbed: warning: traces of the last moments may be missing: {e}", flush=True)
+        gone = {name for name, agent in self.agents.items() if agent.gone}
         for agent in self.agents.values():
             agent.close()
         self.agents.clear()
+        unclean = []
         for m in self.inventory.machines:
             conn = self.conns.pop(m.name, None)
             if conn is None:
                 continue
             try:
-                conn.run(["rm", "-rf", "--", self.root_of(m)], timeout_s=60)
+                if m.name in gone:
+                    note = _clean_machine(conn, m, self.root_of(m), self.prefix)
+                    print(f"testbed: machine {m.name}: {note}", flush=True)
+                else:
+                    conn.run(["rm", "-rf", "--", self.root_of(m)], timeout_s=60)
             except RemoteError as e:
-                print(f"testbed: warning: {e}", flush=True)
+                unclean.append(f"{m.name} ({e})")
             conn.close()
-        if self._record is not None:
+        if unclean:
+            print(f"testbed: warning: could not clean {', '.join(unclean)}: run 'sudo testbed clean' once the "
+                  "machines are reachable", flush=True)
+            self._record = None  # kept in the registry: its owner (this process) is gone once it exits
+        elif self._record is not None:
             self._record.delete()
             self._record = None
 
@@ -410,13 +479,26 @@ class RemoteEmulation(Emulation):
         return dict(extra)
 
     def share_file(self, path: Path) -> str:
-        """Copy ``path`` (file or folder) to every machine's ``shared/`` folder; the path the hosts'
+        """Copy the file ``path`` to every machine's ``shared/`` folder; returns the path the hosts'
         processes use (relative to the agent's folder, which they run in)."""
-        rel = f"shared/{path.name}"
+        return self._share(path.name, path.read_bytes())
+
+    def share_corpus(self, path: Path | None) -> str:
+        """The corpus as read here (data.corpus_bytes: at most 32 MiB, regular files only), copied
+        to every machine as one file, so every replica trains on the same bytes whatever the
+        machines' own Python libraries (the default corpus) or folders hold."""
+        from .data import corpus_bytes
+
+        return self._share("corpus.txt", corpus_bytes(path))
+
+    def _share(self, name: str, data: bytes) -> str:
+        rel = f"shared/{name}"
         for m in self.inventory.machines:
             sftp = self.conns[m.name].sftp()
             try:
-                _put(sftp, path, f"{self.root_of(m)}/{rel}")
+                with sftp.open(f"{self.root_of(m)}/{rel}", "wb") as f:
+                    f.set_pipelined(True)
+                    f.write(data)
             finally:
                 sftp.close()
         return rel
@@ -469,17 +551,20 @@ class RemoteEmulation(Emulation):
     add_wan_class = set_wan_class_rate = compile_wan_class_rates = set_link_rate = _not_here
 
 
-def _put(sftp, path: Path, dest: str) -> None:
-    if path.is_dir():
-        try:
-            sftp.mkdir(dest)
-        except OSError:
-            pass
-        for child in sorted(path.iterdir()):
-            _put(sftp, child, f"{dest}/{child.name}")
-    else:
-        sftp.put(str(path), dest)
-
+def _clean_machine(conn: Connection, m: Machine, root: str, prefix: str) -> str:
+    """Remove what run ``prefix`` left on machine ``m`` after its agent died: its registry's record
+    there (``testbed clean --run PREFIX`` with the deployed code), then its run folder. Returns a
+    note; raises RemoteError if that machine still holds the run."""
+    if conn.run(["test", "-d", f"{root}/code/testbed"])[0] != 0:
+        conn.run(["rm", "-rf", "--", root])
+        return "nothing of the run was left but its folder (removed)"
+    code, out, err = conn.run([m.python, "-m", "testbed.cli", "clean", "--run", prefix],
+                              env={"PYTHONPATH": f"{root}/code"}, timeout_s=120)
+    text = out.strip().replace("\n", "; ")
+    if code != 0 or "still running" in text:
+        raise RemoteError(f"{conn.where}: testbed clean there failed: {(text or err.strip())[-300:]}")
+    conn.run(["rm", "-rf", "--", root])
+    return text or "cleaned"
 
 
 def clean_remote_run(rec: RunRecord) -> list[str]:
@@ -511,12 +596,7 @@ def clean_remote_run(rec: RunRecord) -> list[str]:
             fetched = _fetch_dir(conn, f"{root}/run", Path(rec.out_dir or ".") / f"leftover-{m.name}")
             note = f"{m.name}: {fetched} trace files fetched into {Path(rec.out_dir or '.') / f'leftover-{m.name}'}"
             # the agent removes the deployed code only after its teardown: code left means it was killed
-            if conn.run(["test", "-d", f"{root}/code/testbed"])[0] == 0:
-                code, out, err = conn.run([m.python, "-m", "testbed.cli", "clean", "--run", rec.prefix],
-                                          env={"PYTHONPATH": f"{root}/code"}, timeout_s=120)
-                note += "; " + (out.strip().replace("\n", "; ") if code == 0 else f"clean there failed: {err.strip()[-200:]}")
-            conn.run(["rm", "-rf", "--", root])
-            notes.append(note)
+            notes.append(note + "; " + _clean_machine(conn, m, root, rec.prefix))
         except RemoteError as e:
             notes.append(f"could not clean {m.name}: {e}")
         finally:

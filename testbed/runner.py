@@ -165,8 +165,7 @@ def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto"
                 controller.install()
                 controller.start()
             exp_cfg = {**exp.to_dict(), "wan_connections": n_conn}
-            if exp.data:
-                exp_cfg["data"] = emu.share_file(Path(exp.data))
+            exp_cfg["data"] = emu.share_corpus(Path(exp.data) if exp.data else None)
             cfg = {"experiment": exp_cfg, "workers": [asdict(w) for w in workers],
                    "out_dir": emu.host_out_dir, "init_method": f"tcp://{master}:{GLOO_PORT}", "timeout_s": t_timeout,
                    "control_socket": str(controller.sock_path) if controller else None}

@@ -8,6 +8,7 @@ never interpreted by a shell. Nothing secret (keys, passphrases) is logged or wr
 """
 from __future__ import annotations
 
+import logging
 import re
 import shlex
 import socket
@@ -18,6 +19,11 @@ from .errors import RemoteError
 from .inventory import Machine
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+# paramiko logs its own tracebacks (e.g. "Error reading SSH protocol banner") through logging's
+# last-resort handler; every failure is reported once, as a RemoteError
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 
 def remote_command(argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | None = None) -> str:
@@ -35,6 +41,44 @@ def remote_command(argv: Sequence[str], env: Mapping[str, str] | None = None, cw
     if cwd:
         line = f"cd -- {shlex.quote(cwd)} && {line}"
     return line
+
+
+def load_known_hosts(client, path: Path) -> None:
+    """Load ``path`` into ``client``'s host keys. OpenSSH's ``@cert-authority`` lines (host
+    certificates, which paramiko cannot check) are skipped; an ``@revoked`` line (which paramiko
+    would ignore, accepting the revoked key) or a line paramiko cannot parse is refused, naming the
+    line. Raises RemoteError."""
+    import tempfile
+
+    from paramiko.hostkeys import HostKeyEntry
+
+    if not path.is_file():
+        raise RemoteError(f"known_hosts {path} is not a file: name the known_hosts file in the inventory")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise RemoteError(f"known_hosts {path} cannot be read ({e}): name an OpenSSH known_hosts file") from None
+    kept = []
+    for n, line in enumerate(text.splitlines(), 1):
+        word = line.strip()
+        if not word or word.startswith("#") or word.startswith("@cert-authority"):
+            continue
+        if word.startswith("@revoked"):
+            raise RemoteError(f"known_hosts {path} line {n} marks a revoked key, which paramiko would not honour: "
+                              "give the inventory a known_hosts file without @revoked lines")
+        try:
+            entry = HostKeyEntry.from_line(word, n)
+        except Exception as e:  # InvalidHostKey, binascii.Error, ...
+            raise RemoteError(f"known_hosts {path} line {n} is not a host key line ({type(e).__name__}): fix or "
+                              "remove it (ssh-keygen -R HOST removes a host's lines)") from None
+        if entry is None:
+            raise RemoteError(f"known_hosts {path} line {n} is not a host key line: fix or remove it")
+        kept.append(word)
+    with tempfile.NamedTemporaryFile("w", suffix=".known_hosts") as f:
+        f.write("\n".join(kept) + "\n")
+        f.flush()
+        # HostKeys.load, not client.load_host_keys: that would make AutoAddPolicy write keys back
+        client.get_host_keys().load(f.name)
 
 
 class Connection:
@@ -57,11 +101,8 @@ class Connection:
 
         m = self.machine
         client = paramiko.SSHClient()
-        if self.known_hosts.is_file():
-            try:
-                client.load_host_keys(str(self.known_hosts))
-            except (OSError, paramiko.SSHException) as e:
-                raise RemoteError(f"known_hosts file {self.known_hosts} cannot be read: {e}") from None
+        if self.known_hosts.exists():
+            load_known_hosts(client, self.known_hosts)
         elif not self.accept_unknown:
             raise RemoteError(f"known_hosts file {self.known_hosts} does not exist, so no host key of {self.where} "
                               "can be verified: ssh to it once and check its key fingerprint, or name the right "
@@ -71,6 +112,11 @@ class Connection:
             client.connect(m.address, port=m.port, username=m.user, key_filename=str(m.key) if m.key else None,
                            timeout=self.timeout_s, banner_timeout=self.timeout_s, auth_timeout=self.timeout_s,
                            look_for_keys=m.key is None, allow_agent=m.key is None)
+        except paramiko.PasswordRequiredException:
+            client.close()
+            raise RemoteError(f"{self.where}: the key {m.key} is encrypted with a passphrase, which the testbed "
+                              "never asks for: load it into ssh-agent and leave the machine's key: out of the "
+                              "inventory (then the agent's keys are used)") from None
         except paramiko.BadHostKeyException as e:
             client.close()
             raise RemoteError(f"{self.where} offered a host key ({e.key.get_name()} {e.key.get_fingerprint().hex()}) "
@@ -83,11 +129,22 @@ class Connection:
                               "key's public half is in that user's authorized_keys there") from None
         except paramiko.SSHException as e:
             client.close()
-            if "known_hosts" in str(e):
+            text = str(e)
+            if "known_hosts" in text:
                 raise RemoteError(f"{self.where} is not in {self.known_hosts}: ssh to it once and check its key "
                                   "fingerprint, or (only on a network you trust) set accept_unknown_host_keys: true "
                                   "in the inventory") from None
-            raise RemoteError(f"{self.where}: SSH failed ({e})") from None
+            if "private key" in text or "key file" in text:
+                raise RemoteError(f"{self.where}: the inventory's key {m.key} cannot be used ({text}): give the "
+                                  "private key file (not the .pub), in OpenSSH or PEM format") from None
+            if "banner" in text:
+                raise RemoteError(f"{self.where}: no SSH server answered on port {m.port} ({text}): check the "
+                                  "machine's address and port") from None
+            raise RemoteError(f"{self.where}: SSH failed ({text})") from None
+        except ValueError as e:  # paramiko's key parsers raise it for a malformed key file
+            client.close()
+            raise RemoteError(f"{self.where}: the inventory's key {m.key} cannot be read ({e}): give an "
+                              "unencrypted private key file") from None
         except (OSError, socket.timeout) as e:
             client.close()
             raise RemoteError(f"{self.where} is unreachable ({e.strerror or e}): check its address and port, and "

@@ -30,7 +30,7 @@ from . import netlink
 from .errors import BuildError
 from .features import require_root, require_tools
 from .hostproc import stop_popen
-from .registry import RunRecord, stop_process
+from .registry import RunRecord, clean_run
 
 LAB_POOL = ipaddress.IPv4Network("198.18.0.0/15")
 SSHD = "/usr/sbin/sshd"
@@ -194,11 +194,7 @@ class SshLab:
                     pass
                 stop_popen(m.proc, grace_s=5)
         if self._record is not None:
-            for p in self._record.processes:
-                stop_process(p.pid, p.start)
-            for ns in self._record.namespaces:
-                netlink.remove_netns(ns)
-            self._record.delete()
+            clean_run(self._record)  # also ends sshd sessions still open in the machines
             self._record = None
 
     def machine_state(self, m: LabMachine) -> dict:

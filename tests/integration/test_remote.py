@@ -123,6 +123,37 @@ def test_kill_9_then_clean(lab, tmp_path, clean_machine):
     _assert_machines_clean(lab)
 
 
+def test_a_killed_agent_is_reported_and_its_machine_cleaned(lab, tmp_path, clean_machine):
+    import os
+
+    inv = lab.write_inventory(tmp_path / "inventory.yaml", GROUPS["two_dc"])
+    with RemoteEmulation(load_topology("two_dc"), inventory=inv, out_dir=tmp_path / "run") as emu:
+        os.kill(emu.agent_pids["m1"], signal.SIGKILL)  # the lab's machines share this PID namespace
+        with pytest.raises(RemoteError, match="m1.*exited or was killed"):
+            for _ in range(50):
+                emu.check_alive()
+                time.sleep(0.1)
+        assert _empty(lab)["m1"]["netns"]  # a killed agent cannot tear down
+    _assert_machines_clean(lab)  # the runner cleaned m1 from its own registry
+    assert not [r for r in list_runs() if r.kind == "remote"]
+
+
+def test_agents_tear_down_when_the_runner_falls_silent(lab, tmp_path, clean_machine):
+    """No request for agent_idle_s (a runner whose machine or network vanished without a TCP close)."""
+    inv = lab.write_inventory(tmp_path / "inventory.yaml", GROUPS["two_dc"])
+    emu = RemoteEmulation(load_topology("two_dc"), inventory=inv, out_dir=tmp_path / "run")
+    emu.agent_idle_s = 3
+    with emu:
+        emu._sync_halt.set()  # the heartbeat stops
+        emu._sync.join()
+        deadline = time.monotonic() + 20
+        while any(_empty(lab)[m.name]["netns"] for m in lab.machines) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_empty(lab)[m.name]["netns"] for m in lab.machines)
+    _assert_machines_clean(lab)
+    assert "no request for 3 s" in (tmp_path / "run" / "logs" / "agent-m0.log").read_text()
+
+
 def _refused(inv: Path, tmp_path: Path, lab, needle: str, topology: str = "two_dc") -> str:
     with pytest.raises(RemoteError) as e:
         with RemoteEmulation(load_topology(topology), inventory=inv, out_dir=tmp_path / "run"):

@@ -52,12 +52,28 @@ def test_a_good_inventory_loads_with_defaults(tmp_path):
     ("workdir", "/var/../etc", "machines[0].workdir"),
     ("workdir", "/tmp/a b", "machines[0].workdir"),
     ("key", "/nonexistent/key", "machines[0].key"),
+    ("key", "~nosuchuser-xyz/id", "machines[0].key"),
+    ("key", "/tmp", "machines[0].key"),
+    ("tunnel_address", "127.0.0.1", "machines[0].tunnel_address"),
+    ("tunnel_address", "224.0.0.1", "machines[0].tunnel_address"),
+    ("tunnel_address", "0.0.0.0", "machines[0].tunnel_address"),
+    ("address", "127.0.0.1", "machines[0].address"),
     ("colour", "blue", "machines[0].colour"),
 ])
 def test_bad_machine_fields_are_named(tmp_path, field, value, needle):
     with pytest.raises(SpecError) as e:
         parse_inventory(_inv(tmp_path, **{field: value}), "inv.yaml")
     assert e.value.field == needle and e.value.fix
+
+
+def test_relative_paths_start_at_the_inventorys_folder(tmp_path, monkeypatch):
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "id").write_text("k\n")
+    (tmp_path / "inv.yaml").write_text(yaml.safe_dump({"known_hosts": "kh", "machines": [
+        {"name": "m0", "address": "192.0.2.10", "user": "root", "key": "keys/id", "dcs": ["east"]}]}))
+    monkeypatch.chdir("/")
+    inv = load_inventory(tmp_path / "inv.yaml")
+    assert inv.machines[0].key == tmp_path / "keys" / "id" and inv.known_hosts == tmp_path / "kh"
 
 
 def test_a_host_name_needs_a_tunnel_address(tmp_path):
@@ -71,6 +87,9 @@ def test_a_host_name_needs_a_tunnel_address(tmp_path):
     (lambda d: d["machines"][1].update(name="m0"), "machines[1].name"),
     (lambda d: d["machines"][1].update(address="192.0.2.10"), "machines[1].address"),
     (lambda d: d["machines"][1].update(dcs=["east"]), "machines[1].dcs"),
+    (lambda d: d["machines"][1].update(address="::ffff:192.0.2.10", tunnel_address="192.0.2.10"),
+     "machines[1].tunnel_address"),
+    (lambda d: d.update(known_hosts="~nosuchuser-xyz/kh"), "known_hosts"),
     (lambda d: d.update(accept_unknown_host_keys="yes"), "accept_unknown_host_keys"),
     (lambda d: d.update(machines=[]), "machines"),
     (lambda d: d.update(hosts=[]), "hosts"),
@@ -93,8 +112,13 @@ def test_inventory_must_fit_the_topology(tmp_path):
 
 
 def test_a_missing_or_broken_file_is_a_spec_error(tmp_path):
-    with pytest.raises(SpecError, match="does not exist"):
+    with pytest.raises(SpecError, match="is not a file.*Several machines"):
         load_inventory(tmp_path / "nope.yaml")
+    with pytest.raises(SpecError, match="is not a file"):
+        load_inventory(tmp_path)
+    (tmp_path / "huge.yaml").write_text("#" * (2 << 20))
+    with pytest.raises(SpecError, match="bytes long"):
+        load_inventory(tmp_path / "huge.yaml")
     (tmp_path / "bad.yaml").write_text("machines: [\n")
     with pytest.raises(SpecError, match="not valid YAML"):
         load_inventory(tmp_path / "bad.yaml")

@@ -107,3 +107,36 @@ def test_topologies_survive_the_trip_to_a_machine():
 def test_deployment_carries_the_package_and_the_delay_element_source():
     names = {p.name for p in package_files()}
     assert {"agent.py", "emulation.py", "worker.py", "trace.py", "nfq_delay.c"} <= names
+
+
+def _known_hosts(tmp_path, text: str | bytes):
+    path = tmp_path / "known_hosts"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+def test_known_hosts_lines_are_checked_and_named(tmp_path):
+    import paramiko
+
+    from testbed.errors import RemoteError
+    from testbed.ssh import load_known_hosts
+
+    line = ("192.0.2.10 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDwQ0vhUZm3kNk7uzAtOQq4iI6R3lu3nR0VbC+Qm0h0r\n")
+    client = paramiko.SSHClient()
+    load_known_hosts(client, _known_hosts(tmp_path, "# comment\n\n@cert-authority *.example.org " + line[11:] + line))
+    assert client.get_host_keys().lookup("192.0.2.10") is not None
+    for text, needle in [("garbage ]]] AAAA\n", "line 1 is not a host key line"),
+                         (line + "@revoked * " + line[11:], "line 2 marks a revoked key"),
+                         (b"\xff\xfe\x00", "cannot be read")]:
+        with pytest.raises(RemoteError, match=needle):
+            load_known_hosts(paramiko.SSHClient(), _known_hosts(tmp_path, text))
+    with pytest.raises(RemoteError, match="is not a file"):
+        load_known_hosts(paramiko.SSHClient(), tmp_path)
+
+
+def test_preflight_output_after_a_login_banner():
+    from testbed.remote_backend import _last_json_line
+
+    assert _last_json_line('Welcome to m0!\n{"uid": 0}\n') == {"uid": 0}
+    assert _last_json_line("") is None and _last_json_line("[1, 2]") is None
+    assert "preflight report" in check_machine("m0", {"uid": 0}, "2.13.0", "0.9.7")[0]
