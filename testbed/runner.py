@@ -202,8 +202,10 @@ def run_experiment(exp: Experiment, out_dir: Path, delay_mechanism: str = "auto"
                         (out_dir / "dispatcher_failed").write_text(repr(dispatcher.failed))
                     for w in workers:
                         Path(cfg["bubbletea"]["inbox"].format(rank=w.rank)).unlink(missing_ok=True)
-    except (RunError, KeyboardInterrupt) as e:
+    except (TestbedError, KeyboardInterrupt) as e:  # RunError, a dead delay element or agent: traces kept
         error = e
+        if not isinstance(e, (RunError, KeyboardInterrupt)) and not (out_dir / "events").exists():
+            raise  # it failed before any worker ran: nothing to summarize
     summary = finalize(out_dir, exp, aborted=error is not None)
     if error is not None:
         raise error

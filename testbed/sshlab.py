@@ -194,6 +194,12 @@ class SshLab:
                     pass
                 stop_popen(m.proc, grace_s=5)
         if self._record is not None:
+            # this namespace's end of the LAN first: a namespace is destroyed asynchronously, and
+            # the veth would outlive the LAN namespace's removal for a moment
+            with netlink.IPRoute() as here:
+                found = here.link_lookup(ifname=f"{self.prefix}-op")
+                if found:
+                    here.link("del", index=found[0])
             clean_run(self._record)  # also ends sshd sessions still open in the machines
             self._record = None
 

@@ -64,7 +64,9 @@ def test_fidelity_across_machines(name, lab, tmp_path, clean_machine):
         assert state["m1"]["netns"] == sorted(emu.plan.hosts[h].netns for h in emu.plan.hosts if h.startswith("west")) \
             + [f"{emu.prefix}-west-r"]
         _assert_offsets(emu.clock)
-        report = check_fidelity(emu, duration_s=3, omit_s=1, rtt_samples=20)
+        # 5 s per direction: on this 2-core machine one second in a few dips by about 10% on any
+        # backend (the sender's per-second figures), which a 2 s window cannot absorb
+        report = check_fidelity(emu, duration_s=5, omit_s=1, rtt_samples=20)
     bad = [link for link in report["links"] if not link["ok"]]
     assert not bad and report["ok"], json.dumps(bad, indent=1)
     assert len(report["links"]) == 2 * len(spec.links)
@@ -190,6 +192,14 @@ def test_a_refused_login_is_named(lab, tmp_path, clean_machine):
     (tmp_path / "a.yaml").write_text(yaml.safe_dump(data))
     msg = _refused(tmp_path / "a.yaml", tmp_path, lab, "refused the login")
     assert "m1" in msg and "PRIVATE KEY" not in msg and other.read_text() not in msg
+    locked = tmp_path / "locked_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "a passphrase", "-f", str(locked)], check=True)
+    data["machines"][1]["key"] = str(locked)
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(data))
+    _refused(tmp_path / "a.yaml", tmp_path, lab, "encrypted with a passphrase")
+    data["machines"][1]["key"] = str(locked) + ".pub"  # the public half by mistake
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(data))
+    _refused(tmp_path / "a.yaml", tmp_path, lab, "cannot be")
 
 
 def test_unreachable_machine_and_missing_modules_are_refused_before_building(lab, tmp_path, clean_machine):
