@@ -22,16 +22,18 @@ def test_link_rate_change_takes_effect_mid_transfer(tmp_path, clean_machine):
         changed = {}
 
         def change_later():
-            time.sleep(3.5)
+            time.sleep(4.5)
             changed["t_ns"] = emu.set_wan_class_rate("east", "west", 0x10, new_rate)
 
         t = threading.Thread(target=change_later)
         t.start()
-        result = iperf(emu, "east-h0", "west-h0", duration_s=10, omit_s=0).interval_bps
+        result = iperf(emu, "east-h0", "west-h0", duration_s=11, omit_s=0).interval_bps
         t.join()
-        # per-second figures are the sender's and come in bursts: average whole seconds
-        before = statistics.mean(result[1:3])
-        after = statistics.mean(result[5:10])
+        # per-second figures are the sender's and come in bursts (a low second is followed by a high
+        # one), and on a busy 2-core machine one second in a few dips by about 10%: average 3 whole
+        # seconds before the change and 5 after it
+        before = statistics.mean(result[1:4])
+        after = statistics.mean(result[6:11])
         assert rate_within(before, 100e6 * TCP_GOODPUT_FRACTION), before
         assert rate_within(after, new_rate * TCP_GOODPUT_FRACTION), after
         assert emu.wan_classes("east", "west")[0x10]["rate_bps"] == new_rate
