@@ -64,9 +64,10 @@ def test_fidelity_across_machines(name, lab, tmp_path, clean_machine):
         assert state["m1"]["netns"] == sorted(emu.plan.hosts[h].netns for h in emu.plan.hosts if h.startswith("west")) \
             + [f"{emu.prefix}-west-r"]
         _assert_offsets(emu.clock)
-        # 5 s per direction: on this 2-core machine one second in a few dips by about 10% on any
-        # backend (the sender's per-second figures), which a 2 s window cannot absorb
-        report = check_fidelity(emu, duration_s=5, omit_s=1, rtt_samples=20)
+        # 5 s per direction after 2 s of warm-up: on this 2-core machine one second in a few dips by
+        # about 10% on any backend, and TCP on the 60 ms path needs seconds to regrow its window
+        # after a loss at the end of slow start; a 2 s window after 1 s absorbs neither
+        report = check_fidelity(emu, duration_s=5, omit_s=2, rtt_samples=20)
     bad = [link for link in report["links"] if not link["ok"]]
     assert not bad and report["ok"], json.dumps(bad, indent=1)
     assert len(report["links"]) == 2 * len(spec.links)
