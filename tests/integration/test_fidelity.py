@@ -10,6 +10,9 @@ from testbed.topology import load_topology, parse_topology
 from .conftest import run_cli
 
 SHORT = {"duration_s": 3, "omit_s": 1, "rtt_samples": 20}
+#: three_dc's 60 ms east-west path fell about 5.5% short now and then over SHORT's 2 s window, on
+#: every backend; over 5 s after 2 s of warm-up (nearer the CLI's 10 s after 2 s) it has not so far
+LONG_RTT = {"duration_s": 5, "omit_s": 2, "rtt_samples": 20}
 
 
 def _assert_report_ok(report):
@@ -21,7 +24,7 @@ def _assert_report_ok(report):
 def test_three_dc_fidelity(tmp_path, clean_machine):
     spec = load_topology("three_dc")
     with Emulation(spec, out_dir=tmp_path) as emu:
-        report = check_fidelity(emu, **SHORT)
+        report = check_fidelity(emu, **LONG_RTT)
     assert len(report["links"]) == 2 * len(spec.links)
     _assert_report_ok(report)
 

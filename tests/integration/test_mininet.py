@@ -23,6 +23,9 @@ from testbed.topology import load_topology
 from .conftest import REPO, machine_state, run_cli, start_topo_up
 
 SHORT = {"duration_s": 3, "omit_s": 1, "rtt_samples": 20}
+#: three_dc's 60 ms east-west path fell about 5.5% short now and then over SHORT's 2 s window, on
+#: every backend; over 5 s after 2 s of warm-up (nearer the CLI's 10 s after 2 s) it has not so far
+LONG_RTT = {"duration_s": 5, "omit_s": 2, "rtt_samples": 20}
 
 
 @pytest.mark.parametrize("name", ["two_dc", "three_dc"])
@@ -35,7 +38,7 @@ def test_fidelity_under_mininet(name, tmp_path, clean_machine):
         assert all(proc_start_time(pid) is not None for pid in shells.values())
         for h in emu.plan.hosts.values():
             assert Path(f"/proc/{shells[h.name]}/ns/net").stat().st_ino == Path(f"/run/netns/{h.netns}").stat().st_ino
-        report = check_fidelity(emu, **SHORT)
+        report = check_fidelity(emu, **(LONG_RTT if name == "three_dc" else SHORT))
     bad = [link for link in report["links"] if not link["ok"]]
     assert not bad and report["ok"], json.dumps(bad, indent=1)
     assert len(report["links"]) == 2 * len(spec.links)
