@@ -10,6 +10,17 @@ from .topology import TopologySpec
 BACKENDS = ("netns", "mininet", "remote")
 
 
+def check_backend_options(backend: str, inventory: Path | None) -> None:
+    """``--inventory`` given exactly with ``--backend remote``. Raises SpecError."""
+    if backend == "remote" and inventory is None:
+        raise SpecError("--backend remote", "--inventory", None, "is missing",
+                        "give the inventory file that lists the machines and the DCs they host (README: Several "
+                        "machines)")
+    if inventory is not None and backend != "remote":
+        raise SpecError("--inventory", "(option)", str(inventory), f"is only used by --backend remote, not {backend}",
+                        "add --backend remote, or leave --inventory out")
+
+
 def make_emulation(spec: TopologySpec, backend: str = "netns", inventory: Path | None = None,
                    **kwargs) -> Emulation:
     """An unbuilt emulation of ``spec`` on ``backend`` (use it as a context manager); ``kwargs`` go
@@ -23,8 +34,6 @@ def make_emulation(spec: TopologySpec, backend: str = "netns", inventory: Path |
     if backend == "remote":
         from .remote_backend import RemoteEmulation
 
-        if inventory is None:
-            raise SpecError("--backend remote", "--inventory", None, "is missing",
-                            "give the inventory file that lists the machines and the DCs they host")
+        check_backend_options(backend, inventory)
         return RemoteEmulation(spec, inventory=inventory, **kwargs)
     raise SpecError("--backend", "(option)", backend, "is not a backend", f"use one of {', '.join(BACKENDS)}")

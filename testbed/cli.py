@@ -41,13 +41,9 @@ def _emulation(args, spec):
 
 def _backend(args) -> dict:
     """``--backend`` and ``--inventory`` as keyword arguments of make_emulation/run_experiment."""
-    if args.backend == "remote" and args.inventory is None:
-        raise SpecError("--backend remote", "--inventory", None, "is missing",
-                        "give the inventory file that lists the machines and the DCs they host (README: Several "
-                        "machines)")
-    if args.inventory is not None and args.backend != "remote":
-        raise SpecError("--inventory", "(option)", str(args.inventory), f"is only used by --backend remote, not "
-                        f"{args.backend}", "add --backend remote, or leave --inventory out")
+    from .backends import check_backend_options
+
+    check_backend_options(args.backend, args.inventory)
     return {"backend": args.backend, "inventory": args.inventory}
 
 

@@ -149,7 +149,7 @@ class AgentClient:
     """The request/reply channel to one machine's agent. Thread-safe (one request at a time)."""
 
     def __init__(self, conn: Connection, root: str, log_path: Path, idle_s: float = 30.0) -> None:
-        self.conn, self.root = conn, root
+        self.conn = conn
         m = conn.machine
         self.chan = conn.start([m.python, "-m", "testbed.agent"],
                                env={"PYTHONPATH": f"{root}/code", "TESTBED_AGENT_REMOVE": f"{root}/code",
@@ -354,7 +354,8 @@ class RemoteEmulation(Emulation):
         self._write_clock()
         (self.out_dir / "topology.json").write_text(json.dumps(
             {**self.spec.to_dict(), "prefix": self.prefix, "backend": self.backend, "delay_mechanism": self.mechanism,
-             "inventory": self.inventory.to_dict(), "tunnel_mtu": TUNNEL_MTU, "tunnels": tunnels,
+             "inventory": self.inventory.to_dict(), "preflight": self.preflight, "tunnel_mtu": TUNNEL_MTU,
+             "tunnels": tunnels,
              "hosts": {h.name: {"dc": h.dc, "ip": str(h.ip), "netns": h.netns,
                                 "machine": self.inventory.machine_of(h.dc).name} for h in self.plan.hosts.values()}},
             indent=1))
