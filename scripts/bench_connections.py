@@ -9,18 +9,19 @@ goodput of 1 and of n parallel iperf3 streams. Figures printed, nothing asserted
 
 Run as root: .venv/bin/python scripts/bench_connections.py [--rate 100mbit] [--seconds 4]
 """
+
 from __future__ import annotations
 
 import argparse
 import tempfile
 from pathlib import Path
 
-from testbed.emulation import Emulation
-from testbed.iperf import iperf
-from testbed.planner import buffer_for_share, connections_for
-from testbed.shaping import TCP_GOODPUT_FRACTION
-from testbed.topology import parse_topology
-from testbed.units import parse_rate_bps
+from testbed.net.iperf import iperf
+from testbed.net.shaping import TCP_GOODPUT_FRACTION
+from testbed.plan.connections import buffer_for_share, connections_for
+from testbed.run.backends import make_network
+from testbed.spec.topology_file import parse_topology
+from testbed.spec.units import parse_rate_bps
 
 
 def main() -> None:
@@ -31,22 +32,31 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4)
     args = ap.parse_args()
     rate = parse_rate_bps(args.rate)
-    print(f"{'one-way':>8} {'share':>6} {'buffer':>9} {'n':>3} {'1 conn Mbit/s':>14} {'(share)':>8} "
-          f"{'n conn Mbit/s':>14} {'(share)':>8}")
+    print(
+        f"{'one-way':>8} {'share':>6} {'buffer':>9} {'n':>3} {'1 conn Mbit/s':>14} {'(share)':>8} "
+        f"{'n conn Mbit/s':>14} {'(share)':>8}"
+    )
     for delay in args.delays.split(","):
-        topo = parse_topology({"dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
-                               "links": [{"between": ["a", "b"], "rate": args.rate, "delay": delay}]}, "<bench>")
+        topo = parse_topology(
+            {
+                "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
+                "links": [{"between": ["a", "b"], "rate": args.rate, "delay": delay}],
+            },
+            "<bench>",
+        )
         rtt = 2 * topo.links[0].delay_us / 1e6
         for share in (float(x) for x in args.shares.split(",")):
             buf = buffer_for_share(rate, rtt, share)
             n = connections_for(rate, rtt, buf / 2)
             with tempfile.TemporaryDirectory() as tmp:
-                with Emulation(topo, out_dir=Path(tmp), tcp_buffer_bytes=buf) as emu:
-                    one = iperf(emu, "a-h0", "b-h0", args.seconds, 1).bits_per_second
-                    many = iperf(emu, "a-h0", "b-h0", args.seconds, 1, extra=["-P", str(n)]).bits_per_second
+                with make_network(topo, out_dir=Path(tmp), tcp_buffer_bytes=buf) as net:
+                    one = iperf(net, "a-h0", "b-h0", args.seconds, 1).bits_per_second
+                    many = iperf(net, "a-h0", "b-h0", args.seconds, 1, extra=["-P", str(n)]).bits_per_second
             full = rate * TCP_GOODPUT_FRACTION
-            print(f"{delay:>8} {share:>6.2f} {buf:>9d} {n:>3d} {one / 1e6:>14.1f} {one / full:>8.2f} "
-                  f"{many / 1e6:>14.1f} {many / full:>8.2f}")
+            print(
+                f"{delay:>8} {share:>6.2f} {buf:>9d} {n:>3d} {one / 1e6:>14.1f} {one / full:>8.2f} "
+                f"{many / 1e6:>14.1f} {many / full:>8.2f}"
+            )
 
 
 if __name__ == "__main__":

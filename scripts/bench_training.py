@@ -8,6 +8,7 @@
 
 Run as root: .venv/bin/python scripts/bench_training.py [--skip-run]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,14 +17,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from testbed import trace as T
-from testbed.experiment import load_experiment
-from testbed.worker import Padder
+from testbed.spec.experiment_file import load_experiment
+from testbed.trace import schema as T
+from testbed.trace.clock import now_ns
+from testbed.trace.events import EventWriter
+from testbed.train.worker import Padder
 
 
 def tracing_cost_ns(n: int = 5000) -> float:
     with tempfile.TemporaryDirectory() as tmp:
-        w = T.EventWriter(Path(tmp) / "w.jsonl", worker=0, host="h", dc="d", stage=0, replica=0)
+        w = EventWriter(Path(tmp) / "w.jsonl", worker=0, host="h", dc="d", stage=0, replica=0)
         t0 = time.perf_counter_ns()
         for i in range(n):
             w.write(T.FORWARD, i, i + 1, iteration=0, microbatch=i, real_ns=1, padded_ns=1)
@@ -36,9 +39,9 @@ def padding_overshoot_ns(target_ms: float, n: int = 200) -> list[float]:
     p = Padder({T.FORWARD: target_ms}, enabled=True)
     out = []
     for _ in range(n):
-        t0 = T.now_ns()
+        t0 = now_ns()
         p.finish(T.FORWARD, t0)
-        out.append(T.now_ns() - t0 - target_ms * 1e6)
+        out.append(now_ns() - t0 - target_ms * 1e6)
     return out
 
 
@@ -53,23 +56,29 @@ def main() -> None:
     trace_ns = tracing_cost_ns() * events_per_step
     over = padding_overshoot_ns(c.forward_ms)
     pad_ns = statistics.mean(over) * exp.microbatches * 2
-    print(f"default experiment: {exp.microbatches} microbatches, targets {c.forward_ms:g}/{c.backward_ms:g} ms "
-          f"-> {step_ns / 1e6:.0f} ms of padded compute per stage per step")
+    print(
+        f"default experiment: {exp.microbatches} microbatches, targets {c.forward_ms:g}/{c.backward_ms:g} ms "
+        f"-> {step_ns / 1e6:.0f} ms of padded compute per stage per step"
+    )
     print(f"  tracing: {trace_ns / 1e3:.1f} us per step ({events_per_step} events) = {100 * trace_ns / step_ns:.3f}%")
-    print(f"  padding overshoot: mean {statistics.mean(over) / 1e3:.1f} us, p99 "
-          f"{statistics.quantiles(over, n=100)[98] / 1e3:.1f} us per op = {100 * pad_ns / step_ns:.3f}% per step")
+    print(
+        f"  padding overshoot: mean {statistics.mean(over) / 1e3:.1f} us, p99 "
+        f"{statistics.quantiles(over, n=100)[98] / 1e3:.1f} us per op = {100 * pad_ns / step_ns:.3f}% per step"
+    )
     print(f"  harness overhead: {100 * (trace_ns + pad_ns) / step_ns:.3f}% of a step (target < 2%)")
     if args.skip_run:
         return
-    from testbed.runner import run_experiment
+    from testbed.run.runner import run_experiment
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.monotonic()
         s = run_experiment(exp, Path(tmp), progress=lambda line: None)
         wall = time.monotonic() - t0
-    print(f"default run: {wall:.1f} s wall for {exp.iterations} iterations (target < 180 s); "
-          f"iteration {s['iteration_time_s']:.3f} s, wan_compute_ratio {s['wan_compute_ratio']:.2f}, "
-          f"bubble fraction {s['bubble_fraction']:.2f}")
+    print(
+        f"default run: {wall:.1f} s wall for {exp.iterations} iterations (target < 180 s); "
+        f"iteration {s['iteration_time_s']:.3f} s, wan_compute_ratio {s['wan_compute_ratio']:.2f}, "
+        f"bubble fraction {s['bubble_fraction']:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ well they fit: quantiles of the trace against the quantile-table fit and against
 (mean and standard deviation of log tokens), inter-arrival quantiles against the Gamma renewal fit
 and a Poisson process, and the burstiness of 10 s request counts.
 
-Run: .venv/bin/python scripts/fit_azure_trace.py /work/shared/data/azure-llm-inference-2023/AzureLLMInferenceTrace_conv.csv
+Run: .venv/bin/python scripts/fit_azure_trace.py \
+    ../shared/data/azure-llm-inference-2023/AzureLLMInferenceTrace_conv.csv
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +19,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-from testbed.requests import (QUANTILE_PROBS, fit_trace, load_azure_trace, requests_to_frame, synthetic_requests,
-                              tokens_from_quantiles)
+from testbed.bubbletea.azure_trace import fit_trace, load_azure_trace
+from testbed.bubbletea.requests import QUANTILE_PROBS, requests_to_frame, synthetic_requests, tokens_from_quantiles
 
 CHECK_PROBS = (0.025, 0.075, 0.10, 0.25, 0.375, 0.425, 0.50, 0.625, 0.75, 0.875, 0.90, 0.975, 0.99, 0.997)
 SAMPLES = 1_000_000
@@ -52,7 +54,7 @@ def main() -> None:
     print(f"rank correlation of prompt and output length: {rank:.3f} (the synthetic stream draws them independently)\n")
 
     gaps = np.diff(frame["arrival_s"].to_numpy())
-    shape = 1.0 / fit.interarrival_cv ** 2
+    shape = 1.0 / fit.interarrival_cv**2
     gamma = rng.gamma(shape, 1.0 / (fit.rate_per_s * shape), SAMPLES)
     poisson = rng.exponential(1.0 / fit.rate_per_s, SAMPLES)
     print(f"inter-arrival s: rate {fit.rate_per_s} /s, CV {fit.interarrival_cv} (Gamma shape {shape:.4f})")

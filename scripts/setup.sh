@@ -47,7 +47,8 @@ elif grep -q "include-system-site-packages = false" .venv/pyvenv.cfg; then
 fi
 stamp=".venv/.installed-$(cat setup.cfg pyproject.toml | sha256sum | cut -c1-12)${extras:+-test}"
 if [ ! -f "$stamp" ]; then
+  echo "installing the package and its Python dependencies into .venv (the first time: a minute or two)"
   .venv/bin/pip install -q --disable-pip-version-check -e ".$extras"
   touch "$stamp"
 fi
-.venv/bin/python -c "from testbed.delay_element import build_helper; build_helper()"
+.venv/bin/python -c "from testbed.net.delay_element import build_helper; build_helper()"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Stand-in machines for --backend remote on this box: sshd instances in their own network, mount
-(and optionally time) namespaces, with an inventory to use them (testbed/sshlab.py).
+(and optionally time) namespaces, with an inventory to use them (testbed/net/remote/lab.py).
 
     sudo .venv/bin/python scripts/ssh_lab.py --topology three_dc --machines 2 --shift 0,1000 --out /tmp/lab
     # in another shell, while it runs:
@@ -9,6 +9,7 @@
 DCs are split over the machines in file order (the first machines get one more when they do not
 divide evenly). Ctrl-C stops the lab; `testbed clean` removes it if this process is killed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from testbed.sshlab import SshLab  # noqa: E402
-from testbed.topology import load_topology  # noqa: E402
+from testbed.net.remote.lab import SshLab  # noqa: E402
+from testbed.spec.topology_file import load_topology  # noqa: E402
 
 
 def split(names: list[str], n: int) -> list[list[str]]:
@@ -28,7 +29,7 @@ def split(names: list[str], n: int) -> list[list[str]]:
     out, at = [], 0
     for i in range(n):
         k = per + (1 if i < extra else 0)
-        out.append(names[at:at + k])
+        out.append(names[at : at + k])
         at += k
     return out
 
@@ -37,13 +38,16 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topology", default="three_dc", help="topology file or shipped name (default three_dc)")
     p.add_argument("--machines", type=int, default=2, help="stand-in machines (default 2)")
-    p.add_argument("--shift", default="0,1000", help="CLOCK_MONOTONIC shift of each machine in seconds (default 0,1000)")
+    p.add_argument(
+        "--shift", default="0,1000", help="CLOCK_MONOTONIC shift of each machine in seconds (default 0,1000)"
+    )
     p.add_argument("--out", type=Path, required=True, help="folder for keys, sshd configs, inventory.yaml")
     args = p.parse_args()
     names = [dc.name for dc in load_topology(args.topology).dcs]
     if not 1 <= args.machines <= len(names):
         p.error(f"--machines must be 1..{len(names)} (the topology's DCs)")
     shifts = [float(x) for x in args.shift.split(",") if x]
+
     def stop(signum, frame):
         print(f"{signal.Signals(signum).name}: stopping", flush=True)
         sys.exit(128 + signum)

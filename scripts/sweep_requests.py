@@ -10,6 +10,7 @@ TTFT and slowdown start to grow. Figures only; nothing asserted.
 Run as root: .venv/bin/python scripts/sweep_requests.py [EXPERIMENT] [--rates 1,4,16]
              [--policy atlas] [--iterations 8] [--out DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from testbed.experiment import load_experiment
-from testbed.runner import run_experiment
+from testbed.run.runner import run_experiment
+from testbed.spec.experiment_file import load_experiment
 
 
 def main() -> None:
@@ -29,32 +30,59 @@ def main() -> None:
     ap.add_argument("--rates", default="1,4,16", help="synthetic requests per second (default 1,4,16)")
     ap.add_argument("--policy", default="atlas", help="network policy, run with and without +bubbletea (default atlas)")
     ap.add_argument("--iterations", type=int, default=8, help="iterations per run (default 8)")
-    ap.add_argument("--out", type=Path, default=Path("results") / f"sweep-requests-{time.strftime('%Y%m%d-%H%M%S')}",
-                    help="folder for the table, the plot and the run folders")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=Path("results") / f"sweep-requests-{time.strftime('%Y%m%d-%H%M%S')}",
+        help="folder for the table, the plot and the run folders",
+    )
     args = ap.parse_args()
     base = load_experiment(args.experiment).with_overrides(iterations=args.iterations)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for rate in (float(r) for r in args.rates.split(",")):
         exp = base.with_overrides(bubbletea=replace(base.bubbletea, request_rate=rate))
-        plain = run_experiment(exp.with_overrides(policy=args.policy), args.out / f"{args.policy}-{rate:g}",
-                               progress=lambda line: None)
-        bt = run_experiment(exp.with_overrides(policy=f"{args.policy}+bubbletea"),
-                            args.out / f"{args.policy}+bubbletea-{rate:g}", progress=lambda line: None)
-        row = {"rate_per_s": rate, "iteration_time_s": plain["iteration_time_s"],
-               "iteration_time_bubbletea_s": bt["iteration_time_s"],
-               "training_slowdown": bt["iteration_time_s"] / plain["iteration_time_s"],
-               **{k: bt[k] for k in ("gpu_utilization", "training_gpu_utilization", "bubble_fill_fraction",
-                                     "prefill_tokens_per_s", "requests_assigned", "requests_completed", "ttft_p50_s",
-                                     "ttft_p99_s", "training_ops_delayed_by_prefill")}}
+        plain = run_experiment(
+            exp.with_overrides(policy=args.policy), args.out / f"{args.policy}-{rate:g}", progress=lambda line: None
+        )
+        bt = run_experiment(
+            exp.with_overrides(policy=f"{args.policy}+bubbletea"),
+            args.out / f"{args.policy}+bubbletea-{rate:g}",
+            progress=lambda line: None,
+        )
+        row = {
+            "rate_per_s": rate,
+            "iteration_time_s": plain["iteration_time_s"],
+            "iteration_time_bubbletea_s": bt["iteration_time_s"],
+            "training_slowdown": bt["iteration_time_s"] / plain["iteration_time_s"],
+            **{
+                k: bt[k]
+                for k in (
+                    "gpu_utilization",
+                    "training_gpu_utilization",
+                    "bubble_fill_fraction",
+                    "prefill_tokens_per_s",
+                    "requests_assigned",
+                    "requests_completed",
+                    "ttft_p50_s",
+                    "ttft_p99_s",
+                    "training_ops_delayed_by_prefill",
+                )
+            },
+        }
         rows.append(row)
-        print(f"rate {rate:>6g}/s: slowdown {row['training_slowdown'] - 1:+.1%}, GPU utilization "
-              f"{row['training_gpu_utilization']:.2f} -> {row['gpu_utilization']:.2f}, fill {row['bubble_fill_fraction']:.2f}, "
-              f"requests {row['requests_completed']}/{row['requests_assigned']}, TTFT p50 {row['ttft_p50_s']} s "
-              f"p99 {row['ttft_p99_s']} s, delayed ops {row['training_ops_delayed_by_prefill']}", flush=True)
+        print(
+            f"rate {rate:>6g}/s: slowdown {row['training_slowdown'] - 1:+.1%}, GPU utilization "
+            f"{row['training_gpu_utilization']:.2f} -> {row['gpu_utilization']:.2f}, "
+            f"fill {row['bubble_fill_fraction']:.2f}, "
+            f"requests {row['requests_completed']}/{row['requests_assigned']}, TTFT p50 {row['ttft_p50_s']} s "
+            f"p99 {row['ttft_p99_s']} s, delayed ops {row['training_ops_delayed_by_prefill']}",
+            flush=True,
+        )
     df = pd.DataFrame(rows)
     df.to_csv(args.out / "sweep_requests.csv", index=False)
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -1,9 +1,17 @@
 """One small hierarchy of errors; every message names what is wrong and how to fix it."""
+
 from __future__ import annotations
 
 
 class TestbedError(Exception):
     """Base of every error the testbed raises on purpose (the CLI prints these without a traceback)."""
+
+    __test__ = False  # not a pytest test class, despite the name
+
+
+class TestbedWarning(UserWarning):
+    """Valid input that will likely not behave as its author expects (a WAN queue below a path's
+    bandwidth-delay product, ...). The CLI prints these as ``testbed: warning: ...``."""
 
     __test__ = False  # not a pytest test class, despite the name
 

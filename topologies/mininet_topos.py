@@ -13,6 +13,7 @@ dropped without it); the testbed's HTB classes and delay fallback come with ``te
 ``mn`` runs with the system Python: this file puts the repository on its path, and needs PyYAML
 (Debian package python3-yaml, installed by scripts/setup.sh).
 """
+
 import inspect
 import sys
 from pathlib import Path
@@ -21,8 +22,8 @@ from pathlib import Path
 _here = Path(globals().get("__file__") or inspect.currentframe().f_code.co_filename).resolve()
 sys.path.insert(0, str(_here.parent.parent))
 
-from testbed.mininet_topo import SpecTopo  # noqa: E402
-from testbed.topology import TOPOLOGY_DIR, load_topology  # noqa: E402
+from testbed.net.mininet_topo import SpecTopo  # noqa: E402
+from testbed.spec.topology_file import TOPOLOGY_DIR, load_topology  # noqa: E402
 
 
 def _topo(name_or_path: str) -> SpecTopo:

@@ -1,4 +1,5 @@
 """Integration tier: real namespaces, real tc, real iperf3. Needs root (CI runs as root)."""
+
 from __future__ import annotations
 
 import os
@@ -37,14 +38,20 @@ def machine_state() -> dict:
 
 
 def run_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "testbed.cli", *args], capture_output=True, text=True,
-                          cwd=REPO, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "testbed.cli", *args], capture_output=True, text=True, cwd=REPO, **kwargs
+    )
 
 
 def start_topo_up(tmp_path: Path, *args: str, topology: str = "two_dc") -> subprocess.Popen:
     """``testbed topo up`` in the background, returned once the network is up."""
-    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "topo", "up", topology, "--out", str(tmp_path), *args],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "testbed.cli", "topo", "up", topology, "--out", str(tmp_path), *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines = []
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

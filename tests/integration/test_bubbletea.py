@@ -1,5 +1,6 @@
-"""BubbleTea on real training: prefill chunks run only inside bubbles, requests reach the decode
-hosts, and training's math and pace do not change."""
+"""BubbleTea on real training: prefill chunks run only inside the receive waits they fill, requests
+reach the decode hosts, and training's math and pace do not change."""
+
 from __future__ import annotations
 
 import json
@@ -8,9 +9,10 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
-from testbed import trace as T
-from testbed.analysis import losses
-from testbed.experiment import load_experiment
+from testbed.results.analysis import losses
+from testbed.spec.experiment_file import load_experiment
+from testbed.trace import schema as T
+from testbed.trace.events import read_events
 
 from .conftest import machine_state
 
@@ -20,7 +22,7 @@ def _quiet(line: str) -> None:
 
 
 def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machine):
-    from testbed.compare import compare
+    from testbed.run.compare import compare
 
     before = machine_state()
     exp = load_experiment().with_overrides(iterations=7)
@@ -28,8 +30,8 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
     result = compare(exp, ["atlas", "atlas+bubbletea"], tmp_path, progress=_quiet)
     plain, bt = result["policies"]["atlas"], result["policies"]["atlas+bubbletea"]
     # scheduling prefill beside training must not change the math
-    a = losses(T.read_events(tmp_path / "atlas")).tolist()
-    b = losses(T.read_events(tmp_path / "atlas+bubbletea")).tolist()
+    a = losses(read_events(tmp_path / "atlas")).tolist()
+    b = losses(read_events(tmp_path / "atlas+bubbletea")).tolist()
     assert len(a) == 7 and a == pytest.approx(b, rel=1e-6)
     # requests were served: prefilled in bubbles, first token at a decode host, decoded
     assert bt["requests_completed"] >= 5 and bt["requests_decoded"] >= 1, bt
@@ -37,18 +39,21 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
     assert bt["training_ops_delayed_by_prefill"] == 0, bt
     assert bt["gpu_utilization"] > bt["training_gpu_utilization"] and 0 < bt["bubble_fill_fraction"] < 1
     assert "ttft_p50_s" not in plain
-    # every chunk ran while its worker had no training compute going on
+    # every chunk ran inside a bubble its worker was waiting in: within one of its receive waits
     ev = pd.read_parquet(tmp_path / "atlas+bubbletea" / "events.parquet")
     pre = ev[ev[T.KIND] == T.PREFILL]
-    comp = ev[ev[T.KIND].isin(T.COMPUTE_KINDS)]
+    waits = ev[ev[T.KIND] == T.RECV_WAIT]
     assert len(pre) >= 5
     for w, chunks in pre.groupby(T.WORKER):
-        c = comp[comp[T.WORKER] == w]
+        mine = waits[waits[T.WORKER] == w]
         for s, e in zip(chunks[T.START_NS], chunks[T.END_NS]):
-            assert not ((c[T.START_NS] < e) & (c[T.END_NS] > s)).any(), f"worker {w}: prefill overlaps training"
+            assert ((mine[T.START_NS] <= s) & (mine[T.END_NS] >= e)).any(), f"worker {w}: a chunk outside its waits"
     # each completed request's first token came from one worker's prefill of its whole (clipped) prompt
-    rows = [json.loads(x) for p in (tmp_path / "atlas+bubbletea" / "requests").glob("decode-*.jsonl")
-            for x in p.read_text().splitlines()]
+    rows = [
+        json.loads(x)
+        for p in (tmp_path / "atlas+bubbletea" / "requests").glob("decode-*.jsonl")
+        for x in p.read_text().splitlines()
+    ]
     first = {r["rid"]: r for r in rows if r["event"] == "first_token"}
     for rid, r in first.items():
         mine = pre[pre["rid"] == rid]

@@ -1,13 +1,14 @@
 """Building a topology: the kernel state read back matches the plan, and teardown removes it all."""
+
 from __future__ import annotations
 
 import os
 import subprocess
 
-from testbed.emulation import Emulation
-from testbed.hostproc import netns_argv
-from testbed.netlink import read_qdiscs
-from testbed.topology import load_topology
+from testbed.net.hostproc import netns_argv
+from testbed.net.netlink_tc import read_qdiscs
+from testbed.run.backends import make_network
+from testbed.spec.topology_file import load_topology
 
 
 def _ns(netns: str, *argv: str) -> str:
@@ -16,41 +17,41 @@ def _ns(netns: str, *argv: str) -> str:
 
 def test_two_dc_kernel_state_matches_plan(tmp_path, clean_machine):
     spec = load_topology("two_dc")
-    with Emulation(spec, out_dir=tmp_path) as emu:
-        assert sorted(emu.plan.namespaces) == sorted(n for n in os.listdir("/run/netns") if n.startswith(emu.prefix))
-        east_r, west_r = emu.plan.routers["east"], emu.plan.routers["west"]
+    with make_network(spec, out_dir=tmp_path) as net:
+        assert sorted(net.plan.namespaces) == sorted(n for n in os.listdir("/run/netns") if n.startswith(net.prefix))
+        east_r, west_r = net.plan.routers["east"], net.plan.routers["west"]
         assert f"inet {east_r.ip}/24" in _ns(east_r.netns, "ip", "-o", "addr", "show", "br0")
         # hosts: address, default route through their DC's router
-        h = emu.host("east-h1")
+        h = net.host("east-h1")
         assert f"inet {h.ip}/24" in _ns(h.netns, "ip", "-o", "addr", "show", "eth0")
         assert f"default via {h.gateway}" in _ns(h.netns, "ip", "route")
         # routers: the other DC's subnet through the WAN peer
-        end = emu.plan.wan_ends[("east", "west")]
+        end = net.plan.wan_ends[("east", "west")]
         assert f"{west_r.subnet} via {end.peer_ip} dev w-west" in _ns(east_r.netns, "ip", "route")
         # shaping: HTB with the link rate on each end's egress
         for src, dst in (("east", "west"), ("west", "east")):
-            classes = emu.wan_classes(src, dst)
+            classes = net.shaping.wan_classes(src, dst)
             assert classes[0x1]["rate_bps"] == classes[0x10]["rate_bps"] == spec.links[0].rate_bps
-        leaf = "netem" if emu.mechanism == "netem" else "pfifo"
-        assert read_qdiscs(emu.ipr(east_r.netns), "w-west") == ["htb", leaf]
-        if emu.mechanism == "nfqueue":
+        leaf = "netem" if net.mechanism == "netem" else "pfifo"
+        assert read_qdiscs(net.handles.ipr(east_r.netns), "w-west") == ["htb", leaf]
+        if net.mechanism == "nfqueue":
             rules = _ns(west_r.netns, "iptables-save", "-t", "raw")
             assert "-A PREROUTING -i w-east -j NFQUEUE --queue-num 0" in rules
             assert "bypass" not in rules
-            for el in emu._elements:  # each delay element runs inside its own namespace
+            for el in net.delay.elements:  # each delay element runs inside its own namespace
                 assert os.stat(f"/proc/{el.proc.pid}/ns/net").st_ino == os.stat(f"/run/netns/{el.netns}").st_ino
         # every host reaches every other host
-        for a in emu.hosts:
-            for b in emu.hosts.values():
+        for a in net.hosts:
+            for b in net.hosts.values():
                 if a != b.name:
-                    assert emu.run(a, ["ping", "-c", "1", "-W", "2", str(b.ip)]).returncode == 0, (a, b.name)
-    assert not [n for n in os.listdir("/run/netns") if n.startswith(emu.prefix)]
+                    assert net.run(a, ["ping", "-c", "1", "-W", "2", str(b.ip)]).returncode == 0, (a, b.name)
+    assert not [n for n in os.listdir("/run/netns") if n.startswith(net.prefix)]
 
 
 def test_two_runs_coexist(tmp_path, clean_machine):
     spec = load_topology("two_dc")
-    with Emulation(spec, out_dir=tmp_path / "a") as first:
-        with Emulation(spec, out_dir=tmp_path / "b") as second:
+    with make_network(spec, out_dir=tmp_path / "a") as first:
+        with make_network(spec, out_dir=tmp_path / "b") as second:
             assert first.prefix != second.prefix
             assert second.run("east-h0", ["ping", "-c", "1", "-W", "2", str(second.host("west-h0").ip)]).returncode == 0
         # tearing the second down left the first intact
@@ -59,13 +60,16 @@ def test_two_runs_coexist(tmp_path, clean_machine):
 
 
 def test_four_dc_by_eight_hosts_builds(tmp_path, clean_machine):
-    from testbed.topology import parse_topology
+    from testbed.spec.topology_file import parse_topology
 
     dcs = [{"name": f"dc{i}", "hosts": 8} for i in range(4)]
-    links = [{"between": [f"dc{i}", f"dc{j}"], "rate": "100mbit", "delay": f"{5 * (i + j + 1)}ms"}
-             for i in range(4) for j in range(i + 1, 4)]
+    links = [
+        {"between": [f"dc{i}", f"dc{j}"], "rate": "100mbit", "delay": f"{5 * (i + j + 1)}ms"}
+        for i in range(4)
+        for j in range(i + 1, 4)
+    ]
     spec = parse_topology({"dcs": dcs, "links": links}, "4x8")
-    with Emulation(spec, out_dir=tmp_path) as emu:
-        assert len(emu.hosts) == 32
-        last = emu.host("dc3-h7")
-        assert emu.run("dc0-h0", ["ping", "-c", "1", "-W", "2", str(last.ip)]).returncode == 0
+    with make_network(spec, out_dir=tmp_path) as net:
+        assert len(net.hosts) == 32
+        last = net.host("dc3-h7")
+        assert net.run("dc0-h0", ["ping", "-c", "1", "-W", "2", str(last.ip)]).returncode == 0

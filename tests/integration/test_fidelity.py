@@ -1,11 +1,12 @@
 """The fidelity check on the shipped topologies: measured rate and RTT within the stated tolerances."""
+
 from __future__ import annotations
 
 import json
 
-from testbed.emulation import Emulation
-from testbed.fidelity import check_fidelity
-from testbed.topology import load_topology, parse_topology
+from testbed.net.fidelity import check_direction, check_fidelity
+from testbed.run.backends import make_network
+from testbed.spec.topology_file import load_topology, parse_topology
 
 from .conftest import run_cli
 
@@ -23,8 +24,8 @@ def _assert_report_ok(report):
 
 def test_three_dc_fidelity(tmp_path, clean_machine):
     spec = load_topology("three_dc")
-    with Emulation(spec, out_dir=tmp_path) as emu:
-        report = check_fidelity(emu, **LONG_RTT)
+    with make_network(spec, out_dir=tmp_path) as net:
+        report = check_fidelity(net, **LONG_RTT)
     assert len(report["links"]) == 2 * len(spec.links)
     _assert_report_ok(report)
 
@@ -35,7 +36,8 @@ def test_cli_check_json_two_dc(tmp_path, clean_machine):
     report = json.loads(proc.stdout)
     assert report["delay_mechanism"] in ("netem", "nfqueue")
     assert {"src_dc", "dst_dc", "rate_mbit", "measured_rate_mbit", "delay_ms", "measured_rtt_ms", "ok"} <= set(
-        report["links"][0])
+        report["links"][0]
+    )
     assert {(link["src_dc"], link["dst_dc"]) for link in report["links"]} == {("east", "west"), ("west", "east")}
     assert report["links"][0]["delay_ms"] == load_topology("two_dc").links[0].delay_us / 1000
     _assert_report_ok(report)
@@ -43,35 +45,67 @@ def test_cli_check_json_two_dc(tmp_path, clean_machine):
 
 
 def test_loss_jitter_and_access_links(tmp_path, clean_machine):
-    spec = parse_topology({
-        "dcs": [{"name": "a", "hosts": 2, "intra_rate": "200mbit", "intra_delay": "1ms"}, {"name": "b", "hosts": 1}],
-        "links": [{"between": ["a", "b"], "rate": "50mbit", "delay": "15ms", "jitter": "1ms", "loss": "1%"}],
-    }, "impaired")
-    with Emulation(spec, out_dir=tmp_path) as emu:
-        report = check_fidelity(emu, **SHORT)
+    spec = parse_topology(
+        {
+            "dcs": [
+                {"name": "a", "hosts": 2, "intra_rate": "200mbit", "intra_delay": "1ms"},
+                {"name": "b", "hosts": 1},
+            ],
+            "links": [{"between": ["a", "b"], "rate": "50mbit", "delay": "15ms", "jitter": "1ms", "loss": "1%"}],
+        },
+        "impaired",
+    )
+    with make_network(spec, out_dir=tmp_path) as net:
+        report = check_fidelity(net, **SHORT)
         _assert_report_ok(report)
         assert report["links"][0]["measured_loss_pct"] is not None
         assert report["links"][0]["expected_rtt_ms"] == 2 * (1 + 15)
         # two hosts of one DC are two access links apart: RTT 4 x 1 ms
-        from testbed.fidelity import measure_rtt_ms, rtt_within
+        from testbed.net.fidelity import measure_rtt_ms, rtt_within
 
-        rtt, _ = measure_rtt_ms(emu, "a-h0", "a-h1", 20)
+        rtt, _ = measure_rtt_ms(net, "a-h0", "a-h1", 20)
         assert rtt_within(rtt, 4.0), rtt
 
 
 def test_rate_accuracy_at_the_ends_of_the_range(tmp_path, clean_machine):
     """HTB with ~1 ms bursts holds its rate from 1 Gbit/s down to 1 Mbit/s (DESIGN.md section 3)."""
-    from testbed.fidelity import rate_within
-    from testbed.iperf import iperf
-    from testbed.shaping import TCP_GOODPUT_FRACTION
+    from testbed.net.fidelity import rate_within
+    from testbed.net.iperf import iperf
+    from testbed.net.shaping import TCP_GOODPUT_FRACTION
 
-    spec = parse_topology({"dcs": [{"name": "a", "hosts": 2}, {"name": "b", "hosts": 2}],
-                           "links": [{"between": ["a", "b"], "rate": "1gbit", "delay": "10ms"}]}, "range")
-    with Emulation(spec, out_dir=tmp_path) as emu:
-        from testbed.fidelity import check_direction
+    spec = parse_topology(
+        {
+            "dcs": [{"name": "a", "hosts": 2}, {"name": "b", "hosts": 2}],
+            "links": [{"between": ["a", "b"], "rate": "1gbit", "delay": "10ms"}],
+        },
+        "range",
+    )
+    with make_network(spec, out_dir=tmp_path) as net:
+        from testbed.net.fidelity import check_direction
 
-        fast = check_direction(emu, "a", "b", duration_s=4, omit_s=2, rtt_samples=10)
+        fast = check_direction(net, "a", "b", duration_s=4, omit_s=2, rtt_samples=10)
         assert fast.ok, fast.to_dict()
-        emu.set_link_rate("a", "b", 1_000_000)
-        slow = iperf(emu, "a-h1", "b-h1", duration_s=6, omit_s=2)
+        net.shaping.set_link_rate("a", "b", 1_000_000)
+        slow = iperf(net, "a-h1", "b-h1", duration_s=6, omit_s=2)
         assert rate_within(slow.bits_per_second, 1e6 * TCP_GOODPUT_FRACTION), slow
+
+
+def test_a_shallow_queue_reports_its_drops_and_a_deep_one_none(tmp_path, clean_machine):
+    """Queue drops come from the kernel's class counters: one TCP flow through a 30-packet queue on
+    a path of 826 packets' bandwidth-delay product drops in slow start, through a 4000-packet queue
+    it does not; ``topo check`` says which link dropped."""
+
+    def topo(queue: int) -> dict:
+        link = {"between": ["a", "b"], "rate": "100mbit", "delay": "50ms", "queue": queue}
+        return {"dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}], "links": [link]}
+
+    with make_network(parse_topology(topo(4000), "deep"), out_dir=tmp_path / "deep") as net:
+        deep = check_direction(net, "a", "b", duration_s=3, omit_s=1, rtt_samples=5)
+    assert deep.queue_drops == 0, deep.to_dict()
+    shallow_file = tmp_path / "shallow.yaml"
+    shallow_file.write_text(json.dumps(topo(30)))
+    proc = run_cli("topo", "check", str(shallow_file), "--duration", "3", "--omit", "1", "--out", str(tmp_path / "s"))
+    assert "queue 30 packets is below the bandwidth-delay product" in proc.stderr  # the load-time warning
+    assert "WAN queues dropped packets on a->b, b->a while measured" in proc.stdout, proc.stdout
+    report = json.loads((tmp_path / "s" / "fidelity.json").read_text())
+    assert all(link["queue_drops"] > 0 for link in report["links"])

@@ -1,6 +1,7 @@
 """The Mininet backend: Mininet builds the nodes and links, the testbed shapes them. Same fidelity
 tolerances and the same training losses as the netns backend; nothing left behind, even after
 kill -9; one Mininet run at a time; the topologies/ module works with Mininet's own ``mn``."""
+
 from __future__ import annotations
 
 import json
@@ -10,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from testbed import trace as T
-from testbed.analysis import losses
-from testbed.experiment import load_experiment
-from testbed.fidelity import check_fidelity
-from testbed.mininet_backend import MininetEmulation
-from testbed.reference import reference_losses
-from testbed.registry import proc_start_time, same_process
-from testbed.runner import run_experiment
-from testbed.topology import load_topology
+from testbed.net.fidelity import check_fidelity
+from testbed.net.registry import proc_start_time, same_process
+from testbed.results.analysis import losses
+from testbed.run.backends import make_network
+from testbed.run.runner import run_experiment
+from testbed.spec.experiment_file import load_experiment
+from testbed.spec.topology_file import load_topology
+from testbed.trace.events import read_events
+from tests.support.reference import reference_losses
 
 from .conftest import REPO, machine_state, run_cli, start_topo_up
 
@@ -31,14 +32,14 @@ LONG_RTT = {"duration_s": 5, "omit_s": 2, "rtt_samples": 20}
 @pytest.mark.parametrize("name", ["two_dc", "three_dc"])
 def test_fidelity_under_mininet(name, tmp_path, clean_machine):
     spec = load_topology(name)
-    with MininetEmulation(spec, out_dir=tmp_path) as emu:
+    with make_network(spec, "mininet", out_dir=tmp_path) as net:
         # Mininet's node shells hold the namespaces the testbed shapes
-        shells = {node.name: node.pid for node in emu.net.hosts}
-        assert set(shells) == set(emu.plan.hosts) | {f"{dc.name}-r" for dc in spec.dcs}
+        shells = {node.name: node.pid for node in net.realiser.mn.hosts}
+        assert set(shells) == set(net.plan.hosts) | {f"{dc.name}-r" for dc in spec.dcs}
         assert all(proc_start_time(pid) is not None for pid in shells.values())
-        for h in emu.plan.hosts.values():
+        for h in net.plan.hosts.values():
             assert Path(f"/proc/{shells[h.name]}/ns/net").stat().st_ino == Path(f"/run/netns/{h.netns}").stat().st_ino
-        report = check_fidelity(emu, **(LONG_RTT if name == "three_dc" else SHORT))
+        report = check_fidelity(net, **(LONG_RTT if name == "three_dc" else SHORT))
     bad = [link for link in report["links"] if not link["ok"]]
     assert not bad and report["ok"], json.dumps(bad, indent=1)
     assert len(report["links"]) == 2 * len(spec.links)
@@ -47,14 +48,15 @@ def test_fidelity_under_mininet(name, tmp_path, clean_machine):
 
 
 def test_training_under_mininet_gives_the_netns_losses(tmp_path, clean_machine):
-    exp = load_experiment().with_overrides(topology="two_dc", stages=2, replicas=2, iterations=3,
-                                           warmup_iterations=1, schedule="gpipe")
+    exp = load_experiment().with_overrides(
+        topology="two_dc", stages=2, replicas=2, iterations=3, warmup_iterations=1, schedule="gpipe"
+    )
     exp = exp.with_overrides(compute=type(exp.compute)(mode="real"))
     got = {}
     for backend in ("netns", "mininet"):
         summary = run_experiment(exp, tmp_path / backend, progress=lambda line: None, backend=backend)
         assert summary["backend"] == backend and summary["completed_iterations"] == 3
-        got[backend] = losses(T.read_events(tmp_path / backend)).tolist()
+        got[backend] = losses(read_events(tmp_path / backend)).tolist()
     assert len(got["mininet"]) == 3
     assert got["mininet"] == pytest.approx(got["netns"], rel=1e-6)
     assert got["mininet"] == pytest.approx(reference_losses(exp, 3), rel=1e-4)
@@ -67,8 +69,11 @@ def test_one_mininet_run_at_a_time_and_kill_9_then_clean(tmp_path):
     second = run_cli("topo", "check", "two_dc", "--backend", "mininet", "--out", str(tmp_path / "second"))
     assert second.returncode == 1
     assert "another Mininet run is active" in second.stderr and f"pid {proc.pid}" in second.stderr
-    run = next(r for r in (json.loads(p.read_text()) for p in Path("/run/testbed/runs").glob("*.json"))
-               if r["owner_pid"] == proc.pid)
+    run = next(
+        r
+        for r in (json.loads(p.read_text()) for p in Path("/run/testbed/runs").glob("*.json"))
+        if r["owner_pid"] == proc.pid
+    )
     assert run["kind"] == "mininet"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -80,15 +85,29 @@ def test_one_mininet_run_at_a_time_and_kill_9_then_clean(tmp_path):
     for p in run["processes"]:  # Mininet's shells and the delay elements are gone
         assert not same_process(p["pid"], p["start"])
     # the dead run's lock went with it: the next Mininet run builds
-    with MininetEmulation(load_topology("two_dc"), out_dir=tmp_path / "again", check_capacity=False) as emu:
-        assert emu.run("east-h0", ["ping", "-c1", "-W2", str(emu.host("west-h1").ip)]).returncode == 0
+    with make_network(load_topology("two_dc"), "mininet", out_dir=tmp_path / "again", check_capacity=False) as net:
+        assert net.run("east-h0", ["ping", "-c1", "-W2", str(net.host("west-h1").ip)]).returncode == 0
     assert machine_state() == before
 
 
 def test_mn_custom_builds_the_same_network(clean_machine):
     """Mininet's own tool opens the shipped topology (no switch, no controller) and every node
     reaches every other."""
-    proc = subprocess.run(["mn", "--custom", str(REPO / "topologies" / "mininet_topos.py"), "--topo", "two_dc",
-                           "--controller", "none", "--test", "pingall"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            "mn",
+            "--custom",
+            str(REPO / "topologies" / "mininet_topos.py"),
+            "--topo",
+            "two_dc",
+            "--controller",
+            "none",
+            "--test",
+            "pingall",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "Results: 0% dropped (30/30 received)" in proc.stderr + proc.stdout

@@ -1,7 +1,8 @@
 """The remote backend across stand-in machines: sshd instances in their own network, mount and time
-namespaces (testbed/sshlab.py; one machine's CLOCK_MONOTONIC runs 1000 s ahead). Fidelity, a short
+namespaces (testbed/net/remote/lab.py; one machine's CLOCK_MONOTONIC runs 1000 s ahead). Fidelity, a short
 training run with clock-corrected traces, refusals before anything is built, and nothing left
 behind on any machine, including after kill -9."""
+
 from __future__ import annotations
 
 import json
@@ -11,17 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from testbed import trace as T
-from testbed.analysis import losses
 from testbed.errors import RemoteError
-from testbed.experiment import load_experiment
-from testbed.fidelity import check_fidelity
-from testbed.reference import reference_losses
-from testbed.registry import list_runs
-from testbed.remote_backend import RemoteEmulation
-from testbed.runner import run_experiment
-from testbed.sshlab import SshLab
-from testbed.topology import load_topology
+from testbed.net.fidelity import check_fidelity
+from testbed.net.registry import list_runs
+from testbed.net.remote.backend import RemoteNetwork
+from testbed.net.remote.lab import SshLab
+from testbed.results.analysis import losses
+from testbed.run.runner import run_experiment
+from testbed.spec.experiment_file import load_experiment
+from testbed.spec.topology_file import load_topology
+from testbed.trace import schema as T
+from testbed.trace.events import read_events
+from tests.support.reference import reference_losses
 
 from .conftest import run_cli, start_topo_up
 
@@ -56,18 +58,19 @@ def _assert_offsets(clock: dict) -> None:
 def test_fidelity_across_machines(name, lab, tmp_path, clean_machine):
     inv = lab.write_inventory(tmp_path / "inventory.yaml", GROUPS[name])
     spec = load_topology(name)
-    with RemoteEmulation(spec, inventory=inv, out_dir=tmp_path / "run") as emu:
+    with RemoteNetwork(spec, inventory=inv, out_dir=tmp_path / "run") as net:
         state = _empty(lab)
         # each machine holds its own copy of the package, which this namespace cannot see
-        assert state["m0"]["workdir"] == state["m1"]["workdir"] == [emu.prefix]
+        assert state["m0"]["workdir"] == state["m1"]["workdir"] == [net.prefix]
         assert not any(Path(lab.workdir).iterdir())
-        assert state["m1"]["netns"] == sorted(emu.plan.hosts[h].netns for h in emu.plan.hosts if h.startswith("west")) \
-            + [f"{emu.prefix}-west-r"]
-        _assert_offsets(emu.clock)
+        assert state["m1"]["netns"] == sorted(
+            net.plan.hosts[h].netns for h in net.plan.hosts if h.startswith("west")
+        ) + [f"{net.prefix}-west-r"]
+        _assert_offsets(net.clock)
         # 5 s per direction after 2 s of warm-up: on this 2-core machine one second in a few dips by
         # about 10% on any backend, and TCP on the 60 ms path needs seconds to regrow its window
         # after a loss at the end of slow start; a 2 s window after 1 s absorbs neither
-        report = check_fidelity(emu, duration_s=5, omit_s=2, rtt_samples=20)
+        report = check_fidelity(net, duration_s=5, omit_s=2, rtt_samples=20)
     bad = [link for link in report["links"] if not link["ok"]]
     assert not bad and report["ok"], json.dumps(bad, indent=1)
     assert len(report["links"]) == 2 * len(spec.links)
@@ -80,19 +83,20 @@ def test_fidelity_across_machines(name, lab, tmp_path, clean_machine):
 
 def test_training_across_machines(lab, tmp_path, clean_machine):
     inv = lab.write_inventory(tmp_path / "inventory.yaml", GROUPS["two_dc"])
-    exp = load_experiment().with_overrides(topology="two_dc", stages=2, replicas=2, iterations=3,
-                                           warmup_iterations=1, schedule="gpipe")
+    exp = load_experiment().with_overrides(
+        topology="two_dc", stages=2, replicas=2, iterations=3, warmup_iterations=1, schedule="gpipe"
+    )
     exp = exp.with_overrides(compute=type(exp.compute)(mode="real"))
     t0 = time.monotonic_ns()
     summary = run_experiment(exp, tmp_path / "run", progress=lambda line: None, backend="remote", inventory=inv)
     t1 = time.monotonic_ns()
     assert summary["backend"] == "remote" and summary["completed_iterations"] == 3
     run = tmp_path / "run"
-    assert losses(T.read_events(run)).tolist() == pytest.approx(reference_losses(exp, 3), rel=1e-4)
+    assert losses(read_events(run)).tolist() == pytest.approx(reference_losses(exp, 3), rel=1e-4)
     clock = json.loads((run / "clock_offsets.json").read_text())["machines"]
     _assert_offsets(clock)
     assert all("after" in c for c in clock.values())
-    ev = T.read_events(run)
+    ev = read_events(run)
     assert set(ev[T.HOST].map(lambda h: h.split("-")[0])) == {"east", "west"}
     # every event in this machine's clock (m1's raw clock is 1000 s ahead)
     assert ev[T.START_NS].min() >= t0 and ev[T.END_NS].max() <= t1
@@ -100,8 +104,7 @@ def test_training_across_machines(lab, tmp_path, clean_machine):
     sends = ev[ev[T.KIND] == T.SEND].set_index([T.WORKER, T.PEER, T.ITERATION, T.MICROBATCH])[T.START_NS]
     recvs = ev[ev[T.KIND] == T.RECV_WAIT]
     one_way = load_topology("two_dc").links[0].delay_us * 1000
-    gaps = [r[T.END_NS] - sends[(r[T.PEER], r[T.WORKER], r[T.ITERATION], r[T.MICROBATCH])]
-            for _, r in recvs.iterrows()]
+    gaps = [r[T.END_NS] - sends[(r[T.PEER], r[T.WORKER], r[T.ITERATION], r[T.MICROBATCH])] for _, r in recvs.iterrows()]
     assert gaps and min(gaps) >= one_way - 2_000_000, min(gaps)
     _assert_machines_clean(lab)
 
@@ -130,11 +133,11 @@ def test_a_killed_agent_is_reported_and_its_machine_cleaned(lab, tmp_path, clean
     import os
 
     inv = lab.write_inventory(tmp_path / "inventory.yaml", GROUPS["two_dc"])
-    with RemoteEmulation(load_topology("two_dc"), inventory=inv, out_dir=tmp_path / "run") as emu:
-        os.kill(emu.agent_pids["m1"], signal.SIGKILL)  # the lab's machines share this PID namespace
+    with RemoteNetwork(load_topology("two_dc"), inventory=inv, out_dir=tmp_path / "run") as net:
+        os.kill(net.agent_pids["m1"], signal.SIGKILL)  # the lab's machines share this PID namespace
         with pytest.raises(RemoteError, match="m1.*exited or was killed"):
             for _ in range(50):
-                emu.check_alive()
+                net.check_alive()
                 time.sleep(0.1)
         assert _empty(lab)["m1"]["netns"]  # a killed agent cannot tear down
     _assert_machines_clean(lab)  # the runner cleaned m1 from its own registry
@@ -144,11 +147,11 @@ def test_a_killed_agent_is_reported_and_its_machine_cleaned(lab, tmp_path, clean
 def test_agents_tear_down_when_the_runner_falls_silent(lab, tmp_path, clean_machine):
     """No request for agent_idle_s (a runner whose machine or network vanished without a TCP close)."""
     inv = lab.write_inventory(tmp_path / "inventory.yaml", GROUPS["two_dc"])
-    emu = RemoteEmulation(load_topology("two_dc"), inventory=inv, out_dir=tmp_path / "run")
-    emu.agent_idle_s = 3
-    with emu:
-        emu._sync_halt.set()  # the heartbeat stops
-        emu._sync.join()
+    net = RemoteNetwork(load_topology("two_dc"), inventory=inv, out_dir=tmp_path / "run")
+    net.agent_idle_s = 3
+    with net:
+        net.sync.halt.set()  # the heartbeat stops
+        net.sync.thread.join()
         deadline = time.monotonic() + 20
         while any(_empty(lab)[m.name]["netns"] for m in lab.machines) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -159,7 +162,7 @@ def test_agents_tear_down_when_the_runner_falls_silent(lab, tmp_path, clean_mach
 
 def _refused(inv: Path, tmp_path: Path, lab, needle: str, topology: str = "two_dc") -> str:
     with pytest.raises(RemoteError) as e:
-        with RemoteEmulation(load_topology(topology), inventory=inv, out_dir=tmp_path / "run"):
+        with RemoteNetwork(load_topology(topology), inventory=inv, out_dir=tmp_path / "run"):
             pass
     assert needle in str(e.value), str(e.value)
     assert "nothing was built" in str(e.value)
@@ -220,8 +223,9 @@ def test_unreachable_machine_and_missing_modules_are_refused_before_building(lab
 
 def test_cli_refuses_what_the_remote_backend_cannot_do(lab, tmp_path):
     inv = lab.write_inventory(tmp_path / "a.yaml", GROUPS["three_dc"])
-    proc = run_cli("run", "--backend", "remote", "--inventory", str(inv), "--policy", "atlas", "--out",
-                   str(tmp_path / "run"))
+    proc = run_cli(
+        "run", "--backend", "remote", "--inventory", str(inv), "--policy", "atlas", "--out", str(tmp_path / "run")
+    )
     assert proc.returncode == 2 and "--backend remote does not carry" in proc.stderr
     proc = run_cli("topo", "up", "two_dc", "--backend", "remote")
     assert proc.returncode == 2 and "--inventory" in proc.stderr

@@ -1,9 +1,10 @@
 """The address and name plan: deterministic, router .1, hosts from .2, WAN /30s, prefixed names."""
+
 import ipaddress
 import re
 
-from testbed.addressing import AddressPlan, new_run_prefix
-from testbed.topology import load_topology, parse_topology
+from testbed.spec.addressing import AddressPlan, new_run_prefix
+from testbed.spec.topology_file import load_topology, parse_topology
 
 PREFIX = "tb0a1f"
 
@@ -59,19 +60,21 @@ def test_namespaces_carry_the_prefix_and_are_unique():
     assert len(names) == len(spec.dcs) + spec.host_count
     assert len(set(names)) == len(names)
     assert all(n.startswith(PREFIX + "-") for n in names)
-    assert names[: len(spec.dcs)] == [f"{PREFIX}-{dc.name}-r" for dc in spec.dcs]   # routers first
+    assert names[: len(spec.dcs)] == [f"{PREFIX}-{dc.name}-r" for dc in spec.dcs]  # routers first
     assert plan.hosts["eu-h1"].netns == f"{PREFIX}-eu-h1"
 
 
 def test_custom_addressing():
-    spec = parse_topology({
-        "dcs": [{"name": "a", "hosts": 2}, {"name": "b", "hosts": 2}],
-        "links": [{"between": ["a", "b"], "rate": "1mbit", "delay": "1ms"}],
-        "addressing": {"dc_pool": "192.168.0.0/24", "dc_prefix_len": 26, "wan_pool": "172.16.0.0/29"},
-    })
+    spec = parse_topology(
+        {
+            "dcs": [{"name": "a", "hosts": 2}, {"name": "b", "hosts": 2}],
+            "links": [{"between": ["a", "b"], "rate": "1mbit", "delay": "1ms"}],
+            "addressing": {"dc_pool": "192.168.0.0/24", "dc_prefix_len": 26, "wan_pool": "172.16.0.0/29"},
+        }
+    )
     plan = AddressPlan(spec, PREFIX)
-    assert str(plan.routers["b"].subnet) == "192.168.0.64/26"    # second /26: 64 addresses on
-    assert str(plan.hosts["b-h1"].ip) == "192.168.0.67"          # .64 + 2 + 1
+    assert str(plan.routers["b"].subnet) == "192.168.0.64/26"  # second /26: 64 addresses on
+    assert str(plan.hosts["b-h1"].ip) == "192.168.0.67"  # .64 + 2 + 1
     assert str(plan.wan_ends[("a", "b")].ip) == "172.16.0.1/30"
 
 
@@ -86,4 +89,4 @@ def test_full_dc_ends_below_broadcast():
 def test_new_run_prefix_format():
     prefixes = {new_run_prefix() for _ in range(20)}
     assert all(re.fullmatch(r"tb[0-9a-f]{4}", p) for p in prefixes)
-    assert len(prefixes) > 1            # random: 20 draws from 65536 are not all equal
+    assert len(prefixes) > 1  # random: 20 draws from 65536 are not all equal

@@ -1,20 +1,24 @@
 """Metrics from traces, on small hand-built event frames (times in ms, stored in ns)."""
+
 import math
 
 import numpy as np
 import pandas as pd
 import pytest
-
-from testbed import analysis as A
-from testbed import trace as T
-
 from eventrows import event_row
+
+from testbed.results import analysis as A
+from testbed.trace import schema as T
 
 MS = 1_000_000
 
 # worker -> (host, dc, stage, replica)
-WORKERS = {0: ("east-h0", "east", 0, 0), 1: ("east-h1", "east", 1, 0), 2: ("west-h0", "west", 2, 0),
-           3: ("east-h2", "east", 0, 1)}
+WORKERS = {
+    0: ("east-h0", "east", 0, 0),
+    1: ("east-h1", "east", 1, 0),
+    2: ("west-h0", "west", 2, 0),
+    3: ("east-h2", "east", 0, 1),
+}
 
 
 def op(w, kind, it, mb, start_ms, end_ms, **extra):
@@ -31,17 +35,21 @@ def frame(rows):
 
 # ---- iteration times -------------------------------------------------------------------------
 
+
 def three_iterations():
     rows = []
     # iteration 0 (warm-up): 0..50 ms
     rows += [op(0, T.FORWARD, 0, 0, 0, 10), op(1, T.OPTIMIZER, 0, -1, 40, 50), op(0, T.OPTIMIZER, 0, -1, 30, 45)]
     # iteration 1: first op is worker 1's receive wait at 100; last optimizer ends at 170 (worker 0)
-    rows += [op(1, T.RECV_WAIT, 1, 0, 100, 115, peer=0), op(0, T.FORWARD, 1, 0, 102, 112),
-             op(1, T.OPTIMIZER, 1, -1, 150, 160), op(0, T.OPTIMIZER, 1, -1, 160, 170),
-             op(0, T.SEND, 1, 0, 165, 190, peer=1)]    # a late op that is not an optimizer: not the end
+    rows += [
+        op(1, T.RECV_WAIT, 1, 0, 100, 115, peer=0),
+        op(0, T.FORWARD, 1, 0, 102, 112),
+        op(1, T.OPTIMIZER, 1, -1, 150, 160),
+        op(0, T.OPTIMIZER, 1, -1, 160, 170),
+        op(0, T.SEND, 1, 0, 165, 190, peer=1),
+    ]  # a late op that is not an optimizer: not the end
     # iteration 2: 200..230
-    rows += [op(0, T.FORWARD, 2, 0, 200, 210), op(0, T.OPTIMIZER, 2, -1, 225, 230),
-             op(1, T.OPTIMIZER, 2, -1, 215, 220)]
+    rows += [op(0, T.FORWARD, 2, 0, 200, 210), op(0, T.OPTIMIZER, 2, -1, 225, 230), op(1, T.OPTIMIZER, 2, -1, 215, 220)]
     # iteration 3: started, never finished (no optimizer): not a completed iteration
     rows += [op(0, T.FORWARD, 3, 0, 300, 310)]
     return frame(rows)
@@ -74,16 +82,24 @@ def test_iteration_stats():
 
 # ---- utilization -----------------------------------------------------------------------------
 
+
 def utilization_frame():
     rows = []
     # warm-up iteration 0 (excluded entirely, even its compute)
     rows += [op(0, T.FORWARD, 0, 0, 0, 50), op(0, T.OPTIMIZER, 0, -1, 50, 60), op(1, T.OPTIMIZER, 0, -1, 50, 60)]
     # iteration 1: window 100..200
-    rows += [op(0, T.FORWARD, 1, 0, 100, 120), op(0, T.SEND, 1, 0, 120, 121, peer=1),
-             op(0, T.RECV_WAIT, 1, 0, 121, 150, peer=1), op(0, T.BACKWARD, 1, 0, 150, 180),
-             op(0, T.ALLREDUCE, 1, -1, 180, 190), op(0, T.OPTIMIZER, 1, -1, 190, 200),
-             op(1, T.RECV_WAIT, 1, 0, 100, 125, peer=0), op(1, T.FORWARD, 1, 0, 125, 135),
-             op(1, T.BACKWARD, 1, 0, 135, 150), op(1, T.OPTIMIZER, 1, -1, 195, 198)]
+    rows += [
+        op(0, T.FORWARD, 1, 0, 100, 120),
+        op(0, T.SEND, 1, 0, 120, 121, peer=1),
+        op(0, T.RECV_WAIT, 1, 0, 121, 150, peer=1),
+        op(0, T.BACKWARD, 1, 0, 150, 180),
+        op(0, T.ALLREDUCE, 1, -1, 180, 190),
+        op(0, T.OPTIMIZER, 1, -1, 190, 200),
+        op(1, T.RECV_WAIT, 1, 0, 100, 125, peer=0),
+        op(1, T.FORWARD, 1, 0, 125, 135),
+        op(1, T.BACKWARD, 1, 0, 135, 150),
+        op(1, T.OPTIMIZER, 1, -1, 195, 198),
+    ]
     # iteration 2 (aborted run: no optimizer): a forward straddling the window's end counts up to it,
     # one after it counts nothing
     rows += [op(1, T.FORWARD, 2, 0, 198, 206), op(0, T.FORWARD, 2, 0, 205, 215)]
@@ -113,7 +129,8 @@ def test_worker_utilization_recv_wait_is_not_compute():
     longer = ev.copy()
     longer.loc[longer[T.KIND] == T.RECV_WAIT, T.END_NS] += 3 * MS
     assert A.worker_utilization(longer, warmup=1).set_index(T.WORKER)["compute_s"].tolist() == pytest.approx(
-        base["compute_s"].tolist())
+        base["compute_s"].tolist()
+    )
 
 
 def test_worker_utilization_empty_when_no_iteration_completes():
@@ -122,8 +139,7 @@ def test_worker_utilization_empty_when_no_iteration_completes():
 
 
 def test_stage_bubbles_mean_over_replicas():
-    util = pd.DataFrame({T.WORKER: [0, 3, 1], T.STAGE: [0, 0, 1], T.REPLICA: [0, 1, 0],
-                         "utilization": [0.6, 0.8, 0.5]})
+    util = pd.DataFrame({T.WORKER: [0, 3, 1], T.STAGE: [0, 0, 1], T.REPLICA: [0, 1, 0], "utilization": [0.6, 0.8, 0.5]})
     b = A.stage_bubbles(util).set_index(T.STAGE)
     assert b["utilization"].tolist() == pytest.approx([0.7, 0.5])
     assert b["bubble_fraction"].tolist() == pytest.approx([0.3, 0.5])
@@ -131,19 +147,27 @@ def test_stage_bubbles_mean_over_replicas():
 
 # ---- transfers -------------------------------------------------------------------------------
 
+
 def transfer_frame():
-    return frame([
-        # forward, same DC (east): 0 -> 1; the receive was posted first (at 0), the send at 10
-        op(0, T.SEND, 0, 0, 10, 11, peer=1, bytes=1000), op(1, T.RECV_WAIT, 0, 0, 0, 30, peer=0, bytes=1000),
-        # forward, across DCs: 1 -> 2; the send at 40, the receiver busy until 55, done at 85
-        op(1, T.SEND, 0, 0, 40, 41, peer=2, bytes=2000), op(2, T.RECV_WAIT, 0, 0, 55, 85, peer=1, bytes=2000),
-        # backward, across DCs: 2 -> 1 (same pair, same microbatch, other direction)
-        op(2, T.SEND, 0, 0, 100, 101, peer=1, bytes=2000), op(1, T.RECV_WAIT, 0, 0, 90, 140, peer=2, bytes=2000),
-        # a send whose receive is in another microbatch, and one in another iteration: no match
-        op(0, T.SEND, 0, 1, 12, 13, peer=1, bytes=1000), op(1, T.RECV_WAIT, 0, 2, 12, 20, peer=0, bytes=1000),
-        op(0, T.SEND, 1, 0, 200, 201, peer=1, bytes=1000), op(1, T.RECV_WAIT, 2, 0, 200, 230, peer=0, bytes=1000),
-        op(0, T.FORWARD, 0, 0, 0, 10),
-    ])
+    return frame(
+        [
+            # forward, same DC (east): 0 -> 1; the receive was posted first (at 0), the send at 10
+            op(0, T.SEND, 0, 0, 10, 11, peer=1, bytes=1000),
+            op(1, T.RECV_WAIT, 0, 0, 0, 30, peer=0, bytes=1000),
+            # forward, across DCs: 1 -> 2; the send at 40, the receiver busy until 55, done at 85
+            op(1, T.SEND, 0, 0, 40, 41, peer=2, bytes=2000),
+            op(2, T.RECV_WAIT, 0, 0, 55, 85, peer=1, bytes=2000),
+            # backward, across DCs: 2 -> 1 (same pair, same microbatch, other direction)
+            op(2, T.SEND, 0, 0, 100, 101, peer=1, bytes=2000),
+            op(1, T.RECV_WAIT, 0, 0, 90, 140, peer=2, bytes=2000),
+            # a send whose receive is in another microbatch, and one in another iteration: no match
+            op(0, T.SEND, 0, 1, 12, 13, peer=1, bytes=1000),
+            op(1, T.RECV_WAIT, 0, 2, 12, 20, peer=0, bytes=1000),
+            op(0, T.SEND, 1, 0, 200, 201, peer=1, bytes=1000),
+            op(1, T.RECV_WAIT, 2, 0, 200, 230, peer=0, bytes=1000),
+            op(0, T.FORWARD, 0, 0, 0, 10),
+        ]
+    )
 
 
 def test_transfers_match_send_to_receive():
@@ -161,15 +185,17 @@ def wan_frame():
     rows = []
     for it, (fwd_ms, xfer_ms) in enumerate([(50, 500), (10, 15), (20, 25), (10, 20)]):
         b = 1000 * it
-        rows += [op(1, T.FORWARD, it, 0, b, b + fwd_ms),
-                 op(1, T.SEND, it, 0, b + fwd_ms, b + fwd_ms + 1, peer=2, bytes=8),
-                 op(2, T.RECV_WAIT, it, 0, b, b + fwd_ms + xfer_ms, peer=1, bytes=8),
-                 op(2, T.FORWARD, it, 0, b + 600, b + 900),            # receiver's forward: not in the ratio
-                 op(0, T.FORWARD, it, 0, b + 500, b + 800),            # a same-DC sender's forward: not in it
-                 op(2, T.SEND, it, 0, b + 900, b + 901, peer=1, bytes=8),  # backward across DCs: not in it
-                 op(1, T.RECV_WAIT, it, 0, b + 100, b + 990, peer=2, bytes=8),
-                 op(0, T.SEND, it, 0, b, b + 1, peer=1, bytes=8),      # forward inside east: not in it
-                 op(1, T.RECV_WAIT, it, 0, b, b + 400, peer=0, bytes=8)]
+        rows += [
+            op(1, T.FORWARD, it, 0, b, b + fwd_ms),
+            op(1, T.SEND, it, 0, b + fwd_ms, b + fwd_ms + 1, peer=2, bytes=8),
+            op(2, T.RECV_WAIT, it, 0, b, b + fwd_ms + xfer_ms, peer=1, bytes=8),
+            op(2, T.FORWARD, it, 0, b + 600, b + 900),  # receiver's forward: not in the ratio
+            op(0, T.FORWARD, it, 0, b + 500, b + 800),  # a same-DC sender's forward: not in it
+            op(2, T.SEND, it, 0, b + 900, b + 901, peer=1, bytes=8),  # backward across DCs: not in it
+            op(1, T.RECV_WAIT, it, 0, b + 100, b + 990, peer=2, bytes=8),
+            op(0, T.SEND, it, 0, b, b + 1, peer=1, bytes=8),  # forward inside east: not in it
+            op(1, T.RECV_WAIT, it, 0, b, b + 400, peer=0, bytes=8),
+        ]
     return frame(rows)
 
 
@@ -184,23 +210,27 @@ def test_wan_compute_ratio_none_without_cross_dc_forward():
     ev = transfer_frame()
     # without the one forward across DCs (1 -> 2) only the backward 2 -> 1 crosses: no ratio
     fwd_wan = ((ev[T.WORKER] == 1) & (ev[T.KIND] == T.SEND) & (ev[T.PEER] == 2)) | (
-        (ev[T.WORKER] == 2) & (ev[T.KIND] == T.RECV_WAIT))
+        (ev[T.WORKER] == 2) & (ev[T.KIND] == T.RECV_WAIT)
+    )
     assert A.wan_compute_ratio(ev[~fwd_wan]) is None
 
 
 # ---- overruns, losses ------------------------------------------------------------------------
 
+
 def test_overrun_fraction_excludes_warmup_and_other_kinds():
     targets = {T.FORWARD: 10 * MS, T.BACKWARD: 20 * MS}
-    ev = frame([
-        op(0, T.FORWARD, 0, 0, 0, 30, real_ns=30 * MS),      # warm-up overrun: excluded
-        op(0, T.BACKWARD, 0, 0, 30, 90, real_ns=60 * MS),    # warm-up overrun: excluded
-        op(0, T.FORWARD, 1, 0, 100, 111, real_ns=11 * MS),   # overrun
-        op(0, T.FORWARD, 1, 1, 111, 121, real_ns=10 * MS),   # exactly on target: not an overrun
-        op(0, T.BACKWARD, 1, 0, 121, 141, real_ns=19 * MS),
-        op(0, T.BACKWARD, 1, 1, 141, 161, real_ns=5 * MS),
-        op(0, T.OPTIMIZER, 1, -1, 161, 300, real_ns=999 * MS),  # not a padded kind
-    ])
+    ev = frame(
+        [
+            op(0, T.FORWARD, 0, 0, 0, 30, real_ns=30 * MS),  # warm-up overrun: excluded
+            op(0, T.BACKWARD, 0, 0, 30, 90, real_ns=60 * MS),  # warm-up overrun: excluded
+            op(0, T.FORWARD, 1, 0, 100, 111, real_ns=11 * MS),  # overrun
+            op(0, T.FORWARD, 1, 1, 111, 121, real_ns=10 * MS),  # exactly on target: not an overrun
+            op(0, T.BACKWARD, 1, 0, 121, 141, real_ns=19 * MS),
+            op(0, T.BACKWARD, 1, 1, 141, 161, real_ns=5 * MS),
+            op(0, T.OPTIMIZER, 1, -1, 161, 300, real_ns=999 * MS),  # not a padded kind
+        ]
+    )
     assert A.overrun_fraction(ev, targets, warmup=1) == pytest.approx(1 / 4)
     assert A.overrun_fraction(ev, targets, warmup=0) == pytest.approx(3 / 6)
     assert A.overrun_fraction(ev[ev[T.KIND] == T.OPTIMIZER], targets) == 0.0
@@ -208,23 +238,32 @@ def test_overrun_fraction_excludes_warmup_and_other_kinds():
 
 def test_compute_headroom_smallest_target_over_median_real():
     targets = {T.FORWARD: 12 * MS, T.BACKWARD: 20 * MS}
-    ev = frame([
-        op(0, T.FORWARD, 0, 0, 0, 12, real_ns=100 * MS),     # warm-up: excluded
-        op(0, T.FORWARD, 1, 0, 0, 12, real_ns=2 * MS), op(0, T.FORWARD, 1, 1, 0, 12, real_ns=3 * MS),
-        op(0, T.FORWARD, 1, 2, 0, 12, real_ns=9 * MS),       # forward median 3 ms: headroom 4
-        op(0, T.BACKWARD, 1, 0, 0, 20, real_ns=4 * MS),
-        op(0, T.BACKWARD, 1, 1, 0, 20, real_ns=6 * MS),      # backward median 5 ms: headroom 4
-    ])
+    ev = frame(
+        [
+            op(0, T.FORWARD, 0, 0, 0, 12, real_ns=100 * MS),  # warm-up: excluded
+            op(0, T.FORWARD, 1, 0, 0, 12, real_ns=2 * MS),
+            op(0, T.FORWARD, 1, 1, 0, 12, real_ns=3 * MS),
+            op(0, T.FORWARD, 1, 2, 0, 12, real_ns=9 * MS),  # forward median 3 ms: headroom 4
+            op(0, T.BACKWARD, 1, 0, 0, 20, real_ns=4 * MS),
+            op(0, T.BACKWARD, 1, 1, 0, 20, real_ns=6 * MS),  # backward median 5 ms: headroom 4
+        ]
+    )
     assert A.compute_headroom(ev, targets, warmup=1) == pytest.approx(min(12 / 3, 20 / 5))
-    ev.loc[ev[T.KIND] == T.BACKWARD, T.REAL_NS] *= 2          # backward median 10 ms: headroom 2
+    ev.loc[ev[T.KIND] == T.BACKWARD, T.REAL_NS] *= 2  # backward median 10 ms: headroom 2
     assert A.compute_headroom(ev, targets, warmup=1) == pytest.approx(2.0)
     assert A.compute_headroom(ev[ev[T.ITERATION] == 0], targets, warmup=1) is None
 
 
 def test_losses_from_the_optimizer_rows_that_carry_one():
-    ev = frame([op(0, T.OPTIMIZER, 0, -1, 0, 1), op(2, T.OPTIMIZER, 0, -1, 0, 1, loss=5.5),
-                op(2, T.FORWARD, 1, 0, 1, 2, loss=9.9),       # not an optimizer row
-                op(0, T.OPTIMIZER, 1, -1, 2, 3), op(2, T.OPTIMIZER, 1, -1, 2, 3, loss=4.25)])
+    ev = frame(
+        [
+            op(0, T.OPTIMIZER, 0, -1, 0, 1),
+            op(2, T.OPTIMIZER, 0, -1, 0, 1, loss=5.5),
+            op(2, T.FORWARD, 1, 0, 1, 2, loss=9.9),  # not an optimizer row
+            op(0, T.OPTIMIZER, 1, -1, 2, 3),
+            op(2, T.OPTIMIZER, 1, -1, 2, 3, loss=4.25),
+        ]
+    )
     loss = A.losses(ev)
     assert loss.index.tolist() == [0, 1]
     assert loss.tolist() == [5.5, 4.25]
@@ -233,15 +272,20 @@ def test_losses_from_the_optimizer_rows_that_carry_one():
 
 # ---- idle gaps -------------------------------------------------------------------------------
 
+
 def test_idle_gaps_between_consecutive_ops_per_worker():
-    ev = frame([
-        op(0, T.FORWARD, 0, 0, 0, 10), op(0, T.SEND, 0, 0, 4, 6, peer=1),   # nested in the forward: no gap
-        op(0, T.BACKWARD, 0, 0, 12, 20),                                     # gap 10..12
-        op(0, T.IDLE, 0, -1, 20, 30),                                        # old idle rows are ignored
-        op(0, T.OPTIMIZER, 0, -1, 25, 26),                                   # gap 20..25
-        op(1, T.RECV_WAIT, 0, 0, 1, 3, peer=0), op(1, T.FORWARD, 0, 0, 3, 5),  # back to back: no gap
-        op(1, T.OPTIMIZER, 1, -1, 9, 10),                                     # gap 5..9, iteration 1
-    ])
+    ev = frame(
+        [
+            op(0, T.FORWARD, 0, 0, 0, 10),
+            op(0, T.SEND, 0, 0, 4, 6, peer=1),  # nested in the forward: no gap
+            op(0, T.BACKWARD, 0, 0, 12, 20),  # gap 10..12
+            op(0, T.IDLE, 0, -1, 20, 30),  # old idle rows are ignored
+            op(0, T.OPTIMIZER, 0, -1, 25, 26),  # gap 20..25
+            op(1, T.RECV_WAIT, 0, 0, 1, 3, peer=0),
+            op(1, T.FORWARD, 0, 0, 3, 5),  # back to back: no gap
+            op(1, T.OPTIMIZER, 1, -1, 9, 10),  # gap 5..9, iteration 1
+        ]
+    )
     idle = A.idle_gaps(ev).sort_values([T.WORKER, T.START_NS]).reset_index(drop=True)
     assert (idle[T.KIND] == T.IDLE).all() and (idle[T.MICROBATCH] == -1).all()
     got = list(zip(idle[T.WORKER], idle[T.START_NS] // MS, idle[T.END_NS] // MS, idle[T.ITERATION]))
@@ -256,14 +300,17 @@ def test_idle_gaps_none():
 
 # ---- link utilization ------------------------------------------------------------------------
 
+
 def test_link_utilization_from_class_1_1_byte_deltas():
     rows = [
         # east->west, 100 Mbit/s: 1.25 MB in 0.1 s = 100 Mbit/s (1.0), then 0.625 MB in 0.2 s = 25 Mbit/s
-        (0, "east->west", "1:1", 0, 100_000_000), (100 * MS, "east->west", "1:1", 1_250_000, 100_000_000),
+        (0, "east->west", "1:1", 0, 100_000_000),
+        (100 * MS, "east->west", "1:1", 1_250_000, 100_000_000),
         (300 * MS, "east->west", "1:1", 1_875_000, 100_000_000),
-        (100 * MS, "east->west", "1:10", 9_999_999, 100_000_000),        # other class: ignored
+        (100 * MS, "east->west", "1:10", 9_999_999, 100_000_000),  # other class: ignored
         # west->east starts later, 50 Mbit/s: 0.3125 MB in 0.1 s = 25 Mbit/s (0.5)
-        (50 * MS, "west->east", "1:1", 1000, 50_000_000), (150 * MS, "west->east", "1:1", 1000 + 312_500, 50_000_000),
+        (50 * MS, "west->east", "1:1", 1000, 50_000_000),
+        (150 * MS, "west->east", "1:1", 1000 + 312_500, 50_000_000),
     ]
     counters = pd.DataFrame(rows, columns=[T.T_NS, T.LINK, T.CLASSID, T.TX_BYTES, T.RATE_BPS])
     lu = A.link_utilization(counters)
@@ -282,9 +329,13 @@ def test_link_utilization_empty_without_class_1_1():
 
 def test_mean_wan_utilization_covers_the_measured_window_and_used_directions():
     rows = [  # a->b busy in the window; b->a never carries anything; samples outside the window ignored
-        (0, "a->b", "1:1", 0, 1000), (100 * MS, "a->b", "1:1", 0, 1000),            # start-up: idle
-        (200 * MS, "a->b", "1:1", 10, 1000), (300 * MS, "a->b", "1:1", 15, 1000),   # 0.8 then 0.4
-        (100 * MS, "b->a", "1:1", 0, 1000), (200 * MS, "b->a", "1:1", 0, 1000), (300 * MS, "b->a", "1:1", 0, 1000),
+        (0, "a->b", "1:1", 0, 1000),
+        (100 * MS, "a->b", "1:1", 0, 1000),  # start-up: idle
+        (200 * MS, "a->b", "1:1", 10, 1000),
+        (300 * MS, "a->b", "1:1", 15, 1000),  # 0.8 then 0.4
+        (100 * MS, "b->a", "1:1", 0, 1000),
+        (200 * MS, "b->a", "1:1", 0, 1000),
+        (300 * MS, "b->a", "1:1", 0, 1000),
     ]
     lu = A.link_utilization(pd.DataFrame(rows, columns=[T.T_NS, T.LINK, T.CLASSID, T.TX_BYTES, T.RATE_BPS]))
     assert A.wan_utilization_mean(lu, 150 * MS, 300 * MS) == pytest.approx(0.6)
@@ -295,3 +346,67 @@ def test_nan_to_none():
     assert A.nan_to_none(float("nan")) is None and A.nan_to_none(None) is None
     assert A.nan_to_none(1.5) == 1.5 and A.nan_to_none(np.float64(2.0)) == 2.0
     assert not math.isnan(A.nan_to_none(0.0))
+
+
+def test_startup_from_the_run_start_to_the_first_forward():
+    from testbed.results.analysis import startup_phases, startup_s
+
+    ev = pd.DataFrame(
+        [
+            event_row(0, "a-h0", "a", 0, 0, T.FORWARD, 0, 0, 3500, 3540),
+            event_row(1, "b-h0", "b", 1, 0, T.FORWARD, 0, 0, 3600, 3640),
+        ]
+    )
+    assert startup_s(ev, 1_000_000_000) == pytest.approx(2.54)
+    assert startup_s(ev, None) is None and startup_s(ev.iloc[0:0], 1) is None
+    rows = [
+        {"worker": None, "phase": "run_start", "t_ns": 1_000_000_000},
+        {"worker": None, "phase": "network_built", "t_ns": 1_500_000_000},
+        {"worker": 0, "phase": "forked", "t_ns": 3_000_000_000},
+        {"worker": 1, "phase": "forked", "t_ns": 3_200_000_000},
+    ]
+    phases = startup_phases(rows, ev)
+    assert phases == pytest.approx({"run_start": 0.0, "network_built": 0.5, "forked": 2.2, "first_forward": 2.54})
+    assert startup_phases(rows[1:], ev) == {}  # no run start recorded: nothing to count from
+
+
+def test_process_start_is_before_now_and_within_a_tick_of_this_process():
+    import os
+    import time
+
+    from testbed.trace.clock import now_ns, process_start_ns
+
+    here = process_start_ns()
+    assert here <= now_ns()
+    child = __import__("subprocess").Popen(["sleep", "1"])
+    try:
+        time.sleep(0.2)
+        started = process_start_ns(child.pid)
+        assert abs(now_ns() - 0.2e9 - started) < 0.1e9  # 10 ms ticks, and a loaded machine
+    finally:
+        child.kill()
+        child.wait()
+    assert os.getpid() > 0
+
+
+def test_queue_drops_are_the_rise_of_each_class_counter_summed_per_link():
+    cols = [T.T_NS, T.LINK, T.CLASSID, T.DROPS, T.BACKLOG_BYTES]
+    rows = [
+        (0, "a->b", "1:1", 0, 0),
+        (0, "a->b", "1:10", 5, 0),  # dropped before the first sample: not this run's
+        (0, "a->b", "1:11", 0, 0),
+        (0, "b->a", "1:10", 0, 0),
+        (1, "a->b", "1:1", 0, 0),
+        (1, "a->b", "1:10", 12, 30_000),
+        (1, "a->b", "1:11", 3, 1514),
+        (1, "b->a", "1:10", 0, 0),
+    ]
+    counters = pd.DataFrame(rows, columns=cols)
+    assert A.queue_drops(counters) == {"a->b": 10, "b->a": 0}
+    assert A.queue_backlog_max_bytes(counters) == 30_000
+
+
+def test_queue_drops_unknown_for_counters_that_never_sampled_them():
+    old = pd.DataFrame([(0, "a->b", "1:1", 0, 1)], columns=[T.T_NS, T.LINK, T.CLASSID, T.TX_BYTES, T.RATE_BPS])
+    assert A.queue_drops(old) is None and A.queue_backlog_max_bytes(old) is None
+    assert A.queue_drops(pd.DataFrame(old, columns=T.LINK_COUNTER_COLUMNS)) is None  # read back: NaN columns

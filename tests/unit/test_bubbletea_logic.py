@@ -1,35 +1,46 @@
 """BubbleTea's decisions as pure functions: time model, chunk sizing, bubble prediction, dispatch."""
+
 from __future__ import annotations
 
 import pytest
 
-from testbed.bubbletea import (MIN_CHUNK_TOKENS, SlotPredictor, WorkerLoad, block_forward_flops, choose_worker,
-                               chunk_that_fits, may_start, prefill_seconds, seconds_per_flop)
+from testbed.bubbletea.decisions import (
+    MIN_CHUNK_TOKENS,
+    SlotPredictor,
+    WorkerLoad,
+    choose_worker,
+    chunk_that_fits,
+    may_start,
+    prefill_seconds,
+    seconds_per_flop,
+)
 from testbed.errors import SpecError
-from testbed.experiment import BubbleTeaSpec, load_experiment, parse_experiment, split_policy
-from testbed.model import ModelConfig
+from testbed.spec.bubbletea import BubbleTeaSpec
+from testbed.spec.experiment_file import load_experiment, parse_experiment
+from testbed.spec.model import ModelConfig
+from testbed.spec.policy import parse_policy
 
 CFG = ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=2048)
 
 
 def test_emulated_gpu_speed_comes_from_the_training_targets():
-    exp = load_experiment()       # 6 blocks over 3 stages: 2 blocks, 2 x 64 tokens, d 128, 40 ms forward
+    exp = load_experiment()  # 6 blocks over 3 stages: 2 blocks, 2 x 64 tokens, d 128, 40 ms forward
     d, t = 128, 128
     flops = 2 * (2 * (12 * d * d + 13 * d) * t + 2 * 64 * d * t)
     assert seconds_per_flop(exp) == pytest.approx(0.040 / flops)
     # prefill time of a training-sized workload on the training model equals the forward target
-    assert block_forward_flops(exp.model, t) * 2 * seconds_per_flop(exp) == pytest.approx(0.040)
+    assert exp.model.block_forward_flops(t) * 2 * seconds_per_flop(exp) == pytest.approx(0.040)
 
 
 def test_the_largest_chunk_that_fits_halves_down_to_the_minimum():
-    spf = 1e-9                                          # 1 ns per FLOP
+    spf = 1e-9  # 1 ns per FLOP
     whole = prefill_seconds(CFG, 0, 128, spf)
     assert chunk_that_fits(CFG, 0, 1000, 128, whole, spf) == 128
     assert chunk_that_fits(CFG, 0, 1000, 128, whole * 0.9, spf) == 64
-    assert chunk_that_fits(CFG, 0, 40, 128, whole, spf) == 40            # the rest of a short prompt
+    assert chunk_that_fits(CFG, 0, 40, 128, whole, spf) == 40  # the rest of a short prompt
     tiny = prefill_seconds(CFG, 0, MIN_CHUNK_TOKENS, spf)
-    assert chunk_that_fits(CFG, 0, 1000, 128, tiny * 0.99, spf) == 0     # not even the smallest chunk
-    assert chunk_that_fits(CFG, 0, 5, 128, tiny, spf) == 5               # a leftover shorter than the minimum
+    assert chunk_that_fits(CFG, 0, 1000, 128, tiny * 0.99, spf) == 0  # not even the smallest chunk
+    assert chunk_that_fits(CFG, 0, 5, 128, tiny, spf) == 5  # a leftover shorter than the minimum
     # attention makes later chunks dearer: what fits at position 0 may not at 1900
     assert chunk_that_fits(CFG, 1900, 128, 128, whole, spf) < 128
 
@@ -38,13 +49,13 @@ def test_slot_predictor_is_the_minimum_of_the_last_window():
     p = SlotPredictor(3)
     for b in (0.050, 0.040):
         p.observe("F1", b)
-    assert p.predict("F1") is None                     # not enough history yet
+    assert p.predict("F1") is None  # not enough history yet
     p.observe("F1", 0.060)
     assert p.predict("F1") == pytest.approx(0.040)
-    p.observe("F1", 0.070)                              # the 0.050 leaves the window
+    p.observe("F1", 0.070)  # the 0.050 leaves the window
     p.observe("F1", 0.080)
     assert p.predict("F1") == pytest.approx(0.060)
-    p.observe("B0", -0.001)                             # a negative gap (clock jitter) counts as none
+    p.observe("B0", -0.001)  # a negative gap (clock jitter) counts as none
     assert p.seen["B0"][0] == 0.0
     assert p.per_iteration_s() == pytest.approx(0.060) and p.largest_s() == pytest.approx(0.060)
 
@@ -56,20 +67,23 @@ def test_a_chunk_starts_only_inside_a_predicted_bubble_with_its_guard():
 
 
 def test_requests_go_to_the_worker_that_drains_soonest():
-    loads = {0: WorkerLoad(0.2, 0.1, 1.0, 0.4),    # 2 s of backlog at 0.2 s of bubble per second
-             1: WorkerLoad(0.5, 0.2, 1.0, 0.5),    # 1 s
-             2: WorkerLoad(0.9, 0.004, 1.0, 0.0)}  # idle, but its bubbles are too small for a chunk
+    loads = {
+        0: WorkerLoad(0.2, 0.1, 1.0, 0.4),  # 2 s of backlog at 0.2 s of bubble per second
+        1: WorkerLoad(0.5, 0.2, 1.0, 0.5),  # 1 s
+        2: WorkerLoad(0.9, 0.004, 1.0, 0.0),
+    }  # idle, but its bubbles are too small for a chunk
     assert choose_worker(loads, smallest_chunk_s=0.005, guard_s=0.003) == 1
     loads[1].backlog_s = 1.0
     assert choose_worker(loads, 0.005, 0.003) == 0  # tie at 2 s: lowest rank
-    assert choose_worker({0: WorkerLoad()}, 0.005, 0.003) is None   # no profile yet
+    assert choose_worker({0: WorkerLoad()}, 0.005, 0.003) is None  # no profile yet
 
 
 def test_bubbletea_policies_and_section_are_validated():
-    assert split_policy("atlas+bubbletea") == ("atlas", True) and split_policy("dp-wan") == ("dp-wan", False)
+    assert (parse_policy("atlas+bubbletea").base, parse_policy("atlas+bubbletea").bubbletea) == ("atlas", True)
+    assert (parse_policy("dp-wan").base, parse_policy("dp-wan").bubbletea) == ("dp-wan", False)
     base = {"topology": "three_dc", "policy": "pp-fair+bubbletea"}
     exp = parse_experiment({**base, "bubbletea": {"request_rate": 2, "decode": False}}, "x.yaml")
-    assert exp.uses_bubbletea and exp.base_policy == "pp-fair"
+    assert exp.policy.bubbletea and exp.policy.base == "pp-fair"
     assert exp.bubbletea.request_rate == 2.0 and exp.bubbletea.decode is False
     assert exp.bubbletea.model == BubbleTeaSpec().model
     with pytest.raises(SpecError, match="policy"):
@@ -85,26 +99,31 @@ def test_bubbletea_policies_and_section_are_validated():
 
 
 def test_decode_hosts_are_free_hosts_of_the_training_dcs():
-    from testbed.placement import decode_hosts, place
-    from testbed.topology import load_topology
+    from testbed.plan.placement import decode_hosts, place
+    from testbed.spec.topology_file import load_topology
 
     exp = load_experiment()
-    topo = load_topology("three_dc")                    # 3 hosts per DC, 2 train in each
+    topo = load_topology("three_dc")  # 3 hosts per DC, 2 train in each
     assert decode_hosts(topo, place(exp, topo)) == {"east": "east-h2", "central": "central-h2", "west": "west-h2"}
-    dp = place(exp, topo, "dp-wan")                     # east and central: 3 stages each, every host trains
+    dp = place(exp, topo, parse_policy("dp-wan"))  # east and central: 3 stages each, every host trains
     with pytest.raises(SpecError, match="no host in DC east for a BubbleTea decode host.*decode_hosts: 1"):
         decode_hosts(topo, dp)
 
 
 def test_declared_decode_hosts_never_train():
-    from testbed.placement import decode_hosts, place
-    from testbed.topology import parse_topology
+    from testbed.plan.placement import decode_hosts, place
+    from testbed.spec.topology_file import parse_topology
 
-    topo = parse_topology({"dcs": [{"name": "a", "hosts": 3, "decode_hosts": 1}, {"name": "b", "hosts": 2}],
-                           "links": [{"between": ["a", "b"], "rate": "10mbit", "delay": "5ms"}]}, "t.yaml")
+    topo = parse_topology(
+        {
+            "dcs": [{"name": "a", "hosts": 3, "decode_hosts": 1}, {"name": "b", "hosts": 2}],
+            "links": [{"between": ["a", "b"], "rate": "10mbit", "delay": "5ms"}],
+        },
+        "t.yaml",
+    )
     exp = load_experiment().with_overrides(stages=2, replicas=2, topology="two_dc")
     # a's 2 training hosts take stage 0, b stage 1; a-h2 is reserved for decoding, b has none left
-    workers = place(exp, topo, "pp-fair")
+    workers = place(exp, topo, parse_policy("pp-fair"))
     assert {w.host for w in workers} == {"a-h0", "a-h1", "b-h0", "b-h1"}
     with pytest.raises(SpecError, match="decode_hosts: 1"):
         decode_hosts(topo, workers)
@@ -112,18 +131,21 @@ def test_declared_decode_hosts_never_train():
         parse_topology({"dcs": [{"name": "a", "hosts": 2, "decode_hosts": 2}], "links": []}, "t.yaml")
 
 
-@pytest.mark.parametrize("section, field, problem", [
-    ({"model": {"n_heads": 0}}, "bubbletea.model.n_heads", "below 1"),
-    ({"model": {"d_model": -64}}, "bubbletea.model.d_model", "below 1"),
-    ({"requests": "/nonexistent.csv"}, "bubbletea.requests", "is not a file"),
-    ({"requests": 42}, "bubbletea.requests", "is not a file"),
-    ({"guard_ms": float("nan")}, "bubbletea.guard_ms", "finite"),
-    ({"guard_ms": float("inf")}, "bubbletea.guard_ms", "finite"),
-    ({"request_rate": float("inf")}, "bubbletea.request_rate", "finite"),
-    ({"request_rate": 5000}, "bubbletea.request_rate", "above 1000"),
-    ({"max_chunk_tokens": 4}, "bubbletea.max_chunk_tokens", "smallest chunk"),
-    ({"profile_iterations": 8}, "bubbletea.profile_iterations", "not below iterations"),
-])
+@pytest.mark.parametrize(
+    "section, field, problem",
+    [
+        ({"model": {"n_heads": 0}}, "bubbletea.model.n_heads", "below 1"),
+        ({"model": {"d_model": -64}}, "bubbletea.model.d_model", "below 1"),
+        ({"requests": "/nonexistent.csv"}, "bubbletea.requests", "is not a file"),
+        ({"requests": 42}, "bubbletea.requests", "is not a file"),
+        ({"guard_ms": float("nan")}, "bubbletea.guard_ms", "finite"),
+        ({"guard_ms": float("inf")}, "bubbletea.guard_ms", "finite"),
+        ({"request_rate": float("inf")}, "bubbletea.request_rate", "finite"),
+        ({"request_rate": 5000}, "bubbletea.request_rate", "above 1000"),
+        ({"max_chunk_tokens": 4}, "bubbletea.max_chunk_tokens", "smallest chunk"),
+        ({"profile_iterations": 8}, "bubbletea.profile_iterations", "not below iterations"),
+    ],
+)
 def test_bad_bubbletea_values_are_refused_at_load_time(section, field, problem):
     data = {"topology": "three_dc", "policy": "atlas+bubbletea", "iterations": 8, "bubbletea": section}
     with pytest.raises(SpecError) as e:
@@ -137,9 +159,9 @@ def test_a_partial_bubbletea_model_keeps_the_inference_defaults(tmp_path):
     trace = tmp_path / "trace.csv"
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n")
     (tmp_path / "exp.yaml").write_text("topology: three_dc\nbubbletea: {requests: trace.csv}\n")
-    assert load_experiment(tmp_path / "exp.yaml").bubbletea.requests == str(trace)   # relative to the file
+    assert load_experiment(tmp_path / "exp.yaml").bubbletea.requests == str(trace)  # relative to the file
 
 
 def test_profile_iterations_matter_only_under_bubbletea():
     exp = parse_experiment({"topology": "three_dc", "iterations": 3}, "x.yaml")
-    assert exp.bubbletea.profile_iterations == 3 and not exp.uses_bubbletea
+    assert exp.bubbletea.profile_iterations == 3 and not exp.policy.bubbletea

@@ -1,4 +1,5 @@
 """`testbed topo show` (no root) and how the command line reports bad input."""
+
 import json
 import signal
 import subprocess
@@ -7,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from testbed import registry
-
-from testbed.addressing import AddressPlan
 from testbed.cli import main
-from testbed.topology import load_topology
+from testbed.net import registry
+from testbed.spec.addressing import AddressPlan
+from testbed.spec.topology_file import load_topology
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -19,8 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 def run_cli(*args, state_dir):
     """``python -m testbed.cli ARGS`` with its feature cache in ``state_dir`` (so no detected netem)."""
     env = {"PATH": "/usr/bin:/bin", "TESTBED_STATE_DIR": str(state_dir)}
-    return subprocess.run([sys.executable, "-m", "testbed.cli", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "testbed.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.fixture
@@ -44,7 +45,7 @@ def test_show_two_dc_with_tc(tmp_path):
     assert "subnet 10.100.0.0/24, gateway 10.100.0.1" in out
     assert "link east <-> west: 100mbit, one-way 20ms" in out
     assert "east -> west: east -> west, one-way 20ms host to host" in out
-    assert "(assumed: run a root command once to detect)" in out       # empty cache: netem assumed
+    assert "(assumed: run a root command once to detect)" in out  # empty cache: netem assumed
     assert "  tc qdisc add dev w-west root handle 1: htb default 10" in out
     assert "  tc qdisc add dev w-east parent 1:10 handle 10: netem" in out
     assert "# tbXXXX-east-r w-west" in out and "# tbXXXX-west-r w-east" in out
@@ -53,9 +54,9 @@ def test_show_two_dc_with_tc(tmp_path):
 def test_show_with_nfqueue_uses_pfifo_leaves(in_process, capsys):
     assert in_process(["topo", "show", "three_dc", "--tc", "--delay-mechanism", "nfqueue"]) == 0
     out = capsys.readouterr().out
-    assert "delay mechanism" not in out                  # forced: nothing to detect or assume
+    assert "delay mechanism" not in out  # forced: nothing to detect or assume
     assert "netem" not in out
-    assert out.count("pfifo limit 1000") == 2 * 3       # one leaf per end of each of 3 links
+    assert out.count("pfifo limit 1000") == 2 * 3  # one leaf per end of each of 3 links
     assert "east -> west: east -> west, one-way 30ms" in out
     assert "central -> west: central -> west, one-way 25ms" in out
 
@@ -71,8 +72,10 @@ def test_auto_follows_the_detected_kernel(in_process, capsys, tmp_path):
 
 def test_bad_topology_file_exits_2_with_one_line(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("dcs: [{name: east, hosts: 2}, {name: west, hosts: 2}]\n"
-                   "links: [{between: [east, west], rate: 100mbps, delay: 20ms}]\n")
+    bad.write_text(
+        "dcs: [{name: east, hosts: 2}, {name: west, hosts: 2}]\n"
+        "links: [{between: [east, west], rate: 100mbps, delay: 20ms}]\n"
+    )
     res = run_cli("topo", "show", str(bad), state_dir=tmp_path)
     assert res.returncode == 2
     assert res.stdout == ""

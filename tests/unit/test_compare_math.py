@@ -1,9 +1,10 @@
 """Aggregation of repeated policy runs: medians, spreads (the noise floor) and speed-ups."""
+
 from __future__ import annotations
 
 import pytest
 
-from testbed.compare import BUBBLETEA_FIGURES, FIGURES, aggregate, format_comparison, spread
+from testbed.results.compare import BUBBLETEA_FIGURES, FIGURES, aggregate, format_comparison, spread
 
 
 def summary(t: float) -> dict:
@@ -16,16 +17,16 @@ def test_spread_is_range_over_median():
 
 
 def test_aggregate_medians_and_speedups():
-    runs = {"a": [summary(1.0), summary(1.2), summary(1.1)], "b": [summary(2.0), summary(2.2), summary(2.4)]}
+    runs = {"atlas": [summary(1.0), summary(1.2), summary(1.1)], "pp-fair": [summary(2.0), summary(2.2), summary(2.4)]}
     agg = aggregate(runs)
-    assert agg["stats"]["a"]["iteration_time_s"]["median"] == pytest.approx(1.1)
-    assert agg["stats"]["b"]["iteration_time_s"]["spread"] == pytest.approx(0.4 / 2.2)
-    assert agg["speedup"]["a/b"] == pytest.approx(2.2 / 1.1)      # a is twice as fast as b
-    assert agg["speedup"]["b/a"] == pytest.approx(1.1 / 2.2)
-    assert set(agg["stats"]["a"]) == set(FIGURES + BUBBLETEA_FIGURES)
-    assert agg["stats"]["a"]["ttft_p50_s"]["median"] is None    # not a BubbleTea run
+    assert agg["stats"]["atlas"]["iteration_time_s"]["median"] == pytest.approx(1.1)
+    assert agg["stats"]["pp-fair"]["iteration_time_s"]["spread"] == pytest.approx(0.4 / 2.2)
+    assert agg["speedup"]["atlas/pp-fair"] == pytest.approx(2.2 / 1.1)  # atlas is twice as fast as pp-fair
+    assert agg["speedup"]["pp-fair/atlas"] == pytest.approx(1.1 / 2.2)
+    assert set(agg["stats"]["atlas"]) == set(FIGURES + BUBBLETEA_FIGURES)
+    assert agg["stats"]["atlas"]["ttft_p50_s"]["median"] is None  # not a BubbleTea run
     text = format_comparison({**agg})
-    assert "speed-up of a over b: 2.00x" in text and "18.2%" in text   # b's spread, 0.4 / 2.2
+    assert "speed-up of atlas over pp-fair: 2.00x" in text and "18.2%" in text  # pp-fair's spread, 0.4 / 2.2
 
 
 def test_bubbletea_slowdown_is_quoted_with_the_noise_floor():
@@ -40,7 +41,7 @@ def test_bubbletea_slowdown_is_quoted_with_the_noise_floor():
     assert agg["stats"]["atlas+bubbletea"]["ttft_p50_s"]["median"] == pytest.approx(0.4)
     text = format_comparison(agg)
     assert "training slowdown of atlas+bubbletea over atlas: +1.0% (noise floor 2.0%)" in text
-    assert "speed-up of atlas+bubbletea over atlas" not in text   # the slowdown line says it
+    assert "speed-up of atlas+bubbletea over atlas" not in text  # the slowdown line says it
 
 
 def test_a_folder_holding_a_run_is_refused(tmp_path):
@@ -48,10 +49,10 @@ def test_a_folder_holding_a_run_is_refused(tmp_path):
     import pytest
 
     from testbed.errors import SpecError
-    from testbed.runner import check_fresh_out_dir
+    from testbed.run.records import check_fresh_out_dir
 
-    check_fresh_out_dir(tmp_path / "new")               # absent: fine
-    check_fresh_out_dir(tmp_path)                       # empty: fine
+    check_fresh_out_dir(tmp_path / "new")  # absent: fine
+    check_fresh_out_dir(tmp_path)  # empty: fine
     (tmp_path / "events").mkdir()
     with pytest.raises(SpecError, match="already holds a run"):
         check_fresh_out_dir(tmp_path)

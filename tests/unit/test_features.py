@@ -1,17 +1,21 @@
 """Choice of the delay mechanism: auto follows the kernel; a forced netem without netem is refused."""
+
 import pytest
 
 from testbed.errors import FeatureError
-from testbed.features import resolve_delay_mechanism
+from testbed.net.features import resolve_delay_mechanism
 
 
-@pytest.mark.parametrize("requested, netem_ok, chosen", [
-    ("auto", True, "netem"),
-    ("auto", False, "nfqueue"),
-    ("netem", True, "netem"),
-    ("nfqueue", True, "nfqueue"),
-    ("nfqueue", False, "nfqueue"),
-])
+@pytest.mark.parametrize(
+    "requested, netem_ok, chosen",
+    [
+        ("auto", True, "netem"),
+        ("auto", False, "nfqueue"),
+        ("netem", True, "netem"),
+        ("nfqueue", True, "nfqueue"),
+        ("nfqueue", False, "nfqueue"),
+    ],
+)
 def test_resolve(requested, netem_ok, chosen):
     assert resolve_delay_mechanism(requested, netem_ok) == chosen
 

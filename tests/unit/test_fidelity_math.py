@@ -1,10 +1,11 @@
 """Tolerances of the fidelity check and the ping parser (pure helpers, no measurement)."""
+
 import math
 
 import pytest
 
-from testbed.fidelity import loss_within, parse_ping_ms, rate_within, rtt_within
-from testbed.shaping import TCP_GOODPUT_FRACTION
+from testbed.net.fidelity import loss_within, parse_ping_ms, rate_within, rtt_within
+from testbed.net.shaping import TCP_GOODPUT_FRACTION
 
 
 def test_goodput_fraction_is_payload_over_frame():
@@ -14,7 +15,7 @@ def test_goodput_fraction_is_payload_over_frame():
 
 
 def test_rate_within_five_percent():
-    expected = 100 * TCP_GOODPUT_FRACTION        # Mbit/s on a 100 Mbit/s link
+    expected = 100 * TCP_GOODPUT_FRACTION  # Mbit/s on a 100 Mbit/s link
     assert rate_within(expected * 1.049, expected)
     assert rate_within(expected * 0.951, expected)
     assert not rate_within(expected * 1.051, expected)
@@ -30,7 +31,7 @@ def test_rtt_small_delays_get_one_ms(expected_ms):
 
 
 def test_rtt_large_delays_get_five_percent():
-    expected = 120.0                              # 5% = 6 ms
+    expected = 120.0  # 5% = 6 ms
     assert rtt_within(expected + 5.9, expected)
     assert rtt_within(expected - 5.9, expected)
     assert not rtt_within(expected + 6.1, expected)
@@ -39,7 +40,7 @@ def test_rtt_large_delays_get_five_percent():
 def test_loss_within_binomial_error():
     expected_pct, packets = 1.0, 10_000
     p = expected_pct / 100
-    tol_pct = 100 * (4 * math.sqrt(p * (1 - p) / packets) + 0.1 * p)   # about 0.498 points
+    tol_pct = 100 * (4 * math.sqrt(p * (1 - p) / packets) + 0.1 * p)  # about 0.498 points
     assert loss_within(expected_pct + 0.99 * tol_pct, expected_pct, packets)
     assert loss_within(expected_pct - 0.99 * tol_pct, expected_pct, packets)
     assert not loss_within(expected_pct + 1.01 * tol_pct, expected_pct, packets)

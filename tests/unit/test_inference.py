@@ -1,11 +1,21 @@
 """Chunked prefill with a KV cache, greedy decode, cache bytes, chunking and FLOPs."""
+
 import pytest
 import torch
 
-from testbed.inference import (KV_HEADER_BYTES, InferenceError, InferenceModel, KVCache, chunk_bounds,
-                               decode_flops, decode_step, greedy_decode, prefill_chunk, prefill_flops,
-                               prompt_tokens_for)
-from testbed.model import ModelConfig, build_model
+from testbed.bubbletea.inference import (
+    KV_HEADER_BYTES,
+    InferenceError,
+    InferenceModel,
+    KVCache,
+    chunk_bounds,
+    decode_step,
+    greedy_decode,
+    prefill_chunk,
+    prompt_tokens_for,
+)
+from testbed.model.gpt import build_model
+from testbed.spec.model import ModelConfig, decode_flops, prefill_flops
 
 CFG = ModelConfig(n_layers=3, d_model=32, n_heads=4, seq_len=64)
 SEED = 5
@@ -31,6 +41,7 @@ def prefill(model, tokens, max_chunk):
 
 
 # ---- prefill -----------------------------------------------------------------------------------
+
 
 def test_whole_prefill_equals_plain_gpt_forward(model):
     prompt = prompt_tokens_for(1, 40, 0)
@@ -76,6 +87,7 @@ def test_prefill_leaves_the_input_cache_unchanged(model):
 
 # ---- decode ------------------------------------------------------------------------------------
 
+
 def test_decode_with_cache_equals_full_forward(model):
     prompt = prompt_tokens_for(6, 25, 0)
     cache, logits = prefill(model, prompt, 9)
@@ -101,28 +113,40 @@ def test_greedy_decode_zero_and_one_token(model):
 
 def test_decode_fills_the_context_exactly(model):
     cache, logits = prefill_chunk(model, prompt_tokens_for(8, CFG.seq_len - 3, 0), None)
-    assert len(greedy_decode(model, cache, logits, 4)) == 4    # the 4th token is not fed back
+    assert len(greedy_decode(model, cache, logits, 4)) == 4  # the 4th token is not fed back
     with pytest.raises(InferenceError, match=f"seq_len={CFG.seq_len}"):
         greedy_decode(model, cache, logits, 5)
 
 
 # ---- context limit and bad input ----------------------------------------------------------------
 
+
 def test_over_length_prompt_is_rejected_with_limit_and_fix(model):
-    prefill_chunk(model, prompt_tokens_for(9, CFG.seq_len, 0), None)     # exactly the context: fine
-    with pytest.raises(InferenceError, match=rf"needs {CFG.seq_len + 1} positions.*seq_len={CFG.seq_len}.*"
-                                             rf"seq_len >= {CFG.seq_len + 1}.*clip"):
+    prefill_chunk(model, prompt_tokens_for(9, CFG.seq_len, 0), None)  # exactly the context: fine
+    with pytest.raises(
+        InferenceError,
+        match=rf"needs {CFG.seq_len + 1} positions.*seq_len={CFG.seq_len}.*"
+        rf"seq_len >= {CFG.seq_len + 1}.*clip",
+    ):
         prefill_chunk(model, prompt_tokens_for(9, CFG.seq_len + 1, 0), None)
     cache, _ = prefill_chunk(model, prompt_tokens_for(9, CFG.seq_len - 2, 0), None)
-    with pytest.raises(ValueError, match="seq_len"):                      # InferenceError is a ValueError
+    with pytest.raises(ValueError, match="seq_len"):  # InferenceError is a ValueError
         prefill_chunk(model, prompt_tokens_for(9, 3, 0), cache)
     full, _ = prefill_chunk(model, prompt_tokens_for(9, CFG.seq_len, 0), None)
     with pytest.raises(InferenceError, match="positions"):
         decode_step(model, 1, full)
 
 
-@pytest.mark.parametrize("tokens", [torch.tensor([], dtype=torch.long), torch.tensor([[1, 2]]),
-                                    torch.tensor([1.0, 2.0]), torch.tensor([1, 256]), torch.tensor([-1, 3])])
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        torch.tensor([], dtype=torch.long),
+        torch.tensor([[1, 2]]),
+        torch.tensor([1.0, 2.0]),
+        torch.tensor([1, 256]),
+        torch.tensor([-1, 3]),
+    ],
+)
 def test_bad_tokens_rejected(model, tokens):
     with pytest.raises(InferenceError, match="tokens"):
         prefill_chunk(model, tokens, None)
@@ -135,6 +159,7 @@ def test_cache_of_another_model_rejected(model):
 
 
 # ---- cache bytes ---------------------------------------------------------------------------------
+
 
 def test_cache_bytes_round_trip_exactly(model):
     cache, _ = prefill(model, prompt_tokens_for(10, 33, 0), 10)
@@ -165,8 +190,9 @@ def test_empty_cache_round_trips():
     assert back.length == 0 and back.nbytes() == 0 and back.n_layers == CFG.n_layers
 
 
-@pytest.mark.parametrize("cut", [lambda d: d[:-4], lambda d: d + b"\0" * 4, lambda d: b"XXXX" + d[4:],
-                                 lambda d: d[:KV_HEADER_BYTES - 1]])
+@pytest.mark.parametrize(
+    "cut", [lambda d: d[:-4], lambda d: d + b"\0" * 4, lambda d: b"XXXX" + d[4:], lambda d: d[: KV_HEADER_BYTES - 1]]
+)
 def test_damaged_cache_bytes_rejected(model, cut):
     cache, _ = prefill_chunk(model, prompt_tokens_for(12, 4, 0), None)
     with pytest.raises(InferenceError, match="KV cache bytes"):
@@ -184,13 +210,17 @@ def test_inconsistent_cache_tensors_rejected():
 
 # ---- chunk bounds ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("n, m, want", [
-    (1, 1, [(0, 1)]),
-    (5, 1, [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]),
-    (10, 4, [(0, 4), (4, 8), (8, 10)]),
-    (8, 4, [(0, 4), (4, 8)]),
-    (3, 100, [(0, 3)]),
-])
+
+@pytest.mark.parametrize(
+    "n, m, want",
+    [
+        (1, 1, [(0, 1)]),
+        (5, 1, [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]),
+        (10, 4, [(0, 4), (4, 8), (8, 10)]),
+        (8, 4, [(0, 4), (4, 8)]),
+        (3, 100, [(0, 3)]),
+    ],
+)
 def test_chunk_bounds(n, m, want):
     assert chunk_bounds(n, m) == want
 
@@ -203,6 +233,7 @@ def test_chunk_bounds_bad_input(n, m):
 
 # ---- synthetic prompts ------------------------------------------------------------------------------
 
+
 def test_prompt_tokens_deterministic_and_distinct():
     a = prompt_tokens_for(3, 50, 1)
     assert a.dtype == torch.long and a.shape == (50,)
@@ -211,7 +242,7 @@ def test_prompt_tokens_deterministic_and_distinct():
     assert torch.equal(a[:20], prompt_tokens_for(3, 20, 1))
     assert not torch.equal(a, prompt_tokens_for(4, 50, 1))
     assert not torch.equal(a, prompt_tokens_for(3, 50, 2))
-    assert not torch.equal(a, prompt_tokens_for(3, 50, 1 + 2**32))   # every bit of the seed counts
+    assert not torch.equal(a, prompt_tokens_for(3, 50, 1 + 2**32))  # every bit of the seed counts
     assert not torch.equal(prompt_tokens_for(1, 50, 0), prompt_tokens_for(0, 50, 1))
 
 
@@ -247,8 +278,14 @@ def test_prefill_parameters_split_as_model_counts_them():
         d = cfg.d_model
         body = cfg.n_layers * (12 * d * d + 13 * d) + d * cfg.vocab + cfg.vocab + 2 * d
         assert body + (cfg.vocab + cfg.seq_len) * d == cfg.params()
-        assert sum(p.numel() for n, p in InferenceModel(cfg, 0).named_parameters()
-                   if not n.startswith(("gpt.tok.", "gpt.pos."))) == body
+        assert (
+            sum(
+                p.numel()
+                for n, p in InferenceModel(cfg, 0).named_parameters()
+                if not n.startswith(("gpt.tok.", "gpt.pos."))
+            )
+            == body
+        )
 
 
 def test_flops_grow_with_start_position():
@@ -271,9 +308,9 @@ def test_chunks_sum_to_the_whole_prompt_plus_one_head_per_extra_chunk():
 @pytest.mark.parametrize("L", [16, 128, 2048])
 def test_attention_term_matches_kaplan_in_the_limit(L):
     cfg = ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=L)
-    kaplan = cfg.forward_flops(L) - 2.0 * cfg.params() * L              # 2 n_layers seq_len d per token
+    kaplan = cfg.forward_flops(L) - 2.0 * cfg.params() * L  # 2 n_layers seq_len d per token
     ours = attention_flops(cfg, 0, L)
-    assert ours == kaplan + 2.0 * cfg.n_layers * cfg.d_model * L        # causal: L (L + 1) / 2 keys, not L^2 / 2
+    assert ours == kaplan + 2.0 * cfg.n_layers * cfg.d_model * L  # causal: L (L + 1) / 2 keys, not L^2 / 2
     assert ours / kaplan == pytest.approx(1 + 1 / L)
 
 
@@ -288,5 +325,5 @@ def test_whole_prompt_flops_versus_model_formula():
 
 @pytest.mark.parametrize("start, chunk", [(-1, 4), (0, 0), (0, -3), (1.5, 4)])
 def test_prefill_flops_bad_input(start, chunk):
-    with pytest.raises(InferenceError):
+    with pytest.raises(ValueError, match="is not an integer"):
         prefill_flops(BIG, start, chunk)

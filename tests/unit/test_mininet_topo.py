@@ -1,5 +1,6 @@
 """Mininet topo generation from a spec (pure data: no root, no kernel), the topologies/ module for
 ``mn --custom``, the one-Mininet-run lock and the backend options."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from testbed import registry
-from testbed.addressing import AddressPlan
-from testbed.cli import _backend
+from testbed.cli.common import backend as backend_kwargs
 from testbed.errors import SpecError
-from testbed.mininet_backend import BackendBusyError, MininetLock
-from testbed.mininet_topo import DCRouter, build_topo, router_node, tclink_params
-from testbed.topology import TOPOLOGY_DIR, load_topology, parse_topology
+from testbed.net import registry
+from testbed.net.mininet_backend import BackendBusyError, MininetLock
+from testbed.net.mininet_topo import DCRouter, build_topo, router_node, tclink_params
+from testbed.spec.addressing import AddressPlan
+from testbed.spec.topology_file import TOPOLOGY_DIR, load_topology, parse_topology
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,10 +54,17 @@ def test_wan_links_carry_the_plans_addresses_and_the_files_shaping():
 
 
 def test_routes_follow_least_delay_paths():
-    spec = parse_topology({"dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}, {"name": "c", "hosts": 1}],
-                           "links": [{"between": ["a", "b"], "rate": "1gbit", "delay": "5ms"},
-                                     {"between": ["b", "c"], "rate": "1gbit", "delay": "5ms"},
-                                     {"between": ["a", "c"], "rate": "1gbit", "delay": "30ms"}]}, "line")
+    spec = parse_topology(
+        {
+            "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}, {"name": "c", "hosts": 1}],
+            "links": [
+                {"between": ["a", "b"], "rate": "1gbit", "delay": "5ms"},
+                {"between": ["b", "c"], "rate": "1gbit", "delay": "5ms"},
+                {"between": ["a", "c"], "rate": "1gbit", "delay": "30ms"},
+            ],
+        },
+        "line",
+    )
     topo, plan = build_topo(spec), AddressPlan(spec, "tbXXXX")
     routes = dict(topo.nodeInfo("a-r")["routes"])
     # a reaches c through b (10 ms) rather than over the direct 30 ms link
@@ -66,7 +74,12 @@ def test_routes_follow_least_delay_paths():
 
 def test_tclink_params_units_and_limits():
     assert tclink_params(50_000_000, 12_500, 1_000, 0.5, 100) == {
-        "bw": 50.0, "delay": "12.5ms", "jitter": "1ms", "loss": 0.5, "max_queue_size": 100}
+        "bw": 50.0,
+        "delay": "12.5ms",
+        "jitter": "1ms",
+        "loss": 0.5,
+        "max_queue_size": 100,
+    }
     assert tclink_params(10_000_000_000, 0) == {}  # TCLink refuses more than 1 Gbit/s
     assert tclink_params(None, 500) == {"delay": "500us"}
 
@@ -80,8 +93,9 @@ def test_mn_custom_module_offers_every_shipped_topology():
     assert shipped <= set(scope["topos"]) and {"two_dc", "three_dc"} <= shipped
     topo = scope["topos"]["three_dc"]()
     assert len(topo.hosts()) == load_topology("three_dc").host_count + 3
-    assert sorted(scope["topos"]["file"](str(TOPOLOGY_DIR / "two_dc.yaml")).nodes()) == sorted(build_topo(
-        load_topology("two_dc")).nodes())
+    assert sorted(scope["topos"]["file"](str(TOPOLOGY_DIR / "two_dc.yaml")).nodes()) == sorted(
+        build_topo(load_topology("two_dc")).nodes()
+    )
 
 
 def test_second_mininet_run_gets_a_clear_error(tmp_path, monkeypatch):
@@ -96,10 +110,18 @@ def test_second_mininet_run_gets_a_clear_error(tmp_path, monkeypatch):
     again.release()
 
 
-@pytest.mark.parametrize("backend,inventory,match", [
-    ("remote", None, "--inventory"), ("netns", Path("inv.yaml"), "only used by --backend remote"),
-    ("mininet", Path("inv.yaml"), "only used by --backend remote")])
+@pytest.mark.parametrize(
+    "backend,inventory,match",
+    [
+        ("remote", None, "--inventory"),
+        ("netns", Path("inv.yaml"), "only used by --backend remote"),
+        ("mininet", Path("inv.yaml"), "only used by --backend remote"),
+    ],
+)
 def test_backend_options_are_checked(backend, inventory, match):
     with pytest.raises(SpecError, match=match):
-        _backend(argparse.Namespace(backend=backend, inventory=inventory))
-    assert _backend(argparse.Namespace(backend="mininet", inventory=None)) == {"backend": "mininet", "inventory": None}
+        backend_kwargs(argparse.Namespace(backend=backend, inventory=inventory))
+    assert backend_kwargs(argparse.Namespace(backend="mininet", inventory=None)) == {
+        "backend": "mininet",
+        "inventory": None,
+    }

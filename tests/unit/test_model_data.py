@@ -1,33 +1,46 @@
 """The GPT, its pipeline stages, and the byte-level corpus and batches."""
+
 import hashlib
 
 import pytest
 import torch
 
-from testbed.data import TRAIN_FRACTION, DataError, batch, corpus_files, load_corpus, split
-from testbed.model import GPT, ModelConfig, Stage, build_model, lm_loss, stage_layers
+from testbed.model.gpt import GPT, Stage, build_model, lm_loss
+from testbed.spec.model import ModelConfig, stage_layers
+from testbed.train.corpus import DataError, corpus_files
+from testbed.train.data import TRAIN_FRACTION, batch, load_corpus, split
 
 SMALL = ModelConfig(n_layers=5, d_model=16, n_heads=2, seq_len=8)
 
 
 # ---- stage partition -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("n_layers, n_stages", [(1, 1), (6, 1), (6, 2), (6, 3), (6, 4), (6, 6), (7, 3), (5, 2),
-                                                (10, 4), (12, 5), (3, 3)])
+
+@pytest.mark.parametrize(
+    "n_layers, n_stages", [(1, 1), (6, 1), (6, 2), (6, 3), (6, 4), (6, 6), (7, 3), (5, 2), (10, 4), (12, 5), (3, 3)]
+)
 def test_stage_layers_contiguous_cover_each_block_once(n_layers, n_stages):
     parts = [stage_layers(n_layers, n_stages, s) for s in range(n_stages)]
-    assert [i for p in parts for i in p] == list(range(n_layers))   # in order, each block once
+    assert [i for p in parts for i in p] == list(range(n_layers))  # in order, each block once
     for p in parts:
         assert p.step == 1 and len(p) >= 1
     sizes = [len(p) for p in parts]
-    assert max(sizes) - min(sizes) <= 1                            # as even as possible
-    assert sizes == sorted(sizes, reverse=True)                     # earlier stages take the remainder
+    assert max(sizes) - min(sizes) <= 1  # as even as possible
+    assert sizes == sorted(sizes, reverse=True)  # earlier stages take the remainder
 
 
 # ---- model -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("cfg", [SMALL, ModelConfig(), ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=128),
-                                 ModelConfig(n_layers=1, d_model=8, n_heads=1, seq_len=3, vocab=10)])
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        SMALL,
+        ModelConfig(),
+        ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=128),
+        ModelConfig(n_layers=1, d_model=8, n_heads=1, seq_len=3, vocab=10),
+    ],
+)
 def test_params_equals_real_parameter_count(cfg):
     torch.manual_seed(0)
     assert cfg.params() == sum(p.numel() for p in GPT(cfg).parameters())
@@ -84,6 +97,7 @@ def test_forward_flops():
 
 # ---- data ------------------------------------------------------------------------------------
 
+
 def test_load_corpus_file(tmp_path):
     text = b"hello, world\n" * 50
     (tmp_path / "a.txt").write_bytes(text)
@@ -99,8 +113,12 @@ def test_load_corpus_folder_in_sorted_order(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "c.txt").write_bytes(b"CCC")
     (tmp_path / "c.txt").write_bytes(b"ccc")
-    assert [p.relative_to(tmp_path).as_posix() for p in corpus_files(tmp_path)] == ["a.txt", "b.txt", "c.txt",
-                                                                                    "sub/c.txt"]
+    assert [p.relative_to(tmp_path).as_posix() for p in corpus_files(tmp_path)] == [
+        "a.txt",
+        "b.txt",
+        "c.txt",
+        "sub/c.txt",
+    ]
     tokens, sha = load_corpus(tmp_path)
     assert bytes(tokens.tolist()) == b"AAABBBcccCCC"
     assert sha == hashlib.sha256(b"AAABBBcccCCC").hexdigest()
@@ -144,11 +162,11 @@ def test_batch_deterministic_per_seed_and_iteration():
 
 
 def test_batch_targets_are_inputs_shifted_by_one():
-    tokens = torch.arange(200, dtype=torch.uint8)   # each byte value equals its offset
+    tokens = torch.arange(200, dtype=torch.uint8)  # each byte value equals its offset
     x, y = batch(tokens, 6, 10, seed=5, iteration=0)
     assert x.shape == y.shape == (6, 10) and x.dtype == y.dtype == torch.int64
     assert torch.equal(y, x + 1)
-    for row in x:                                   # every row is a contiguous window of the corpus
+    for row in x:  # every row is a contiguous window of the corpus
         assert torch.equal(row, torch.arange(int(row[0]), int(row[0]) + 10))
         assert 0 <= int(row[0]) and int(row[0]) + 10 < 200
 

@@ -1,34 +1,25 @@
 """Placement policies and the iteration-time cost model on hand-computed cases."""
+
 from __future__ import annotations
 
 import pytest
+from experiments import exp, topo
 
 from testbed.errors import SpecError
-from testbed.experiment import ComputeModel, Experiment
-from testbed.model import ModelConfig
-from testbed.placement import atlas_dc_order, place, place_dp_wan, place_pipeline
-from testbed.planner import activation_bytes, alternatives, predict, stage_param_bytes, what_if
-from testbed.topology import parse_topology
-
-
-def topo(hosts: dict[str, int], rate="100mbit", delay="10ms"):
-    names = list(hosts)
-    links = [{"between": [a, b], "rate": rate, "delay": delay} for a, b in zip(names, names[1:])]
-    return parse_topology({"dcs": [{"name": n, "hosts": h} for n, h in hosts.items()], "links": links}, "t.yaml")
-
-
-def exp(**kw):
-    base = dict(name="e", topology="t", stages=2, replicas=2, microbatches=4, microbatch_size=4,
-                iterations=3, warmup_iterations=1, model=ModelConfig(n_layers=4, d_model=64, n_heads=4, seq_len=128),
-                compute=ComputeModel(forward_ms=40, backward_ms=80))
-    base.update(kw)
-    return Experiment(**base)
+from testbed.plan.cost_model import alternatives, predict, what_if
+from testbed.plan.placement import atlas_dc_order, place, place_dp_wan, place_pipeline
+from testbed.spec.model import ModelConfig, stage_param_bytes
+from testbed.spec.policy import parse_policy
 
 
 def test_dp_wan_puts_each_replica_pipeline_in_its_own_dc():
     w = place_dp_wan(exp(), topo({"a": 2, "b": 2}))
     assert [(x.rank, x.stage, x.replica, x.host) for x in w] == [
-        (0, 0, 0, "a-h0"), (1, 0, 1, "b-h0"), (2, 1, 0, "a-h1"), (3, 1, 1, "b-h1")]
+        (0, 0, 0, "a-h0"),
+        (1, 0, 1, "b-h0"),
+        (2, 1, 0, "a-h1"),
+        (3, 1, 1, "b-h1"),
+    ]
     with pytest.raises(SpecError, match="under dp-wan"):
         place_dp_wan(exp(stages=3), topo({"a": 2, "b": 2}))
 
@@ -44,9 +35,9 @@ def test_atlas_order_takes_largest_dcs_first_and_keeps_file_order_on_ties():
 def test_prediction_single_dc_is_the_pipeline_formula():
     e = exp()
     p = predict(e, topo({"a": 4}), place(e, topo({"a": 4})))
-    f, b = 0.040, 0.080                                 # 2 blocks per stage, the experiment's own targets
-    assert p.fill_s == pytest.approx(2 * (f + b))       # S stages, no WAN
-    assert p.steady_s == pytest.approx(3 * (f + b))     # (M - 1) x slowest step
+    f, b = 0.040, 0.080  # 2 blocks per stage, the experiment's own targets
+    assert p.fill_s == pytest.approx(2 * (f + b))  # S stages, no WAN
+    assert p.steady_s == pytest.approx(3 * (f + b))  # (M - 1) x slowest step
     assert p.allreduce_s == 0
     assert p.iteration_s == pytest.approx(2 * (f + b) + 3 * (f + b) + f)  # + optimizer (one forward target)
 
@@ -55,7 +46,7 @@ def test_prediction_adds_transfers_across_a_wan_boundary():
     e = exp()
     t = topo({"a": 2, "b": 2}, rate="100mbit", delay="10ms")
     p = predict(e, t, place(e, t))
-    w = 2 * activation_bytes(e) * 8 / 100e6             # two pipelines share the link
+    w = 2 * e.activation_bytes * 8 / 100e6  # two pipelines share the link
     assert p.fill_s == pytest.approx(2 * 0.120 + 2 * (w + 2 * 0.010))
     assert p.steady_s == pytest.approx(3 * max(0.120, 2 * w))
 
@@ -63,10 +54,10 @@ def test_prediction_adds_transfers_across_a_wan_boundary():
 def test_prediction_of_dp_wan_pays_the_all_reduce_over_the_wan():
     e = exp()
     t = topo({"a": 2, "b": 2}, rate="100mbit", delay="10ms")
-    p = predict(e, t, place(e, t, "dp-wan"))
-    bits = sum(stage_param_bytes(e.model, 2, s) for s in range(2)) * 8   # both stages share the one link
+    p = predict(e, t, place(e, t, parse_policy("dp-wan")))
+    bits = sum(stage_param_bytes(e.model, 2, s) for s in range(2)) * 8  # both stages share the one link
     assert p.allreduce_s == pytest.approx(2 * 1 / 2 * bits / 100e6 + 2 * 0.010)
-    assert p.fill_s == pytest.approx(2 * 0.120)          # the pipeline itself stays inside a DC
+    assert p.fill_s == pytest.approx(2 * 0.120)  # the pipeline itself stays inside a DC
 
 
 def test_stage_param_bytes_add_up_to_the_model():
@@ -80,20 +71,33 @@ def test_alternatives_keep_the_global_batch_and_mark_infeasible_plans():
     assert all(p.replicas * p.microbatches == e.replicas * e.microbatches for p in plans)
     feasible = [p for p in plans if p.prediction]
     assert [p.prediction.iteration_s for p in feasible] == sorted(p.prediction.iteration_s for p in feasible)
-    assert any(p.prediction is None and "do not fit" in p.why_not for p in plans)   # 8 replicas on 4 hosts
+    assert any(p.prediction is None and "do not fit" in p.why_not for p in plans)  # 8 replicas on 4 hosts
     best, more = what_if(plans)
-    assert best is feasible[0]
-    assert more is None or more.prediction.dcs_used == best.prediction.dcs_used + 1
+    assert best is feasible[0] and best.prediction.dcs_used == 2
+    assert more is None  # no plan of the global batch spans a third DC here
+
+
+def test_what_if_weighs_the_best_plan_with_one_more_dc():
+    """Two DCs of 4 hosts over a slow link: the best plan keeps to one DC; the best plan that uses
+    both is 4 stages x 2 replicas (a stage boundary crosses the 10 Mbit/s link), and it is slower."""
+    plans = alternatives(exp(), topo({"a": 4, "b": 4}, rate="10mbit", delay="50ms"))
+    best, more = what_if(plans)
+    assert (best.stages, best.replicas, best.prediction.dcs_used) == (1, 4, 1)
+    assert (more.stages, more.replicas, more.prediction.dcs_used) == (4, 2, 2)
+    assert more.prediction.iteration_s > best.prediction.iteration_s
+    one_more = [p for p in plans if p.prediction and p.prediction.dcs_used == 2]
+    assert more is min(one_more, key=lambda p: p.prediction.iteration_s)
+    assert what_if([p for p in plans if p.prediction is None]) == (None, None)
 
 
 def test_connections_from_the_bandwidth_delay_product():
-    from testbed.planner import buffer_for_share, connections_for
+    from testbed.plan.connections import buffer_for_share, connections_for
 
     # 100 Mbit/s x 80 ms = 1 MB in flight; a 250 kB window carries a quarter: 4 connections
     assert connections_for(100e6, 0.080, 250_000) == 4
-    assert connections_for(100e6, 0.080, 10**9) == 1            # one big window suffices
-    assert connections_for(100e6, 0.080, 1_000) == 16           # capped
-    assert connections_for(100e6, 0.080, 300_000) == 4          # ceil(1e6 / 3e5) = 4
+    assert connections_for(100e6, 0.080, 10**9) == 1  # one big window suffices
+    assert connections_for(100e6, 0.080, 1_000) == 16  # capped
+    assert connections_for(100e6, 0.080, 300_000) == 4  # ceil(1e6 / 3e5) = 4
     buf = buffer_for_share(100e6, 0.080, 0.25)
-    assert buf == 2 * 0.25 * 1_000_000                           # twice the window (receive overhead)
+    assert buf == 2 * 0.25 * 1_000_000  # twice the window (receive overhead)
     assert connections_for(100e6, 0.080, buf / 2) == 4

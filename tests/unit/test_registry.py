@@ -1,12 +1,20 @@
 """The run registry: records round-trip, PIDs are matched with their start time, dead owners found."""
+
 import os
 import subprocess
 
 import pytest
 
-import testbed.registry as registry
-from testbed.registry import (ProcessEntry, RunRecord, list_runs, proc_start_time, same_process, stale_runs,
-                              stop_process)
+import testbed.net.registry as registry
+from testbed.net.registry import (
+    ProcessEntry,
+    RunRecord,
+    list_runs,
+    proc_start_time,
+    same_process,
+    stale_runs,
+    stop_process,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -36,17 +44,17 @@ def test_proc_start_time_of_self_matches_proc_stat():
 def test_same_process_refuses_recycled_or_unknown(dead_process):
     pid, start = dead_process
     assert isinstance(start, int)
-    assert not same_process(pid, start)                 # gone
+    assert not same_process(pid, start)  # gone
     mine = proc_start_time(os.getpid())
-    assert not same_process(os.getpid(), mine + 1)     # same PID, other start: recycled
-    assert not same_process(os.getpid(), None)          # start unknown: never ours
-    assert not same_process(pid, None)                  # ... even though a gone PID has no start either
+    assert not same_process(os.getpid(), mine + 1)  # same PID, other start: recycled
+    assert not same_process(os.getpid(), None)  # start unknown: never ours
+    assert not same_process(pid, None)  # ... even though a gone PID has no start either
 
 
 def test_round_trip(state_dir):
     rec = RunRecord("tb1234", os.getpid(), proc_start_time(os.getpid()), 1000.5, out_dir="/tmp/out")
     rec.save()
-    rec.add_namespaces(["tb1234-a-r", "tb1234-a-h0", "tb1234-a-r"])    # duplicates kept once
+    rec.add_namespaces(["tb1234-a-r", "tb1234-a-h0", "tb1234-a-r"])  # duplicates kept once
     rec.add_process(os.getpid(), "delay element")
     assert rec.path == state_dir / "runs" / "tb1234.json"
     loaded = RunRecord.load(rec.path)
@@ -69,7 +77,7 @@ def test_list_runs_oldest_first_and_skips_junk(state_dir):
 
 def test_stale_runs_finds_dead_owner(dead_process):
     pid, start = dead_process
-    alive = RunRecord.new("tbaaaa")                     # owned by this test process
+    alive = RunRecord.new("tbaaaa")  # owned by this test process
     RunRecord("tbdead", pid, start, alive.created_unix + 1).save()
     assert alive.owner_alive()
     assert [r.prefix for r in stale_runs()] == ["tbdead"]
@@ -79,18 +87,18 @@ def test_stop_process_stops_ours_only():
     p = subprocess.Popen(["sleep", "30"])
     try:
         start = proc_start_time(p.pid)
-        assert not stop_process(p.pid, start + 1)          # wrong start time: not signalled
+        assert not stop_process(p.pid, start + 1)  # wrong start time: not signalled
         assert p.poll() is None
         assert stop_process(p.pid, start, grace_s=2.0)
         assert not same_process(p.pid, start)
     finally:
-        if p.poll() is None:     # poll() also copes with a child that stop_process already reaped
+        if p.poll() is None:  # poll() also copes with a child that stop_process already reaped
             p.kill()
             p.wait()
 
 
 def test_clean_removes_the_runs_control_sockets_only(state_dir):
-    from testbed.registry import clean_run
+    from testbed.net.registry import clean_run
 
     control = state_dir / "control"
     control.mkdir()
@@ -98,7 +106,7 @@ def test_clean_removes_the_runs_control_sockets_only(state_dir):
     other = [control / "tb5678.sock", control / "tb12345.sock", control / "notes.txt"]
     for p in mine + other:
         p.write_text("")
-    rec = RunRecord("tb1234", 1, None, 1000.5)   # an owner that is not this process
+    rec = RunRecord("tb1234", 1, None, 1000.5)  # an owner that is not this process
     rec.save()
     clean_run(rec)
     assert not any(p.exists() for p in mine) and all(p.exists() for p in other)

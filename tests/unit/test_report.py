@@ -1,21 +1,23 @@
 """summary.json and trace.json from a hand-built run: two stages in two DCs, one replica, one
 microbatch, three iterations of which the first is warm-up (times in ms, stored in ns)."""
+
 import json
 
 import pandas as pd
 import pytest
-
-from testbed import trace as T
-
 from eventrows import event_row
-from testbed.report import MAX_REPRESENTATIVE_OVERRUN, chrome_trace, format_summary, summarize
+
+from testbed.results.chrome_trace import chrome_trace
+from testbed.results.report import format_summary
+from testbed.results.summary import MAX_REPRESENTATIVE_OVERRUN, summarize
+from testbed.trace import schema as T
 
 MS = 1_000_000
 WORKERS = {0: ("east-h0", "east", 0, 0), 1: ("west-h0", "west", 1, 0)}
 # extra wait of stage 0 for its gradient, per iteration: iteration durations 85 + x ms
 EXTRA_MS = [50, 0, 10]
 LOSS = [5.0, 4.0, 3.5]
-FWD_MS, BWD_MS = 10, 20      # padding targets
+FWD_MS, BWD_MS = 10, 20  # padding targets
 
 
 def op(w, kind, it, mb, start_ms, end_ms, **extra):
@@ -28,7 +30,7 @@ def run_events():
         b = 200 * it
         # real time of worker 1's backward: over its 20 ms target in warm-up and in iteration 2
         w1_bwd_real = {0: 25, 1: 8, 2: 21}[it] * MS
-        w0_fwd_real = {0: 30, 1: 9, 2: 10}[it] * MS        # 10 ms: on target, not an overrun
+        w0_fwd_real = {0: 30, 1: 9, 2: 10}[it] * MS  # 10 ms: on target, not an overrun
         rows += [
             # stage 0 (east): forward, send the activation, wait for the gradient, backward, step
             op(0, T.FORWARD, it, 0, b, b + 10, real_ns=w0_fwd_real, padded_ns=10 * MS),
@@ -50,19 +52,31 @@ def run_events():
 
 
 def config(**over):
-    c = {"name": "hand", "topology": "two_dc", "schedule": "gpipe", "iterations": 3, "warmup_iterations": 1,
-         "stages": 2, "replicas": 1, "microbatches": 1, "microbatch_size": 2,
-         "model": {"n_layers": 2, "d_model": 16, "n_heads": 2, "seq_len": 8},
-         "compute": {"mode": "padded", "forward_ms": FWD_MS, "backward_ms": BWD_MS},
-         "workers": [{"rank": 0}, {"rank": 1}]}
+    c = {
+        "name": "hand",
+        "topology": "two_dc",
+        "schedule": "gpipe",
+        "iterations": 3,
+        "warmup_iterations": 1,
+        "stages": 2,
+        "replicas": 1,
+        "microbatches": 1,
+        "microbatch_size": 2,
+        "model": {"n_layers": 2, "d_model": 16, "n_heads": 2, "seq_len": 8},
+        "compute": {"mode": "padded", "forward_ms": FWD_MS, "backward_ms": BWD_MS},
+        "workers": [{"rank": 0}, {"rank": 1}],
+    }
     c.update(over)
     return c
 
 
 def counters():
-    rows = [(0, "east->west", "1:1", 0, 100_000_000), (100 * MS, "east->west", "1:1", 625_000, 100_000_000),
-            (200 * MS, "east->west", "1:1", 1_250_000, 100_000_000),
-            (100 * MS, "east->west", "1:10", 123, 100_000_000)]
+    rows = [
+        (0, "east->west", "1:1", 0, 100_000_000),
+        (100 * MS, "east->west", "1:1", 625_000, 100_000_000),
+        (200 * MS, "east->west", "1:1", 1_250_000, 100_000_000),
+        (100 * MS, "east->west", "1:10", 123, 100_000_000),
+    ]
     return pd.DataFrame(rows, columns=[T.T_NS, T.LINK, T.CLASSID, T.TX_BYTES, T.RATE_BPS])
 
 
@@ -75,11 +89,11 @@ def test_summarize_by_hand():
     assert s["iteration_time_s"] == pytest.approx(mean)
     assert s["iteration_time_p50_s"] == pytest.approx(mean)
     assert s["iteration_time_p95_s"] == pytest.approx(durations[0] + 0.95 * (durations[1] - durations[0]))
-    tokens = 1 * 1 * 2 * 8                           # replicas x microbatches x microbatch_size x seq_len
+    tokens = 1 * 1 * 2 * 8  # replicas x microbatches x microbatch_size x seq_len
     assert s["tokens_per_s"] == pytest.approx(tokens / mean)
     # measured window: from the end of warm-up iteration 0 to the end of iteration 2's last step
     wall = ends[2] - ends[0]
-    compute = {0: 2 * (10 + 20 + 5), 1: 2 * (10 + 8 + 3)}      # forward + backward + optimizer, per iteration
+    compute = {0: 2 * (10 + 20 + 5), 1: 2 * (10 + 8 + 3)}  # forward + backward + optimizer, per iteration
     util = {w: c / wall for w, c in compute.items()}
     assert s["gpu_utilization"] == pytest.approx((util[0] + util[1]) / 2)
     assert s["bubble_fraction_per_stage"] == pytest.approx([1 - util[0], 1 - util[1]])
@@ -96,26 +110,39 @@ def test_summarize_by_hand():
     # headroom: target over median real time, the smaller over kinds; measured forwards 9, 10, 4, 4
     # (median 6.5 ms, target 10), backwards 15, 15, 8, 21 (median 15 ms, target 20)
     assert s["compute_headroom"] == pytest.approx(min(10 / 6.5, 20 / 15))
-    assert s["wan_utilization_mean"] == pytest.approx(0.5)       # 625 kB per 0.1 s = 50 of 100 Mbit/s
+    assert s["wan_utilization_mean"] == pytest.approx(0.5)  # 625 kB per 0.1 s = 50 of 100 Mbit/s
     assert s["policy"] == "pp-fair" and s["topology"] == "two_dc" and s["experiment"] == "hand"
     assert s["schedule"] == "gpipe" and s["workers"] == 2 and s["iterations"] == 3
     assert s["warmup_iterations"] == 1
     assert s["delay_mechanism"] == "netem" and s["aborted"] is False
-    json.dumps(s)                                    # plain JSON types only
+    json.dumps(s)  # plain JSON types only
 
 
 def test_summarize_documented_keys():
     s = summarize(run_events(), config(policy="atlas"), {}, counters(), aborted=True)
-    for key in ("policy", "topology", "workers", "iterations", "iteration_time_s", "tokens_per_s", "gpu_utilization",
-                "bubble_fraction", "loss_first", "loss_last", "delay_mechanism", "wan_compute_ratio",
-                "compute_overrun_fraction"):
+    for key in (
+        "policy",
+        "topology",
+        "workers",
+        "iterations",
+        "iteration_time_s",
+        "tokens_per_s",
+        "gpu_utilization",
+        "bubble_fraction",
+        "loss_first",
+        "loss_last",
+        "delay_mechanism",
+        "wan_compute_ratio",
+        "compute_overrun_fraction",
+    ):
         assert key in s, key
     assert s["policy"] == "atlas" and s["delay_mechanism"] is None and s["aborted"] is True
 
 
 def test_summarize_real_mode_has_no_overrun():
-    s = summarize(run_events(), config(compute={"mode": "real", "forward_ms": FWD_MS, "backward_ms": BWD_MS}),
-                  {}, counters())
+    s = summarize(
+        run_events(), config(compute={"mode": "real", "forward_ms": FWD_MS, "backward_ms": BWD_MS}), {}, counters()
+    )
     assert s["compute_overrun_fraction"] == 0.0 and s["representative"] is True
     assert s["compute_headroom"] is None
 
@@ -132,13 +159,14 @@ def test_summarize_warmup_changes_the_measured_window():
 
 def test_summarize_empty_run():
     empty = pd.DataFrame(columns=T.COLUMNS)
-    s = summarize(empty, config(), {}, pd.DataFrame(columns=[T.T_NS, T.LINK, T.CLASSID, T.TX_BYTES, T.RATE_BPS]),
-                  aborted=True)
+    s = summarize(
+        empty, config(), {}, pd.DataFrame(columns=[T.T_NS, T.LINK, T.CLASSID, T.TX_BYTES, T.RATE_BPS]), aborted=True
+    )
     assert s["iteration_time_s"] is None and s["tokens_per_s"] is None and s["gpu_utilization"] is None
     assert s["bubble_fraction"] is None and s["bubble_fraction_per_stage"] == []
     assert s["loss_first"] is None and s["completed_iterations"] == 0 and s["wan_compute_ratio"] is None
     assert s["wan_utilization_mean"] is None
-    format_summary(s)                                # prints Nones without failing
+    format_summary(s)  # prints Nones without failing
 
 
 def test_format_summary():
@@ -148,9 +176,10 @@ def test_format_summary():
     assert lines[0] == "hand on two_dc: 2 workers, gpipe, 3/3 iterations (1 warm-up)"
     assert any(line.split()[-1] == "nfqueue" and "delay mechanism" in line for line in lines)
     assert f"{s['iteration_time_s']:.4g}" in text
-    assert "WARNING" in text and "ABORTED" not in text               # 1/8 overran: not representative
-    ok = summarize(run_events(), config(compute={"mode": "real", "forward_ms": 1, "backward_ms": 2}), {}, counters(),
-                   aborted=True)
+    assert "WARNING" in text and "ABORTED" not in text  # 1/8 overran: not representative
+    ok = summarize(
+        run_events(), config(compute={"mode": "real", "forward_ms": 1, "backward_ms": 2}), {}, counters(), aborted=True
+    )
     text = format_summary(ok)
     assert "WARNING" not in text and "ABORTED" in text
 
@@ -167,14 +196,14 @@ def test_chrome_trace_one_process_per_dc_and_x_events_in_us():
     xs = [e for e in events if e["ph"] == "X"]
     assert len(xs) == len(ev)
     assert {e["pid"] for e in xs} == {0, 1}
-    assert all(e["pid"] == e["tid"] for e in xs)    # worker 0 in east (pid 0), worker 1 in west (pid 1)
+    assert all(e["pid"] == e["tid"] for e in xs)  # worker 0 in east (pid 0), worker 1 in west (pid 1)
     # worker 1's forward of iteration 1: 200 + 30 ms from the first event (0), 10 ms long
     f = [e for e in xs if e["tid"] == 1 and e["cat"] == T.FORWARD and e["args"]["iteration"] == 1]
     assert len(f) == 1
     assert f[0]["ts"] == pytest.approx(230_000.0) and f[0]["dur"] == pytest.approx(10_000.0)
     assert f[0]["name"] == "forward mb0"
     opt = [e for e in xs if e["cat"] == T.OPTIMIZER]
-    assert {e["name"] for e in opt} == {"optimizer"}   # no microbatch (-1) in the name
+    assert {e["name"] for e in opt} == {"optimizer"}  # no microbatch (-1) in the name
     assert min(e["ts"] for e in xs) == 0.0
 
 
@@ -185,3 +214,20 @@ def test_chrome_trace_origin_is_the_first_event():
     xs = [e for e in chrome_trace(ev)["traceEvents"] if e["ph"] == "X"]
     assert min(e["ts"] for e in xs) == 0.0
     assert max(e["ts"] + e["dur"] for e in xs) == pytest.approx((400 + 85 + EXTRA_MS[2]) * 1000.0)
+
+
+def test_a_run_folder_config_that_testbed_run_did_not_write_is_named(tmp_path):
+    """``testbed analyze`` on a damaged config.json: a SpecError naming the file, never a traceback."""
+    from testbed.errors import SpecError
+    from testbed.results.report import read_run_config
+
+    path = tmp_path / "config.json"
+    for text, problem in (
+        ('{"experiment": {"stages": 3,', "is not valid JSON"),
+        ("[1, 2]", "is not a JSON object"),
+        ("{}", "is missing"),
+    ):
+        path.write_text(text)
+        with pytest.raises(SpecError, match=problem) as e:
+            read_run_config(tmp_path)
+        assert e.value.source == str(path) and "testbed run" in e.value.fix

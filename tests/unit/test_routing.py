@@ -1,18 +1,21 @@
 """Routing: least total one-way delay, ties by fewer hops then DC name; host-to-host figures."""
+
 import itertools
 
 import pytest
 
-from testbed.routing import RoutingTable
-from testbed.topology import load_topology, parse_topology
+from testbed.spec.routing import RoutingTable
+from testbed.spec.topology_file import load_topology, parse_topology
 
 
 def spec(dcs, links, **dc_extra):
     """``links`` as (a, b, rate, delay[, loss]) tuples; ``dc_extra`` maps a DC to extra fields."""
-    return parse_topology({
-        "dcs": [{"name": n, "hosts": 2, **dc_extra.get(n, {})} for n in dcs],
-        "links": [dict(zip(("between", "rate", "delay", "loss"), ([a, b], *rest))) for a, b, *rest in links],
-    })
+    return parse_topology(
+        {
+            "dcs": [{"name": n, "hosts": 2, **dc_extra.get(n, {})} for n in dcs],
+            "links": [dict(zip(("between", "rate", "delay", "loss"), ([a, b], *rest))) for a, b, *rest in links],
+        }
+    )
 
 
 def brute_force_best(s, src, dst):
@@ -56,8 +59,15 @@ def test_equal_delay_prefers_fewer_hops():
 
 def test_equal_delay_and_hops_prefers_dc_name():
     # two 2-hop paths of 20 ms from a to d; the links through 'c' are listed first, 'b' still wins
-    s = spec("abcd", [("a", "c", "1mbit", "10ms"), ("c", "d", "1mbit", "10ms"),
-                      ("a", "b", "1mbit", "10ms"), ("b", "d", "1mbit", "10ms")])
+    s = spec(
+        "abcd",
+        [
+            ("a", "c", "1mbit", "10ms"),
+            ("c", "d", "1mbit", "10ms"),
+            ("a", "b", "1mbit", "10ms"),
+            ("b", "d", "1mbit", "10ms"),
+        ],
+    )
     rt = RoutingTable(s)
     assert rt.route("a", "d").dcs == ("a", "b", "d")
     assert rt.route("d", "a").dcs == ("d", "b", "a")
@@ -73,33 +83,48 @@ def walk(rt, src, dst):
 
 def test_zero_delay_links_do_not_loop():
     # a triangle of zero-delay links plus a tail: following next hops must reach the destination
-    s = spec("abcd", [("a", "b", "1mbit", "0ms"), ("b", "c", "1mbit", "0ms"),
-                      ("c", "a", "1mbit", "0ms"), ("c", "d", "1mbit", "0ms")])
+    s = spec(
+        "abcd",
+        [
+            ("a", "b", "1mbit", "0ms"),
+            ("b", "c", "1mbit", "0ms"),
+            ("c", "a", "1mbit", "0ms"),
+            ("c", "d", "1mbit", "0ms"),
+        ],
+    )
     rt = RoutingTable(s)
     for a, b in itertools.permutations("abcd", 2):
         dcs = walk(rt, a, b)
-        assert dcs[-1] == b and len(set(dcs)) == len(dcs), dcs      # arrived, no DC visited twice
-        assert len(dcs) - 1 == brute_force_best(s, a, b)[1]         # on a fewest-hop path
+        assert dcs[-1] == b and len(set(dcs)) == len(dcs), dcs  # arrived, no DC visited twice
+        assert len(dcs) - 1 == brute_force_best(s, a, b)[1]  # on a fewest-hop path
         assert rt.route(a, b).dcs == dcs
 
 
 def test_one_way_delay_includes_access_links():
-    s = spec("abc", [("a", "b", "100mbit", "10ms"), ("b", "c", "100mbit", "25ms")],
-             a={"intra_delay": "100us"}, c={"intra_delay": "300us"})
+    s = spec(
+        "abc",
+        [("a", "b", "100mbit", "10ms"), ("b", "c", "100mbit", "25ms")],
+        a={"intra_delay": "100us"},
+        c={"intra_delay": "300us"},
+    )
     rt = RoutingTable(s)
     assert rt.one_way_delay_us("a", "c") == 100 + (10 + 25) * 1000 + 300
     assert rt.one_way_delay_us("c", "a") == rt.one_way_delay_us("a", "c")
-    assert rt.one_way_delay_us("a", "a") == 2 * 100      # two access links within one DC
+    assert rt.one_way_delay_us("a", "a") == 2 * 100  # two access links within one DC
     assert rt.one_way_delay_us("b", "b") == 0
 
 
 def test_bottleneck_counts_access_links():
-    s = spec("abc", [("a", "b", "100mbit", "10ms"), ("b", "c", "50mbit", "10ms")],
-             a={"intra_rate": "10mbit"}, c={"intra_rate": "1gbit"})
+    s = spec(
+        "abc",
+        [("a", "b", "100mbit", "10ms"), ("b", "c", "50mbit", "10ms")],
+        a={"intra_rate": "10mbit"},
+        c={"intra_rate": "1gbit"},
+    )
     rt = RoutingTable(s)
-    assert rt.bottleneck_bps("a", "c") == 10 * 10**6     # a's access link
-    assert rt.bottleneck_bps("c", "b") == 50 * 10**6     # the WAN link b-c
-    assert rt.bottleneck_bps("b", "b") is None           # unshaped within b
+    assert rt.bottleneck_bps("a", "c") == 10 * 10**6  # a's access link
+    assert rt.bottleneck_bps("c", "b") == 50 * 10**6  # the WAN link b-c
+    assert rt.bottleneck_bps("b", "b") is None  # unshaped within b
     assert rt.bottleneck_bps("c", "c") == 10**9
 
 

@@ -1,12 +1,21 @@
 """Pipeline schedules as data: GPipe and 1F1B action lists, the unit-slot grid and its bubbles."""
+
 import itertools
 
 import pytest
 
-from testbed.schedule import (SCHEDULES, Action, bubble_fraction, format_grid, gpipe, grid, make_schedule,
-                              one_f_one_b)
+from testbed.plan.schedule import (
+    SCHEDULES,
+    Action,
+    bubble_fraction,
+    format_grid,
+    gpipe,
+    grid,
+    make_schedule,
+    one_f_one_b,
+)
 
-SHAPES = [(1, 1), (1, 4), (2, 1), (2, 3), (3, 4), (4, 2), (4, 8), (5, 5)]   # (stages, microbatches)
+SHAPES = [(1, 1), (1, 4), (2, 1), (2, 3), (3, 4), (4, 2), (4, 8), (5, 5)]  # (stages, microbatches)
 
 
 def spans(rows):
@@ -26,6 +35,7 @@ def spans(rows):
 
 # ---- action lists ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", SCHEDULES)
 @pytest.mark.parametrize("n_stages, n_micro", SHAPES)
 def test_every_stage_runs_each_f_and_b_once_b_after_f(name, n_stages, n_micro):
@@ -33,7 +43,8 @@ def test_every_stage_runs_each_f_and_b_once_b_after_f(name, n_stages, n_micro):
     assert len(sched) == n_stages
     for s, acts in enumerate(sched):
         assert sorted((a.kind, a.microbatch) for a in acts) == sorted(
-            [("F", m) for m in range(n_micro)] + [("B", m) for m in range(n_micro)]), (s, acts)
+            [("F", m) for m in range(n_micro)] + [("B", m) for m in range(n_micro)]
+        ), (s, acts)
         pos = {(a.kind, a.microbatch): i for i, a in enumerate(acts)}
         for m in range(n_micro):
             assert pos[("F", m)] < pos[("B", m)], (s, m, acts)
@@ -44,8 +55,7 @@ def test_every_stage_runs_each_f_and_b_once_b_after_f(name, n_stages, n_micro):
 @pytest.mark.parametrize("n_stages, n_micro", SHAPES)
 def test_gpipe_all_forwards_then_backwards_in_reverse(n_stages, n_micro):
     for acts in gpipe(n_stages, n_micro):
-        assert [str(a) for a in acts] == [f"F{m}" for m in range(n_micro)] + [f"B{m}" for m in
-                                                                              reversed(range(n_micro))]
+        assert [str(a) for a in acts] == [f"F{m}" for m in range(n_micro)] + [f"B{m}" for m in reversed(range(n_micro))]
 
 
 @pytest.mark.parametrize("n_stages, n_micro", SHAPES)
@@ -65,9 +75,7 @@ def test_1f1b_warmup_then_alternate_then_drain(n_stages, n_micro):
 
 def test_1f1b_three_stages_four_microbatches_by_hand():
     got = [" ".join(map(str, acts)) for acts in one_f_one_b(3, 4)]
-    assert got == ["F0 F1 F2 B0 F3 B1 B2 B3",
-                   "F0 F1 B0 F2 B1 F3 B2 B3",
-                   "F0 B0 F1 B1 F2 B2 F3 B3"]
+    assert got == ["F0 F1 F2 B0 F3 B1 B2 B3", "F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"]
 
 
 def test_unknown_schedule_raises_value_error_naming_choices():
@@ -84,10 +92,10 @@ def test_action_str():
 
 # ---- grid simulation -------------------------------------------------------------------------
 
+
 def test_gpipe_grid_two_stages_two_microbatches_by_hand():
     rows = grid(gpipe(2, 2))
-    assert rows == [["F0", "F1", "", "", "", "B1", "B1", "B0", "B0"],
-                    ["", "F0", "F1", "B1", "B1", "B0", "B0", "", ""]]
+    assert rows == [["F0", "F1", "", "", "", "B1", "B1", "B0", "B0"], ["", "F0", "F1", "B1", "B1", "B0", "B0", "", ""]]
 
 
 @pytest.mark.parametrize("name", SCHEDULES)
@@ -116,8 +124,10 @@ def test_grid_respects_dependencies(name, n_stages, n_micro, f_slots, b_slots):
 
 def test_grid_detects_deadlock():
     # stage 1 waits for F1 of stage 0 before running F0, but stage 0 waits for stage 1's B0
-    bad = [[Action("F", 0), Action("B", 0), Action("F", 1), Action("B", 1)],
-           [Action("F", 1), Action("F", 0), Action("B", 0), Action("B", 1)]]
+    bad = [
+        [Action("F", 0), Action("B", 0), Action("F", 1), Action("B", 1)],
+        [Action("F", 1), Action("F", 0), Action("B", 0), Action("B", 1)],
+    ]
     with pytest.raises(ValueError, match="deadlock"):
         grid(bad)
 

@@ -1,23 +1,37 @@
 """Shaping plans as data: HTB trees, netem leaves, NFQUEUE delay queues, tc and iptables text."""
+
 import ipaddress
 import math
 import re
 
 import pytest
 
-from testbed.addressing import AddressPlan
-from testbed.shaping import (DEFAULT_CLASS_MINOR, ETH_HLEN, MTU, HtbClass, Netem, Pfifo, U32Filter,
-                             htb_burst_bytes, iptables_restore_text, plan_shaping, tc_argv, with_class)
-from testbed.topology import load_topology, parse_topology
+from testbed.net.shaping import (
+    DEFAULT_CLASS_MINOR,
+    ETH_HLEN,
+    MTU,
+    HtbClass,
+    Netem,
+    Pfifo,
+    U32Filter,
+    htb_burst_bytes,
+    plan_shaping,
+    with_class,
+)
+from testbed.net.shaping_text import iptables_restore_text, tc_argv
+from testbed.spec.addressing import AddressPlan
+from testbed.spec.topology_file import load_topology, parse_topology
 
-FRAME = MTU + ETH_HLEN      # 1514 bytes on the wire per full-sized packet
+FRAME = MTU + ETH_HLEN  # 1514 bytes on the wire per full-sized packet
 
 
 def make(link_extra=None, a_extra=None):
-    spec = parse_topology({
-        "dcs": [{"name": "a", "hosts": 2, **(a_extra or {})}, {"name": "b", "hosts": 1}],
-        "links": [{"between": ["a", "b"], "rate": "100mbit", "delay": "20ms", **(link_extra or {})}],
-    })
+    spec = parse_topology(
+        {
+            "dcs": [{"name": "a", "hosts": 2, **(a_extra or {})}, {"name": "b", "hosts": 1}],
+            "links": [{"between": ["a", "b"], "rate": "100mbit", "delay": "20ms", **(link_extra or {})}],
+        }
+    )
     return spec, AddressPlan(spec, "tb0000")
 
 
@@ -51,20 +65,22 @@ def test_nfqueue_delays_on_the_receiving_router():
     # a->b traffic leaves a's router on w-b (shaped) and enters b's router on w-a (delayed)
     at_b = [q for q in sp.delay_queues if q.netns == "tb0000-b-r"]
     assert [(q.in_ifname, q.delay_us, q.jitter_us, q.loss_pct) for q in at_b] == [("w-a", 20_000, 2_000, 1.0)]
-    assert {q.netns for q in sp.delay_queues} == {"tb0000-a-r", "tb0000-b-r"}   # no intra delay: routers only
+    assert {q.netns for q in sp.delay_queues} == {"tb0000-a-r", "tb0000-b-r"}  # no intra delay: routers only
 
 
 def test_nfqueue_intra_delay_host_queues():
     spec, plan = make(a_extra={"intra_delay": "100us"})
     sp = plan_shaping(spec, plan, "nfqueue")
     router = [q for q in sp.delay_queues if q.netns == "tb0000-a-r" and q.in_ifname == "br0"]
-    assert [q.delay_us for q in router] == [100]          # hosts' traffic towards other DCs
+    assert [q.delay_us for q in router] == [100]  # hosts' traffic towards other DCs
     h0, h1 = plan.hosts_of("a")
     for h in (h0, h1):
         qs = [q for q in sp.delay_queues if q.netns == h.netns]
         # same-DC sources first (two access links), then the catch-all (one access link)
         assert [(q.queue_num, q.delay_us, q.src_range) for q in qs] == [
-            (0, 2 * 100, (str(h0.ip), str(h1.ip))), (1, 100, None)]
+            (0, 2 * 100, (str(h0.ip), str(h1.ip))),
+            (1, 100, None),
+        ]
         text = iptables_restore_text(qs)
         assert text.index("--src-range") < text.index("--queue-num 1")
     assert not any(q.netns.startswith("tb0000-b-") and q.in_ifname == "eth0" for q in sp.delay_queues)
@@ -76,7 +92,7 @@ def test_netem_intra_delay_on_both_access_link_ends():
     h = plan.hosts["a-h1"]
     for netns, ifname in ((h.netns, "eth0"), ("tb0000-a-r", "h1")):
         e = sp.egress_of(netns, ifname)
-        assert e.classes == () and e.root_netem.delay_us == 100     # unshaped: bare netem root
+        assert e.classes == () and e.root_netem.delay_us == 100  # unshaped: bare netem root
     argv = tc_argv(sp.egress_of(h.netns, "eth0"))
     assert len(argv) == 1 and argv[0][:9] == ["tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "netem"]
     assert argv[0][-2:] == ["delay", "100us"]
@@ -88,11 +104,14 @@ def test_unknown_mechanism():
         plan_shaping(spec, plan, "tbf")
 
 
-@pytest.mark.parametrize("rate_bps, burst", [
-    (100 * 10**6, 100 * 10**6 // 8 // 1000),     # 1 ms at 100 Mbit/s: 12500 bytes
-    (10 * 10**9, 10 * 10**9 // 8 // 1000),       # 1 ms at 10 Gbit/s
-    (1 * 10**6, 2 * FRAME),                      # 1 ms is 125 bytes: floor of two frames
-])
+@pytest.mark.parametrize(
+    "rate_bps, burst",
+    [
+        (100 * 10**6, 100 * 10**6 // 8 // 1000),  # 1 ms at 100 Mbit/s: 12500 bytes
+        (10 * 10**9, 10 * 10**9 // 8 // 1000),  # 1 ms at 10 Gbit/s
+        (1 * 10**6, 2 * FRAME),  # 1 ms is 125 bytes: floor of two frames
+    ],
+)
 def test_htb_burst(rate_bps, burst):
     assert htb_burst_bytes(rate_bps) == burst
 
@@ -139,7 +158,7 @@ def test_u32_keys():
     assert ip_hex("10.100.0.2") == "0x0a640002"
     assert f.keys() == [f"{ip_hex('10.100.0.2')}/0xffffffff+12", f"{ip_hex('10.100.1.3')}/0xffffffff+16"]
     assert U32Filter(1, 0x11, dst="192.168.255.1").keys() == ["0xc0a8ff01/0xffffffff+16"]
-    assert U32Filter(1, 0x11).keys() == ["0x0/0x0+0"]      # match everything
+    assert U32Filter(1, 0x11).keys() == ["0x0/0x0+0"]  # match everything
 
 
 def test_with_class_copies_the_default_leaf_and_adds_filters():
@@ -151,12 +170,14 @@ def test_with_class_copies_the_default_leaf_and_adds_filters():
     assert new.classes[-1].leaf == default_leaf(e) and isinstance(default_leaf(e), Netem)
     own = with_class(e, HtbClass(0x12, 1, 10**6, 10**6, Pfifo(5)), ())
     assert own.classes[-1].leaf == Pfifo(5)
-    assert e.classes[-1].minor == DEFAULT_CLASS_MINOR          # the original plan is unchanged
+    assert e.classes[-1].minor == DEFAULT_CLASS_MINOR  # the original plan is unchanged
     lines = [" ".join(c) for c in tc_argv(new)]
     assert "classid 1:11 htb rate 20000000bit" in lines[-3]
     assert lines[-2].startswith("tc qdisc add dev w-b parent 1:11 handle 11: netem")
-    assert lines[-1] == ("tc filter add dev w-b parent 1: protocol ip prio 1 u32 match ip src 10.100.0.2/32 "
-                         "match ip dst 10.100.1.2/32 flowid 1:11")
+    assert lines[-1] == (
+        "tc filter add dev w-b parent 1: protocol ip prio 1 u32 match ip src 10.100.0.2/32 "
+        "match ip dst 10.100.1.2/32 flowid 1:11"
+    )
 
 
 def test_shipped_topology_plans_cover_every_wan_end():
@@ -164,7 +185,7 @@ def test_shipped_topology_plans_cover_every_wan_end():
     plan = AddressPlan(spec, "tb0000")
     for mech in ("netem", "nfqueue"):
         sp = plan_shaping(spec, plan, mech)
-        assert len(sp.egress) == 2 * len(spec.links)          # unshaped access links: no plans
+        assert len(sp.egress) == 2 * len(spec.links)  # unshaped access links: no plans
         if mech == "nfqueue":
             assert len(sp.delay_queues) == 2 * len(spec.links)
         else:

@@ -1,12 +1,13 @@
 """Topology loading and validation: every error names the file, the field, the value and a fix."""
+
 import copy
 
 import pytest
 
-from testbed.addressing import max_hosts_per_dc
 from testbed.errors import SpecError
-from testbed.topology import (DEFAULT_QUEUE_PACKETS, IFNAME_MAX, MAX_DELAY_US, TOPOLOGY_DIR, WAN_IFNAME_PREFIX,
-                              load_topology, parse_topology)
+from testbed.spec.addressing import max_hosts_per_dc
+from testbed.spec.topology import DEFAULT_QUEUE_PACKETS, IFNAME_MAX, MAX_DELAY_US, WAN_IFNAME_PREFIX
+from testbed.spec.topology_file import TOPOLOGY_DIR, load_topology, parse_topology
 
 SOURCE = "x.yaml"
 
@@ -18,8 +19,10 @@ def two_dc(**link_extra):
 
 
 def matrix_dc(rate, delay):
-    return {"dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
-            "matrix": {"dcs": ["a", "b"], "rate": rate, "delay": delay}}
+    return {
+        "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
+        "matrix": {"dcs": ["a", "b"], "rate": rate, "delay": delay},
+    }
 
 
 def spec_error(data) -> SpecError:
@@ -33,16 +36,20 @@ def assert_names_everything(err: SpecError, field: str, value, fix_words: str):
     assert msg.startswith(f"{SOURCE}: "), msg
     assert f": {field}: " in msg, msg
     assert repr(value) in msg, msg
-    assert fix_words in msg.partition("; ")[2], msg   # the fix follows the problem
+    assert fix_words in msg.partition("; ")[2], msg  # the fix follows the problem
 
 
 # ---- shipped files -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name, dcs, links", [
-    ("two_dc", ["east", "west"], 1),
-    ("three_dc", ["east", "central", "west"], 3),
-    ("four_dc_mesh", ["us-east", "us-west", "eu", "asia"], 6),   # full mesh of 4: 4*3/2 links
-])
+
+@pytest.mark.parametrize(
+    "name, dcs, links",
+    [
+        ("two_dc", ["east", "west"], 1),
+        ("three_dc", ["east", "central", "west"], 3),
+        ("four_dc_mesh", ["us-east", "us-west", "eu", "asia"], 6),  # full mesh of 4: 4*3/2 links
+    ],
+)
 def test_shipped_topologies_load(name, dcs, links):
     spec = load_topology(name)
     assert spec.name == name
@@ -68,10 +75,12 @@ def test_shipped_matrix_becomes_links():
 
 def test_load_by_path(tmp_path):
     f = tmp_path / "mine.yaml"
-    f.write_text("dcs: [{name: a, hosts: 1}, {name: b, hosts: 3}]\n"
-                 "links: [{between: [a, b], rate: 10mbit, delay: 5ms, loss: 0.5%, jitter: 1ms, queue: 50}]\n")
+    f.write_text(
+        "dcs: [{name: a, hosts: 1}, {name: b, hosts: 3}]\n"
+        "links: [{between: [a, b], rate: 10mbit, delay: 5ms, loss: 0.5%, jitter: 1ms, queue: 50}]\n"
+    )
     spec = load_topology(f)
-    assert spec.name == "mine"          # no 'name:': the file's stem
+    assert spec.name == "mine"  # no 'name:': the file's stem
     link = spec.links[0]
     assert (link.loss_pct, link.jitter_us, link.queue_packets) == (0.5, 1000, 50)
 
@@ -82,10 +91,11 @@ def test_missing_file():
     msg = str(e.value)
     assert "'no_such_topology'" in msg and "does not exist" in msg
     for shipped in ("two_dc", "three_dc", "four_dc_mesh"):
-        assert shipped in msg          # the fix lists the shipped names
+        assert shipped in msg  # the fix lists the shipped names
 
 
 # ---- validation of links --------------------------------------------------------------------
+
 
 def test_unknown_dc_in_link():
     err = spec_error(two_dc(between=["east", "wesst"]))
@@ -102,18 +112,21 @@ def test_duplicate_link_either_order(second):
     assert "links[0]" in err.problem
 
 
-@pytest.mark.parametrize("key, value, fix", [
-    ("rate", "0mbit", "above 0"),
-    ("rate", "-10mbit", "zero or more"),
-    ("delay", "11s", "between 0ms and 10s"),
-    ("delay", "-5ms", "zero or more"),
-    ("loss", "100%", "up to (not including) 100%"),
-    ("loss", "150%", "up to (not including) 100%"),
-    ("loss", "-1%", "such as 0.1%"),
-    ("rate", "100mbps", "write 'mbit' for megabits"),
-    ("rate", "100", "100mbit"),
-    ("queue", 0, "number of packets"),
-])
+@pytest.mark.parametrize(
+    "key, value, fix",
+    [
+        ("rate", "0mbit", "above 0"),
+        ("rate", "-10mbit", "zero or more"),
+        ("delay", "11s", "between 0ms and 10s"),
+        ("delay", "-5ms", "zero or more"),
+        ("loss", "100%", "up to (not including) 100%"),
+        ("loss", "150%", "up to (not including) 100%"),
+        ("loss", "-1%", "such as 0.1%"),
+        ("rate", "100mbps", "write 'mbit' for megabits"),
+        ("rate", "100", "100mbit"),
+        ("queue", 0, "number of packets"),
+    ],
+)
 def test_bad_link_field(key, value, fix):
     err = spec_error(two_dc(**{key: value}))
     assert_names_everything(err, f"links[0].{key}", value, fix)
@@ -141,8 +154,9 @@ def test_unknown_key_suggests_the_close_one():
 
 # ---- validation of DCs and the address plan -------------------------------------------------
 
+
 def test_more_hosts_than_the_subnet_holds():
-    cap = 2 ** (32 - 24) - 3           # a /24 less network, broadcast and the router's address
+    cap = 2 ** (32 - 24) - 3  # a /24 less network, broadcast and the router's address
     assert max_hosts_per_dc(24) == cap
     data = two_dc()
     data["dcs"][1]["hosts"] = 300
@@ -153,7 +167,7 @@ def test_more_hosts_than_the_subnet_holds():
 
 
 def test_dc_name_too_long_for_an_interface():
-    longest = IFNAME_MAX - len(WAN_IFNAME_PREFIX)      # 'w-' + name must fit in 15 characters
+    longest = IFNAME_MAX - len(WAN_IFNAME_PREFIX)  # 'w-' + name must fit in 15 characters
     name = "d" * (longest + 1)
     data = two_dc(between=["east", name])
     data["dcs"][1]["name"] = name
@@ -181,16 +195,15 @@ def test_duplicate_dc_name():
 
 # ---- matrix -----------------------------------------------------------------------------------
 
+
 def test_matrix_not_symmetric():
-    err = spec_error(matrix_dc(rate=[[None, "100mbit"], ["50mbit", None]],
-                               delay=[[None, "5ms"], ["5ms", None]]))
+    err = spec_error(matrix_dc(rate=[[None, "100mbit"], ["50mbit", None]], delay=[[None, "5ms"], ["5ms", None]]))
     assert_names_everything(err, "matrix.rate[0][1]", "100mbit", "make the matrix symmetric")
     assert "'50mbit'" in err.problem
 
 
 def test_matrix_rate_without_delay():
-    err = spec_error(matrix_dc(rate=[[None, "100mbit"], ["100mbit", None]],
-                               delay=[[None, None], [None, None]]))
+    err = spec_error(matrix_dc(rate=[[None, "100mbit"], ["100mbit", None]], delay=[[None, None], [None, None]]))
     assert_names_everything(err, "matrix.rate[0][1]", "100mbit", "give both")
 
 
@@ -207,14 +220,17 @@ def test_matrix_diagonal_must_be_null():
 
 
 def test_matrix_symmetry_compares_values_not_text():
-    spec = parse_topology(matrix_dc(rate=[[None, "100mbit"], ["0.1gbit", None]],
-                                    delay=[[None, "1ms"], ["1000us", None]]), SOURCE)
+    spec = parse_topology(
+        matrix_dc(rate=[[None, "100mbit"], ["0.1gbit", None]], delay=[[None, "1ms"], ["1000us", None]]), SOURCE
+    )
     assert spec.links[0].rate_bps == 100_000_000 and spec.links[0].delay_us == 1000
 
 
 def test_sub_resolution_values_are_refused():
-    data = {"dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
-            "links": [{"between": ["a", "b"], "rate": "1mbit", "delay": "0.4us"}]}
+    data = {
+        "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
+        "links": [{"between": ["a", "b"], "rate": "1mbit", "delay": "0.4us"}],
+    }
     err = spec_error(data)
     assert_names_everything(err, "links[0].delay", "0.4us", "1us")
 
@@ -234,7 +250,7 @@ def test_spec_is_not_changed_by_parsing():
 
 
 def test_invalid_yaml_is_one_line_with_position(tmp_path):
-    from testbed.topology import load_topology
+    from testbed.spec.topology_file import load_topology
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("dcs: [\n  {name: a\n")
@@ -244,13 +260,16 @@ def test_invalid_yaml_is_one_line_with_position(tmp_path):
     assert "\n" not in msg and "bad.yaml" in msg and "line " in msg and "fix the YAML syntax" in msg
 
 
-@pytest.mark.parametrize("text, words", [
-    ("a: &x [1]\ndcs: *x\n", "aliases"),
-    ("dcs: []\ndcs: []\n", "duplicate key 'dcs'"),
-    ("? [a, b]\n: 1\n", "plain word"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("a: &x [1]\ndcs: *x\n", "aliases"),
+        ("dcs: []\ndcs: []\n", "duplicate key 'dcs'"),
+        ("? [a, b]\n: 1\n", "plain word"),
+    ],
+)
 def test_yaml_traps_are_refused_with_position(tmp_path, text, words):
-    from testbed.topology import load_topology
+    from testbed.spec.topology_file import load_topology
 
     bad = tmp_path / "t.yaml"
     bad.write_text(text)
@@ -266,7 +285,7 @@ def test_null_required_values_are_missing_not_crashes():
 
 
 def test_non_utf8_file(tmp_path):
-    from testbed.topology import load_topology
+    from testbed.spec.topology_file import load_topology
 
     bad = tmp_path / "latin1.yaml"
     bad.write_bytes("name: caf\xe9\n".encode("latin-1"))

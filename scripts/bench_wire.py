@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Benchmark of the emulated wire's accuracy and of the delay element's cost (figures printed next
+to their goals, nothing asserted).
+
+For every cell of {1, 10, 100, 1000} Mbit/s x {1, 10, 50, 200} ms one way, on a two-DC topology of
+one host each whose link queue holds the path's bandwidth-delay product (and whose socket buffers
+do: the testbed sizes them at 4 x BDP, ``net/netns.py``):
+
+- idle RTT: ``ping -U`` samples against twice the one-way delay (goal: within 0.3 ms). ping prints a
+  reply's time to 1 ms from 100 ms up (0.1 ms from 10 ms), too coarse for the goal, so the figure
+  judged is the mean from its summary line (microseconds); the median of the printed replies is
+  shown beside it;
+- TCP goodput after slow start (iperf3, the first seconds omitted: at least 2 s and 25 RTTs)
+  against the shaped rate x 1448/1514 (goal: within 2% where the queue and the socket buffers
+  hold the BDP; a cell where they cannot, or where this machine's measured capacity is below
+  the rate, is reported, not judged);
+- the packets the WAN queue dropped during the TCP measurement;
+- with the NFQUEUE delay element (this machine's kernel has no sch_netem): how late it released
+  packets (its own counters: mean, p99 bucket edge, max) and its CPU share while the TCP test ran
+  (both elements' utime + stime over the wall time, in % of one core).
+
+Run as root: .venv/bin/python scripts/bench_wire.py [--rates 1,10,100,1000] [--delays 1,10,50,200]
+[--duration 5] [--delay-mechanism auto|netem|nfqueue]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from testbed.errors import CheckError
+from testbed.net.capacity_probe import machine_capacity_bps
+from testbed.net.delay_element import read_element_stats
+from testbed.net.fidelity import parse_ping_ms, path_queue_drops
+from testbed.net.iperf import iperf
+from testbed.net.shaping import TCP_GOODPUT_FRACTION
+from testbed.run.backends import make_network
+from testbed.spec.topology_file import parse_topology
+from testbed.spec.wire import bdp_packets
+
+RTT_GOAL_MS = 0.3
+GOODPUT_GOAL = 0.02
+TICKS = os.sysconf("SC_CLK_TCK")
+WIDTHS = (6, 6, 8, 9, 7, 9, 7, 7, 6, 8, 9, 6, 7)
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of a process so far (s), from /proc/<pid>/stat (proc(5) fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def idle_rtt_ms(net, src: str, dst: str, samples: int) -> tuple[float, float]:
+    """(median of the printed replies, mean from ping's summary line) of ``ping -U`` from host
+    ``src`` to host ``dst``, in ms."""
+    argv = ["ping", "-U", "-n", "-c", str(samples), "-i", "0.05", "-W", "3", str(net.host(dst).ip)]
+    out = net.run(src, argv, timeout_s=samples * 4 + 10).stdout
+    summary = re.search(r"= ([0-9.]+)/([0-9.]+)/([0-9.]+)/([0-9.]+) ms", out)
+    replies = parse_ping_ms(out)
+    if summary is None or len(replies) < samples // 2:
+        raise CheckError(f"ping {src}->{dst} got {len(replies)} of {samples} replies: {out[-300:]}")
+    return statistics.median(replies), float(summary.group(2))
+
+
+def cell_topology(rate_mbit: float, delay_ms: float):
+    rate_bps = int(rate_mbit * 1e6)
+    queue = max(1000, bdp_packets(rate_bps, int(2 * delay_ms * 1000)) + 100)
+    link = {"between": ["a", "b"], "rate": f"{rate_mbit:g}mbit", "delay": f"{delay_ms:g}ms", "queue": queue}
+    return parse_topology(
+        {"name": "wire", "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}], "links": [link]}, "<bench>"
+    )
+
+
+def measure_cell(rate_mbit: float, delay_ms: float, args, out: Path) -> dict:
+    spec = cell_topology(rate_mbit, delay_ms)
+    rtt_expected_ms = 2 * delay_ms
+    omit_s = max(2.0, 25 * rtt_expected_ms / 1000)
+    with make_network(spec, out_dir=out, delay_mechanism=args.delay_mechanism) as net:
+        rtt_median_ms, rtt_ms = idle_rtt_ms(net, "a-h0", "b-h0", args.rtt_samples)
+        pids = [el.proc.pid for el in net.delay.elements if el.proc] if net.delay else []
+        drops0 = path_queue_drops(net, ["a", "b"])
+        cpu0, t0 = sum(cpu_s(p) for p in pids), time.monotonic()
+        tcp = iperf(net, "a-h0", "b-h0", args.duration, omit_s)
+        cpu = (sum(cpu_s(p) for p in pids) - cpu0) / (time.monotonic() - t0) if pids else None
+        drops = path_queue_drops(net, ["a", "b"]) - drops0
+        mechanism, logs = net.mechanism, net.out_dir / "logs"
+    stats = [s for p in logs.glob("nfq_delay-*.log") for s in read_element_stats(p) if s["packets"]]
+    expected = rate_mbit * 1e6 * TCP_GOODPUT_FRACTION
+    return {
+        "rtt_ms": rtt_ms,
+        "rtt_median_ms": rtt_median_ms,
+        "rtt_err_ms": rtt_ms - rtt_expected_ms,
+        "goodput_mbit": tcp.bits_per_second / 1e6,
+        "goodput_err": tcp.bits_per_second / expected - 1,
+        "drops": drops,
+        "cpu_pct": 100 * cpu if cpu is not None else None,
+        "late_mean_us": statistics.mean(s["late_mean_us"] for s in stats) if stats else None,
+        "late_p99_us": max(s["late_p99_us"] for s in stats) if stats else None,
+        "late_max_us": max(s["late_max_us"] for s in stats) if stats else None,
+        "mechanism": mechanism,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rates", default="1,10,100,1000", help="Mbit/s, comma-separated")
+    ap.add_argument("--delays", default="1,10,50,200", help="one-way ms, comma-separated")
+    ap.add_argument("--duration", type=float, default=5.0, help="measured iperf3 seconds per cell")
+    ap.add_argument("--rtt-samples", type=int, default=20)
+    ap.add_argument("--delay-mechanism", default="auto", choices=("auto", "netem", "nfqueue"))
+    args = ap.parse_args()
+    rates = [float(r) for r in args.rates.split(",")]
+    delays = [float(d) for d in args.delays.split(",")]
+    print(
+        f"goals: idle RTT within {RTT_GOAL_MS} ms of 2 x delay; goodput within {GOODPUT_GOAL:.0%} of rate x "
+        f"{TCP_GOODPUT_FRACTION:.4f} where the queue and socket buffers hold the BDP (queue here: max(1000, "
+        f"BDP + 100) packets; buffers: 4 x BDP)"
+    )
+    header = (
+        "rate",
+        "delay",
+        "RTT p50",
+        "RTT mean",
+        "err",
+        "goodput",
+        "err",
+        "judged",
+        "drops",
+        "elem CPU",
+        "late",
+        "p99",
+        "max",
+    )
+    units = ("Mbit/s", "ms", "printed", "ms", "ms", "Mbit/s", "", "", "", "%core", "mean us", "us", "us")
+    for row in (header, units):
+        print(" ".join(f"{c:>{w}}" for c, w in zip(row, WIDTHS)))
+    rtt_ok = goodput_ok = judged = cells = 0
+    with tempfile.TemporaryDirectory(prefix="bench-wire-") as tmp:
+        for rate in rates:
+            for delay in delays:
+                r = measure_cell(rate, delay, args, Path(tmp) / f"{rate:g}-{delay:g}")
+                cells += 1
+                # judged where the machine carries the rate (the capacity probe's figure)
+                fair = rate * 1e6 <= machine_capacity_bps(r["mechanism"])[0]
+                rtt_ok += abs(r["rtt_err_ms"]) <= RTT_GOAL_MS
+                judged += fair
+                goodput_ok += fair and abs(r["goodput_err"]) <= GOODPUT_GOAL
+                cpu = f"{r['cpu_pct']:8.1f}" if r["cpu_pct"] is not None else f"{'-':>8}"
+                late = (
+                    f"{r['late_mean_us']:9.1f} {r['late_p99_us']:6.0f} {r['late_max_us']:7.0f}"
+                    if r["late_mean_us"] is not None
+                    else f"{'-':>9} {'-':>6} {'-':>7}"
+                )
+                print(
+                    f"{rate:6g} {delay:6g} {r['rtt_median_ms']:8.2f} {r['rtt_ms']:9.3f} {r['rtt_err_ms']:+7.3f} "
+                    f"{r['goodput_mbit']:9.2f} "
+                    f"{r['goodput_err']:+7.1%} {'yes' if fair else 'no':>7} {r['drops']:6d} {cpu} {late}",
+                    flush=True,
+                )
+    print(f"delay mechanism: {r['mechanism']}")
+    print(f"idle RTT within {RTT_GOAL_MS} ms: {rtt_ok}/{cells} cells (goal: all)")
+    print(f"goodput within {GOODPUT_GOAL:.0%}: {goodput_ok}/{judged} judged cells (goal: all)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""The control channel between training workers and Atlas's controller: Unix datagrams outside the
+emulated WAN (DESIGN.md section 2), so control traffic never perturbs what is measured.
+
+Per cross-DC transfer (sender rank ``src``, receiver rank ``dst``, iteration ``it``, microbatch
+``mb``) the sender says ``ready`` when it starts the send, the receiver ``recv`` when it posts the
+receive (gloo moves data only once both are there) and ``done`` when the data has arrived.
+Workers never wait for the controller: a message that cannot be sent is dropped. The runner ends
+the controller with ``stop``. This module imports nothing of the kernel-facing code: workers use it.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any
+
+READY, RECV, DONE, STOP = "ready", "recv", "done", "stop"
+#: (sender rank, receiver rank, iteration, microbatch): one transfer
+TransferKey = tuple[int, int, int, int]
+#: largest datagram the controller reads
+MAX_MESSAGE_BYTES = 512
+
+
+def encode_message(ev: str, src: int = -1, dst: int = -1, it: int = -1, mb: int = -1) -> bytes:
+    """One control datagram."""
+    return json.dumps({"ev": ev, "src": src, "dst": dst, "it": it, "mb": mb}).encode()
+
+
+def parse_message(data: bytes) -> dict[str, Any]:
+    """A datagram back as ``{"ev", "src", "dst", "it", "mb"}``. Raises ValueError for anything else."""
+    msg = json.loads(data)
+    if not isinstance(msg, dict) or not isinstance(msg.get("ev"), str):
+        raise ValueError(f"not a control message: {data[:100]!r}")
+    return msg
+
+
+def transfer_key(msg: dict[str, Any]) -> TransferKey:
+    return (msg["src"], msg["dst"], msg["it"], msg["mb"])
+
+
+class ControlClient:
+    """The worker's side: fire-and-forget datagrams; a dead controller costs nothing."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) if path else None
+        if self.sock:
+            self.sock.setblocking(False)
+
+    def send(self, ev: str, src: int, dst: int, it: int, mb: int) -> None:
+        if self.sock is None or self.path is None:
+            return
+        try:
+            self.sock.sendto(encode_message(ev, src, dst, it, mb), self.path)
+        except OSError:
+            pass

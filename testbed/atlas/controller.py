@@ -1,0 +1,161 @@
+"""Atlas's temporal bandwidth sharing (DESIGN.md section 1, item 4), applied through HTB: the
+runner's side of the controller.
+
+On every WAN egress that a stage boundary's traffic crosses, each data-parallel pipeline gets its
+own HTB class (``1:(0x20 + replica)``) selected by u32 filters on the pipeline's (sender, receiver)
+host pairs. The controller grants a link direction to one pipeline's transfer at a time: the
+granted class runs at the full link rate, the others are held at a small floor rate (starving a
+TCP flow to zero sends it into retransmission back-off that wastes its next grant, so held
+classes keep ``FLOOR_SHARE`` of the link). Order: earliest ready first, which follows the pipeline
+schedule and staggers the pipelines (one computes while another transmits).
+
+The grant loop runs in its own process (no GIL shared with the runner's threads, higher priority),
+and each grant is compiled ahead into one netlink buffer sent in one system call. Workers report
+over a control channel outside the emulated WAN (a Unix datagram socket in the testbed's state
+folder): the sender says ``ready`` when it starts a send and the receiver ``recv``
+when it posts the receive (gloo moves data only once both are there, so a transfer is ready when
+both messages have come); the receiver says ``done`` when the data has arrived. Workers never wait
+for the controller; if it dies, ``fall_back`` opens every class to the full rate (fair sharing by
+TCP) and the run says so; the runner does the same if the process is killed.
+
+Parts: ``grants.py`` (the pure grant logic), ``channel.py`` (the workers' messages),
+``switch.py`` (applying a grant), ``controller_process.py`` (the loop in its own process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from testbed.atlas.channel import STOP, encode_message
+from testbed.atlas.grants import CLASS_BASE, FLOOR_SHARE, Hop, boundary_hops, floor_bps
+from testbed.atlas.switch import GrantSwitch
+from testbed.net.network import Network, require_live_shaping
+from testbed.plan.placement import WorkerSpec
+
+
+class Controller:
+    """The runner's side of Atlas's controller: installs one HTB class per pipeline on every crossed
+    egress (all open, fair, until the first grant), compiles every grant, and runs the grant loop
+    in its own process (``serve``: its own interpreter, no GIL shared with the runner's threads, a
+    higher scheduling priority), fed by workers over a Unix datagram socket bound here before any
+    worker starts. ``grant`` applies a grant from this process (tests, tools)."""
+
+    def __init__(
+        self,
+        net: Network,
+        workers: list[WorkerSpec],
+        replicas: int,
+        sock_path: Path,
+        log_path: Path,
+        floor_share: float = FLOOR_SHARE,
+    ) -> None:
+        self.net, self.workers, self.replicas = net, {w.rank: w for w in workers}, replicas
+        self.shaping = require_live_shaping(net, "Atlas's controller")
+        self.floor_share = floor_share
+        self.sock_path, self.log_path = Path(sock_path), Path(log_path)
+        self.error_file = self.log_path.with_name("controller_error.txt")
+        self.hops = boundary_hops(workers, net.routes)
+        self.switch: GrantSwitch | None = None
+        self.proc = None
+        self._sock: socket.socket | None = None
+        self._stopping = False
+        self._failure: str | None = None
+
+    def link_rate_bps(self, hop: Hop) -> int:
+        return self.net.plan.wan_ends[(hop.src, hop.dst)].link.rate_bps
+
+    def install(self) -> None:
+        """One class per pipeline on every crossed egress, all open (fair) until the first grant;
+        compile each grant: the granted class gets the link minus the others' floors, the others
+        their floor (held, never starved), the old holders first so the link is never
+        oversubscribed."""
+        pairs: dict[tuple[Hop, int], list[tuple[str, str]]] = {}
+        for (s, d), hops in self.hops.items():
+            for hop in hops:
+                pairs.setdefault((hop, self.workers[s].replica), []).append(
+                    (self.workers[s].host, self.workers[d].host)
+                )
+        hops = sorted({h for h, _ in pairs}, key=lambda h: (h.src, h.dst))
+        for (hop, replica), host_pairs in sorted(pairs.items(), key=lambda x: (x[0][0].src, x[0][0].dst, x[0][1])):
+            rate_bps = self.link_rate_bps(hop)
+            self.shaping.add_wan_class(hop.src, hop.dst, CLASS_BASE + replica, rate_bps, rate_bps, host_pairs)
+        batches: dict[Hop, dict] = {}
+        for hop in hops:
+            rate_bps = self.link_rate_bps(hop)
+            floor = floor_bps(rate_bps, self.floor_share)
+            full_bps = rate_bps - floor * (self.replicas - 1)
+            minors = sorted(CLASS_BASE + r for (h, r) in pairs if h == hop)
+            open_rates = [(m, rate_bps) for m in minors]
+            batches[hop] = {"open": self.shaping.compile_wan_class_rates(hop.src, hop.dst, open_rates)}
+            for m in minors:
+                order = [(o, floor) for o in minors if o != m] + [(m, full_bps)]
+                batches[hop][m - CLASS_BASE] = self.shaping.compile_wan_class_rates(hop.src, hop.dst, order)
+        self.switch = GrantSwitch(batches, self.log_path, self.shaping.shaping_log_path)
+
+    def grant(self, hop: Hop, replica: int, t_ready_ns: int | None = None) -> int:
+        """Give ``hop`` to ``replica`` now, from this process; returns when the kernel acknowledged."""
+        return self.switch.apply(hop, replica, t_ready_ns)
+
+    def start(self) -> None:
+        """Bind the control socket and start the controller process."""
+        self.sock_path.unlink(missing_ok=True)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.bind(str(self.sock_path))
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        plan = {
+            "switch": self.switch.to_json(),
+            "log": str(self.log_path),
+            "shaping_log": str(self.shaping.shaping_log_path),
+            "error_file": str(self.error_file),
+            "replica_of": {str(r): w.replica for r, w in self.workers.items()},
+            "hops": [{"src": s, "dst": d, "hops": [[h.src, h.dst] for h in hs]} for (s, d), hs in self.hops.items()],
+            "fd": self._sock.fileno(),
+        }
+        plan_path = self.log_path.with_name("controller_plan.json")
+        plan_path.write_text(json.dumps(plan))
+        with open(self.log_path.with_name("controller.log"), "a") as out:
+            self.proc = self.shaping.start_helper(
+                [sys.executable, "-m", "testbed.atlas.controller_process", str(plan_path)],
+                "atlas controller",
+                pass_fds=(self._sock.fileno(),),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+            )
+
+    def poll_failure(self) -> str | None:
+        """If the controller process has died during the run, open every class (fair sharing; the
+        process may have been killed before it could) and return why; else None. Reported once."""
+        if self._failure is not None or self.proc is None or self._stopping or self.proc.poll() is None:
+            return None
+        why = self.error_file.read_text() if self.error_file.exists() else f"exit status {self.proc.returncode}"
+        self._failure = why
+        self.fall_back()
+        return why
+
+    def fall_back(self) -> None:
+        """Open every class to the full link rate: the pipelines share links as TCP does."""
+        for hop in self.switch.batches:
+            try:
+                self.switch.apply(hop, "open", event="fall_back")
+            except Exception:  # noqa: BLE001 - the network may be going down
+                return
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self._sock.sendto(encode_message(STOP), str(self.sock_path))
+                self.proc.wait(timeout=2)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.terminate()
+        if self.switch is not None:
+            self.switch.close()
+        if self._sock is not None:
+            self._sock.close()
+        self.sock_path.unlink(missing_ok=True)

@@ -1,0 +1,107 @@
+"""BubbleTea's decisions as pure functions (DESIGN.md section 1, item 5): the emulated-GPU time of
+prefill and decode, the per-slot bubble predictor a worker keeps, how large a chunk fits a bubble,
+and which worker a request goes to. The mechanisms that use them: ``prefill.py`` (in the worker),
+``dispatcher.py`` (in the runner), ``decode.py`` (on the decode hosts).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass
+
+from testbed.bubbletea.windows import fits
+from testbed.spec.bubbletea import MIN_CHUNK_TOKENS
+from testbed.spec.experiment import Experiment
+from testbed.spec.model import ModelConfig, decode_flops, prefill_flops
+
+
+def seconds_per_flop(exp: Experiment) -> float:
+    """The emulated GPU's speed, as training's own time model gives it: one stage's forward target
+    (``compute.forward_ms``) over that stage's forward FLOPs on one microbatch (its blocks; the
+    largest stage). Prefill and decode are timed with the same figure, so they run on the same
+    emulated GPU as training."""
+    return exp.block_s[0] / exp.model.block_forward_flops(exp.tokens_per_microbatch)
+
+
+def prefill_seconds(cfg: ModelConfig, start: int, chunk: int, s_per_flop: float) -> float:
+    """Emulated seconds to prefill positions start..start+chunk-1 (``spec.model.prefill_flops``)."""
+    return prefill_flops(cfg, start, chunk) * s_per_flop
+
+
+def decode_seconds(cfg: ModelConfig, position: int, s_per_flop: float) -> float:
+    """Emulated seconds of one decode step at ``position``."""
+    return decode_flops(cfg, position) * s_per_flop
+
+
+def chunk_that_fits(
+    cfg: ModelConfig, start: int, remaining: int, max_chunk: int, room_s: float, s_per_flop: float
+) -> int:
+    """The largest chunk (tokens) of a prompt, from position ``start`` with ``remaining`` tokens
+    left, at most ``max_chunk``, whose prefill takes at most ``room_s`` seconds: the whole rest or
+    ``max_chunk``, else halves of it down to MIN_CHUNK_TOKENS (or the rest, if shorter); 0 when none
+    fits."""
+    n = min(remaining, max_chunk)
+    while n >= min(MIN_CHUNK_TOKENS, remaining) and n > 0:
+        if prefill_seconds(cfg, start, n, s_per_flop) <= room_s:
+            return n
+        n //= 2
+    return 0
+
+
+class SlotPredictor:
+    """A worker's bubble profile, kept as it runs: for each slot (the schedule action a wait
+    precedes), the minimum of its last ``window`` observed bubbles, the same statistic as
+    ``profile.bubble_profile`` (a bubble predicted too long delays training; too short only wastes
+    some of it). Durations in seconds."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.seen: dict[object, deque[float]] = defaultdict(lambda: deque(maxlen=window))
+
+    def observe(self, slot: object, bubble_s: float) -> None:
+        self.seen[slot].append(max(0.0, bubble_s))
+
+    def predict(self, slot: object) -> float | None:
+        """None until the slot has been seen ``window`` times."""
+        s = self.seen.get(slot)
+        return min(s) if s is not None and len(s) == self.window else None
+
+    def per_iteration_s(self) -> float:
+        """Predicted bubble time per iteration over every known slot."""
+        return sum(p for slot in self.seen if (p := self.predict(slot)) is not None)
+
+    def largest_s(self) -> float:
+        return max((p for slot in self.seen if (p := self.predict(slot)) is not None), default=0.0)
+
+
+def may_start(predicted_s: float | None, elapsed_s: float, chunk_s: float, guard_s: float) -> bool:
+    """A worker starts a chunk only inside a predicted bubble and only if the chunk is predicted to
+    end ``guard_s`` before the bubble does (``windows.fits``)."""
+    return predicted_s is not None and fits(predicted_s, elapsed_s, chunk_s, guard_s)
+
+
+@dataclass
+class WorkerLoad:
+    """What the dispatcher knows of one worker: its predicted bubble seconds per iteration, its
+    largest bubble, the iteration time, and the prefill seconds it still has queued."""
+
+    bubble_per_iteration_s: float = 0.0
+    largest_bubble_s: float = 0.0
+    iteration_s: float = 0.0
+    backlog_s: float = 0.0
+
+
+def choose_worker(loads: dict[int, WorkerLoad], smallest_chunk_s: float, guard_s: float) -> int | None:
+    """The worker a new request goes to (all its chunks stay there: its KV cache lives there): the
+    one that would finish its queued prefill soonest, backlog over bubble seconds per second of
+    training, among workers whose largest predicted bubble holds the smallest chunk plus the guard;
+    ties to the lowest rank. None when no worker has such a bubble."""
+    best, best_t = None, float("inf")
+    for rank in sorted(loads):
+        w = loads[rank]
+        if w.iteration_s <= 0 or w.largest_bubble_s < smallest_chunk_s + guard_s:
+            continue
+        t = w.backlog_s / (w.bubble_per_iteration_s / w.iteration_s)
+        if t < best_t:
+            best, best_t = rank, t
+    return best

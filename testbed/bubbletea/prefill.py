@@ -1,0 +1,234 @@
+"""The worker's side of BubbleTea: prefill chunks run inside its pipeline bubbles.
+
+A ``PrefillServer`` lives in each training worker beside its stage. The dispatcher sends it
+requests over a Unix datagram socket (outside the emulated network); the worker calls ``fill``
+at every bubble it knows of: after it has posted the receive that the next schedule action waits
+for, it runs chunks of queued prompts (real forward passes of its inference model with a KV cache,
+padded to the emulated GPU's time) for as long as each chunk is predicted to end ``guard`` before
+the bubble does, and polls the receive while it pads. A finished prompt's KV cache goes, from a
+background thread, over the emulated network (TCP) to the decode host of the worker's DC.
+
+Wire format to the decode host: 8 bytes (header length, payload length; big-endian uint32 each),
+a JSON header, then ``KVCache.to_bytes()``.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import struct
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from testbed.bubbletea.decisions import SlotPredictor, chunk_that_fits, may_start, prefill_seconds
+from testbed.bubbletea.inference import InferenceModel, KVCache, prefill_chunk, prompt_tokens_for
+from testbed.spec.bubbletea import BubbleTeaSpec
+from testbed.trace import schema as T
+from testbed.trace.clock import now_ns
+from testbed.trace.events import EventWriter
+
+DECODE_PORT = 29600
+FRAME = struct.Struct(">II")
+SEND_ATTEMPTS = 4  # tries to deliver one KV cache to the decode host before the request is given up
+POLL_S = 0.00025  # how often a padding chunk looks whether the training input has arrived
+
+
+@dataclass
+class Job:
+    """One request being prefilled on this worker."""
+
+    rid: int
+    arrival_ns: int
+    tokens: torch.Tensor
+    output_tokens: int
+    pos: int = 0
+    cache: KVCache | None = None
+    logits: torch.Tensor | None = None
+    first_start_ns: int | None = None
+
+
+class PrefillServer:
+    """A worker's prefill: ``spec`` the experiment's BubbleTea section, ``s_per_flop`` the emulated
+    GPU's speed, ``inbox`` and ``dispatcher`` the Unix sockets requests come in on and profiles go
+    out to, ``decode_addr`` the decode host of the worker's DC (None: caches are not sent)."""
+
+    def __init__(
+        self,
+        spec: BubbleTeaSpec,
+        s_per_flop: float,
+        seed: int,
+        rank: int,
+        ev: EventWriter,
+        inbox: str,
+        dispatcher: str,
+        decode_addr: str | None,
+        padded: bool,
+    ) -> None:
+        self.cfg = spec.model
+        self.model = InferenceModel(self.cfg, seed)
+        self.s_per_flop, self.seed, self.rank, self.ev, self.padded = s_per_flop, seed, rank, ev, padded
+        self.guard_s = spec.guard_ms / 1000
+        self.max_chunk = spec.max_chunk_tokens
+        self.predictor = SlotPredictor(spec.profile_iterations)
+        self.jobs: deque[Job] = deque()
+        self.inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.inbox.bind(inbox)
+        self.inbox.setblocking(False)
+        self.dispatcher = dispatcher
+        self.out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.out.setblocking(False)
+        self._kv: queue.Queue = queue.Queue()
+        self._sender = threading.Thread(target=self._send_loop, args=(decode_addr,), daemon=True)
+        self._sender.start()
+        self.iteration = 0
+
+    # --------------------------------------------------------------- requests in
+    def poll_inbox(self) -> None:
+        while True:
+            try:
+                msg = json.loads(self.inbox.recv(512))
+            except BlockingIOError:
+                return
+            self.jobs.append(
+                Job(
+                    msg["rid"],
+                    msg["arrival_ns"],
+                    prompt_tokens_for(msg["rid"], msg["prompt"], self.seed),
+                    msg["output"],
+                )
+            )
+
+    # --------------------------------------------------------------- the bubbles
+    def fill(self, slot: str, prev_end_ns: int, arrived: Callable[[], bool]) -> int | None:
+        """Run prefill chunks in the bubble before ``slot``, which began at ``prev_end_ns`` (the end
+        of this worker's previous compute). Returns when the training input arrived if it did while
+        a chunk ran (else None: the caller's wait measures it)."""
+        self.poll_inbox()
+        predicted = self.predictor.predict(slot)
+        ready_ns = None
+        while self.jobs and predicted is not None and not arrived():
+            job = self.jobs[0]
+            elapsed = (now_ns() - prev_end_ns) / 1e9
+            room = predicted - elapsed - self.guard_s
+            n = chunk_that_fits(self.cfg, job.pos, job.tokens.numel() - job.pos, self.max_chunk, room, self.s_per_flop)
+            if n == 0:
+                break
+            target_s = prefill_seconds(self.cfg, job.pos, n, self.s_per_flop)
+            if not may_start(predicted, elapsed, target_s, self.guard_s):
+                break
+            ready_ns = self._run_chunk(job, n, target_s, arrived)
+            if job.pos == job.tokens.numel():
+                self.jobs.popleft()
+                self._finish(job)
+            if ready_ns is not None:
+                break
+        return ready_ns
+
+    def _run_chunk(self, job: Job, n: int, target_s: float, arrived: Callable[[], bool]) -> int | None:
+        t0 = now_ns()
+        job.first_start_ns = job.first_start_ns or t0
+        job.cache, job.logits = prefill_chunk(self.model, job.tokens[job.pos : job.pos + n], job.cache)
+        real = now_ns() - t0
+        ready_ns = None
+        if self.padded:
+            end = t0 + int(target_s * 1e9)
+            while (left := end - now_ns()) > 0:
+                if ready_ns is None and arrived():
+                    ready_ns = now_ns()
+                time.sleep(min(left / 1e9, POLL_S))
+        if ready_ns is None and arrived():
+            ready_ns = now_ns()
+        t1 = now_ns()
+        self.ev.write(
+            T.PREFILL,
+            t0,
+            t1,
+            **{T.ITERATION: self.iteration, T.MICROBATCH: -1},
+            real_ns=real,
+            padded_ns=t1 - t0,
+            rid=job.rid,
+            chunk_start=job.pos,
+            tokens=n,
+        )
+        job.pos += n
+        return ready_ns
+
+    def observe(self, slot: str, bubble_s: float) -> None:
+        self.predictor.observe(slot, bubble_s)
+
+    def backlog_s(self) -> float:
+        return sum(prefill_seconds(self.cfg, j.pos, j.tokens.numel() - j.pos, self.s_per_flop) for j in self.jobs)
+
+    def report(self, iteration: int, iteration_s: float) -> None:
+        """Tell the dispatcher this worker's predicted bubbles and queued prefill (after each iteration)."""
+        self.iteration = iteration + 1
+        msg = {
+            "ev": "profile",
+            "rank": self.rank,
+            "it": iteration,
+            "bubble_s": self.predictor.per_iteration_s(),
+            "largest_s": self.predictor.largest_s(),
+            "iteration_s": iteration_s,
+            "backlog_s": self.backlog_s(),
+        }
+        try:
+            self.out.sendto(json.dumps(msg).encode(), self.dispatcher)
+        except OSError:
+            pass
+
+    # --------------------------------------------------------------- KV cache out
+    def _finish(self, job: Job) -> None:
+        header = {
+            "rid": job.rid,
+            "arrival_ns": job.arrival_ns,
+            "worker": self.rank,
+            "prompt_tokens": job.pos,
+            "output_tokens": job.output_tokens,
+            "first_token": int(torch.argmax(job.logits)),
+            "prefill_start_ns": job.first_start_ns,
+            "prefill_end_ns": now_ns(),
+        }
+        self._kv.put((header, job.cache))
+
+    def _send_loop(self, addr: str | None) -> None:
+        sock = None
+        while True:
+            item = self._kv.get()
+            if item is None:
+                break
+            if addr is None:
+                continue
+            header, cache = item
+            payload = cache.to_bytes()
+            header = {**header, "kv_bytes": len(payload), "sent_ns": now_ns()}
+            data = json.dumps(header).encode()
+            for attempt in range(SEND_ATTEMPTS):  # reconnect if the decode host dropped the connection
+                try:
+                    if sock is None:
+                        sock = socket.create_connection((addr, DECODE_PORT), timeout=30)
+                    sock.sendall(FRAME.pack(len(data), len(payload)) + data + payload)
+                    break
+                except OSError as e:
+                    if sock is not None:
+                        sock.close()
+                    sock = None
+                    if attempt + 1 == SEND_ATTEMPTS:
+                        print(f"request {header['rid']}: KV cache not delivered to {addr}: {e}", file=sys.stderr)
+                    else:
+                        time.sleep(0.1 * (attempt + 1))
+        if sock is not None:
+            sock.close()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Send what is finished, then stop (requests still queued are dropped: never completed)."""
+        self._kv.put(None)
+        self._sender.join(timeout=timeout_s)
+        self.inbox.close()
+        self.out.close()

@@ -1,0 +1,176 @@
+"""The ``testbed`` command line: it parses arguments and calls the package (one module per group of
+commands: ``topo.py``, ``train.py``, ``machine.py``). ``python -m testbed.cli`` runs it too."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import warnings
+from pathlib import Path
+
+from testbed.cli.common import (
+    backend_options,
+    bubbletea_options,
+    err,
+    number,
+    on_sigterm,
+    tear_down_left_behind,
+)
+from testbed.cli.machine import cmd_clean, cmd_doctor
+from testbed.cli.topo import cmd_topo_check, cmd_topo_show, cmd_topo_up
+from testbed.cli.train import cmd_analyze, cmd_compare, cmd_plan, cmd_run, cmd_schedule
+from testbed.errors import SpecError, TestbedError, TestbedWarning
+from testbed.net.features import DELAY_MECHANISMS
+from testbed.spec.policy import POLICIES, known_policies
+from testbed.spec.topology_file import DEFAULT_TOPOLOGY
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="testbed", description="Emulated multi-datacenter LLM training testbed.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def topo_args(sp, out=True):
+        sp.add_argument(
+            "file",
+            nargs="?",
+            default=DEFAULT_TOPOLOGY,
+            help=f"topology file or shipped name (default: {DEFAULT_TOPOLOGY})",
+        )
+        sp.add_argument(
+            "--delay-mechanism",
+            choices=DELAY_MECHANISMS,
+            default="auto",
+            help="netem where the kernel has it (auto), or force one",
+        )
+        if out:
+            sp.add_argument(
+                "--out",
+                type=Path,
+                default=None,
+                help="folder for logs and results (default: results/topo-<time>-<prefix>)",
+            )
+            backend_options(sp)
+
+    topo = sub.add_parser("topo", help="topologies: show, check, up").add_subparsers(dest="topo_command", required=True)
+    sp = topo.add_parser("show", help="print DCs, hosts, addresses, routes (no root needed)")
+    topo_args(sp, out=False)
+    sp.add_argument("--tc", action="store_true", help="also print the shaping as tc commands")
+    sp.set_defaults(func=cmd_topo_show)
+    sp = topo.add_parser("check", help="build the topology and measure every WAN link against the file")
+    topo_args(sp)
+    sp.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    sp.add_argument("--duration", type=number(1, 3600), default=10.0, help="iperf3 seconds per direction (default 10)")
+    sp.add_argument("--omit", type=number(0, 600), default=2.0, help="warm-up seconds omitted (default 2)")
+    sp.add_argument(
+        "--rtt-samples", type=number(3, 10000, int), default=20, help="ping samples per direction (default 20)"
+    )
+    sp.set_defaults(func=cmd_topo_check)
+    sp = topo.add_parser("up", help="build the topology and keep it up until Ctrl-C")
+    topo_args(sp)
+    sp.set_defaults(func=cmd_topo_up)
+
+    sp = sub.add_parser("run", help="train across the emulated DCs (default: the embedded default experiment)")
+    sp.add_argument("experiment", nargs="?", default=None, help="experiment file or shipped name (default: default)")
+    sp.add_argument("--iterations", type=number(1, 100000, int))
+    sp.add_argument("--microbatches", type=number(1, 1024, int))
+    sp.add_argument("--schedule", choices=("gpipe", "1f1b"))
+    sp.add_argument("--topology", help="topology file or shipped name")
+    sp.add_argument("--stages", type=number(1, 1024, int), help="pipeline stages")
+    sp.add_argument("--replicas", type=number(1, 1024, int), help="data-parallel replicas per stage")
+    sp.add_argument("--data", type=Path, help="text file or folder to train on (default: Python's stdlib sources)")
+    sp.add_argument("--out", type=Path, help="run folder (default: results/<experiment>-<time>)")
+    sp.add_argument(
+        "--policy",
+        choices=known_policies(),
+        metavar="POLICY",
+        help=f"{', '.join(POLICIES)}, optionally followed by +bubbletea (default: the experiment's)",
+    )
+    sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
+    sp.add_argument(
+        "--force", action="store_true", help="run even an iteration the cost model predicts to take over 10 minutes"
+    )
+    backend_options(sp)
+    bubbletea_options(sp)
+    sp.set_defaults(func=cmd_run)
+    sp = sub.add_parser("compare", help="run several policies on the same experiment and compare them")
+    sp.add_argument("experiment", nargs="?", default=None)
+    sp.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated (default: {','.join(POLICIES)})")
+    sp.add_argument("--iterations", type=number(2, 100000, int))
+    sp.add_argument("--repeat", type=number(1, 100, int), default=1, help="runs per policy, interleaved")
+    sp.add_argument("--out", type=Path, help="folder for comparison.json and one run folder per policy")
+    sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
+    sp.add_argument(
+        "--force", action="store_true", help="run even an iteration the cost model predicts to take over 10 minutes"
+    )
+    backend_options(sp)
+    bubbletea_options(sp)
+    sp.set_defaults(func=cmd_compare)
+    sp = sub.add_parser("plan", help="placements and predicted iteration times, alternatives, what-if (no root)")
+    sp.add_argument("experiment", nargs="?", default=None)
+    sp.add_argument("--top", type=number(1, 1000, int), default=12, help="plans to print (default 12)")
+    sp.set_defaults(func=cmd_plan)
+    sp = sub.add_parser("schedule", help="print an experiment's pipeline schedule as a table (no root needed)")
+    sp.add_argument("experiment", nargs="?", default=None)
+    sp.add_argument("--microbatches", type=number(1, 1024, int))
+    sp.add_argument("--schedule", choices=("gpipe", "1f1b"))
+    sp.set_defaults(func=cmd_schedule)
+    sp = sub.add_parser("analyze", help="recompute summary, parquet, Chrome trace and plots of a run folder")
+    sp.add_argument("run_dir", type=Path)
+    sp.set_defaults(func=cmd_analyze)
+
+    sp = sub.add_parser("clean", help="remove what crashed or killed runs left behind")
+    sp.add_argument("--all", action="store_true", help="also remove runs whose owner is still alive")
+    sp.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    sp.add_argument("--run", metavar="PREFIX", help="only this run (such as tb3f9a)")
+    sp.add_argument(
+        "--forget",
+        action="store_true",
+        help="drop remote runs from the registry even when their "
+        "machines cannot be reached (what they left there stays)",
+    )
+    sp.set_defaults(func=cmd_clean)
+    sp = sub.add_parser("doctor", help="detect kernel features, build the delay element, measure capacity")
+    sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
+    sp.set_defaults(func=cmd_doctor)
+    return p
+
+
+def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """The testbed's own warnings as ``testbed: warning: ...``; others as Python prints them."""
+    if issubclass(category, TestbedWarning):
+        err(f"warning: {message}")
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGHUP, on_sigterm)
+    # a shell starting a command with & ignores SIGINT in it, and Python keeps an ignored SIGINT;
+    # Ctrl-C (or kill -INT) must always tear down
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    args = build_parser().parse_args(argv)
+    warnings.showwarning = show_warning
+    try:
+        return _command(args)
+    finally:
+        tear_down_left_behind()
+
+
+def _command(args: argparse.Namespace) -> int:
+    """Run the command; its errors and interruptions become messages and exit statuses."""
+    try:
+        return args.func(args)
+    except SpecError as e:
+        err(f"error: {e}")
+        return 2
+    except TestbedError as e:
+        err(f"error: {e}")
+        return 1
+    except KeyboardInterrupt:
+        err("interrupted; everything the run created was removed")
+        return 130
+    except BrokenPipeError:
+        sys.stderr.close()  # stdout went to a pager or head that quit early
+        return 0

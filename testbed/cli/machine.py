@@ -1,0 +1,69 @@
+"""``testbed clean`` and ``testbed doctor``: this machine's leftovers and capabilities."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from testbed.cli.common import root_preamble
+from testbed.net.capacity import CACHE
+from testbed.net.capacity_probe import PROBE, machine_capacity_bps
+from testbed.net.delay_element import build_helper
+from testbed.net.features import cached_features, describe_mechanism, missing_tools, require_root
+from testbed.net.local import LocalNetwork
+from testbed.net.mininet_backend import mininet_status, openvswitch_status
+from testbed.net.registry import clean_run, list_runs
+from testbed.net.remote.clean import clean_remote_run
+from testbed.spec.topology_file import parse_topology
+from testbed.spec.units import format_rate
+
+
+def cmd_clean(args) -> int:
+    require_root("testbed clean")
+    runs = [r for r in list_runs() if args.run is None or r.prefix == args.run]
+    targets = [r for r in runs if args.all or not r.owner_alive()]
+    for r in runs:
+        if r not in targets:
+            print(f"run {r.prefix} is still running (pid {r.owner_pid}): left alone (use --all to remove it too)")
+    if not targets:
+        print("nothing to clean")
+    for r in targets:
+        if args.dry_run:
+            print(f"would remove run {r.prefix}: {len(r.namespaces)} namespaces, {len(r.processes)} processes")
+            continue
+        if r.kind == "remote":
+            notes = clean_remote_run(r)
+            for note in notes:
+                print(f"run {r.prefix}: {note}")
+            if any(note.startswith("could not") for note in notes) and not args.forget:
+                print(
+                    f"run {r.prefix}: kept in the registry; run 'testbed clean' again once the machines are "
+                    f"reachable, or 'testbed clean --run {r.prefix} --forget' if they are gone for good"
+                )
+                continue
+        removed = clean_run(r)
+        print(f"removed run {r.prefix}: {len(removed['namespaces'])} namespaces, {len(removed['processes'])} processes")
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    root_preamble("testbed doctor")
+    missing = missing_tools(["nsenter", "iperf3", "ping", "iptables-restore", "tc"])
+    print("tools: " + ("all present" if not missing else "missing " + ", ".join(missing)))
+    print(f"delay element: {build_helper()}")
+    print(f"mininet (--backend mininet): {mininet_status()}")
+    print(
+        f"Open vSwitch: {openvswitch_status()} (the mininet backend uses none: hosts link straight to a "
+        "bridge in their DC router)"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        with LocalNetwork(
+            parse_topology(PROBE, "<probe>"), out_dir=Path(tmp), delay_mechanism=args.delay_mechanism
+        ) as net:
+            mech = net.mechanism
+    print(f"sch_netem: {'present' if cached_features().get('netem') else 'absent'}")
+    print(f"delay mechanism: {describe_mechanism(mech)}")
+    cap, cached = machine_capacity_bps(mech)
+    where = f"cached in {CACHE}" if cached else "measured now"
+    print(f"capacity through {mech}: {format_rate(round(cap, -6))} ({where})")
+    return 1 if missing else 0

@@ -1,0 +1,192 @@
+"""``testbed run``, ``compare``, ``plan``, ``schedule`` and ``analyze``: training runs, their
+comparison, their plan, and their traces."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from testbed.cli.common import backend, bubbletea_overrides, root_preamble
+from testbed.errors import SpecError
+from testbed.plan.cost_model import alternatives, predict, what_if
+from testbed.plan.placement import place
+from testbed.plan.schedule import bubble_fraction, format_grid, grid, make_schedule
+from testbed.run.records import check_fresh_out_dir, discard_unused_out
+from testbed.spec.experiment_file import load_experiment
+from testbed.spec.model import stage_layers
+from testbed.spec.policy import POLICIES, known_policies, parse_policy
+from testbed.trace.clock import process_start_ns
+
+# run/ and results/ (pandas, matplotlib) are imported by the commands that use them: a training run
+# starts its worker launcher first, so that the launcher's torch import overlaps the runner's.
+
+
+def cmd_run(args) -> int:
+    exp = load_experiment(args.experiment).with_overrides(
+        iterations=args.iterations,
+        microbatches=args.microbatches,
+        topology=args.topology,
+        schedule=args.schedule,
+        stages=args.stages,
+        replicas=args.replicas,
+        data=str(args.data) if args.data else None,
+        policy=args.policy,
+    )
+    exp = bubbletea_overrides(exp, args)
+    root_preamble("testbed run")
+    out = args.out or Path("results") / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_fresh_out_dir(out)
+    existed = out.exists()
+    launcher = None
+    if args.backend != "remote":
+        from testbed.run.launch import Launcher
+
+        launcher = Launcher(out / "logs" / "launcher.log")  # before the runner's own imports
+    try:
+        from testbed.results.report import format_summary
+        from testbed.run.runner import run_experiment
+
+        summary = run_experiment(
+            exp,
+            out,
+            delay_mechanism=args.delay_mechanism,
+            progress=lambda line: print(line, flush=True),
+            launcher=launcher,
+            t_command_ns=process_start_ns(),  # start-up is counted from the command
+            force=args.force,
+            **backend(args),
+        )
+    except SpecError:
+        if launcher is not None:
+            launcher.close()
+            launcher = None
+        discard_unused_out(out, created=not existed)  # refused before building: no run folder left
+        raise
+    finally:
+        if launcher is not None:
+            launcher.close()
+    print(format_summary(summary))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    bad = [p for p in policies if p not in known_policies()]
+    if bad or not policies:
+        raise SpecError(
+            "--policies",
+            "(option)",
+            args.policies,
+            "names an unknown policy" if bad else "is empty",
+            f"use a comma-separated list of {', '.join(POLICIES)}, each optionally followed by +bubbletea",
+        )
+    exp = bubbletea_overrides(load_experiment(args.experiment).with_overrides(iterations=args.iterations), args)
+    root_preamble("testbed compare")
+    from testbed.results.compare import format_comparison
+    from testbed.run.compare import compare
+
+    out = args.out or Path("results") / f"compare-{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    result = compare(
+        exp,
+        policies,
+        out,
+        args.repeat,
+        args.delay_mechanism,
+        progress=lambda line: print(line, flush=True),
+        force=args.force,
+        **backend(args),
+    )
+    print(format_comparison(result))
+    print(f"comparison.json and run folders in {out}")
+    return 0
+
+
+def _blocks_per_stage(exp) -> str:
+    """``2``, or ``2-3`` where the blocks do not split evenly over the stages."""
+    sizes = [len(stage_layers(exp.model.n_layers, exp.stages, s)) for s in range(exp.stages)]
+    return f"{min(sizes)}" if min(sizes) == max(sizes) else f"{min(sizes)}-{max(sizes)}"
+
+
+def cmd_plan(args) -> int:
+    exp = load_experiment(args.experiment)
+    topo = exp.topology_spec
+    print(
+        f"{exp.name} on {topo.name}: global batch {exp.global_batch} sequences of {exp.model.seq_len} tokens, "
+        f"microbatch {exp.microbatch_size}; compute {exp.compute.forward_ms:g}/{exp.compute.backward_ms:g} ms per "
+        f"stage of {_blocks_per_stage(exp)} blocks"
+    )
+    for policy in POLICIES:
+        try:
+            workers = place(exp, topo, parse_policy(policy))
+        except SpecError as e:
+            print(f"  {policy}: infeasible: {e.field} {e.value} {e.problem}")
+            continue
+        p = predict(exp.with_overrides(policy=policy), topo, workers)
+        where = ", ".join(f"s{w.stage}r{w.replica}@{w.host}" for w in workers)
+        print(
+            f"  {policy}: predicted {p.iteration_s:.3f} s (fill {p.fill_s:.3f}, steady {p.steady_s:.3f}, "
+            f"all-reduce {p.allreduce_s:.3f}); {where}"
+        )
+    plans = alternatives(exp, topo)
+    print("plans weighed (same global batch and microbatch size; Atlas placement, largest DCs first):")
+    print(f"  {'stages':>6} {'replicas':>8} {'microbatches':>12} {'DCs':>4} {'predicted s':>12}")
+    for p in plans[: args.top]:
+        if p.prediction:
+            print(
+                f"  {p.stages:>6} {p.replicas:>8} {p.microbatches:>12} {p.prediction.dcs_used:>4} "
+                f"{p.prediction.iteration_s:>12.3f}"
+            )
+        else:
+            print(f"  {p.stages:>6} {p.replicas:>8} {p.microbatches:>12} {'-':>4} {'infeasible':>12}  ({p.why_not})")
+    best, more = what_if(plans)
+    if best:
+        if more:
+            verdict = "helps" if more.prediction.iteration_s < best.prediction.iteration_s else "does not help"
+            print(
+                f"what-if: the best plan uses {best.prediction.dcs_used} DC(s); adding a DC {verdict} (best "
+                f"{best.prediction.dcs_used + 1}-DC plan: {more.stages} stages x {more.replicas} replicas, "
+                f"{more.prediction.iteration_s:.3f} s vs {best.prediction.iteration_s:.3f} s)"
+            )
+        else:
+            print(f"what-if: the best plan uses {best.prediction.dcs_used} DC(s); no feasible plan uses one more")
+    return 0
+
+
+def cmd_schedule(args) -> int:
+    exp = load_experiment(args.experiment).with_overrides(microbatches=args.microbatches, schedule=args.schedule)
+    workers = place(exp)
+    from testbed.run.fit import check_iteration_time
+
+    check_iteration_time(exp, workers)  # a schedule of 10^12 microbatches is no table to print
+    sched = make_schedule(exp.schedule, exp.stages, exp.microbatches)
+    print(f"{exp.schedule}: {exp.stages} stages x {exp.replicas} replicas, {exp.microbatches} microbatches")
+    print("actions per worker (F/B = forward/backward of microbatch m; receives and sends implied):")
+    for w in workers:
+        print(
+            f"  worker {w.rank} ({w.host}, stage {w.stage}, replica {w.replica}): "
+            + " ".join(str(a) for a in sched[w.stage])
+        )
+    rows = grid(sched)
+    print(
+        f"simulated grid (backward = 2 forward slots, communication free; '.' = bubble, "
+        f"{bubble_fraction(rows):.0%} of slots):"
+    )
+    print(format_grid(rows))
+    return 0
+
+
+def cmd_analyze(args) -> int:
+    from testbed.results.report import finalize, format_summary
+
+    if not (args.run_dir / "config.json").exists():
+        raise SpecError(
+            str(args.run_dir),
+            "(run folder)",
+            str(args.run_dir),
+            "has no config.json",
+            "give a folder written by testbed run",
+        )
+    summary = finalize(args.run_dir)
+    print(format_summary(summary))
+    print(f"summary, events.parquet, trace.json and plots rewritten in {args.run_dir}")
+    return 0

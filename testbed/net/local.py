@@ -1,0 +1,309 @@
+"""A topology realised on this machine: the netns and Mininet backends.
+
+Layout: one namespace per host (interface ``eth0``) and one router namespace per DC holding the
+DC switch (bridge ``br0``, the hosts' gateway) and one interface per WAN link to a peer DC's
+router (``w-<peer>``). Routers forward along least-delay routes (``spec/routing.py``). Every kernel
+object lives inside the run's namespaces, named with the run prefix, and the run is registered
+before anything is created, so ``testbed clean`` can finish a teardown after ``kill -9``.
+
+A :class:`LocalNetwork` is composed of parts: a *realiser* that creates the namespaces, links,
+addresses and routes (``netns.NetnsRealiser`` through netlink, the default, or
+``mininet_backend.MininetRealiser`` through Mininet's API), the namespaces' netlink handles
+(``namespaces.py``), the processes in the hosts (``hostproc.HostProcesses``), the WAN shaping with
+its live changes (``wan_shaper.WanShaper``: the ``shaping`` capability) and the delay mechanism
+(``delay_element.DelayQueues``). Use::
+
+    with LocalNetwork(load_topology("three_dc"), out_dir=Path("results/x")) as net:
+        net.run("east-h0", ["ping", "-c1", str(net.host("west-h0").ip)])
+        net.shaping.set_wan_class_rate("east", "central", 0x10, 50_000_000)
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from testbed.errors import BuildError
+from testbed.net import netlink
+from testbed.net.capacity import check_rates
+from testbed.net.delay_element import DelayQueues
+from testbed.net.features import check_delay_mechanism, detect_delay_mechanism, require_root, require_tools
+from testbed.net.hostproc import HostProcesses, local_process_env
+from testbed.net.namespaces import NamespaceHandles
+from testbed.net.netns import NetnsRealiser, RealiseContext, Realiser, tcp_buffer_bytes
+from testbed.net.network import ManagedNetwork
+from testbed.net.registry import RunRecord, control_sockets
+from testbed.net.shaping import plan_shaping
+from testbed.net.topology_record import default_out_dir, write_topology_record
+from testbed.net.wan_shaper import WanShaper
+from testbed.spec.addressing import AddressPlan, HostAddr, new_run_prefix
+from testbed.spec.routing import RoutingTable
+from testbed.spec.topology import DCSpec, TopologySpec
+
+
+class LocalNetwork(ManagedNetwork):
+    """A topology realised on this machine (see the module docstring); a context manager that
+    always tears it down.
+
+    ``realiser``: what builds the namespaces and links (default: ``netns.NetnsRealiser``, the netns
+    backend).
+    ``delay_mechanism``: ``auto`` (netem where the kernel has it, else nfqueue), ``netem`` or
+    ``nfqueue``. ``out_dir`` receives per-host logs (``logs/``), the shaping-change log
+    (``shaping.jsonl``) and ``topology.json``. ``capacity_bps``: what this machine carries through a
+    mechanism, in bit/s (``capacity_probe.machine_capacity_bps``); links above it are refused
+    (None: no check). ``tcp_buffer_bytes`` caps every host's socket buffers (tcp_rmem/tcp_wmem
+    maximum) to model the share of a long link one TCP connection can fill (DESIGN.md section
+    2a); by default they are large enough for one connection to fill any path. One machine's part
+    of a topology spread over several (``--backend remote``, ``remote/agent.py``): only the DCs
+    ``dcs_here`` are built; a WAN link to a DC elsewhere is a VXLAN tunnel ``tunnels[(here,
+    there)]``; ``mtu`` leaves room for the tunnel's headers; ``clock_offset_ns`` is this machine's
+    offset from the runner's clock. Raises PrivilegeError without root, FeatureError for a
+    missing kernel feature or tool, BuildError when the machine cannot carry the topology.
+    """
+
+    offers_live_shaping: ClassVar[bool] = True
+    #: every step of a build creates and registers something; it takes seconds at most
+    defer_signals_while_building: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        spec: TopologySpec,
+        *,
+        realiser: Realiser | None = None,
+        delay_mechanism: str = "auto",
+        out_dir: Path | None = None,
+        prefix: str | None = None,
+        capacity_bps: Callable[[str], int] | None = None,
+        tcp_buffer_bytes: int | None = None,
+        dcs_here: Sequence[str] | None = None,
+        tunnels: dict[tuple[str, str], dict] | None = None,
+        mtu: int | None = None,
+        clock_offset_ns: int = 0,
+    ) -> None:
+        check_delay_mechanism(delay_mechanism)
+        self.spec = spec
+        self.realiser = realiser or NetnsRealiser()
+        self.prefix = prefix or new_run_prefix()
+        self.out_dir = Path(out_dir) if out_dir else default_out_dir(self.prefix)
+        self.requested_mechanism = delay_mechanism
+        self.capacity_bps = capacity_bps
+        self.tcp_buffer_bytes = tcp_buffer_bytes
+        self.plan = AddressPlan(spec, self.prefix)
+        self.routes = RoutingTable(spec)
+        self.dcs_here = set(dcs_here) if dcs_here is not None else {dc.name for dc in spec.dcs}
+        self.tunnels = tunnels or {}
+        self.mtu = mtu
+        self.clock_offset_ns = clock_offset_ns
+        self.mechanism = ""
+        self.build_s = 0.0
+        self.handles = NamespaceHandles()
+        self.processes = HostProcesses(lambda host: self.host(host).netns, self.out_dir / "logs")
+        self.shaping: WanShaper | None = None
+        self.delay: DelayQueues | None = None
+        self.record: RunRecord | None = None
+
+    # ----------------------------------------------------------------- lifecycle
+    @property
+    def backend(self) -> str:
+        return self.realiser.backend
+
+    def build(self) -> None:
+        require_root("building a topology")
+        require_tools(["nsenter"], "building a topology")
+        self.realiser.prepare(self.prefix)  # before anything, even the run folder, is made
+        t0 = time.perf_counter()
+        self._register()
+        assert self.record is not None
+        self.realiser.realise(
+            RealiseContext(
+                self.spec,
+                self.plan,
+                self.routes,
+                self.dcs,
+                self.dcs_here,
+                self.tunnels,
+                self.mtu,
+                self.tcp_bytes,
+                self.handles,
+                self.record,
+            )
+        )
+        self._shape_and_check()
+        self.apply_shaping()
+        self.build_s = time.perf_counter() - t0
+        write_topology_record(self)
+
+    def _register(self) -> None:
+        (self.out_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.record = RunRecord.new(self.prefix, kind=self.backend, out_dir=str(self.out_dir.absolute()))
+        self.record.add_namespaces(self.namespaces)
+        self.processes.record = self.record
+
+    def _shape_and_check(self) -> None:
+        """Choose the delay mechanism and check the topology's rates against this machine."""
+        self.mechanism = detect_delay_mechanism(self.requested_mechanism, self.handles.any())
+        if self.mechanism == "nfqueue":
+            require_tools(["iptables-restore"], "the nfqueue delay mechanism")
+        if self.capacity_bps is not None:
+            check_rates(self.spec, self.mechanism, self.capacity_bps(self.mechanism))
+
+    def apply_shaping(self) -> None:
+        """Install the shaping plan on the interfaces here and start the delay mechanism."""
+        assert self.record is not None  # registered by build
+        plan = plan_shaping(self.spec, self.plan, self.mechanism)
+        here = set(self.namespaces)
+        self.shaping = WanShaper(self.plan, self.handles, self.out_dir, self.now_ns, self.processes)
+        for e in plan.egress:
+            if e.netns in here:
+                self.shaping.install(e)
+        self.delay = DelayQueues(self.out_dir / "logs", self.record, self.fail)
+        self.delay.start([q for q in plan.delay_queues if q.netns in here])
+
+    def teardown(self) -> None:
+        """Stop every process of the run, remove its namespaces and its registry entry. Idempotent.
+        A step that fails does not skip the others; the registry entry stays unless every step
+        succeeded (``testbed clean`` finishes the job), and the first error is raised at the end."""
+        errors: list[Exception] = []
+
+        def step(fn: Callable[..., Any], *args: Any) -> None:
+            try:
+                fn(*args)
+            except Exception as e:  # noqa: BLE001 - raised once every step was tried
+                errors.append(e)
+
+        if self.delay is not None:
+            step(self.delay.stop_watching)  # the processes stop first; their ending is not a failure
+        step(self.processes.stop_all)
+        if self.delay is not None:
+            step(self.delay.stop)
+        step(self.handles.close)
+        step(self.realiser.stop)
+        for ns in self.namespaces:
+            step(netlink.remove_netns, ns)
+        for sock in control_sockets(self.prefix):  # the controller's and BubbleTea's, if left
+            step(sock.unlink, True)
+        if self.record is not None and not errors:
+            self.record.delete()
+            self.record = None
+        if self.shaping is not None:
+            step(self.shaping.close)
+        if errors:
+            raise errors[0]
+
+    @property
+    def tcp_bytes(self) -> int:
+        return self.tcp_buffer_bytes or tcp_buffer_bytes(self.spec, self.routes)
+
+    @property
+    def dcs(self) -> list[DCSpec]:
+        return [dc for dc in self.spec.dcs if dc.name in self.dcs_here]
+
+    @property
+    def namespaces(self) -> list[str]:
+        """The namespaces this network creates: routers first, then hosts (all of the plan's, or
+        those of ``dcs_here``)."""
+        mine = {self.plan.routers[d].netns for d in self.dcs_here}
+        mine |= {h.netns for h in self.plan.hosts.values() if h.dc in self.dcs_here}
+        return [ns for ns in self.plan.namespaces if ns in mine]
+
+    @property
+    def backend_info(self) -> dict[str, Any]:
+        """What the backend found on the machine (recorded in ``env.json``)."""
+        return self.realiser.info()
+
+    def now_ns(self) -> int:
+        """CLOCK_MONOTONIC in the run's reference clock (the runner's, for --backend remote)."""
+        return time.monotonic_ns() - self.clock_offset_ns
+
+    # ----------------------------------------------------------------- hosts
+    @property
+    def hosts(self) -> dict[str, HostAddr]:
+        return self.plan.hosts
+
+    def host(self, name: str) -> HostAddr:
+        return self.plan.host(name)
+
+    def log_path(self, host: str) -> Path:
+        return self.processes.log_path(host)
+
+    # ----------------------------------------------------------------- LocalHosts
+    def netns_path(self, host: str) -> str:
+        """Where a process of this machine enters ``host``'s network namespace (setns)."""
+        return f"/run/netns/{self.host(host).netns}"
+
+    def start_local(self, argv: Sequence[str], what: str, **kwargs: Any) -> subprocess.Popen:
+        """Start a helper of the run in the root namespace (the worker launcher)."""
+        self._require_built()
+        return self.processes.popen_root(argv, what, **kwargs)
+
+    def adopt(self, proc: Any, what: str) -> None:
+        """Register a process started otherwise (a forked worker) and stop it at teardown."""
+        self.processes.adopt(proc, what)
+
+    def host_machine(self, host: str) -> str | None:
+        """Every host runs on this machine."""
+        return None
+
+    def popen(self, host: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
+        """Start ``argv`` inside ``host``; stdout and stderr go to the host's log unless given.
+        The process is registered (for ``testbed clean``) and stopped at teardown."""
+        self.host(host)
+        self._require_built()
+        return self.processes.popen(host, argv, **kwargs)
+
+    def run(self, host: str, argv: Sequence[str], timeout_s: float = 60) -> subprocess.CompletedProcess:
+        """Run ``argv`` inside ``host`` to completion; output returned and appended to the host's log."""
+        self.check_alive()
+        self.host(host)
+        self._require_built()
+        return self.processes.run(host, argv, timeout_s)
+
+    def _require_built(self) -> None:
+        if self.record is None:
+            raise BuildError("the network is not built: use it in a with statement (or call build() first)")
+
+    def python(self, host: str) -> str:
+        """The Python interpreter processes in ``host`` run with (this one)."""
+        return sys.executable
+
+    def process_env(self, extra: dict[str, str]) -> dict[str, str]:
+        """The environment of a testbed process (worker, decode host) in a host: this one's, with
+        the package on PYTHONPATH, plus ``extra``."""
+        return local_process_env(extra)
+
+    @property
+    def local_files(self) -> bool:
+        """Processes in the hosts see this machine's files."""
+        return True
+
+    def share_file(self, path: Path) -> str:
+        """``path`` as the hosts' processes name it: here the same path."""
+        return str(path)
+
+    def share_bytes(self, name: str, data: bytes) -> str:
+        """``data`` as a file the hosts' processes can read (``shared/<name>`` in the run folder)."""
+        path = self.out_dir / "shared" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return str(path)
+
+    @property
+    def host_out_dir(self) -> str:
+        """The run folder as the hosts' processes see it (they write their events and logs there)."""
+        return str(self.out_dir)
+
+    # ----------------------------------------------------------------- links
+    def wan_counters(self) -> dict[tuple[str, str], dict[int, dict[str, int]]]:
+        """Every WAN egress here, its HTB classes with their counters, by (src DC, dst DC)."""
+        assert self.shaping is not None, "not built"
+        return self.shaping.counters([k for k in self.plan.wan_ends if k[0] in self.dcs_here])
+
+    def wait_quiet(self, timeout_s: float = 60.0) -> float:
+        """Wait until no shaped interface holds queued packets, so that what follows measures an idle
+        network. Returns the seconds waited; raises CheckError after ``timeout_s``."""
+        assert self.shaping is not None, "not built"
+        return self.shaping.wait_quiet(timeout_s)

@@ -1,0 +1,280 @@
+"""Traffic control through netlink (pyroute2): installing HTB trees, netem and pfifo leaves and u32
+filters, changing classes in place, compiling class changes ahead and sending them in one system
+call, and reading classes, qdiscs and queues back. pyroute2 0.9.7 traps (DESIGN.md section 3): u32
+filters need ``protocol=0x0800``; a missing kernel feature comes back as a bare ENOENT, which
+``FeatureError`` names here. Namespaces and links: ``netlink.py``.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import socket
+import struct
+from collections.abc import Sequence
+
+from pyroute2 import IPRoute
+from pyroute2.netlink import NLM_F_ACK, NLM_F_REPLACE, NLM_F_REQUEST
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import RTM_NEWTCLASS
+from pyroute2.netlink.rtnl.tcmsg import sched_htb, tcmsg
+from pyroute2.netlink.rtnl.tcmsg.common import nla_plus_rtab
+
+from testbed.errors import BuildError, FeatureError
+from testbed.net.netlink import ifindex, in_netns
+from testbed.net.shaping import ROOT_HANDLE, EgressPlan, HtbClass, Netem, Pfifo, U32Filter
+
+ETH_P_IP = 0x0800
+
+
+def _memoize_rate_tables() -> None:
+    """pyroute2 0.9.7 recomputes HTB's two 256-entry rate tables in Python for every class message,
+    about half the cost of a live rate change. The tables depend only on (rate, cell_log, mpu, mtu),
+    and a controller alternates among a few rates, so remember them (same values, same side effects)."""
+    parms = nla_plus_rtab.parms
+    if getattr(parms.calc_rtab, "_testbed_memo", False):
+        return
+    original = parms.calc_rtab
+    cache: dict[tuple, tuple[list, int]] = {}
+
+    def calc_rtab(self, kind):
+        key = (kind, self.get(kind, "rate"), self[f"{kind}_cell_log"], self[f"{kind}_mpu"], self.get("mtu", 0))
+        if key not in cache:
+            if len(cache) > 4096:
+                cache.clear()
+            table = original(self, kind)
+            cache[key] = (table, self[f"{kind}_cell_log"])
+            return table
+        table, cell_log = cache[key]
+        self[f"{kind}_cell_align"] = -1
+        self[f"{kind}_cell_log"] = cell_log
+        return list(table)
+
+    calc_rtab._testbed_memo = True
+    calc_rtab._original = original
+    parms.calc_rtab = calc_rtab
+
+
+_memoize_rate_tables()
+
+
+def _tc(ipr: IPRoute, *args, what: str, **kwargs) -> None:
+    try:
+        ipr.tc(*args, **kwargs)
+    except NetlinkError as e:
+        if e.code == errno.ENOENT and args[1] in ("netem", "htb", "u32", "pfifo"):
+            raise FeatureError(
+                f"the kernel refused {what} with ENOENT: the '{args[1]}' module "
+                f"(sch_{args[1]} / cls_{args[1]}) is not available"
+            ) from None
+        raise BuildError(f"{what} failed: {e}") from None
+
+
+def _leaf_kwargs(leaf: Pfifo | Netem) -> tuple[str, dict]:
+    if isinstance(leaf, Pfifo):
+        return "pfifo", {"limit": leaf.limit_packets}
+    return "netem", {
+        "delay": leaf.delay_us,
+        "jitter": leaf.jitter_us,
+        "loss": leaf.loss_pct,
+        "limit": leaf.limit_packets,
+    }
+
+
+def _class_kwargs(cls: HtbClass) -> dict:
+    return {
+        "handle": cls.classid,
+        "parent": ROOT_HANDLE | cls.parent_minor if cls.parent_minor else ROOT_HANDLE,
+        "rate": cls.rate_bps // 8,
+        "ceil": cls.ceil_bps // 8,
+        "burst": cls.burst_bytes,
+        "cburst": cls.cburst_bytes,
+        "quantum": cls.quantum_bytes,
+    }
+
+
+def apply_egress(ipr: IPRoute, plan: EgressPlan) -> None:
+    """Install an egress plan on its interface (which must have no root qdisc of ours yet)."""
+    index = ifindex(ipr, plan.ifname)
+    where = f"{plan.netns}/{plan.ifname}"
+    if plan.root_netem is not None:
+        kind, kw = _leaf_kwargs(plan.root_netem)
+        _tc(ipr, "add", kind, index, handle=ROOT_HANDLE, what=f"root {kind} on {where}", **kw)
+        return
+    if not plan.classes:
+        return
+    _tc(ipr, "add", "htb", index, handle=ROOT_HANDLE, default=0x10, what=f"root htb on {where}")
+    for cls in plan.classes:
+        add_class(ipr, index, cls, where)
+    for f in plan.filters:
+        add_filter(ipr, index, f, where)
+
+
+def add_class(ipr: IPRoute, index: int, cls: HtbClass, where: str = "") -> None:
+    _tc(ipr, "add-class", "htb", index, what=f"htb class 1:{cls.minor:x} on {where}", **_class_kwargs(cls))
+    if cls.leaf is not None:
+        kind, kw = _leaf_kwargs(cls.leaf)
+        _tc(
+            ipr,
+            "add",
+            kind,
+            index,
+            parent=cls.classid,
+            handle=cls.minor << 16,
+            what=f"{kind} leaf of 1:{cls.minor:x} on {where}",
+            **kw,
+        )
+
+
+def add_filter(ipr: IPRoute, index: int, f: U32Filter, where: str = "") -> None:
+    _tc(
+        ipr,
+        "add-filter",
+        "u32",
+        index,
+        parent=ROOT_HANDLE,
+        prio=f.prio,
+        protocol=ETH_P_IP,
+        target=ROOT_HANDLE | f.flow_minor,
+        keys=f.keys(),
+        what=f"u32 filter prio {f.prio} on {where}",
+    )
+
+
+def change_class(ipr: IPRoute, index: int, cls: HtbClass) -> None:
+    """Change an HTB class's rate and ceil in place (netlink RTM_NEWTCLASS without NLM_F_CREATE:
+    the class and its queue stay, no unshaped window)."""
+    _tc(ipr, "change-class", "htb", index, what=f"change of htb class 1:{cls.minor:x}", **_class_kwargs(cls))
+
+
+@functools.lru_cache(maxsize=4096)
+def class_change_message(index: int, cls: HtbClass) -> bytes:
+    """One in-place change of an HTB class (RTM_NEWTCLASS with NLM_F_ACK and NLM_F_REPLACE but not
+    NLM_F_CREATE, as ``tc class change`` sends), encoded by pyroute2's message classes (``tcmsg``,
+    its HTB options and rate tables) without a request pipeline. Remembered: encoding costs about
+    0.5 ms of Python, and a controller or a rate sweep alternates among a few rates."""
+    kw = _class_kwargs(cls)
+    msg = tcmsg()
+    msg["index"] = index
+    msg["handle"] = kw.pop("handle")
+    msg["parent"] = kw.pop("parent")
+    msg["attrs"] = [["TCA_KIND", "htb"], ["TCA_OPTIONS", sched_htb.get_class_parameters(kw)]]
+    msg["header"]["type"] = RTM_NEWTCLASS
+    msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | NLM_F_REPLACE
+    msg.encode()
+    return bytes(msg.data)
+
+
+def compile_class_changes(changes: Sequence[tuple[int, HtbClass]]) -> bytes:
+    """In-place changes of HTB classes, given as (ifindex, class) pairs, compiled into one buffer of
+    RTM_NEWTCLASS messages (``class_change_message``) without sending anything. ``send_batch``
+    applies the buffer later in one system call: a live change then costs one sendmsg instead of
+    one pyroute2 round trip per class."""
+    return b"".join(class_change_message(index, cls) for index, cls in changes)
+
+
+NLMSG_ERROR = 2
+_NLMSGHDR = struct.Struct("=IHHII")  # length, type, flags, sequence, port id (netlink(7))
+
+
+def rtnl_socket(netns: str) -> socket.socket:
+    """A plain rtnetlink socket opened inside ``netns`` (it stays bound to that namespace), for
+    ``send_batch``; 1 s receive timeout."""
+    with in_netns(netns):
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+    sock.bind((0, 0))
+    sock.settimeout(1.0)
+    return sock
+
+
+def send_batch(sock: socket.socket, data: bytes, count: int) -> None:
+    """Send compiled requests (each with NLM_F_ACK) and wait for their ``count`` acknowledgements
+    (``await_acks``)."""
+    sock.send(data)
+    await_acks(sock, count)
+
+
+def await_acks(sock: socket.socket, count: int) -> None:
+    """Wait for ``count`` acknowledgements (NLMSG_ERROR messages, error 0 on success; netlink(7))
+    of requests sent on ``sock``. Raises BuildError naming the first refusal, TimeoutError if the
+    kernel does not answer within the socket's timeout."""
+    acks, failure = 0, None
+    while acks < count:
+        buf = sock.recv(65536)
+        off = 0
+        while off + _NLMSGHDR.size <= len(buf):
+            length, mtype = _NLMSGHDR.unpack_from(buf, off)[:2]
+            if mtype == NLMSG_ERROR:
+                acks += 1
+                code = struct.unpack_from("=i", buf, off + _NLMSGHDR.size)[0]
+                if code and failure is None:
+                    failure = -code
+            off += max((length + 3) & ~3, _NLMSGHDR.size)
+    if failure is not None:
+        raise BuildError(f"the kernel refused a batched class change: {os.strerror(failure)}")
+
+
+def read_classes(ipr: IPRoute, ifname: str) -> dict[int, dict]:
+    """HTB classes of an interface as ``{minor: {"rate_bps", "ceil_bps", "tx_bytes", "tx_packets",
+    "drops", "overlimits", "backlog_bytes", "qlen"}}``, read back from the kernel (tc_stats:
+    ``drops`` counts packets the class's leaf queue refused, ``overlimits`` the times the class was
+    throttled, ``backlog_bytes``/``qlen`` what its leaf holds now)."""
+    out = {}
+    for msg in ipr.get_classes(ifindex(ipr, ifname)):
+        if msg.get_attr("TCA_KIND") != "htb":
+            continue
+        opts = msg.get_attr("TCA_OPTIONS")
+        params = opts.get_attr("TCA_HTB_PARMS")
+        stats = msg.get_attr("TCA_STATS")
+        rate = opts.get_attr("TCA_HTB_RATE64") or params["rate"]
+        ceil = opts.get_attr("TCA_HTB_CEIL64") or params["ceil"]
+        out[msg["handle"] & 0xFFFF] = {
+            "rate_bps": rate * 8,
+            "ceil_bps": ceil * 8,
+            **{key: stats[field] if stats is not None else 0 for key, field in CLASS_STATS.items()},
+        }
+    return out
+
+
+#: the counters ``read_classes`` reports, by the name of their tc_stats field (linux/pkt_sched.h)
+CLASS_STATS = {
+    "tx_bytes": "bytes",
+    "tx_packets": "packets",
+    "drops": "drop",
+    "overlimits": "overlimits",
+    "backlog_bytes": "backlog",
+    "qlen": "qlen",
+}
+
+
+def read_qdiscs(ipr: IPRoute, ifname: str) -> list[str]:
+    """Kinds of the qdiscs on an interface (root first), read back from the kernel."""
+    index = ifindex(ipr, ifname)
+    return [m.get_attr("TCA_KIND") for m in ipr.get_qdiscs(index) if m["index"] == index]
+
+
+TC_H_ROOT = 0xFFFFFFFF
+
+
+def queued_packets(ipr: IPRoute, ifname: str) -> int:
+    """Packets queued on an interface's egress (the root qdisc's qlen counts its whole tree)."""
+    index = ifindex(ipr, ifname)
+    return sum(
+        m.get_attr("TCA_STATS")["qlen"]
+        for m in ipr.get_qdiscs(index)
+        if m["index"] == index and m["parent"] == TC_H_ROOT and m.get_attr("TCA_STATS") is not None
+    )
+
+
+def netem_available(ipr: IPRoute) -> bool:
+    """Whether the kernel has sch_netem: try one on loopback of ``ipr``'s (our own) namespace."""
+    index = ifindex(ipr, "lo")
+    try:
+        ipr.tc("add", "netem", index, handle=0xFFFE0000, delay=1000)
+    except NetlinkError as e:
+        if e.code in (errno.ENOENT, errno.EOPNOTSUPP):
+            return False
+        raise
+    ipr.tc("del", index=index, handle=0xFFFE0000)
+    return True

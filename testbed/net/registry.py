@@ -1,0 +1,225 @@
+"""The registry of what each run created, so that cleanup never works by name pattern alone.
+
+One JSON file per run under ``/run/testbed/runs/`` (tmpfs: a reboot clears it together with the
+namespaces it lists). A run records its namespaces *before* creating them and every helper process
+as soon as it starts (PID plus the kernel's start time, so a recycled PID is never killed), and
+removes its file after teardown. ``testbed clean`` finishes the job for runs whose owner died
+(``kill -9``, a crash, a power cut of the shell). All interfaces, addresses, routes, qdiscs and
+iptables rules of a run live inside its namespaces, so removing them removes everything else.
+
+A record is saved whole (written beside it, then renamed), one thread at a time, with the ending
+signals held back (``net.signals``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pyroute2 import netns as _netns
+
+from testbed.net.signals import deferred_signals
+
+RUN_DIR = Path(os.environ.get("TESTBED_STATE_DIR", "/run/testbed"))
+
+
+def registry_dir() -> Path:
+    return RUN_DIR / "runs"
+
+
+#: one save at a time in this process: threads start host processes concurrently (each registered),
+#: and two writers of the same temporary file would lose one's rename
+_SAVE_LOCK = threading.Lock()
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (proc(5), /proc/PID/stat field 22), or None
+    if there is no such process or it has exited (a zombie waiting to be reaped counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def same_process(pid: int, start: int | None) -> bool:
+    """True if ``pid`` is alive and is the process that was registered (same start time)."""
+    return start is not None and proc_start_time(pid) == start
+
+
+@dataclass
+class ProcessEntry:
+    pid: int
+    start: int | None
+    what: str
+
+
+@dataclass
+class RunRecord:
+    """What one run created. ``prefix`` (such as ``tb3f9a``) names its kernel objects."""
+
+    prefix: str
+    owner_pid: int
+    owner_start: int | None
+    created_unix: float
+    kind: str = "topology"
+    out_dir: str = ""
+    namespaces: list[str] = field(default_factory=list)
+    processes: list[ProcessEntry] = field(default_factory=list)
+    #: --backend remote: {"inventory": Inventory.to_dict(), "roots": {machine: run folder there}}
+    remote: dict = field(default_factory=dict)
+
+    @classmethod
+    def new(cls, prefix: str, kind: str = "topology", out_dir: str = "") -> RunRecord:
+        pid = os.getpid()
+        rec = cls(prefix, pid, proc_start_time(pid), time.time(), kind, out_dir)
+        rec.save()
+        return rec
+
+    @property
+    def path(self) -> Path:
+        return registry_dir() / f"{self.prefix}.json"
+
+    def save(self) -> None:
+        registry_dir().mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        with deferred_signals(), _SAVE_LOCK:  # no half-written .tmp left beside the record
+            tmp.write_text(json.dumps(asdict(self), indent=1))
+            os.replace(tmp, self.path)
+
+    def add_namespaces(self, names: list[str]) -> None:
+        self.namespaces.extend(n for n in names if n not in self.namespaces)
+        self.save()
+
+    def add_process(self, pid: int, what: str) -> None:
+        self.processes.append(ProcessEntry(pid, proc_start_time(pid), what))
+        self.save()
+
+    def forget_process(self, pid: int) -> None:
+        self.processes = [p for p in self.processes if p.pid != pid]
+        self.save()
+
+    def owner_alive(self) -> bool:
+        return same_process(self.owner_pid, self.owner_start)
+
+    def delete(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    @classmethod
+    def load(cls, path: Path) -> RunRecord:
+        data = json.loads(path.read_text())
+        data["processes"] = [ProcessEntry(**p) for p in data.get("processes", [])]
+        return cls(**data)
+
+
+def list_runs() -> list[RunRecord]:
+    """Every registered run, oldest first (unreadable files are skipped)."""
+    out = []
+    for path in sorted(registry_dir().glob("*.json")):
+        try:
+            out.append(RunRecord.load(path))
+        except (OSError, ValueError, TypeError):
+            continue
+    return sorted(out, key=lambda r: r.created_unix)
+
+
+def stale_runs() -> list[RunRecord]:
+    """Runs whose owning process is gone: their leftovers are for ``testbed clean``."""
+    return [r for r in list_runs() if not r.owner_alive()]
+
+
+def stop_process(pid: int, start: int | None, grace_s: float = 1.0) -> bool:
+    """SIGTERM, then SIGKILL after ``grace_s``, the process registered as (pid, start). Returns
+    True if it was ours and alive. Never signals a PID whose start time differs (recycled PID)."""
+    if not same_process(pid, start):
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not same_process(pid, start):
+            return True
+        _reap(pid)
+        time.sleep(0.01)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    _reap(pid)
+    return True
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def existing_namespaces() -> set[str]:
+    return set(_netns.listnetns())
+
+
+def clean_run(rec: RunRecord) -> dict[str, list]:
+    """Remove what ``rec`` lists: stop its processes, delete its namespaces, drop its file.
+
+    Returns what was removed: ``{"processes": [pid, ...], "namespaces": [name, ...]}``.
+    """
+    removed: dict[str, list] = {"processes": [], "namespaces": []}
+    for p in rec.processes:
+        if stop_process(p.pid, p.start):
+            removed["processes"].append(p.pid)
+    present = existing_namespaces()
+    # anything still running inside the run's namespaces was started there by the run (a worker
+    # whose parent was killed, an sshd session of a lab machine)
+    inside = _netns.ns_pids() if present else {}
+    for name in rec.namespaces:
+        for pid in inside.get(name, []):
+            if stop_process(pid, proc_start_time(pid)):
+                removed["processes"].append(pid)
+    present = existing_namespaces()
+    for name in rec.namespaces:
+        if name in present:
+            _netns.remove(name)
+            removed["namespaces"].append(name)
+    for sock in control_sockets(rec.prefix):
+        sock.unlink(missing_ok=True)
+    rec.delete()
+    return removed
+
+
+def control_dir() -> Path:
+    """Where a run's Unix sockets live (Atlas's controller, BubbleTea's dispatcher and the workers'
+    inboxes): beside the registry, since AF_UNIX paths are limited to 108 bytes. Made if needed."""
+    folder = RUN_DIR / "control"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def control_sockets(prefix: str) -> list[Path]:
+    """The run's Unix sockets (Atlas controller, BubbleTea dispatcher and worker inboxes), named
+    after its prefix in ``RUN_DIR/control``."""
+    folder = RUN_DIR / "control"
+    return sorted(folder.glob(f"{prefix}.sock")) + sorted(folder.glob(f"{prefix}-*.sock"))
+
+
+def warn_stale_runs() -> str | None:
+    """A warning if earlier runs left namespaces or processes behind (their owner is gone)."""
+    stale = stale_runs()
+    if not stale:
+        return None
+    n_ns = sum(len(r.namespaces) for r in stale)
+    return (
+        f"{len(stale)} earlier run(s) ({', '.join(r.prefix for r in stale)}) died without tearing down "
+        f"(up to {n_ns} namespaces): run 'sudo testbed clean' to remove their leftovers"
+    )

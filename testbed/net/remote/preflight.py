@@ -1,0 +1,140 @@
+"""Before anything is built on any machine of ``--backend remote``: every machine is checked for
+root, the tools and Python modules the run needs (with the same torch and pyroute2 versions as
+here), libnetfilter_queue's header (to build the delay element) and VXLAN in its kernel. All
+problems, on all machines, come back as one list.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import metadata
+from typing import Any
+
+from testbed.errors import RemoteError
+from testbed.net.remote.inventory import Machine
+from testbed.net.remote.ssh import Connection
+
+#: what the agent and the workers import, checked on every machine before anything is built
+MODULES = ("torch", "pyroute2", "numpy", "pandas", "yaml")
+TOOLS = {
+    "nsenter": "util-linux",
+    "ip": "iproute2",
+    "tc": "iproute2",
+    "iptables-restore": "iptables",
+    "iperf3": "iperf3",
+    "ping": "iputils-ping",
+    "unshare": "util-linux",
+}
+#: the NFQUEUE delay element is compiled there when the kernel has no sch_netem
+BUILD_TOOLS = {"gcc": "gcc"}
+
+PREFLIGHT = r"""
+import json, os, shutil, subprocess, sys
+out = {"uid": os.geteuid(), "python": sys.version.split()[0], "modules": {}, "tools": {}}
+for m in %(modules)r:
+    try:
+        out["modules"][m] = getattr(__import__(m), "__version__", "?")
+    except Exception as e:
+        out["modules"][m] = None
+for t in %(tools)r:
+    out["tools"][t] = shutil.which(t)
+out["nfq_header"] = os.path.exists("/usr/include/libnetfilter_queue/libnetfilter_queue.h")
+p = subprocess.run(["unshare", "--net", "ip", "link", "add", "tbprobe", "type", "vxlan", "id", "1", "dstport",
+                    "4789"], capture_output=True, text=True)
+out["vxlan"] = p.returncode == 0
+out["vxlan_error"] = p.stderr.strip()
+print(json.dumps(out))
+"""
+
+
+def last_json_line(text: str) -> dict | None:
+    """The last line of ``text`` that is a JSON object (a login banner may come first)."""
+    for line in reversed(text.strip().splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        return value if isinstance(value, dict) else None
+    return None
+
+
+def check_machine(name: str, report: dict, torch_version: str, pyroute2_version: str) -> list[str]:
+    """Problems of one machine's preflight report (empty: ready). Pure: unit-tested."""
+    if not isinstance(report.get("modules"), dict) or not isinstance(report.get("tools"), dict):
+        return [
+            f"{name}: its python printed something other than the preflight report: give the inventory's "
+            "python as a Python 3 interpreter there"
+        ]
+    problems = []
+    if report.get("uid") != 0:
+        problems.append(
+            "the login is not root (uid 0): the testbed builds network namespaces there; log in as root with a key"
+        )
+    missing = [
+        f"{m} (install it into that Python, e.g. with scripts/setup.sh)"
+        for m, v in report["modules"].items()
+        if v is None
+    ]
+    if missing:
+        problems.append("Python modules missing: " + ", ".join(missing))
+    want = {"torch": torch_version, "pyroute2": pyroute2_version}
+    for mod, version in want.items():
+        got = report["modules"].get(mod)
+        if got is not None and got != version:
+            problems.append(
+                f"{mod} {got} differs from this machine's {version} (workers must match: install "
+                f"{mod}=={version.split('+')[0]})"
+            )
+    tools = [
+        f"{t} (apt-get install {pkg})" for t, pkg in {**TOOLS, **BUILD_TOOLS}.items() if not report["tools"].get(t)
+    ]
+    if tools:
+        problems.append("tools missing: " + ", ".join(tools))
+    if not report.get("nfq_header"):
+        problems.append(
+            "libnetfilter_queue's header is missing (apt-get install libnetfilter-queue-dev), "
+            "needed to build the delay element where the kernel has no sch_netem"
+        )
+    if not report.get("vxlan"):
+        problems.append(
+            f"the kernel cannot create VXLAN interfaces ({report.get('vxlan_error') or 'no reason given'}): "
+            "load the vxlan module (modprobe vxlan)"
+        )
+    return [f"{name}: {p}" for p in problems]
+
+
+def local_versions() -> dict[str, str]:
+    """This machine's torch and pyroute2 versions, which every machine's must equal."""
+    out = {}
+    for mod in ("torch", "pyroute2"):
+        try:
+            out[mod] = metadata.version(mod)
+        except metadata.PackageNotFoundError:
+            out[mod] = "not installed"
+    return out
+
+
+def preflight(conn: Connection, m: Machine, want: dict[str, str]) -> tuple[dict[str, Any] | None, list[str]]:
+    """(the machine's preflight report or None, its problems) over an open connection."""
+    code, out, err = conn.run(["id", "-u"], timeout_s=30)
+    if code != 0 or out.strip().splitlines()[-1:] != ["0"]:
+        return None, [
+            f"{m.name}: the login {m.user} is not root (id -u: {(out or err).strip()[-80:]!r}): the "
+            "testbed builds network namespaces there; log in as root with a key"
+        ]
+    script = PREFLIGHT % {"modules": MODULES, "tools": tuple({**TOOLS, **BUILD_TOOLS})}
+    code, out, err = conn.run([m.python, "-c", script], timeout_s=60)
+    report = last_json_line(out)
+    if code != 0 or report is None:
+        return None, [
+            f"{m.name}: {m.python} gave no preflight report (exit {code}): {(err or out).strip()[-300:]!r}; "
+            "give the inventory's python as a Python 3 interpreter there, and make sure the login "
+            "prints nothing else"
+        ]
+    return report, check_machine(m.name, report, want["torch"], want["pyroute2"])
+
+
+def require_ready(problems: list[str], what: str) -> None:
+    """Raise RemoteError listing every problem, if any."""
+    if problems:
+        raise RemoteError(f"{what}; nothing was built:\n  " + "\n  ".join(problems))

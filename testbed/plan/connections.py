@@ -1,0 +1,79 @@
+"""How many TCP connections a cross-DC transfer is striped over, and the socket-buffer cap that
+reproduces the per-connection share of a long WAN link (DESIGN.md section 2a, section 1 item 3).
+
+Pure functions of an experiment, its topology and its placement.
+"""
+
+from __future__ import annotations
+
+import math
+
+from testbed.plan.placement import WorkerSpec
+from testbed.spec.experiment import Experiment
+from testbed.spec.routing import RoutingTable
+from testbed.spec.topology import TopologySpec
+
+#: Linux advertises about half of a socket's receive buffer as window (tcp_adv_win_scale = 1,
+#: Documentation/networking/ip-sysctl.rst), so a buffer of 2 x W bytes allows a window of W.
+RCVBUF_PER_WINDOW = 2
+
+
+def connections_for(rate_bps: float, rtt_s: float, window_bytes: float, most: int = 16) -> int:
+    """TCP connections needed to fill a link: its bandwidth-delay product over one connection's
+    window (one connection carries at most window / RTT), at least 1, at most ``most``."""
+    bdp_bytes = rate_bps / 8 * rtt_s
+    return max(1, min(most, math.ceil(bdp_bytes / window_bytes - 1e-9)))
+
+
+def buffer_for_share(rate_bps: float, rtt_s: float, share: float) -> int:
+    """Socket buffer cap (bytes) that holds one connection to ``share`` of a link of this rate and
+    RTT: a window of share x BDP, doubled for the kernel's receive-buffer overhead."""
+    return int(RCVBUF_PER_WINDOW * share * rate_bps / 8 * rtt_s)
+
+
+def wan_connections(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> int:
+    """Connections per cross-DC transfer: 1 without striping; with it (Atlas), the experiment's
+    figure or, for 0, the bandwidth-delay product of the longest boundary over one connection's
+    window (4 when no per-connection share is modelled)."""
+    if not exp.policy.striping:
+        return 1
+    if exp.wan_connections:
+        return exp.wan_connections
+    cap = socket_buffer_cap(exp, topo, workers)
+    if cap is None:
+        return 4
+    routes = RoutingTable(topo)
+    pairs = wan_pairs(workers)
+    if not pairs:
+        return 1
+    return max(
+        connections_for(routes.wan_rate_bps(a, b), routes.rtt_us(a, b) / 1e6, cap / RCVBUF_PER_WINDOW) for a, b in pairs
+    )
+
+
+def wan_pairs(workers: list[WorkerSpec]) -> list[tuple[str, str]]:
+    """DC pairs whose WAN path carries training traffic: neighbouring stages of one pipeline (PP)
+    and replicas of one stage (the gradient all-reduce), where the two sit in different DCs."""
+    by = {(w.stage, w.replica): w for w in workers}
+    pairs: set[tuple[str, str]] = set()
+    for w in workers:
+        for other in (by.get((w.stage + 1, w.replica)), by.get((w.stage, w.replica + 1))):
+            if other is not None and other.dc != w.dc:
+                a, b = sorted((w.dc, other.dc))
+                pairs.add((a, b))
+    return sorted(pairs)
+
+
+def socket_buffer_cap(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> int | None:
+    """Socket buffer cap reproducing ``exp.wan_connection_share`` on the slowest, longest WAN path
+    that training traffic crosses (``wan_pairs``) (``buffer_for_share``), or None when no share is modelled."""
+    if exp.wan_connection_share is None:
+        return None
+    routes = RoutingTable(topo)
+    pairs = wan_pairs(workers)
+    if not pairs:
+        return None
+    return min(
+        buffer_for_share(routes.wan_rate_bps(a, b), routes.rtt_us(a, b) / 1e6, exp.wan_connection_share)
+        for a, b in pairs
+    )

@@ -1,0 +1,105 @@
+"""How much memory a worker of an experiment needs, estimated before anything runs, so that a run
+the machine cannot hold is refused with the figure instead of ending in the allocator.
+
+Per worker (fp32 throughout, 4 bytes a value):
+
+- the seeded full model, built once and kept as the worker's stage (``train/worker.py``): every
+  parameter of the model;
+- its stage's gradients and AdamW's two moment buffers: three times the stage's parameters;
+- activations kept for the backward pass: per block and microbatch, the block's saved tensors,
+  34 x s x b x h values plus 5 x a x s^2 x b for attention (Korthikanti et al. 2022, "Reducing
+  Activation Recomputation in Large Transformer Models", section 4.1, counted there in bytes of
+  16-bit values; here 4-byte values, so twice their figure), times the microbatches in flight:
+  GPipe keeps all M, 1F1B at most S - s on stage s (Narayanan et al. 2021, section 2.2);
+- the transfers' buffers: a received activation or gradient per microbatch in flight;
+- with BubbleTea: the inference model (every parameter) and the KV cache of each queued request
+  at full context (2 x n_layers x seq_len x d_model values; ``bubbletea/inference.py``).
+
+Interpreter, torch and gloo take a share on top. Workers on this machine are forked from one
+launcher that imported torch (``train/launcher.py``), so its ~300 MiB of interpreter and torch is
+held once (``LAUNCHER_BYTES``) and each worker adds only the pages it writes (``RUNTIME_BYTES``):
+``scripts/bench_density.py`` measured a worker of a small model at 64-83 MiB proportional set size
+(PSS) and 312 MiB resident, most of it shared with the launcher.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from testbed.spec.experiment import Experiment
+from testbed.spec.model import FP32_BYTES, ModelConfig, activation_bytes, stage_layers, stage_params
+
+#: what a forked worker adds before its model: its own pages of the interpreter, torch and gloo
+#: (bytes; measured on the development machine, rounded up: see the module docstring)
+RUNTIME_BYTES = 100 * 2**20
+#: the launcher the workers are forked from, held once per run (bytes, rounded up)
+LAUNCHER_BYTES = 400 * 2**20
+#: prompts a worker may hold queued at once under BubbleTea, for the KV caches' estimate
+QUEUED_REQUESTS = 8
+
+
+@dataclass(frozen=True)
+class WorkerMemory:
+    """Bytes a worker of stage ``stage`` needs, by part (see the module docstring)."""
+
+    stage: int
+    model_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    bubbletea_bytes: int
+    runtime_bytes: int = RUNTIME_BYTES
+
+    @property
+    def total_bytes(self) -> int:
+        return (
+            self.model_bytes + self.optimizer_bytes + self.activation_bytes + self.bubbletea_bytes + self.runtime_bytes
+        )
+
+    @property
+    def largest_part(self) -> str:
+        """The part that dominates: ``model``, ``optimizer``, ``activations`` or ``bubbletea``."""
+        parts = {
+            "model": self.model_bytes,
+            "optimizer": self.optimizer_bytes,
+            "activations": self.activation_bytes,
+            "bubbletea": self.bubbletea_bytes,
+        }
+        return max(parts, key=lambda k: parts[k])
+
+
+def block_activation_values(cfg: ModelConfig, microbatch_size: int) -> int:
+    """Values one block saves for its backward pass on one microbatch: 34 s b h + 5 a s^2 b
+    (Korthikanti et al. 2022, section 4.1; s sequence, b microbatch, h width, a heads)."""
+    s, b, h, a = cfg.seq_len, microbatch_size, cfg.d_model, cfg.n_heads
+    return 34 * s * b * h + 5 * a * s * s * b
+
+
+def in_flight(exp: Experiment, stage: int) -> int:
+    """Microbatches whose activations stage ``stage`` holds at once under the experiment's schedule."""
+    if exp.schedule == "gpipe":
+        return exp.microbatches
+    return min(exp.stages - stage, exp.microbatches)
+
+
+def worker_memory(exp: Experiment, stage: int) -> WorkerMemory:
+    """The memory a worker of ``stage`` needs (see the module docstring)."""
+    cfg = exp.model
+    blocks = len(stage_layers(cfg.n_layers, exp.stages, stage))
+    held = in_flight(exp, stage)
+    acts = held * (
+        blocks * block_activation_values(cfg, exp.microbatch_size) * FP32_BYTES
+        + activation_bytes(cfg, exp.microbatch_size)
+    )
+    bt = 0
+    if exp.policy.bubbletea:
+        inf = exp.bubbletea.model
+        kv = 2 * inf.n_layers * inf.seq_len * inf.d_model * FP32_BYTES
+        bt = inf.params() * FP32_BYTES + QUEUED_REQUESTS * kv
+    return WorkerMemory(
+        stage, cfg.params() * FP32_BYTES, 3 * stage_params(cfg, exp.stages, stage) * FP32_BYTES, acts, bt
+    )
+
+
+def largest_worker(exp: Experiment) -> WorkerMemory:
+    """The worker that needs the most memory (its stage's figures)."""
+    return max((worker_memory(exp, s) for s in range(exp.stages)), key=lambda m: m.total_bytes)

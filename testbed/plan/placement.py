@@ -1,0 +1,126 @@
+"""Placement: which host (emulated GPU) runs which pipeline stage of which data-parallel replica.
+
+Pure functions of an experiment and a topology. Rank = stage x replicas + replica under every
+placement (``rank_of``), so the training math (and the losses) never depend on where workers run.
+The policy's ``placement`` (``spec/policy.py``) chooses the layout:
+
+- ``file-order`` (``pp-fair``) and ``largest-first`` (Atlas, DESIGN.md section 1, items 1-2): PP
+  across DCs, DP inside a DC. DCs are taken in an order (file order, or Atlas's: most hosts first,
+  ties in file order); each takes as many consecutive stages as it holds with all replicas of a
+  stage inside it.
+- ``replica-per-dc`` (``dp-wan``): the conventional layout: all stages of replica r in one DC,
+  replicas in different DCs, so every stage's gradient all-reduce crosses the WAN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from testbed.errors import SpecError
+from testbed.spec.addressing import host_name
+from testbed.spec.experiment import Experiment
+from testbed.spec.policy import Policy
+from testbed.spec.topology import DCSpec, TopologySpec
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One worker = one emulated GPU: global rank, pipeline stage, data-parallel replica, host."""
+
+    rank: int
+    stage: int
+    replica: int
+    host: str
+    dc: str
+
+
+def rank_of(stage: int, replica: int, replicas: int) -> int:
+    """Global rank of (stage, replica): stage x replicas + replica, under every placement."""
+    return stage * replicas + replica
+
+
+def atlas_dc_order(topo: TopologySpec) -> list[DCSpec]:
+    """DCs by available hosts, largest first; ties keep file order (Python's sort is stable)."""
+    return sorted(topo.dcs, key=lambda dc: -dc.training_hosts)
+
+
+def place_pipeline(exp: Experiment, topo: TopologySpec, order: list[DCSpec] | None = None) -> list[WorkerSpec]:
+    """PP across DCs (in ``order``, default file order), all replicas of a stage in one DC.
+    Raises SpecError naming the shortfall when the DCs cannot hold the layout."""
+    workers, stage = [], 0
+    for dc in order or topo.dcs:
+        for k in range(dc.training_hosts // exp.replicas):
+            if stage == exp.stages:
+                break
+            for r in range(exp.replicas):
+                host = host_name(dc.name, k * exp.replicas + r)
+                workers.append(WorkerSpec(rank_of(stage, r, exp.replicas), stage, r, host, dc.name))
+            stage += 1
+    if stage < exp.stages:
+        reserved = sum(dc.decode_hosts for dc in topo.dcs)
+        note = f" ({reserved} hosts are reserved by decode_hosts)" if reserved else ""
+        largest = max(dc.training_hosts for dc in topo.dcs)
+        raise SpecError(
+            exp.source,
+            "stages",
+            exp.stages,
+            f"x replicas {exp.replicas} do not fit topology "
+            f"{topo.name}: its DCs hold only {stage} stages of {exp.replicas} replicas (a stage needs "
+            f"{exp.replicas} hosts in one DC; the largest DC has {largest}){note}",
+            "use fewer stages or replicas, or a topology with more hosts",
+        )
+    return sorted(workers, key=lambda w: w.rank)
+
+
+def place_dp_wan(exp: Experiment, topo: TopologySpec) -> list[WorkerSpec]:
+    """Replica r's whole pipeline in the r-th DC (file order) that has ``stages`` hosts."""
+    dcs = [dc for dc in topo.dcs if dc.training_hosts >= exp.stages]
+    if len(dcs) < exp.replicas:
+        raise SpecError(
+            exp.source,
+            "replicas",
+            exp.replicas,
+            f"do not fit topology {topo.name} under dp-wan: only "
+            f"{len(dcs)} DCs hold a whole pipeline of {exp.stages} stages",
+            "use fewer replicas or stages, or a topology with larger DCs",
+        )
+    return [
+        WorkerSpec(rank_of(s, r, exp.replicas), s, r, host_name(dcs[r].name, s), dcs[r].name)
+        for s in range(exp.stages)
+        for r in range(exp.replicas)
+    ]
+
+
+def place(exp: Experiment, topo: TopologySpec | None = None, policy: Policy | None = None) -> list[WorkerSpec]:
+    """The placement of ``policy`` (default: the experiment's) on ``topo`` (default: the
+    experiment's own topology). Raises SpecError naming the shortfall."""
+    topo = topo or exp.topology_spec
+    pol = policy or exp.policy
+    if pol.placement == "replica-per-dc":
+        return place_dp_wan(exp, topo)
+    if pol.placement == "largest-first":
+        return place_pipeline(exp, topo, atlas_dc_order(topo))
+    return place_pipeline(exp, topo)
+
+
+def decode_hosts(topo: TopologySpec, workers: list[WorkerSpec]) -> dict[str, str]:
+    """BubbleTea's decode host of every DC that holds training workers: the first of the hosts the
+    topology declares for decoding (``decode_hosts``: the DC's last hosts), else its first host that
+    is not a training worker. Raises SpecError naming the DC when it has none."""
+    used = {w.host for w in workers}
+    out = {}
+    for i, dc in enumerate(topo.dcs):
+        if not any(w.dc == dc.name for w in workers):
+            continue
+        free = [host_name(dc.name, k) for k in range(dc.training_hosts, dc.hosts)]
+        free += [host_name(dc.name, k) for k in range(dc.training_hosts) if host_name(dc.name, k) not in used]
+        if not free:
+            raise SpecError(
+                topo.source,
+                f"dcs[{i}].hosts",
+                dc.hosts,
+                f"leaves no host in DC {dc.name} for a BubbleTea decode host (every host trains)",
+                "declare one more host with decode_hosts: 1 (hosts + 1), which keeps the training layout as it is",
+            )
+        out[dc.name] = free[0]
+    return out

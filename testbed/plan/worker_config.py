@@ -1,0 +1,127 @@
+"""The contract between the runner and the processes it starts in the emulated hosts (training
+workers, BubbleTea's decode hosts): ``worker_config.json``, written by one function and read by one.
+
+Everything a process needs is here, typed, with the policy already resolved into what the worker
+does: how many connections a cross-DC transfer is striped over, whether (and where) it reports its
+transfers to Atlas's controller, and BubbleTea's part. Paths are as the hosts' processes see them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from testbed.plan.placement import WorkerSpec
+from testbed.spec.bubbletea import BubbleTeaSpec, bubbletea_from_dict
+from testbed.spec.experiment import Experiment
+from testbed.spec.model import ModelConfig
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """What every worker trains: the model, data, batch, schedule and emulated compute of the
+    experiment. ``data``: the corpus as the hosts name it (None: the default corpus);
+    ``wan_connections``: connections a cross-DC transfer is striped over (1: not striped);
+    ``forward_ms``/``backward_ms``: padding targets, applied when ``padded``."""
+
+    stages: int
+    replicas: int
+    microbatches: int
+    microbatch_size: int
+    iterations: int
+    schedule: str
+    model: ModelConfig
+    lr: float
+    seed: int
+    data: str | None
+    forward_ms: float
+    backward_ms: float
+    padded: bool
+    wan_connections: int
+
+    @classmethod
+    def of(cls, exp: Experiment, data: str | None, wan_connections: int) -> TrainingConfig:
+        return cls(
+            exp.stages,
+            exp.replicas,
+            exp.microbatches,
+            exp.microbatch_size,
+            exp.iterations,
+            exp.schedule,
+            exp.model,
+            exp.lr,
+            exp.seed,
+            data,
+            exp.compute.forward_ms,
+            exp.compute.backward_ms,
+            exp.compute.padded,
+            wan_connections,
+        )
+
+
+@dataclass(frozen=True)
+class BubbleTeaConfig:
+    """BubbleTea's part: the spec, the emulated GPU's seconds per FLOP, the Unix sockets of the
+    workers' inboxes (``inbox`` holds ``{rank}``) and of the dispatcher, and the decode host's
+    address in each DC (prefill and decode are padded when training is: ``TrainingConfig.padded``)."""
+
+    spec: BubbleTeaSpec
+    s_per_flop: float
+    inbox: str
+    dispatcher: str
+    decode_hosts: dict[str, str]
+
+    def inbox_of(self, rank: int) -> str:
+        return self.inbox.format(rank=rank)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """One run's configuration of its processes. ``control_socket``: where workers report their
+    transfers to Atlas's controller (None: no controller); ``bubbletea``: None without BubbleTea."""
+
+    training: TrainingConfig
+    workers: tuple[WorkerSpec, ...]
+    out_dir: str
+    init_method: str
+    timeout_s: float
+    control_socket: str | None = None
+    bubbletea: BubbleTeaConfig | None = None
+
+    def worker(self, rank: int) -> WorkerSpec:
+        return self.workers[rank]
+
+
+def write_worker_config(path: Path, cfg: WorkerConfig) -> None:
+    """Write ``cfg`` as JSON (the run folder's ``worker_config.json``): the training part under
+    ``experiment``, the rest under its field names."""
+    data: dict[str, Any] = {
+        "experiment": asdict(cfg.training),
+        "workers": [asdict(w) for w in cfg.workers],
+        "out_dir": cfg.out_dir,
+        "init_method": cfg.init_method,
+        "timeout_s": cfg.timeout_s,
+        "control_socket": cfg.control_socket,
+        "bubbletea": asdict(cfg.bubbletea) if cfg.bubbletea is not None else None,
+    }
+    path.write_text(json.dumps(data))
+
+
+def read_worker_config(path: Path | str) -> WorkerConfig:
+    """The configuration ``write_worker_config`` wrote. Raises OSError, ValueError or KeyError for
+    a file it did not write."""
+    data = json.loads(Path(path).read_text())
+    t = data["experiment"]
+    training = TrainingConfig(**{**t, "model": ModelConfig(**t["model"])})
+    bt = data.get("bubbletea")
+    return WorkerConfig(
+        training,
+        tuple(WorkerSpec(**w) for w in data["workers"]),
+        data["out_dir"],
+        data["init_method"],
+        data["timeout_s"],
+        data.get("control_socket"),
+        BubbleTeaConfig(**{**bt, "spec": bubbletea_from_dict(bt["spec"])}) if bt else None,
+    )

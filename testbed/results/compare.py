@@ -1,0 +1,121 @@
+"""Comparing policies' summaries: medians over repeated runs, each policy's spread against itself (the
+noise floor), speed-ups, and BubbleTea's training slowdown. Pure: ``run/compare.py`` runs the
+policies and hands their summaries here."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from testbed.spec.policy import parse_policy
+from testbed.trace import metrics as M
+
+FIGURES = (M.ITERATION_TIME_S, M.TOKENS_PER_S, M.GPU_UTILIZATION, M.BUBBLE_FRACTION)
+#: BubbleTea's figures, compared when a policy ends in +bubbletea
+BUBBLETEA_FIGURES = (
+    M.TRAINING_GPU_UTILIZATION,
+    M.BUBBLE_FILL_FRACTION,
+    M.PREFILL_TOKENS_PER_S,
+    M.REQUESTS_COMPLETED,
+    M.TTFT_P50_S,
+    M.TTFT_P99_S,
+    M.TRAINING_OPS_DELAYED_BY_PREFILL,
+)
+
+
+def base_policy(name: str) -> str:
+    """The network policy of a policy name (``atlas+bubbletea`` -> ``atlas``)."""
+    return parse_policy(name).base
+
+
+def spread(values: list[float]) -> float | None:
+    """(max - min) / median of repeated measurements; None with fewer than two."""
+    vals = [v for v in values if v is not None]
+    if len(vals) < 2:
+        return None
+    mid = statistics.median(vals)
+    if mid == 0:
+        return 0.0 if max(vals) == min(vals) else None
+    return (max(vals) - min(vals)) / mid
+
+
+def aggregate(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per policy: the median of each figure over repeats and its spread; the speed-up of every
+    policy over every other (median iteration time of the other over its own); and for each
+    ``X+bubbletea`` run beside ``X``, the training slowdown (median iteration time with BubbleTea
+    over without) next to the noise floor (the larger spread of the two against themselves)."""
+    stats = {}
+    for policy, summaries in runs.items():
+        stats[policy] = {
+            f: {
+                "median": statistics.median(v)
+                if (v := [s.get(f) for s in summaries if s.get(f) is not None])
+                else None,
+                "spread": spread([s.get(f) for s in summaries]),
+            }
+            for f in FIGURES + BUBBLETEA_FIGURES
+        }
+    slowdown = {}
+    for p in runs:
+        base = base_policy(p)
+        if p != base and base in runs:
+            tp, tb = stats[p][M.ITERATION_TIME_S]["median"], stats[base][M.ITERATION_TIME_S]["median"]
+            if tp and tb:
+                noise = [
+                    x
+                    for x in (stats[p][M.ITERATION_TIME_S]["spread"], stats[base][M.ITERATION_TIME_S]["spread"])
+                    if x is not None
+                ]
+                slowdown[p] = {"training_slowdown": tp / tb, "noise_floor": max(noise) if noise else None}
+    speedup = {}
+    for a in runs:
+        for b in runs:
+            ta, tb = stats[a][M.ITERATION_TIME_S]["median"], stats[b][M.ITERATION_TIME_S]["median"]
+            if a != b and ta and tb:
+                speedup[f"{a}/{b}"] = tb / ta
+    return {"stats": stats, "speedup": speedup, "bubbletea": slowdown}
+
+
+def _median_text(figures: dict[str, Any], figure: str, fmt: str) -> str:
+    """A figure's median as ``fmt`` formats it, or "-" where there is none."""
+    v = figures[figure]["median"]
+    return format(v, fmt) if v is not None else "-"
+
+
+def format_comparison(result: dict[str, Any]) -> str:
+    stats = result["stats"]
+    head = f"{'policy':<18} {'iteration s':>12} {'tokens/s':>10} {'GPU util':>9} {'bubble':>7}  spread (iteration time)"
+    lines = [head]
+    for policy, st in stats.items():
+        sp = st[M.ITERATION_TIME_S]["spread"]
+        lines.append(
+            f"{policy:<18} {_median_text(st, M.ITERATION_TIME_S, '12.3f')} {_median_text(st, M.TOKENS_PER_S, '10.0f')} "
+            f"{_median_text(st, M.GPU_UTILIZATION, '9.3f')} {_median_text(st, M.BUBBLE_FRACTION, '7.3f')}  "
+            f"{'n/a (use --repeat)' if sp is None else f'{sp:.1%}'}"
+        )
+    for pair, s in result["speedup"].items():
+        a, b = pair.split("/")
+        if base_policy(a) != base_policy(b):
+            lines.append(f"speed-up of {a} over {b}: {s:.2f}x")
+    bt = [p for p in stats if parse_policy(p).bubbletea]
+    if bt:
+        lines.append(
+            f"{'BubbleTea':<18} {'train util':>10} {'fill':>6} {'prefill tok/s':>13} {'requests':>8} "
+            f"{'TTFT p50':>9} {'TTFT p99':>9} {'delayed ops':>11}"
+        )
+        for p in bt:
+            st = stats[p]
+            lines.append(
+                f"{p:<18} {_median_text(st, M.TRAINING_GPU_UTILIZATION, '10.3f')} "
+                f"{_median_text(st, M.BUBBLE_FILL_FRACTION, '6.3f')} "
+                f"{_median_text(st, M.PREFILL_TOKENS_PER_S, '13.0f')} {_median_text(st, M.REQUESTS_COMPLETED, '8.0f')} "
+                f"{_median_text(st, M.TTFT_P50_S, '9.3f')} {_median_text(st, M.TTFT_P99_S, '9.3f')} "
+                f"{_median_text(st, M.TRAINING_OPS_DELAYED_BY_PREFILL, '11.0f')}"
+            )
+        for p, d in result.get("bubbletea", {}).items():
+            noise = "n/a (use --repeat)" if d["noise_floor"] is None else f"{d['noise_floor']:.1%}"
+            lines.append(
+                f"training slowdown of {p} over {base_policy(p)}: "
+                f"{d['training_slowdown'] - 1:+.1%} (noise floor {noise})"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,142 @@
+"""From a run folder's traces to ``events.parquet``, ``summary.json``, ``trace.json`` and plots, and the
+summary as printed.
+
+Used at the end of every run (also an aborted one) and by ``testbed analyze RUN_DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from testbed.errors import SpecError
+from testbed.results import analysis as A
+from testbed.results.chrome_trace import chrome_trace
+from testbed.results.plots import plot_links, plot_timeline
+from testbed.results.summary import bubbletea_stats, grant_stats, summarize
+from testbed.trace import metrics as M
+from testbed.trace import schema as T
+from testbed.trace.events import read_events, read_link_counters
+from testbed.trace.jsonl import read_jsonl
+from testbed.trace.shaping_log import SHAPING_LOG
+
+#: what ``finalize`` reads of a run's config.json (every run written by ``testbed run`` has them)
+CONFIG_FIELDS = (
+    "name",
+    "topology",
+    "schedule",
+    "iterations",
+    "warmup_iterations",
+    "replicas",
+    "microbatches",
+    "microbatch_size",
+    "model",
+    "compute",
+    "workers",
+)
+
+
+def read_run_config(run_dir: Path) -> dict[str, Any]:
+    """A run folder's ``config.json``. Raises SpecError naming the file and what is wrong with it."""
+    path = run_dir / "config.json"
+    fix = "give a folder written by testbed run (its config.json is the resolved experiment)"
+    try:
+        config = json.loads(path.read_text())
+    except OSError as e:
+        raise SpecError(str(path), "(file)", str(path), f"cannot be read ({e.strerror})", fix) from None
+    except ValueError as e:
+        raise SpecError(str(path), "(file)", path.name, f"is not valid JSON ({e})", fix) from None
+    if not isinstance(config, dict):
+        raise SpecError(str(path), "(top level)", type(config).__name__, "is not a JSON object", fix)
+    missing = [k for k in CONFIG_FIELDS if k not in config]
+    if missing:
+        raise SpecError(str(path), missing[0], None, "is missing", fix)
+    return config
+
+
+def finalize(run_dir: Path, aborted: bool = False) -> dict[str, Any]:
+    """Write events.parquet (with idle rows), summary.json, trace.json and the plots; return the summary."""
+    config = read_run_config(run_dir)
+    env_path = run_dir / "env.json"
+    env = json.loads(env_path.read_text()) if env_path.exists() else {}
+    ev = read_events(run_dir)
+    if not ev.empty:
+        ev = ev[ev[T.KIND] != T.IDLE]
+        idle = A.idle_gaps(ev)
+        full = pd.concat([ev, idle], ignore_index=True) if not idle.empty else ev
+        full.to_parquet(run_dir / "events.parquet", index=False)
+    counters = read_link_counters(run_dir)
+    summary = summarize(A.training_events(ev) if not ev.empty else ev, config, env, counters, aborted)
+    summary.update(grant_stats(run_dir))
+    summary.update(bubbletea_stats(run_dir, ev, config, summary[M.GPU_UTILIZATION]))
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    if not ev.empty:
+        (run_dir / "trace.json").write_text(json.dumps(chrome_trace(ev, read_jsonl(run_dir / SHAPING_LOG))))
+        plot_timeline(ev, run_dir / "timeline.png", config["warmup_iterations"])
+    plot_links(A.link_utilization(counters), run_dir / "wan_utilization.png")
+    return summary
+
+
+SUMMARY_ROWS = [
+    (M.ITERATION_TIME_S, "iteration time (s, mean)"),
+    (M.ITERATION_TIME_P95_S, "iteration time (s, p95)"),
+    (M.TOKENS_PER_S, "tokens/s"),
+    (M.GPU_UTILIZATION, "GPU utilization (incl. prefill)"),
+    (M.BUBBLE_FRACTION, "bubble fraction"),
+    (M.WAN_COMPUTE_RATIO, "WAN/compute ratio"),
+    (M.LOSS_FIRST, "loss (first)"),
+    (M.LOSS_LAST, "loss (last)"),
+    (M.COMPUTE_OVERRUN_FRACTION, "compute overrun fraction"),
+    (M.COMPUTE_HEADROOM, "compute headroom (target/real)"),
+    (M.PREDICTED_ITERATION_TIME_S, "predicted iteration time (s)"),
+    (M.PREDICTION_ERROR, "prediction error (meas-pred)/meas"),
+    (M.BACKEND, "network backend"),
+    (M.DELAY_MECHANISM, "delay mechanism"),
+    (M.STARTUP_S, "start-up (s, first forward)"),
+    (M.WAN_QUEUE_DROPS, "WAN queue drops (packets)"),
+]
+
+
+#: printed when present: the Atlas controller's and BubbleTea's figures
+EXTRA_ROWS = [
+    (M.GRANTS, "Atlas grants"),
+    (M.GRANT_LATENCY_P50_MS, "grant latency p50 (ms)"),
+    (M.GRANT_LATENCY_P99_MS, "grant latency p99 (ms)"),
+    (M.HANDOVER_GAP_P50_MS, "handover gap p50 (ms)"),
+    (M.TRAINING_GPU_UTILIZATION, "training GPU utilization"),
+    (M.BUBBLE_FILL_FRACTION, "bubble fill fraction"),
+    (M.PREFILL_TOKENS_PER_S, "prefill tokens/s"),
+    (M.REQUESTS_COMPLETED, "requests completed"),
+    (M.TTFT_P50_S, "TTFT p50 (s)"),
+    (M.TTFT_P99_S, "TTFT p99 (s)"),
+    (M.TRAINING_OPS_DELAYED_BY_PREFILL, "training ops delayed by prefill"),
+    (M.BUBBLE_PREDICTION_ERROR_P50_MS, "bubble prediction error p50 (ms)"),
+]
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    lines = [
+        f"{s[M.EXPERIMENT]} on {s[M.TOPOLOGY]}: {s[M.WORKERS]} workers, {s[M.SCHEDULE]}, "
+        f"{s[M.COMPLETED_ITERATIONS]}/{s[M.ITERATIONS]} iterations ({s[M.WARMUP_ITERATIONS]} warm-up)"
+    ]
+    for key, label in SUMMARY_ROWS:
+        v = s.get(key)
+        lines.append(f"  {label:<28} {v:.4g}" if isinstance(v, float) else f"  {label:<28} {v}")
+    lines.append(
+        f"  {'bubble fraction per stage':<28} " + ", ".join(f"{b:.3f}" for b in s[M.BUBBLE_FRACTION_PER_STAGE])
+    )
+    for key, label in EXTRA_ROWS:
+        v = s.get(key)
+        if v is not None:
+            lines.append(f"  {label:<28} {v:.4g}" if isinstance(v, float) else f"  {label:<28} {v}")
+    if not s[M.REPRESENTATIVE]:
+        lines.append("  WARNING: more than 5% of operations overran their compute target: not representative")
+    measured = s[M.COMPLETED_ITERATIONS] - s[M.WARMUP_ITERATIONS]
+    if 0 < measured < 3:
+        lines.append(f"  note: statistics from only {measured} measured iteration(s)")
+    if s[M.ABORTED]:
+        lines.append("  the run was ABORTED: figures cover the completed part")
+    return "\n".join(lines)

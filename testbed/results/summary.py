@@ -1,0 +1,160 @@
+"""A run's summary (``summary.json``) from its traces: training figures, Atlas's grant figures and
+BubbleTea's. Names of the figures: ``trace/metrics.py``; definitions: ``analysis.py`` and
+``bubbletea/windows.py``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from testbed.bubbletea import windows as B
+from testbed.bubbletea.profile import prediction_error_stats, prediction_errors
+from testbed.results import analysis as A
+from testbed.spec.experiment import tokens_per_iteration
+from testbed.spec.policy import DEFAULT_POLICY, UnknownPolicy, parse_policy
+from testbed.trace import metrics as M
+from testbed.trace import schema as T
+from testbed.trace.jsonl import read_jsonl
+
+#: A run whose share of padded operations that overran their target exceeds this is flagged.
+MAX_REPRESENTATIVE_OVERRUN = 0.05
+
+
+def uses_bubbletea(config: dict[str, Any]) -> bool:
+    """Whether a run folder's ``config.json`` ran a BubbleTea policy (False for a name no longer known)."""
+    try:
+        return parse_policy(str(config.get("policy", DEFAULT_POLICY))).bubbletea
+    except UnknownPolicy:
+        return False
+
+
+def summarize(
+    ev: pd.DataFrame, config: dict[str, Any], env: dict[str, Any], counters: pd.DataFrame, aborted: bool = False
+) -> dict[str, Any]:
+    """The training figures of a run: ``ev`` its training events, ``config`` its config.json, ``env`` its
+    env.json, ``counters`` its link counters; warm-up iterations are left out of every statistic."""
+    warmup = config["warmup_iterations"]
+    if ev.empty:
+        it = pd.DataFrame(columns=["duration_s"])
+    else:
+        it = A.iteration_times(ev, warmup)
+    stats = A.iteration_stats(it)
+    util = A.worker_utilization(ev, warmup) if not ev.empty else pd.DataFrame(columns=["utilization", T.STAGE])
+    bubbles = A.stage_bubbles(util) if not util.empty else pd.DataFrame(columns=[T.STAGE, "bubble_fraction"])
+    loss = A.losses(ev) if not ev.empty else pd.Series(dtype=float)
+    compute = config["compute"]
+    targets = {T.FORWARD: int(compute["forward_ms"] * 1e6), T.BACKWARD: int(compute["backward_ms"] * 1e6)}
+    overrun = A.overrun_fraction(ev, targets, warmup) if compute["mode"] == "padded" and not ev.empty else 0.0
+    tokens = tokens_per_iteration(
+        config["replicas"], config["microbatches"], config["microbatch_size"], config["model"]["seq_len"]
+    )
+    lu = A.link_utilization(counters)
+    drops = A.queue_drops(counters)
+    return {
+        M.POLICY: config.get("policy", DEFAULT_POLICY),
+        M.TOPOLOGY: config["topology"],
+        M.EXPERIMENT: config["name"],
+        M.SCHEDULE: config["schedule"],
+        M.WORKERS: len(config["workers"]),
+        M.ITERATIONS: config["iterations"],
+        M.COMPLETED_ITERATIONS: int(loss.index.max() + 1) if len(loss) else 0,
+        M.WARMUP_ITERATIONS: warmup,
+        M.ITERATION_TIME_S: stats["mean"],
+        M.ITERATION_TIME_P50_S: stats["p50"],
+        M.ITERATION_TIME_P95_S: stats["p95"],
+        M.TOKENS_PER_S: tokens / stats["mean"] if stats["mean"] else None,
+        M.GPU_UTILIZATION: float(util["utilization"].mean()) if not util.empty else None,
+        M.BUBBLE_FRACTION: float(bubbles["bubble_fraction"].mean()) if not bubbles.empty else None,
+        M.BUBBLE_FRACTION_PER_STAGE: [float(b) for b in bubbles["bubble_fraction"]],
+        M.LOSS_FIRST: float(loss.iloc[0]) if len(loss) else None,
+        M.LOSS_LAST: float(loss.iloc[-1]) if len(loss) else None,
+        M.BACKEND: env.get("backend", "netns"),
+        M.DELAY_MECHANISM: env.get("delay_mechanism"),
+        M.WAN_COMPUTE_RATIO: A.nan_to_none(A.wan_compute_ratio(ev, warmup)) if not ev.empty else None,
+        M.COMPUTE_OVERRUN_FRACTION: overrun,
+        M.REPRESENTATIVE: overrun <= MAX_REPRESENTATIVE_OVERRUN,
+        M.COMPUTE_HEADROOM: (
+            A.compute_headroom(ev, targets, warmup) if compute["mode"] == "padded" and not ev.empty else None
+        ),
+        M.WAN_UTILIZATION_MEAN: (
+            A.wan_utilization_mean(lu, int(it[T.START_NS].min()), int(it[T.END_NS].max()))
+            if not lu.empty and not it.empty
+            else None
+        ),
+        M.WAN_QUEUE_DROPS: sum(drops.values()) if drops is not None else None,
+        M.WAN_QUEUE_DROPS_BY_LINK: {link: n for link, n in (drops or {}).items() if n},
+        M.WAN_QUEUE_BACKLOG_MAX_BYTES: A.queue_backlog_max_bytes(counters),
+        M.PREDICTED_ITERATION_TIME_S: config.get("predicted_iteration_time_s"),
+        M.PREDICTION_ERROR: (
+            (stats["mean"] - config["predicted_iteration_time_s"]) / stats["mean"]
+            if stats["mean"] and config.get("predicted_iteration_time_s")
+            else None
+        ),
+        M.STARTUP_S: A.startup_s(ev, env.get("run_start_ns")) if not ev.empty else None,
+        M.ABORTED: aborted,
+    }
+
+
+#: a training operation held back longer than this by a running prefill chunk counts as delayed
+DELAY_THRESHOLD_NS = 1_000_000
+
+
+def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_utilization: float | None) -> dict:
+    """GPU utilization with and without prefill, and, under BubbleTea, how the bubbles were filled
+    and what the requests saw (definitions in ``bubbletea.windows.fill_stats`` and ``bubbletea/decode.py``);
+    ``training_utilization`` is the summary's own (training compute only):
+    ``bubble_fill_fraction``, ``prefill_tokens_per_s`` (prefilled tokens over the measured
+    iterations' wall time), ``requests_assigned``, ``requests_completed`` (first token at a decode
+    host), ``requests_decoded``, ``ttft_p50_s``/``ttft_p99_s`` (arrival to first token at the decode
+    host, KV transfer included), ``training_ops_delayed_by_prefill`` (forward/backward operations
+    whose input had arrived while a chunk ran and which started more than 1 ms later), and the
+    bubble profile's prediction error (``bubbletea.profile.prediction_error_stats``)."""
+    warmup = config["warmup_iterations"]
+    if ev.empty:
+        return {}
+    train = A.training_events(ev)
+    util = A.worker_utilization(ev, warmup, T.COMPUTE_KINDS + (T.PREFILL,))
+    out = {M.TRAINING_GPU_UTILIZATION: training_utilization, M.GPU_UTILIZATION: float(util["utilization"].mean())}
+    if not uses_bubbletea(config):
+        return out
+    pre = ev[ev[T.KIND] == T.PREFILL]
+    it = A.iteration_times(train, warmup)
+    t0, t1 = (int(it[T.START_NS].min()), int(it[T.END_NS].max())) if not it.empty else (0, 0)
+    inside = pre[(pre[T.START_NS] >= t0) & (pre[T.END_NS] <= t1)]
+    fill = B.fill_stats(train, pre[[T.WORKER, T.START_NS, T.END_NS]], warmup) if not it.empty else {}
+    decode_log = read_jsonl(run_dir / "requests", "decode-*.jsonl")
+    first = [r for r in decode_log if r.get("event") == "first_token"]
+    decoded = [r for r in decode_log if r.get("event") == "decoded"]
+    assigned = [r for r in read_jsonl(run_dir / "requests" / "dispatch.jsonl") if r.get("event") == "assign"]
+    ttft = pd.Series([(r["first_token_ns"] - r["arrival_ns"]) / 1e9 for r in first], dtype=float)
+    delays = train[train[T.KIND].isin((T.FORWARD, T.BACKWARD))]
+    delays = delays[T.PREFILL_DELAY_NS] if T.PREFILL_DELAY_NS in delays else pd.Series(dtype=float)
+    windows = B.bubble_windows(train)
+    windows.to_parquet(run_dir / "bubbles.parquet", index=False)  # the bubble profile's raw material
+    errors = prediction_error_stats(prediction_errors(windows, warmup, config["bubbletea"]["profile_iterations"]))
+    return {
+        **out,
+        M.BUBBLE_FILL_FRACTION: fill.get("bubble_fill_fraction"),
+        M.PREFILL_TOKENS_PER_S: float(inside[T.TOKENS].sum() / ((t1 - t0) / 1e9)) if t1 > t0 else None,
+        M.PREFILL_CHUNKS: int(len(pre)),
+        M.REQUESTS_ASSIGNED: len(assigned),
+        M.REQUESTS_COMPLETED: len(first),
+        M.REQUESTS_DECODED: len(decoded),
+        M.TTFT_P50_S: float(ttft.quantile(0.5)) if len(ttft) else None,
+        M.TTFT_P99_S: float(ttft.quantile(0.99)) if len(ttft) else None,
+        M.TRAINING_OPS_DELAYED_BY_PREFILL: int((delays.fillna(0) > DELAY_THRESHOLD_NS).sum()),
+        M.BUBBLE_PREDICTION_ERROR_P50_MS: errors.get("abs_error_p50_ms"),
+        M.BUBBLE_PREDICTION_ERROR_P99_MS: errors.get("abs_error_p99_ms"),
+        M.BUBBLE_OVER_PREDICTED_SHARE: errors.get("over_predicted_share"),
+    }
+
+
+def grant_stats(run_dir: Path) -> dict:
+    """Atlas controller figures from controller.jsonl (``analysis.grant_figures``) and whether the
+    controller failed during the run."""
+    path = run_dir / "controller.jsonl"
+    if not path.exists():
+        return {}
+    return {**A.grant_figures(read_jsonl(path)), M.CONTROLLER_FAILED: (run_dir / "controller_failed").exists()}

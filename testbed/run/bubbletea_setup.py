@@ -1,0 +1,46 @@
+"""Preparing BubbleTea for a run: the request stream (a trace, or the synthetic stream fitted to
+it), the decode host of each DC, the workers' part of the configuration, and the dispatcher."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from testbed.bubbletea.azure_trace import load_azure_trace
+from testbed.bubbletea.decisions import seconds_per_flop
+from testbed.bubbletea.dispatcher import Dispatcher
+from testbed.bubbletea.requests import requests_to_frame, synthetic_requests
+from testbed.net.network import Network
+from testbed.net.registry import control_dir
+from testbed.plan.placement import WorkerSpec, decode_hosts
+from testbed.plan.worker_config import BubbleTeaConfig
+from testbed.spec.experiment import Experiment
+
+#: how long a synthetic request stream lasts (s); a run stops reading it when it ends
+SYNTHETIC_STREAM_S = 3600.0
+
+
+def prepare_bubbletea(
+    net: Network, exp: Experiment, workers: list[WorkerSpec], out_dir: Path
+) -> tuple[BubbleTeaConfig, Dispatcher, dict[str, str]]:
+    """(the workers' BubbleTea configuration, the dispatcher (not started), the decode host of each
+    DC). The stream is written to ``requests/stream.parquet``."""
+    bt = exp.bubbletea
+    if bt.requests:
+        reqs = load_azure_trace(bt.requests, time_scale=bt.time_scale, rate_factor=bt.rate_factor)
+    else:
+        reqs = synthetic_requests(bt.request_rate, SYNTHETIC_STREAM_S, exp.seed)
+    (out_dir / "requests").mkdir(parents=True, exist_ok=True)
+    requests_to_frame(reqs).to_parquet(out_dir / "requests" / "stream.parquet", index=False)
+    hosts = decode_hosts(exp.topology_spec, workers)
+    s_per_flop = seconds_per_flop(exp)
+    control = control_dir()
+    cfg = BubbleTeaConfig(
+        spec=bt,
+        s_per_flop=s_per_flop,
+        inbox=str(control / f"{net.prefix}-w{{rank}}.sock"),
+        dispatcher=str(control / f"{net.prefix}-bt.sock"),
+        decode_hosts={dc: str(net.host(h).ip) for dc, h in hosts.items()},
+    )
+    ranks = [w.rank for w in workers]
+    d = Dispatcher(bt, reqs, ranks, s_per_flop, Path(cfg.dispatcher), cfg.inbox, out_dir, tuple(hosts))
+    return cfg, d, hosts

@@ -1,0 +1,70 @@
+"""Compare policies on one experiment: each policy runs on the same topology, workload and seed in
+one invocation (repeats interleaved: A B A B ...), so that a speed-up is quoted next to the
+spread of each policy against itself (the noise floor, ``results/compare.py``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from testbed.results.compare import aggregate
+from testbed.run.backends import runs_here
+from testbed.run.launch import Launcher
+from testbed.run.records import check_fresh_out_dir
+from testbed.run.runner import check_runnable, run_experiment
+from testbed.spec.experiment import Experiment
+
+
+def compare(
+    exp: Experiment,
+    policies: list[str],
+    out_dir: Path,
+    repeat: int = 1,
+    delay_mechanism: str = "auto",
+    progress: Callable[[str], None] = print,
+    force: bool = False,
+    **backend: Any,
+) -> dict[str, Any]:
+    """Run every policy ``repeat`` times, interleaved; write and return ``comparison.json``:
+    ``policies`` maps each policy to its (first run's) summary, ``runs`` to every summary.
+    ``backend``: ``backend=``/``inventory=`` for run_experiment; ``force`` as there."""
+    check_fresh_out_dir(out_dir)
+    for policy in policies:  # refuse an impossible policy before the others have run
+        check_runnable(exp.with_overrides(policy=policy), backend.get("backend", "netns"), force)
+    for k in range(repeat):
+        for policy in policies:
+            check_fresh_out_dir(out_dir / (policy if repeat == 1 else f"{policy}-{k}"))
+    runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
+    # one worker launcher for every run: torch is imported and warmed up once per comparison
+    launcher = Launcher(out_dir / "launcher.log") if runs_here(backend.get("backend", "netns")) else None
+    try:
+        for k in range(repeat):
+            for policy in policies:
+                run_dir = out_dir / (policy if repeat == 1 else f"{policy}-{k}")
+                progress(f"--- {policy} (run {k + 1}/{repeat}) -> {run_dir}")
+                runs[policy].append(
+                    run_experiment(
+                        exp.with_overrides(policy=policy),
+                        run_dir,
+                        delay_mechanism=delay_mechanism,
+                        progress=progress,
+                        launcher=launcher,
+                        force=force,
+                        **backend,
+                    )
+                )
+    finally:
+        if launcher is not None:
+            launcher.close()
+    result = {
+        "experiment": exp.name,
+        "topology": exp.topology,
+        "repeat": repeat,
+        "policies": {p: s[0] for p, s in runs.items()},
+        "runs": runs,
+        **aggregate(runs),
+    }
+    (out_dir / "comparison.json").write_text(json.dumps(result, indent=1))
+    return result

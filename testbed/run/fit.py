@@ -1,0 +1,118 @@
+"""Refusing, before anything is built, a run this machine cannot carry out: more memory than it has
+(``plan/memory.py``'s estimate against MemAvailable), a corpus too small for the sequence length,
+or an iteration the cost model predicts to last longer than ``MAX_ITERATION_S`` (unless forced).
+Every refusal names the field, the value, the figure it was checked against and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from testbed.errors import SpecError
+from testbed.plan.cost_model import predict
+from testbed.plan.memory import LAUNCHER_BYTES, largest_worker
+from testbed.plan.placement import WorkerSpec
+from testbed.spec.experiment import Experiment
+from testbed.spec.model import ModelConfig
+from testbed.train.corpus import corpus_bytes, train_split_bytes
+
+#: an iteration predicted to last longer than this is refused unless forced (s)
+MAX_ITERATION_S = 600.0
+#: the share of this machine's available memory a run may plan to use
+MEMORY_SHARE = 0.8
+GIB = 2**30
+
+
+#: the sizes a refusal may blame, with their defaults (``Experiment``, ``ModelConfig``)
+SIZES = {
+    "microbatches": 4,
+    "microbatch_size": 4,
+    "model.n_layers": ModelConfig.n_layers,
+    "model.d_model": ModelConfig.d_model,
+    "model.seq_len": ModelConfig.seq_len,
+}
+
+
+def size_of(exp: Experiment, field: str) -> int:
+    """The value of one of ``SIZES`` in ``exp``."""
+    owner = exp.model if field.startswith("model.") else exp
+    return int(getattr(owner, field.removeprefix("model.")))
+
+
+def largest_size(exp: Experiment, fields: tuple[str, ...]) -> tuple[str, int]:
+    """(field, value) of the one of ``fields`` furthest above its default: the size to blame."""
+    field = max(fields, key=lambda f: size_of(exp, f) / SIZES[f])
+    return field, size_of(exp, field)
+
+
+def available_memory_bytes() -> int:
+    """This machine's MemAvailable (proc(5)), in bytes."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise OSError("/proc/meminfo has no MemAvailable")
+
+
+def check_memory(exp: Experiment, workers: list[WorkerSpec], available: int | None = None) -> None:
+    """Raise SpecError when the workers need more than ``MEMORY_SHARE`` of ``available`` bytes
+    (default: this machine's MemAvailable), naming the part that dominates a worker's need."""
+    avail = available_memory_bytes() if available is None else available
+    worst = largest_worker(exp)
+    need = worst.total_bytes * len(workers) + LAUNCHER_BYTES
+    if need <= MEMORY_SHARE * avail:
+        return
+    blamed, fix = {
+        "model": (("model.n_layers", "model.d_model"), "use a smaller model (fewer layers or a smaller d_model)"),
+        "optimizer": (("model.n_layers", "model.d_model"), "use a smaller model, or more stages to share it"),
+        "activations": (
+            ("microbatch_size", "model.seq_len", "model.n_layers", "model.d_model"),
+            "use a smaller microbatch_size, a shorter model.seq_len, fewer layers per stage or the 1f1b schedule",
+        ),
+        "bubbletea": (("model.n_layers",), "use a smaller inference model (bubbletea.model)"),
+    }[worst.largest_part]
+    field, value = largest_size(exp, blamed)
+    if worst.largest_part == "bubbletea":
+        inf = exp.bubbletea.model
+        field, value = "bubbletea.model", f"n_layers {inf.n_layers}, d_model {inf.d_model}, seq_len {inf.seq_len}"
+    raise SpecError(
+        exp.source,
+        field,
+        value,
+        f"makes each worker need about {worst.total_bytes / GIB:.3g} GiB (stage {worst.stage}, mostly "
+        f"{worst.largest_part}: {exp.model.n_layers} layers of d_model {exp.model.d_model}, microbatches of "
+        f"{exp.microbatch_size} x {exp.model.seq_len} tokens), {need / GIB:.3g} GiB for {len(workers)} workers "
+        "and their launcher, "
+        "more than "
+        f"{MEMORY_SHARE:.0%} of the {avail / GIB:.3g} GiB this machine has available",
+        fix,
+    )
+
+
+def check_corpus(exp: Experiment) -> None:
+    """Raise SpecError when the training split of the corpus is not longer than one sequence."""
+    train = train_split_bytes(len(corpus_bytes(Path(exp.data) if exp.data else None)))
+    if train <= exp.model.seq_len:
+        raise SpecError(
+            exp.source,
+            "model.seq_len",
+            exp.model.seq_len,
+            f"is not shorter than the corpus's training split ({train} bytes)",
+            "give more text (data:) or a shorter seq_len",
+        )
+
+
+def check_iteration_time(exp: Experiment, workers: list[WorkerSpec], force: bool = False) -> float:
+    """The predicted iteration time (s); SpecError above ``MAX_ITERATION_S`` unless ``force``,
+    naming the count that makes it long."""
+    predicted = predict(exp, exp.topology_spec, workers).iteration_s
+    if predicted <= MAX_ITERATION_S or force:
+        return predicted
+    field, value = largest_size(exp, tuple(SIZES))
+    raise SpecError(
+        exp.source,
+        field,
+        value,
+        f"makes one iteration take about {predicted:.3g} s by the cost model ({exp.microbatches} microbatches of "
+        f"{exp.microbatch_size} sequences of {exp.model.seq_len} tokens through {exp.model.n_layers} layers of "
+        f"d_model {exp.model.d_model}), above the {MAX_ITERATION_S:g} s limit",
+        f"use a smaller {field}, or pass --force to run it anyway",
+    )

@@ -1,0 +1,101 @@
+"""What a run folder records about the run before it trains: ``config.json`` (the resolved
+experiment, its placement and the predicted iteration time) and ``env.json`` (versions, the kernel,
+the backend and what it found, the delay mechanism, the corpus's fingerprint, when the run began);
+and the check that a folder holds no run yet."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from testbed.errors import SpecError
+from testbed.net.network import Network
+from testbed.plan.placement import WorkerSpec
+from testbed.spec.experiment import Experiment
+from testbed.trace import schema as T
+
+
+def _versions() -> dict[str, Any]:
+    def cmd(argv: list[str]) -> str | None:
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=5).stdout.strip()
+        except OSError:
+            return None
+
+    repo = Path(__file__).resolve().parents[2]
+    return {
+        "python": platform.python_version(),
+        "torch": metadata.version("torch"),
+        "pyroute2": metadata.version("pyroute2"),
+        "iproute2": cmd(["ip", "-V"]),
+        "kernel": platform.release(),
+        "git_commit": cmd(["git", "-C", str(repo), "rev-parse", "HEAD"]),
+        "trace_schema": T.SCHEMA_VERSION,
+    }
+
+
+def write_config(out_dir: Path, exp: Experiment, workers: list[WorkerSpec], predicted_s: float) -> None:
+    """``config.json``: the experiment as resolved, the workers' placement, the cost model's
+    predicted iteration time (s)."""
+    (out_dir / "config.json").write_text(
+        json.dumps(
+            {**exp.to_dict(), "workers": [asdict(w) for w in workers], "predicted_iteration_time_s": predicted_s},
+            indent=1,
+        )
+    )
+
+
+def write_env(out_dir: Path, net: Network, corpus_sha: str, t_begin_ns: int) -> None:
+    """``env.json``: where and with what the run ran; ``run_start_ns`` is when it began (the run's
+    clock), from which the summary counts start-up."""
+    (out_dir / "env.json").write_text(
+        json.dumps(
+            {
+                **_versions(),
+                "backend": net.backend,
+                **net.backend_info,
+                "delay_mechanism": net.mechanism,
+                "netem": net.mechanism == "netem",
+                "corpus_sha256": corpus_sha,
+                "cpus": os.cpu_count(),
+                "run_prefix": net.prefix,
+                "run_start_ns": t_begin_ns,
+            },
+            indent=1,
+        )
+    )
+
+
+#: what a run writes into its folder: a folder holding any of them holds an earlier run
+RUN_MARKERS = ("events", "config.json", "summary.json", "comparison.json")
+
+
+def discard_unused_out(out_dir: Path, created: bool) -> None:
+    """Remove ``out_dir`` after a run refused before building, if this command ``created`` it and
+    it holds nothing but the launcher's log (``logs/launcher.log``): a refusal leaves no run folder."""
+    if not created or not out_dir.is_dir():
+        return
+    held = {p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*")}
+    if held <= {"logs", "logs/launcher.log"}:
+        shutil.rmtree(out_dir)
+
+
+def check_fresh_out_dir(out_dir: Path) -> None:
+    """Refuse a folder that already holds a run: traces are appended as they are written, so a
+    second run there would mix its events with the first's. Raises SpecError."""
+    found = [m for m in RUN_MARKERS if (out_dir / m).exists()]
+    if found:
+        raise SpecError(
+            "--out",
+            "(option)",
+            str(out_dir),
+            f"already holds a run ({found[0]})",
+            "give a new folder, or remove the old run first",
+        )

@@ -1,0 +1,259 @@
+"""Run an experiment: build the topology, start one worker per emulated GPU in its host, watch
+them, sample the WAN classes, tear down, and turn the traces into a summary and plots.
+
+Failure handling: a worker that exits non-zero, or a run whose workers write no event for
+``hang_timeout_s``, aborts the whole run with an error naming the worker and its log tail; the
+network is removed in every case and the traces written so far are kept and summarised.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from testbed.atlas.controller import Controller
+from testbed.errors import SpecError, TestbedError
+from testbed.net.network import LocalHosts, Network
+from testbed.net.registry import control_dir
+from testbed.plan.connections import socket_buffer_cap, wan_connections
+from testbed.plan.cost_model import predict
+from testbed.plan.placement import WorkerSpec, decode_hosts, place
+from testbed.plan.worker_config import TrainingConfig, WorkerConfig, write_worker_config
+from testbed.results.report import finalize
+from testbed.run.backends import make_network, offers_live_shaping, runs_here
+from testbed.run.bubbletea_setup import prepare_bubbletea
+from testbed.run.fit import check_corpus, check_iteration_time, check_memory
+from testbed.run.launch import Launcher, start_workers
+from testbed.run.records import check_fresh_out_dir, write_config, write_env
+from testbed.run.watch import LinkSampler, RunError, watch
+from testbed.spec.experiment import Experiment
+from testbed.trace.clock import now_ns
+from testbed.trace.startup import mark_startup
+from testbed.train.corpus import corpus_bytes, corpus_sha256
+
+GLOO_PORT = 29500
+
+__all__ = ["RunError", "check_runnable", "run_experiment", "timeout_s"]
+
+
+def timeout_s(exp: Experiment) -> float:
+    """Collective timeout: ten times the slowest activation transfer (bytes / slowest WAN rate plus
+    the longest one-way delay) plus the padded compute of a whole iteration, at least 60 s. A slow
+    link never trips it; a dead peer is detected within it."""
+    topo = exp.topology_spec
+    act_bytes = exp.activation_bytes
+    slowest = min(link.rate_bps for link in topo.links) if topo.links else 10**9
+    longest = max((link.delay_us for link in topo.links), default=0) / 1e6
+    per_iter = exp.microbatches * (exp.compute.forward_ms + exp.compute.backward_ms) / 1000 * exp.stages
+    return max(60.0, 10 * (act_bytes * 8 / slowest + longest) * exp.microbatches * exp.stages + 3 * per_iter)
+
+
+def check_runnable(exp: Experiment, backend: str = "netns", force: bool = False) -> list[WorkerSpec]:
+    """Everything about ``exp`` on its topology that can be refused before anything is built: what
+    the backend cannot do, the placement, BubbleTea's decode hosts, the memory the workers need,
+    the corpus, an iteration longer than ``fit.MAX_ITERATION_S`` (unless ``force``). Returns the
+    placement; raises SpecError."""
+    if (exp.policy.grants or exp.policy.bubbletea) and not offers_live_shaping(backend):
+        raise SpecError(
+            "--policy",
+            "(option)",
+            exp.policy.name,
+            f"needs the controller's local control sockets "
+            f"and live shaping, which --backend {backend} does not carry across machines yet",
+            f"use --policy pp-fair or dp-wan with --backend {backend}, or run atlas and BubbleTea on "
+            "the netns or mininet backend",
+        )
+    workers = place(exp)
+    if exp.policy.bubbletea:
+        decode_hosts(exp.topology_spec, workers)
+    check_iteration_time(exp, workers, force)
+    if runs_here(backend):  # remote workers use the remote machines' memory, not checked from here
+        check_memory(exp, workers)
+    check_corpus(exp)
+    return workers
+
+
+def run_experiment(
+    exp: Experiment,
+    out_dir: Path,
+    delay_mechanism: str = "auto",
+    progress: Callable[[str], Any] = print,
+    hang_timeout_s: float | None = None,
+    backend: str = "netns",
+    inventory: Path | None = None,
+    launcher: Launcher | None = None,
+    t_command_ns: int | None = None,
+    force: bool = False,
+) -> dict[str, Any]:
+    """Run ``exp`` on ``backend`` (``backends.py``) and return its summary (also in
+    ``out_dir/summary.json``). ``launcher``: a worker launcher to reuse (``compare``); without one,
+    a run whose hosts are on this machine starts its own at once. ``t_command_ns``: when the
+    command began (start-up is counted from there; default: now). ``force``: run even an iteration
+    the cost model predicts to take longer than ``fit.MAX_ITERATION_S``. Raises SpecError for a run
+    refused before building (``check_runnable``), RunError when a worker fails; PrivilegeError,
+    FeatureError, BuildError from the network."""
+    t_begin_ns = t_command_ns or now_ns()
+    workers = check_runnable(exp, backend, force)
+    check_fresh_out_dir(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mark_startup(out_dir, "run_start", t_ns=t_begin_ns)
+    own = Launcher(out_dir / "logs" / "launcher.log") if launcher is None and runs_here(backend) else None
+    try:
+        return _run(
+            exp,
+            out_dir,
+            workers,
+            delay_mechanism,
+            progress,
+            hang_timeout_s,
+            backend,
+            inventory,
+            launcher or own,
+            own,
+            t_begin_ns,
+        )
+    finally:
+        if own is not None:
+            own.close()
+
+
+def _run(
+    exp: Experiment,
+    out_dir: Path,
+    workers: list[WorkerSpec],
+    delay_mechanism: str,
+    progress: Callable[[str], Any],
+    hang_timeout_s: float | None,
+    backend: str,
+    inventory: Path | None,
+    launcher: Launcher | None,
+    own_launcher: Launcher | None,
+    t_begin_ns: int,
+) -> dict[str, Any]:
+    topo = exp.topology_spec
+    corpus_sha = corpus_sha256(corpus_bytes(Path(exp.data) if exp.data else None))
+    predicted = predict(exp, topo, workers).iteration_s
+    write_config(out_dir, exp, workers, predicted)
+    hang = hang_timeout_s or timeout_s(exp)
+    error: BaseException | None = None
+    t_start = time.monotonic()
+    try:
+        with make_network(
+            topo,
+            backend,
+            inventory,
+            delay_mechanism=delay_mechanism,
+            out_dir=out_dir,
+            tcp_buffer_bytes=socket_buffer_cap(exp, topo, workers),
+        ) as net:
+            write_env(out_dir, net, corpus_sha, t_begin_ns)
+            mark_startup(out_dir, "network_built")
+            if own_launcher is not None and isinstance(net, LocalHosts):
+                net.adopt(own_launcher.proc, "worker launcher")  # registered for testbed clean
+            _train(net, exp, workers, out_dir, hang, progress, t_start, launcher if runs_here(backend) else None)
+    except (TestbedError, KeyboardInterrupt) as e:  # RunError, a dead delay element or agent: traces kept
+        error = e
+        if not isinstance(e, (RunError, KeyboardInterrupt)) and not (out_dir / "events").exists():
+            raise  # it failed before any worker ran: nothing to summarize
+    summary = finalize(out_dir, aborted=error is not None)
+    if error is not None:
+        raise error
+    progress(f"done in {time.monotonic() - t_start:.1f} s; traces in {out_dir}")
+    return summary
+
+
+def _corpus_for_hosts(net: Network, exp: Experiment) -> str | None:
+    """The corpus as the hosts' processes name it: the path itself where they see this machine's
+    files, else the corpus as read here, copied to them (every replica trains on the same bytes
+    whatever the machines' own files hold)."""
+    path = Path(exp.data) if exp.data else None
+    if net.local_files:
+        return str(path) if path is not None else None
+    return net.share_bytes("corpus.txt", corpus_bytes(path))
+
+
+def _train(
+    net: Network,
+    exp: Experiment,
+    workers: list[WorkerSpec],
+    out_dir: Path,
+    hang_s: float,
+    progress: Callable[[str], Any],
+    t_start: float,
+    launcher: Launcher | None,
+) -> None:
+    """Start the controller, BubbleTea's processes and the workers on the built ``net``; watch them."""
+    # gloo connects each pair when it first talks instead of the whole mesh up front: seconds of
+    # start-up, more so with many striped connections (torch's TORCH_GLOO_LAZY_INIT)
+    worker_env = {"OMP_NUM_THREADS": "1", "TORCH_GLOO_LAZY_INIT": "1"}
+    n_conn = wan_connections(exp, exp.topology_spec, workers)
+    controller = None
+    if exp.policy.grants:
+        # AF_UNIX paths are limited to 108 bytes: the socket lives beside the run registry
+        controller = Controller(
+            net,
+            workers,
+            exp.replicas,
+            control_dir() / f"{net.prefix}.sock",
+            out_dir / "controller.jsonl",
+            exp.atlas_floor_share,
+        )
+        controller.install()
+        controller.start()
+    bt, dispatcher, decode_at = (
+        prepare_bubbletea(net, exp, workers, out_dir) if exp.policy.bubbletea else (None, None, {})
+    )
+    cfg = WorkerConfig(
+        TrainingConfig.of(exp, _corpus_for_hosts(net, exp), n_conn),
+        tuple(workers),
+        net.host_out_dir,
+        f"tcp://{net.host(workers[0].host).ip}:{GLOO_PORT}",
+        timeout_s(exp),
+        str(controller.sock_path) if controller else None,
+        bt,
+    )
+    write_worker_config(out_dir / "worker_config.json", cfg)
+    cfg_arg = net.share_file(out_dir / "worker_config.json")
+    for dc, host in decode_at.items():
+        net.popen(
+            host,
+            [net.python(host), "-m", "testbed.bubbletea.decode", cfg_arg, dc],
+            env=net.process_env({"OMP_NUM_THREADS": "1"}),
+        )
+    if dispatcher is not None:
+        dispatcher.start()
+    # one gloo connection per pair per entry; concurrent operations use different ones
+    env = {**worker_env, "GLOO_SOCKET_IFNAME": ",".join(["eth0"] * n_conn)}
+    procs = start_workers(
+        net, launcher, out_dir / "worker_config.json", cfg_arg, {w.rank: w.host for w in workers}, env
+    )
+    progress(
+        f"{len(workers)} workers started on {exp.topology_spec.name} ({net.mechanism} delay); "
+        f"{exp.stages} stages x {exp.replicas} replicas, {exp.schedule}, {exp.microbatches} microbatches"
+    )
+    sampler = LinkSampler(net, out_dir / "link_counters.jsonl")
+    sampler.start()
+    try:
+        watch(net, exp, workers, procs, out_dir, hang_s, progress, t_start, controller)
+    finally:
+        sampler.stop()
+        if controller is not None:
+            controller.stop()
+        if dispatcher is not None:
+            dispatcher.stop()
+            if dispatcher.failed is not None:
+                progress(
+                    f"WARNING: the BubbleTea dispatcher failed ({dispatcher.failed!r}); requests stopped "
+                    "being dispatched, training was not affected"
+                )
+                (out_dir / "dispatcher_failed").write_text(repr(dispatcher.failed))
+            if dispatcher.decode_waiting:
+                progress(
+                    f"WARNING: the decode host of {', '.join(sorted(dispatcher.decode_waiting))} never listened, so "
+                    f"no request was dispatched; see its log in {out_dir / 'logs'}"
+                )
+        if bt is not None:
+            for w in workers:
+                Path(bt.inbox_of(w.rank)).unlink(missing_ok=True)

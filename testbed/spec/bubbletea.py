@@ -1,0 +1,110 @@
+"""The BubbleTea section of an experiment (prefill in the pipeline bubbles, DESIGN.md section 1,
+item 5), its limits and its checks."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from testbed.errors import SpecError
+from testbed.spec.model import ModelConfig
+
+#: highest synthetic request rate (per second) an experiment may ask for
+MAX_REQUEST_RATE = 1000.0
+#: smallest prefill chunk worth starting (tokens); smaller leftovers of a bubble stay idle
+MIN_CHUNK_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class BubbleTeaSpec:
+    """Prefill-in-the-bubbles (BubbleTea, DESIGN.md section 1 item 5), used by ``<policy>+bubbletea``.
+
+    ``model``: the inference model each worker holds beside its stage (real weights from the
+    experiment's seed; ``seq_len`` is its context). Requests: the Azure 2023 trace's CSV
+    (``requests``, with ``time_scale`` and ``rate_factor``) or, without one, a synthetic stream at
+    ``request_rate`` per second fitted to that trace (``requests.synthetic_requests``). Prompts are
+    clipped to ``max_prompt_tokens`` and decode to ``max_output_tokens`` (both within the context).
+    A chunk holds at most ``max_chunk_tokens``; a worker starts a chunk only if its predicted end
+    plus ``guard_ms`` falls inside the predicted bubble, predicted as the minimum of the slot's
+    last ``profile_iterations`` bubbles. ``decode``: decode hosts run the decode steps."""
+
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=2048))
+    request_rate: float = 4.0
+    requests: str | None = None
+    time_scale: float = 1.0
+    rate_factor: float = 1.0
+    max_prompt_tokens: int = 1536
+    max_output_tokens: int = 256
+    max_chunk_tokens: int = 128
+    guard_ms: float = 3.0
+    profile_iterations: int = 3
+    decode: bool = True
+
+
+def bubbletea_from_dict(d: dict[str, Any]) -> BubbleTeaSpec:
+    """A BubbleTeaSpec from its ``asdict`` form (the workers' configuration)."""
+    return BubbleTeaSpec(**{**d, "model": ModelConfig(**d["model"])})
+
+
+def check_model_size(source: str, where: str, model: ModelConfig) -> None:
+    """Raise SpecError naming ``<where>.<field>`` for a model size out of range."""
+    for key, low in (("n_layers", 1), ("d_model", 1), ("n_heads", 1), ("seq_len", 2)):
+        if getattr(model, key) < low:
+            raise SpecError(source, f"{where}.{key}", getattr(model, key), f"is below {low}", f"use {low} or more")
+    if model.d_model % model.n_heads:
+        raise SpecError(
+            source,
+            f"{where}.n_heads",
+            model.n_heads,
+            f"does not divide d_model ({model.d_model})",
+            "choose heads that divide d_model",
+        )
+
+
+def check_bubbletea(source: str, bt: BubbleTeaSpec, iterations: int | None) -> None:
+    """Raise SpecError naming the first field of the BubbleTea section out of range, and the fix.
+    ``iterations``: the run's iterations when BubbleTea is on (the profile must fit in them)."""
+
+    def bad(field: str, value: Any, problem: str, fix: str) -> SpecError:
+        return SpecError(source, field, value, problem, fix)
+
+    check_model_size(source, "bubbletea.model", bt.model)
+    for key in ("request_rate", "time_scale", "rate_factor"):
+        v = getattr(bt, key)
+        if not (math.isfinite(v) and v > 0):
+            raise bad(f"bubbletea.{key}", v, "is not a finite number above 0", "give e.g. 4 (request_rate) or 1")
+    if bt.request_rate > MAX_REQUEST_RATE:
+        raise bad(
+            "bubbletea.request_rate",
+            bt.request_rate,
+            f"is above {MAX_REQUEST_RATE:g} requests per second",
+            "lower it: the workers' bubbles hold a few tens of prefills per second",
+        )
+    if not (math.isfinite(bt.guard_ms) and bt.guard_ms >= 0):
+        raise bad("bubbletea.guard_ms", bt.guard_ms, "is not a finite number of ms >= 0", "give e.g. 3")
+    for key in ("max_prompt_tokens", "max_output_tokens", "max_chunk_tokens", "profile_iterations"):
+        if getattr(bt, key) < 1:
+            raise bad(f"bubbletea.{key}", getattr(bt, key), "is not positive", "use 1 or more")
+    if bt.max_chunk_tokens < MIN_CHUNK_TOKENS:
+        raise bad(
+            "bubbletea.max_chunk_tokens",
+            bt.max_chunk_tokens,
+            f"is below the smallest chunk ({MIN_CHUNK_TOKENS})",
+            f"use {MIN_CHUNK_TOKENS} or more",
+        )
+    if iterations is not None and bt.profile_iterations >= iterations:
+        raise bad(
+            "bubbletea.profile_iterations",
+            bt.profile_iterations,
+            f"is not below iterations ({iterations})",
+            "run more iterations (requests start once every worker has seen this many), or lower it",
+        )
+    if bt.max_prompt_tokens + bt.max_output_tokens > bt.model.seq_len:
+        raise bad(
+            "bubbletea.max_prompt_tokens",
+            bt.max_prompt_tokens,
+            f"plus max_output_tokens ({bt.max_output_tokens}) exceeds the inference model's context "
+            f"(bubbletea.model.seq_len {bt.model.seq_len})",
+            "lower them or raise bubbletea.model.seq_len",
+        )

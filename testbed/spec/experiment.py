@@ -1,0 +1,203 @@
+"""Experiment description: which topology, model, data, parallelism, schedule, compute model and
+policy.
+
+Pure data, validated when made (errors name file, field, value and fix); files are read by
+``experiment_file.py``. An experiment holds its loaded topology (``topology_spec``) and its
+resolved policy (``policy``, see ``policy.py``), so a run reads both from here, once.
+Layout (DESIGN.md section 1): ``stages`` pipeline stages placed on DCs, each DC taking as many
+consecutive stages as its hosts hold with all ``replicas`` data-parallel replicas of a stage inside
+it (under ``dp-wan``: each replica's pipeline in its own DC); the global batch is replicas x
+microbatches x microbatch_size sequences.
+
+Emulated-GPU compute: each forward and backward of a stage on one microbatch is padded to a
+target duration, given in ms (``compute.forward_ms``/``backward_ms``) or derived from a reference
+model's FLOPs and a device's peak FLOP/s times an efficiency (``compute.device``); the backward
+takes twice the forward's FLOPs (Narayanan et al. 2021, "Efficient Large-Scale Language Model
+Training on GPU Clusters", section 5.1: 3x forward for forward plus backward).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from typing import Any
+
+from testbed.errors import SpecError
+from testbed.spec.bubbletea import BubbleTeaSpec, check_bubbletea, check_model_size
+from testbed.spec.compute import ComputeModel, resolve_compute
+from testbed.spec.model import ModelConfig, activation_bytes, stage_layers
+from testbed.spec.policy import DEFAULT_POLICY, Policy, UnknownPolicy, parse_policy
+from testbed.spec.topology import TopologySpec
+from testbed.spec.topology_file import load_topology
+
+#: pipeline schedules (``plan/schedule.py`` builds their action tables)
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def tokens_per_iteration(replicas: int, microbatches: int, microbatch_size: int, seq_len: int) -> int:
+    """Tokens trained per iteration: the global batch (replicas x microbatches x microbatch_size
+    sequences) times the sequence length."""
+    return replicas * microbatches * microbatch_size * seq_len
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A validated experiment. ``topology`` is the name or path as written; ``topology_spec`` the
+    topology it names (loaded from ``topology`` when not given); ``policy`` a :class:`Policy` (a
+    policy name is resolved when the experiment is made)."""
+
+    name: str
+    topology: str
+    topology_spec: TopologySpec = None  # type: ignore[assignment]  # loaded in __post_init__ when None
+    schedule: str = "1f1b"
+    iterations: int = 10
+    warmup_iterations: int = 2
+    stages: int = 3
+    replicas: int = 2
+    microbatches: int = 4
+    microbatch_size: int = 4
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lr: float = 3e-4
+    seed: int = 0
+    data: str | None = None
+    compute: ComputeModel = field(default_factory=ComputeModel)
+    policy: Policy = field(default_factory=lambda: parse_policy(DEFAULT_POLICY))
+    #: with striping, TCP connections each cross-DC transfer is striped over (concurrent gloo
+    #: operations); 0: chosen from the bandwidth-delay product and the per-connection window.
+    #: Without striping, one connection.
+    wan_connections: int = 0
+    #: share of a WAN link one TCP connection fills on the real link modelled (None: no cap, one
+    #: connection can fill the emulated link); the hosts' socket buffers are capped to reproduce it
+    wan_connection_share: float | None = None
+    #: under Atlas's grants, the share of a link a pipeline's class keeps while another holds the
+    #: grant (0 starves it: its TCP flow then backs off; see atlas/controller.py)
+    atlas_floor_share: float = 0.05
+    bubbletea: BubbleTeaSpec = field(default_factory=BubbleTeaSpec)
+    source: str = "<memory>"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.policy, str):
+            object.__setattr__(self, "policy", resolve_policy(self.source, self.policy))
+        if self.topology_spec is None:
+            object.__setattr__(self, "topology_spec", load_topology(self.topology))
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per iteration, over all replicas."""
+        return self.replicas * self.microbatches * self.microbatch_size
+
+    @property
+    def tokens_per_iteration(self) -> int:
+        return tokens_per_iteration(self.replicas, self.microbatches, self.microbatch_size, self.model.seq_len)
+
+    @property
+    def tokens_per_microbatch(self) -> int:
+        return self.microbatch_size * self.model.seq_len
+
+    @property
+    def block_s(self) -> tuple[float, float]:
+        """(forward, backward) seconds of one block on one microbatch on the emulated GPU: the
+        padding targets of a stage over the blocks of the largest stage (a stage with fewer blocks
+        is padded to the same target; the largest one sets the GPU's speed)."""
+        blocks = max(len(stage_layers(self.model.n_layers, self.stages, s)) for s in range(self.stages))
+        return self.compute.forward_ms / 1000 / blocks, self.compute.backward_ms / 1000 / blocks
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes of one microbatch's activations (or their gradients) at a stage boundary."""
+        return activation_bytes(self.model, self.microbatch_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved experiment as plain data (``config.json``): the policy by its name, the
+        topology as written (``topology``) and resolved (``topology_spec``)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, TopologySpec):
+                value = value.to_dict()
+            elif isinstance(value, Policy):
+                value = value.name
+            elif is_dataclass(value):
+                value = asdict(value)  # type: ignore[arg-type]
+            out[f.name] = value
+        return out
+
+    def with_overrides(self, **kw: Any) -> Experiment:
+        """The experiment with main fields replaced (None values ignored), re-validated. A new
+        ``topology`` (a shipped name or a path from the working folder, as on the command line) is
+        loaded; a policy may be given by name."""
+        changed = {k: v for k, v in kw.items() if v is not None}
+        if "topology" in changed and "topology_spec" not in changed:
+            changed["topology_spec"] = load_topology(changed["topology"])
+        if isinstance(changed.get("policy"), str):
+            changed["policy"] = resolve_policy(self.source, changed["policy"])
+        out = replace(self, **changed)
+        out = replace(out, compute=resolve_compute(out.source, out.compute))
+        check_experiment(out)
+        return out
+
+
+def resolve_policy(source: str, name: str) -> Policy:
+    """The policy ``name`` stands for. Raises SpecError naming the experiment's ``policy`` field."""
+    try:
+        return parse_policy(name)
+    except UnknownPolicy as e:
+        raise SpecError(source, "policy", name, "is not a known policy", str(e)) from None
+
+
+def check_experiment(e: Experiment) -> None:
+    """Raise SpecError naming the first field of ``e`` that is out of range, and the fix."""
+    src = e.source
+
+    def bad(field: str, value: Any, problem: str, fix: str) -> SpecError:
+        return SpecError(src, field, value, problem, fix)
+
+    for key in ("iterations", "stages", "replicas", "microbatches", "microbatch_size"):
+        if getattr(e, key) < 1:
+            raise bad(key, getattr(e, key), "is not positive", "use 1 or more")
+    check_model_size(src, "model", e.model)
+    if not 0 <= e.warmup_iterations < e.iterations:
+        raise bad(
+            "warmup_iterations",
+            e.warmup_iterations,
+            f"must be from 0 to iterations - 1 ({e.iterations - 1})",
+            "measure at least one iteration after warm-up: "
+            + (
+                "use 0 or more warm-up iterations"
+                if e.warmup_iterations < 0
+                else f"run at least {e.warmup_iterations + 1} iterations (--iterations), or lower "
+                "warmup_iterations in the experiment file"
+            ),
+        )
+    if e.schedule not in SCHEDULES:
+        raise bad("schedule", e.schedule, "is not a known schedule", f"use one of {', '.join(SCHEDULES)}")
+    if e.stages > e.model.n_layers:
+        raise bad("stages", e.stages, f"exceeds model.n_layers ({e.model.n_layers})", "use at most one stage per block")
+    if e.compute.mode not in ("padded", "real"):
+        raise bad("compute.mode", e.compute.mode, "is not padded or real", "use padded (emulated GPU) or real")
+    if not (e.compute.forward_ms > 0 and e.compute.backward_ms > 0):
+        raise bad("compute.forward_ms", e.compute.forward_ms, "is not positive", "give targets above 0 ms")
+    if not 0 <= e.wan_connections <= 16:
+        raise bad(
+            "wan_connections",
+            e.wan_connections,
+            "is outside 0..16",
+            "stripe over 1 to 16 connections, or 0 to choose from the bandwidth-delay product",
+        )
+    if e.wan_connection_share is not None and not 0 < e.wan_connection_share <= 1:
+        raise bad(
+            "wan_connection_share",
+            e.wan_connection_share,
+            "is not in (0, 1]",
+            "give the share of a link one connection fills, e.g. 0.1",
+        )
+    if not (math.isfinite(e.atlas_floor_share) and 0 <= e.atlas_floor_share < 1 / max(e.replicas, 1)):
+        raise bad(
+            "atlas_floor_share",
+            e.atlas_floor_share,
+            f"is not in [0, 1/replicas) = [0, {1 / e.replicas:.3g})",
+            "give the share a held pipeline keeps, e.g. 0.05 (0: starve it)",
+        )
+    check_bubbletea(e.source, e.bubbletea, e.iterations if e.policy.bubbletea else None)
+    if not 0 < e.lr < 1:
+        raise bad("lr", e.lr, "is not a learning rate in (0, 1)", "use e.g. 0.0003")

@@ -1,0 +1,175 @@
+"""Reading topology files into :class:`topology.TopologySpec`: every field checked at load time,
+every error naming the file, the field (a dotted path), the value and the fix.
+
+File format (YAML)::
+
+    name: three_dc
+    dcs:
+      - {name: east, hosts: 4}                 # optional: intra_rate, intra_delay, decode_hosts
+    links:
+      - {between: [east, central], rate: 100mbit, delay: 10ms}  # optional: jitter, loss, queue
+    # or, instead of links, a symmetric matrix (null = no link):
+    # matrix: {dcs: [east, central], rate: [[null, 100mbit], [100mbit, null]],
+    #          delay: [[null, 10ms], [10ms, null]]}
+    addressing: {dc_pool: 10.100.0.0/16, dc_prefix_len: 24, wan_pool: 10.101.0.0/16}  # optional
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+from testbed.errors import SpecError, TestbedWarning
+from testbed.spec.addressing import check_address_pools
+from testbed.spec.queues import queue_shortfalls
+from testbed.spec.specfile import REQUIRED, FieldReader, read_spec_file
+from testbed.spec.topology import IFNAME_MAX, WAN_IFNAME_PREFIX, DCSpec, LinkSpec, TopologySpec
+from testbed.spec.topology_links import check_delay, positive_int, read_link, read_matrix
+from testbed.spec.units import parse_duration_us, parse_rate_bps
+
+TOPOLOGY_DIR = Path(__file__).resolve().parents[2] / "topologies"
+DEFAULT_TOPOLOGY = "three_dc"
+_DC_NAME = re.compile(r"[a-z][a-z0-9-]*\Z")
+
+
+def _read_dc(source: str, raw: Any, i: int) -> DCSpec:
+    r = FieldReader(
+        source, raw, f"dcs[{i}]", ("name", "hosts", "intra_rate", "intra_delay", "decode_hosts"), ("name", "hosts")
+    )
+    name = raw["name"]
+    if not isinstance(name, str) or not _DC_NAME.match(name):
+        raise r.fail(
+            "name",
+            "is not a valid DC name",
+            "use lowercase letters, digits and '-', starting with a letter, such as 'east'",
+        )
+    ifname = WAN_IFNAME_PREFIX + name
+    if len(ifname) > IFNAME_MAX:
+        raise r.fail(
+            "name",
+            f"makes the WAN interface name {ifname!r} ({len(ifname)} characters), over "
+            f"Linux's {IFNAME_MAX}-character limit (IFNAMSIZ)",
+            f"use a DC name of at most {IFNAME_MAX - len(WAN_IFNAME_PREFIX)} characters",
+        )
+    hosts = r.get("hosts", positive_int, REQUIRED)
+    if hosts < 1:
+        raise r.fail("hosts", "is not a positive number of hosts", "give each DC at least 1 host")
+    rate = r.get("intra_rate", parse_rate_bps)
+    if rate is not None and rate <= 0:
+        raise r.fail("intra_rate", "is not a positive rate", "write a rate above 0, such as 10gbit, or omit it")
+    delay = r.get("intra_delay", parse_duration_us, 0)
+    check_delay(r, "intra_delay", delay)
+    decode = r.get("decode_hosts", positive_int, 0)
+    if not 0 <= decode < hosts:
+        raise r.fail(
+            "decode_hosts",
+            f"is not between 0 and hosts - 1 ({hosts - 1})",
+            "keep at least one host for training, e.g. decode_hosts: 1 with hosts: 3",
+        )
+    return DCSpec(name=name, hosts=hosts, intra_rate_bps=rate, intra_delay_us=delay, decode_hosts=decode)
+
+
+def _read_addressing(source: str, raw: Any) -> dict[str, Any]:
+    r = FieldReader(source, raw or {}, "addressing", ("dc_pool", "dc_prefix_len", "wan_pool"))
+    out: dict[str, Any] = {}
+    for key in ("dc_pool", "wan_pool"):
+        if key in r.data:
+            try:
+                net = ipaddress.IPv4Network(str(r.data[key]))
+            except ValueError:
+                raise r.fail(
+                    key, "is not an IPv4 network", "write it as address/prefix, such as 10.100.0.0/16"
+                ) from None
+            out[key] = net
+    if "dc_prefix_len" in r.data:
+        plen = r.data["dc_prefix_len"]
+        if isinstance(plen, bool) or not isinstance(plen, int) or not 16 <= plen <= 29:
+            raise r.fail("dc_prefix_len", "is not a prefix length from 16 to 29", "write a number such as 24")
+        out["dc_prefix_len"] = plen
+    return out
+
+
+def parse_topology(data: Any, source: str = "<memory>") -> TopologySpec:
+    """Validate parsed YAML ``data`` into a TopologySpec. Raises SpecError naming field, value and fix."""
+    top = FieldReader(source, data, "", ("name", "description", "dcs", "links", "matrix", "addressing"), ("dcs",))
+    raw_dcs = data["dcs"]
+    if not isinstance(raw_dcs, list) or not raw_dcs:
+        raise top.fail("dcs", "is not a non-empty list", "list at least one DC: - {name: east, hosts: 2}")
+    dcs: list[DCSpec] = []
+    for i, raw in enumerate(raw_dcs):
+        dc = _read_dc(source, raw, i)
+        if any(d.name == dc.name for d in dcs):
+            raise SpecError(source, f"dcs[{i}].name", dc.name, "is a duplicate DC name", "give every DC its own name")
+        dcs.append(dc)
+    names = [dc.name for dc in dcs]
+    if "links" in data and "matrix" in data:
+        raise top.fail("matrix", "is given together with 'links'", "describe the WAN with either links or matrix")
+    raw_links = data.get("links") or []
+    if not isinstance(raw_links, list):
+        raise top.fail("links", "is not a list", "list links as - {between: [a, b], rate: 100mbit, delay: 10ms}")
+    read = (
+        read_matrix(source, data["matrix"], names)
+        if "matrix" in data
+        else [read_link(source, raw, i, names) for i, raw in enumerate(raw_links)]
+    )
+    links: list[LinkSpec] = []
+    seen: dict[frozenset[str], int] = {}
+    for i, link in enumerate(read):
+        pair = frozenset((link.a, link.b))
+        if pair in seen:
+            raise SpecError(
+                source,
+                f"links[{i}].between",
+                [link.a, link.b],
+                f"duplicates links[{seen[pair]}]",
+                "keep one link per DC pair",
+            )
+        seen[pair] = i
+        links.append(link)
+    name = data.get("name") or (Path(source).stem if source != "<memory>" else "topology")
+    spec = TopologySpec(
+        name=str(name),
+        dcs=tuple(dcs),
+        links=tuple(links),
+        source=source,
+        description=str(data.get("description") or ""),
+        **_read_addressing(source, data.get("addressing")),
+    )
+    _check_connected(spec)
+    check_address_pools(spec)
+    return spec
+
+
+def _check_connected(spec: TopologySpec) -> None:
+    seen, todo = {spec.dcs[0].name}, [spec.dcs[0].name]
+    while todo:
+        here = todo.pop()
+        for link in spec.links:
+            if here in (link.a, link.b) and link.other(here) not in seen:
+                seen.add(link.other(here))
+                todo.append(link.other(here))
+    for i, dc in enumerate(spec.dcs):
+        if dc.name not in seen:
+            raise SpecError(
+                spec.source,
+                f"dcs[{i}].name",
+                dc.name,
+                f"is not reachable from {spec.dcs[0].name!r}",
+                "add a link that joins it to the other DCs",
+            )
+
+
+def load_topology(name_or_path: str | Path | None = None) -> TopologySpec:
+    """Load and validate a topology file (or a shipped topology by name; default ``three_dc``).
+
+    Needs no root. Raises SpecError for a missing file, bad YAML or any invalid field; warns
+    (TestbedWarning) of a WAN queue below the bandwidth-delay product of a path through it.
+    """
+    path, data = read_spec_file(name_or_path or DEFAULT_TOPOLOGY, TOPOLOGY_DIR, "topology")
+    spec = parse_topology(data, str(path))
+    for shortfall in queue_shortfalls(spec):
+        warnings.warn(shortfall.message(spec.source), TestbedWarning, stacklevel=2)
+    return spec

@@ -1,0 +1,127 @@
+"""Reading a topology file's WAN links, given as a list (``links``) or as a symmetric matrix of rates
+and delays (``matrix``); every error names the field or the matrix cell, the value and the fix."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from testbed.errors import SpecError
+from testbed.spec.specfile import REQUIRED, FieldReader, split_unit_error
+from testbed.spec.topology import DEFAULT_QUEUE_PACKETS, MAX_DELAY_US, LinkSpec
+from testbed.spec.units import UnitError, parse_duration_us, parse_percent, parse_rate_bps
+
+
+def positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UnitError("is not a whole number; write a count such as 4")
+    return value
+
+
+def check_delay(r: FieldReader, key: str, us: int) -> None:
+    if us > MAX_DELAY_US:
+        raise r.fail(key, "is above the 10 s limit for a one-way delay", "write a delay between 0ms and 10s")
+
+
+def read_link(source: str, raw: Any, i: int, dc_names: list[str], fields: dict[str, str] | None = None) -> LinkSpec:
+    r = FieldReader(
+        source,
+        raw,
+        f"links[{i}]",
+        ("between", "rate", "delay", "jitter", "loss", "queue"),
+        ("between", "rate", "delay"),
+        fields,
+    )
+    between = raw["between"]
+    if not (isinstance(between, list) and len(between) == 2 and all(isinstance(x, str) for x in between)):
+        raise r.fail("between", "is not a pair of DC names", "write it as [dc1, dc2]")
+    for name in between:
+        if name not in dc_names:
+            close = difflib.get_close_matches(name, dc_names, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise r.fail("between", f"names unknown DC {name!r}", f"{hint}known DCs are {', '.join(dc_names)}")
+    if between[0] == between[1]:
+        raise r.fail("between", "joins a DC to itself", "name two different DCs")
+    rate = r.get("rate", parse_rate_bps, REQUIRED)
+    if rate <= 0:
+        raise r.fail("rate", "is not a positive rate", "write a rate above 0, such as 100mbit")
+    delay = r.get("delay", parse_duration_us, REQUIRED)
+    check_delay(r, "delay", delay)
+    jitter = r.get("jitter", parse_duration_us, 0)
+    if jitter > delay:
+        raise r.fail(
+            "jitter",
+            f"is larger than the delay ({delay} us), which would need negative delays",
+            "use a jitter no larger than the delay",
+        )
+    loss = r.get("loss", parse_percent, 0.0)
+    if not 0 <= loss < 100:
+        raise r.fail("loss", "is outside 0-100%", "write a loss probability from 0% up to (not including) 100%")
+    queue = r.get("queue", positive_int, DEFAULT_QUEUE_PACKETS)
+    if queue < 1:
+        raise r.fail("queue", "is not a positive queue limit", "write a number of packets, such as 1000")
+    return LinkSpec(
+        a=between[0], b=between[1], rate_bps=rate, delay_us=delay, jitter_us=jitter, loss_pct=loss, queue_packets=queue
+    )
+
+
+def read_matrix(source: str, raw: Any, dc_names: list[str]) -> list[LinkSpec]:
+    """Turn a symmetric rate/delay matrix into links; errors name the matrix cell."""
+    r = FieldReader(source, raw, "matrix", ("dcs", "rate", "delay"), ("dcs", "rate", "delay"))
+    order = raw["dcs"]
+    if not isinstance(order, list) or sorted(map(str, order)) != sorted(dc_names):
+        raise r.fail("dcs", "does not list exactly the DCs of 'dcs'", f"list {', '.join(dc_names)} in any order")
+    n = len(order)
+    parsers = {"rate": parse_rate_bps, "delay": parse_duration_us}
+    values: dict[str, list[list[Any]]] = {}
+    for key, parse in parsers.items():
+        m = raw[key]
+        if not (isinstance(m, list) and len(m) == n and all(isinstance(row, list) and len(row) == n for row in m)):
+            raise r.fail(key, f"is not a {n}x{n} matrix", f"write {n} rows of {n} entries (null for no link)")
+        values[key] = [[None] * n for _ in range(n)]
+        for i in range(n):
+            for j in range(n):
+                cell = m[i][j]
+                if cell is None:
+                    continue
+                if i == j:
+                    raise SpecError(
+                        source, f"matrix.{key}[{i}][{i}]", cell, "links a DC to itself", "write null on the diagonal"
+                    )
+                try:
+                    values[key][i][j] = parse(cell)
+                except UnitError as e:
+                    raise SpecError(source, f"matrix.{key}[{i}][{j}]", cell, *split_unit_error(e)) from None
+    links: list[LinkSpec] = []
+    for i in range(n):
+        for j in range(i + 1, n):
+            for key in parsers:
+                if values[key][i][j] != values[key][j][i]:
+                    raise SpecError(
+                        source,
+                        f"matrix.{key}[{i}][{j}]",
+                        raw[key][i][j],
+                        f"differs from matrix.{key}[{j}][{i}] = {raw[key][j][i]!r}",
+                        "links are symmetric: make the matrix symmetric",
+                    )
+            rate, delay = raw["rate"][i][j], raw["delay"][i][j]
+            if (rate is None) != (delay is None):
+                raise SpecError(
+                    source,
+                    f"matrix.rate[{i}][{j}]",
+                    rate,
+                    f"goes with delay {delay!r}: a link needs both",
+                    "give both a rate and a delay, or null for both (no link)",
+                )
+            if rate is not None:
+                fields = {"rate": f"matrix.rate[{i}][{j}]", "delay": f"matrix.delay[{i}][{j}]", "between": "matrix.dcs"}
+                links.append(
+                    read_link(
+                        source,
+                        {"between": [order[i], order[j]], "rate": rate, "delay": delay},
+                        len(links),
+                        dc_names,
+                        fields,
+                    )
+                )
+    return links

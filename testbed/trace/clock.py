@@ -1,0 +1,28 @@
+"""The run's one clock: CLOCK_MONOTONIC nanoseconds, shared by every namespace on one machine
+(DESIGN.md section 2). Processes on another machine (``--backend remote``) subtract their
+machine's estimated offset, so every event is in the runner's clock."""
+
+from __future__ import annotations
+
+import os
+import time
+
+#: This machine's CLOCK_MONOTONIC minus the run's reference clock (the runner's), in ns: set by
+#: ``--backend remote`` for processes on other machines (clock_offsets.json records how it was
+#: estimated); 0 on the runner's machine.
+CLOCK_OFFSET_NS = int(os.environ.get("TESTBED_CLOCK_OFFSET_NS", "0"))
+
+
+def process_start_ns(pid: int | None = None) -> int:
+    """When process ``pid`` (default: this one) started, in the run's clock: its start time from
+    /proc (clock ticks since boot, proc(5) field 22) moved from CLOCK_BOOTTIME to CLOCK_MONOTONIC.
+    Resolution: one clock tick (10 ms)."""
+    stat = open(f"/proc/{pid or os.getpid()}/stat").read()
+    ticks = int(stat.rsplit(")", 1)[1].split()[19])
+    boot_ns = ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    return now_ns() - (time.clock_gettime_ns(time.CLOCK_BOOTTIME) - boot_ns)
+
+
+def now_ns() -> int:
+    """CLOCK_MONOTONIC nanoseconds in the run's reference clock (see CLOCK_OFFSET_NS)."""
+    return time.monotonic_ns() - CLOCK_OFFSET_NS

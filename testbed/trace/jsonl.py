@@ -1,0 +1,44 @@
+"""JSON-lines files of a run folder: appended as things happen, read back tolerantly.
+
+Writers flush every line, so a run that dies keeps every line written before; a writer killed
+mid-line leaves a torn last line, which readers skip.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, TextIO
+
+
+def read_jsonl(path: Path, pattern: str | None = None) -> list[dict[str, Any]]:
+    """The rows of ``path`` (or of every file matching ``pattern`` inside the folder ``path``, in
+    name order), skipping lines that are not a JSON object (a torn last line). A missing file or
+    folder has no rows."""
+    files = sorted(path.glob(pattern)) if pattern is not None else [path]
+    rows = []
+    for f in files:
+        try:
+            text = f.read_text()
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for line in text.splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+    return rows
+
+
+def open_jsonl(path: Path) -> TextIO:
+    """``path`` opened for appending one line at a time (line-buffered: each line reaches the file
+    when written), its folder made if needed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "a", buffering=1)
+
+
+def write_row(f: TextIO, row: dict[str, Any]) -> None:
+    """Append one row as one line."""
+    f.write(json.dumps(row) + "\n")

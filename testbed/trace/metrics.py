@@ -1,0 +1,62 @@
+"""The names of a run's summary figures (``summary.json``), once: the report writes them, ``compare``
+aggregates them, the CLI prints them, scripts and tests read them. Definitions: ``results/``.
+"""
+
+from __future__ import annotations
+
+# what ran
+POLICY, TOPOLOGY, EXPERIMENT, SCHEDULE = "policy", "topology", "experiment", "schedule"
+WORKERS, ITERATIONS, COMPLETED_ITERATIONS, WARMUP_ITERATIONS = (
+    "workers",
+    "iterations",
+    "completed_iterations",
+    "warmup_iterations",
+)
+BACKEND, DELAY_MECHANISM, ABORTED = "backend", "delay_mechanism", "aborted"
+#: from the command (or, within ``compare``, the run's own start) to the end of the first forward
+STARTUP_S = "startup_s"
+
+# training
+ITERATION_TIME_S, ITERATION_TIME_P50_S, ITERATION_TIME_P95_S = (
+    "iteration_time_s",
+    "iteration_time_p50_s",
+    "iteration_time_p95_s",
+)
+TOKENS_PER_S = "tokens_per_s"
+GPU_UTILIZATION, TRAINING_GPU_UTILIZATION = "gpu_utilization", "training_gpu_utilization"
+BUBBLE_FRACTION, BUBBLE_FRACTION_PER_STAGE = "bubble_fraction", "bubble_fraction_per_stage"
+LOSS_FIRST, LOSS_LAST = "loss_first", "loss_last"
+WAN_COMPUTE_RATIO, WAN_UTILIZATION_MEAN = "wan_compute_ratio", "wan_utilization_mean"
+WAN_QUEUE_DROPS, WAN_QUEUE_DROPS_BY_LINK = "wan_queue_drops", "wan_queue_drops_by_link"
+WAN_QUEUE_BACKLOG_MAX_BYTES = "wan_queue_backlog_max_bytes"
+COMPUTE_OVERRUN_FRACTION, REPRESENTATIVE, COMPUTE_HEADROOM = (
+    "compute_overrun_fraction",
+    "representative",
+    "compute_headroom",
+)
+PREDICTED_ITERATION_TIME_S, PREDICTION_ERROR = "predicted_iteration_time_s", "prediction_error"
+
+# Atlas's controller
+GRANTS, CONTROLLER_FAILED = "grants", "controller_failed"
+GRANT_LATENCY_P50_MS, GRANT_LATENCY_P99_MS = "grant_latency_p50_ms", "grant_latency_p99_ms"
+HANDOVER_GAP_P50_MS, HANDOVER_GAP_P99_MS = "handover_gap_p50_ms", "handover_gap_p99_ms"
+IDLE_BETWEEN_GRANTS_P50_MS, IDLE_BETWEEN_GRANTS_P99_MS = "idle_between_grants_p50_ms", "idle_between_grants_p99_ms"
+
+# BubbleTea
+BUBBLE_FILL_FRACTION, PREFILL_TOKENS_PER_S, PREFILL_CHUNKS = (
+    "bubble_fill_fraction",
+    "prefill_tokens_per_s",
+    "prefill_chunks",
+)
+REQUESTS_ASSIGNED, REQUESTS_COMPLETED, REQUESTS_DECODED = (
+    "requests_assigned",
+    "requests_completed",
+    "requests_decoded",
+)
+TTFT_P50_S, TTFT_P99_S = "ttft_p50_s", "ttft_p99_s"
+TRAINING_OPS_DELAYED_BY_PREFILL = "training_ops_delayed_by_prefill"
+BUBBLE_PREDICTION_ERROR_P50_MS, BUBBLE_PREDICTION_ERROR_P99_MS = (
+    "bubble_prediction_error_p50_ms",
+    "bubble_prediction_error_p99_ms",
+)
+BUBBLE_OVER_PREDICTED_SHARE = "bubble_over_predicted_share"

@@ -1,0 +1,55 @@
+"""The names of a run folder's trace tables, once (STYLE.md): event columns and kinds, link
+counter columns. Analysis, the report, the workers and the tests all use these names.
+
+Events (``events/w<rank>.jsonl``, ``events.parquet``): one row per operation of a worker, with
+CLOCK_MONOTONIC start and end in nanoseconds (DESIGN.md section 2, "One clock").
+"""
+
+from __future__ import annotations
+
+#: bumped when a column changes meaning; recorded in env.json
+SCHEMA_VERSION = 1
+
+# event columns
+WORKER, HOST, DC, STAGE, REPLICA = "worker", "host", "dc", "stage", "replica"
+ITERATION, MICROBATCH, KIND = "iteration", "microbatch", "kind"
+START_NS, END_NS, BYTES, PEER = "start_ns", "end_ns", "bytes", "peer"
+REAL_NS, PADDED_NS, LOSS, READY_NS = "real_ns", "padded_ns", "loss", "ready_ns"
+#: BubbleTea: on forward/backward, when the input had arrived (``ready_ns``) and how long a running
+#: prefill chunk then held the operation back (``prefill_delay_ns``); on prefill chunks, the request,
+#: the chunk's first position and its tokens
+PREFILL_DELAY_NS, RID, CHUNK_START, TOKENS = "prefill_delay_ns", "rid", "chunk_start", "tokens"
+COLUMNS = [
+    WORKER,
+    HOST,
+    DC,
+    STAGE,
+    REPLICA,
+    ITERATION,
+    MICROBATCH,
+    KIND,
+    START_NS,
+    END_NS,
+    BYTES,
+    PEER,
+    REAL_NS,
+    PADDED_NS,
+    LOSS,
+    READY_NS,
+    PREFILL_DELAY_NS,
+    RID,
+    CHUNK_START,
+    TOKENS,
+]
+
+# event kinds
+FORWARD, BACKWARD, SEND, RECV_WAIT = "forward", "backward", "send", "recv_wait"
+ALLREDUCE, OPTIMIZER, IDLE, PREFILL = "allreduce", "optimizer", "idle", "prefill"
+#: what counts as a worker computing (training): padded forward, backward and the optimizer step
+COMPUTE_KINDS = (FORWARD, BACKWARD, OPTIMIZER)
+
+# link counter columns (``link_counters.jsonl``)
+T_NS, LINK, CLASSID, TX_BYTES, RATE_BPS = "t_ns", "link", "classid", "tx_bytes", "rate_bps"
+#: cumulative packets the class's queue dropped and times it was throttled; bytes queued now
+DROPS, OVERLIMITS, BACKLOG_BYTES = "drops", "overlimits", "backlog_bytes"
+LINK_COUNTER_COLUMNS = [T_NS, LINK, CLASSID, TX_BYTES, RATE_BPS, DROPS, OVERLIMITS, BACKLOG_BYTES]

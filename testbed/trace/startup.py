@@ -1,0 +1,32 @@
+"""A run's start-up log (``startup.jsonl``): when the run began, its network was built, its workers
+were started and each joined the process group. The summary's ``startup_s`` and
+``scripts/bench_startup.py`` read it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from testbed.trace import schema as T
+from testbed.trace.clock import now_ns
+from testbed.trace.jsonl import write_row
+
+#: a run's start-up phases, one line each: ``phase``, ``t_ns`` and ``worker`` (None for the runner's)
+STARTUP_LOG = "startup.jsonl"
+#: the phases, in order: the run began, its network was built, the launcher had preloaded the run,
+#: the workers were started; each worker was forked (or its interpreter had imported the package)
+#: and had joined the process group. Its first forward is in the events.
+STARTUP_PHASES = (
+    "run_start",
+    "network_built",
+    "launcher_ready",
+    "workers_started",
+    "forked",
+    "imported",
+    "process_group",
+)
+
+
+def mark_startup(run_dir: Path, phase: str, worker: int | None = None, t_ns: int | None = None) -> None:
+    """Append one start-up phase to ``run_dir``'s ``startup.jsonl`` (now, unless ``t_ns``)."""
+    with open(run_dir / STARTUP_LOG, "a") as f:
+        write_row(f, {T.WORKER: worker, "phase": phase, "t_ns": t_ns if t_ns is not None else now_ns()})

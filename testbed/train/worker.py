@@ -1,0 +1,313 @@
+"""One training worker (= one emulated GPU), run inside its host's namespace by the runner.
+
+``python -m testbed.train.worker CONFIG.json RANK``, or forked by the launcher
+(``launcher.py``) from a process that has already imported torch and loaded what every worker
+needs. It joins the gloo process group over its own
+interface (GLOO_SOCKET_IFNAME), keeps its pipeline stage of the seeded model, and runs the
+schedule's actions for each iteration: receives and sends between neighbouring stages of its
+replica (across the WAN when the stages sit in different DCs), the gradient all-reduce among
+the replicas of its stage (inside its DC), and the optimizer step. Every operation is written to
+its event file as it completes.
+
+The schedule is executed here, from ``plan/schedule.py``'s action tables, rather than by
+``torch.distributed.pipelining``'s schedules: the testbed must time every send, receive wait and
+compute operation separately, pad compute to the emulated GPU's duration, and (for BubbleTea)
+insert work between actions, none of which those schedules expose.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from testbed.atlas.channel import DONE, READY, RECV, ControlClient
+from testbed.bubbletea.prefill import PrefillServer
+from testbed.model.gpt import GPT, Stage, build_model, lm_loss
+from testbed.plan.placement import rank_of
+from testbed.plan.schedule import make_schedule
+from testbed.plan.worker_config import WorkerConfig, read_worker_config
+from testbed.spec.model import activation_bytes, activation_shape
+from testbed.trace import schema as T
+from testbed.trace.clock import now_ns
+from testbed.trace.events import EventWriter
+from testbed.trace.startup import mark_startup
+from testbed.train.data import batch, load_corpus, split
+
+
+class Padder:
+    """Pads an operation to its target duration (emulated GPU); records real and padded time."""
+
+    def __init__(self, targets_ms: dict[str, float], enabled: bool) -> None:
+        self.targets_ns = {k: int(v * 1e6) for k, v in targets_ms.items()}
+        self.enabled = enabled
+
+    def finish(self, kind: str, start_ns: int) -> tuple[int, int]:
+        """Sleep out the rest of ``kind``'s target; return (real_ns, padded_ns)."""
+        real = now_ns() - start_ns
+        if not self.enabled:
+            return real, real
+        target = self.targets_ns[kind]
+        while (left := target - (now_ns() - start_ns)) > 0:
+            time.sleep(left / 1e9)
+        return real, max(real, target)
+
+
+def send_striped(t: torch.Tensor, dst: int, tag: int, n: int) -> list:
+    """isend ``t`` as ``n`` concurrent chunks (gloo gives concurrent operations their own connection
+    when GLOO_SOCKET_IFNAME repeats the interface), tags tag*64 + i."""
+    flat = t.reshape(-1)
+    return [dist.isend(c.contiguous(), dst=dst, tag=tag * 64 + i) for i, c in enumerate(flat.chunk(n))]
+
+
+def post_recv_striped(buf: torch.Tensor, src: int, tag: int, n: int) -> list:
+    """Post the receives into ``buf`` of the ``n`` chunks sent by ``send_striped``; returns them."""
+    return [dist.irecv(c, src=src, tag=tag * 64 + i) for i, c in enumerate(buf.view(-1).chunk(n))]
+
+
+@dataclass
+class Preloaded:
+    """What every worker of a run needs before its rank is known: the seeded full model (each
+    worker keeps its stage of it) and the training split of the corpus. The launcher
+    (``launcher.py``) makes it once and forks the workers from it."""
+
+    full_model: GPT
+    train_tokens: torch.Tensor
+
+
+def warm_up() -> None:
+    """Pay, once, what a worker's first step would: the optimizer's first construction imports about
+    a second of modules, and the first forward and backward initialise their kernels."""
+    torch.set_num_threads(1)
+    scratch = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(scratch.parameters(), lr=1e-3, weight_decay=0.0)
+    scratch(torch.zeros(1, 2)).sum().backward()
+    opt.step()
+
+
+def preload(cfg: WorkerConfig) -> Preloaded:
+    """Load and build, once per run, what does not depend on the rank."""
+    exp = cfg.training
+    torch.set_num_threads(1)
+    corpus, _ = load_corpus(Path(exp.data) if exp.data else None)
+    train, _ = split(corpus)
+    return Preloaded(build_model(exp.model, exp.seed), train)
+
+
+def startup_mark(cfg: WorkerConfig, rank: int, phase: str) -> None:
+    """One line of the run folder's ``startup.jsonl``: when this worker reached ``phase``."""
+    mark_startup(Path(cfg.out_dir), phase, rank)
+
+
+def main(config_path: str, rank: int) -> None:
+    """The worker as its own process (``python -m testbed.train.worker CONFIG RANK``)."""
+    cfg = read_worker_config(config_path)
+    startup_mark(cfg, rank, "imported")
+    run(cfg, rank, preload(cfg))
+
+
+def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
+    """Train as worker ``rank`` of the run configured by ``cfg``, from ``pre``."""
+    exp, me = cfg.training, cfg.worker(rank)
+    S, R, M, mb = exp.stages, exp.replicas, exp.microbatches, exp.microbatch_size
+    stage, replica = me.stage, me.replica
+    torch.set_num_threads(1)
+    torch.manual_seed(exp.seed)
+    ev = EventWriter(
+        Path(cfg.out_dir) / "events" / f"w{rank}.jsonl",
+        **{T.WORKER: rank, T.HOST: me.host, T.DC: me.dc, T.STAGE: stage, T.REPLICA: replica},
+    )
+    dist.init_process_group(
+        "gloo",
+        init_method=cfg.init_method,
+        rank=rank,
+        world_size=len(cfg.workers),
+        timeout=timedelta(seconds=cfg.timeout_s),
+    )
+    dp_groups = [dist.new_group([rank_of(s, r, R) for r in range(R)]) for s in range(S)]
+    my_dp = dp_groups[stage]
+    startup_mark(cfg, rank, "process_group")
+    mcfg = exp.model
+    model = Stage(pre.full_model, stage, S)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=exp.lr, weight_decay=0.0)
+    train = pre.train_tokens
+    padder = Padder({T.FORWARD: exp.forward_ms, T.BACKWARD: exp.backward_ms}, exp.padded)
+    actions = make_schedule(exp.schedule, S, M)[stage]
+    prev_rank = rank_of(stage - 1, replica, R) if stage > 0 else None
+    next_rank = rank_of(stage + 1, replica, R) if stage < S - 1 else None
+    act_shape = activation_shape(mcfg, mb)
+    act_bytes = activation_bytes(mcfg, mb)
+    first, last = stage == 0, stage == S - 1
+    ctl = ControlClient(cfg.control_socket)
+    dc_of = {w.rank: w.dc for w in cfg.workers}
+    # stripe only transfers that cross the WAN; inside a DC one connection is plenty
+    n_prev = exp.wan_connections if prev_rank is not None and dc_of[prev_rank] != me.dc else 1
+    n_next = exp.wan_connections if next_rank is not None and dc_of[next_rank] != me.dc else 1
+
+    bt = cfg.bubbletea
+    server = None
+    if bt is not None:
+        server = PrefillServer(
+            bt.spec,
+            bt.s_per_flop,
+            exp.seed,
+            rank,
+            ev,
+            bt.inbox_of(rank),
+            bt.dispatcher,
+            bt.decode_hosts.get(me.dc),
+            exp.padded,
+        )
+    prev_end = [now_ns()]  # end of this worker's latest compute: where a bubble starts
+
+    def receive(src: int, n: int, it: int, m: int, slot: str) -> tuple[torch.Tensor, int, bool]:
+        """Wait for microbatch ``m``'s tensor from ``src`` (traced as a receive wait), filling the
+        bubble with prefill under BubbleTea. Returns (tensor, when it had arrived (ns), whether it
+        arrived while a prefill chunk ran: the operation it feeds then starts late by its start
+        minus that time)."""
+        buf = torch.empty(act_shape)
+        t0 = now_ns()
+        ctl.send(RECV, src, rank, it, m)
+        works = post_recv_striped(buf, src, m, n)
+        seen = []
+
+        def arrived() -> bool:
+            if not seen and all(w.is_completed() for w in works):
+                seen.append(now_ns())
+                ctl.send(DONE, src, rank, it, m)  # the link is free for the next grant at once
+            return bool(seen)
+
+        during_prefill = server.fill(slot, prev_end[0], arrived) if server is not None else None
+        for w in works:
+            w.wait()
+        t1 = now_ns()
+        if not seen:
+            ctl.send(DONE, src, rank, it, m)
+        ready = during_prefill or t1
+        ev.write(T.RECV_WAIT, t0, t1, **{T.ITERATION: it, T.MICROBATCH: m}, bytes=act_bytes, peer=src, ready_ns=ready)
+        if server is not None:
+            server.observe(slot, (ready - prev_end[0]) / 1e9)
+        return buf, ready, during_prefill is not None
+
+    def computed(kind: str, t0: int, fields: dict, ready: int | None, held: bool) -> None:
+        """Pad a forward or backward that started at ``t0`` to its target and trace it, with when its
+        input had arrived (``ready``) and whether a prefill chunk held it back (``held``)."""
+        real, padded = padder.finish(kind, t0)
+        prev_end[0] = now_ns()
+        ev.write(
+            kind,
+            t0,
+            prev_end[0],
+            **fields,
+            real_ns=real,
+            padded_ns=padded,
+            ready_ns=ready,
+            prefill_delay_ns=(t0 - ready) if held else 0,
+        )
+
+    def send(t: torch.Tensor, dst: int, n: int, it: int, m: int) -> list:
+        """Start sending microbatch ``m``'s tensor to ``dst``; returns the pending operations."""
+        t0 = now_ns()
+        ctl.send(READY, rank, dst, it, m)
+        works = send_striped(t, dst, m, n)
+        ev.write(T.SEND, t0, now_ns(), **{T.ITERATION: it, T.MICROBATCH: m}, bytes=act_bytes, peer=dst)
+        return works
+
+    last_opt_end = None
+    for it in range(exp.iterations):
+        x, y = batch(train, R * M * mb, mcfg.seq_len, exp.seed, it)
+        rows = slice(replica * M * mb, (replica + 1) * M * mb)
+        x, y = x[rows], y[rows]
+        saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        pending = []
+        loss_sum = 0.0
+        for a in actions:
+            m = a.microbatch
+            fields = {T.ITERATION: it, T.MICROBATCH: m}
+            ready, held = None, False
+            if a.kind == "F":
+                if first:
+                    inp = x[m * mb : (m + 1) * mb]
+                else:
+                    inp, ready, held = receive(prev_rank, n_prev, it, m, f"F{m}")
+                    inp.requires_grad_()
+                t0 = now_ns()
+                outp = model(inp)
+                if last:
+                    loss = lm_loss(outp, y[m * mb : (m + 1) * mb]) / M
+                    loss_sum += loss.item()
+                    outp = loss
+                computed(T.FORWARD, t0, fields, ready, held)
+                saved[m] = (inp, outp)
+                if not last:
+                    pending.extend(send(outp.detach(), next_rank, n_next, it, m))
+            else:
+                inp, outp = saved.pop(m)
+                grad = None
+                if not last:
+                    grad, ready, held = receive(next_rank, n_next, it, m, f"B{m}")
+                t0 = now_ns()
+                outp.backward(grad)
+                computed(T.BACKWARD, t0, fields, ready, held)
+                if not first:
+                    pending.extend(send(inp.grad, prev_rank, n_prev, it, m))
+        for w in pending:
+            w.wait()
+        fields = {T.ITERATION: it, T.MICROBATCH: -1}
+        if R > 1:
+            t0 = now_ns()
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            dist.all_reduce(flat, group=my_dp)
+            flat /= R
+            offset = 0
+            for p in params:
+                n = p.numel()
+                p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+                offset += n
+            ev.write(T.ALLREDUCE, t0, now_ns(), **fields, bytes=flat.numel() * 4)
+        t0 = now_ns()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        loss_value = None
+        if last:
+            loss_t = torch.tensor([loss_sum])
+            if R > 1:
+                dist.all_reduce(loss_t, group=my_dp)
+                loss_t /= R
+            loss_value = loss_t.item()
+        prev_end[0] = now_ns()
+        ev.write(T.OPTIMIZER, t0, prev_end[0], **fields, loss=loss_value)
+        if server is not None:
+            server.report(it, (prev_end[0] - last_opt_end) / 1e9 if last_opt_end else 0.0)
+        last_opt_end = prev_end[0]
+    if server is not None:
+        server.close()
+    leave_together(rank, len(cfg.workers), cfg.timeout_s)
+    ev.close()
+    dist.destroy_process_group()
+
+
+def leave_together(rank: int, world: int, timeout_s: float) -> None:
+    """Check out of the run through the process group's store (hosted by rank 0): every worker has
+    finished its last operation, so no gloo traffic is needed (with gloo's lazy connections, a
+    collective barrier would open pairs that never talked, through a store that rank 0 may
+    already be tearing down). Rank 0 stays until every worker has checked out."""
+    store = dist.distributed_c10d._get_default_store()
+    store.add("testbed/checked_out", 1)
+    if rank != 0:
+        return
+    deadline = time.monotonic() + timeout_s
+    while store.add("testbed/checked_out", 0) < world:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {store.add('testbed/checked_out', 0)} of {world} workers checked out")
+        time.sleep(0.01)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))

@@ -1,0 +1,105 @@
+"""Refusing a run before anything is built: the worker-memory estimate on hand-computed cases, and
+the refusals of ``run/fit.py`` naming the field, the value, the figure and the fix."""
+
+from __future__ import annotations
+
+import pytest
+from experiments import exp
+
+from testbed.errors import SpecError
+from testbed.plan.memory import RUNTIME_BYTES, block_activation_values, in_flight, largest_worker, worker_memory
+from testbed.plan.placement import place
+from testbed.run.fit import GIB, MAX_ITERATION_S, check_corpus, check_iteration_time, check_memory
+from testbed.spec.experiment_file import load_experiment
+from testbed.spec.model import ModelConfig
+
+
+def test_block_activations_follow_korthikanti():
+    cfg = ModelConfig(n_layers=2, d_model=8, n_heads=2, seq_len=4)
+    # 34 s b h + 5 a s^2 b with s=4, b=3, h=8, a=2
+    assert block_activation_values(cfg, 3) == 34 * 4 * 3 * 8 + 5 * 2 * 16 * 3 == 3744
+
+
+def test_microbatches_in_flight_depend_on_the_schedule():
+    e = exp(stages=4, microbatches=8, schedule="gpipe")
+    assert [in_flight(e, s) for s in range(4)] == [8, 8, 8, 8]
+    e1 = e.with_overrides(schedule="1f1b")
+    assert [in_flight(e1, s) for s in range(4)] == [4, 3, 2, 1]
+    assert in_flight(exp(stages=4, microbatches=2, schedule="1f1b"), 0) == 2
+
+
+def test_worker_memory_by_part():
+    cfg = ModelConfig(n_layers=4, d_model=64, n_heads=4, seq_len=128)
+    e = exp(model=cfg, stages=2, microbatches=4, microbatch_size=4, schedule="1f1b")
+    m = worker_memory(e, 0)
+    assert m.model_bytes == 4 * cfg.params()
+    # stage 0: two blocks and the embeddings; gradients and two AdamW moments
+    assert m.optimizer_bytes == 3 * 4 * (2 * cfg.block_params + cfg.embedding_params)
+    boundary = 4 * 4 * 128 * 64  # one microbatch's activations at the stage boundary, fp32
+    # 1F1B: stage 0 of 2 holds 2 microbatches, each 2 blocks' saved values plus a received boundary
+    assert m.activation_bytes == 2 * (2 * block_activation_values(cfg, 4) * 4 + boundary)
+    assert worker_memory(e.with_overrides(schedule="gpipe"), 0).activation_bytes == 2 * m.activation_bytes
+    assert m.bubbletea_bytes == 0
+    assert m.total_bytes == m.model_bytes + m.optimizer_bytes + m.activation_bytes + RUNTIME_BYTES
+    assert m.largest_part == "activations"
+
+
+def test_bubbletea_adds_the_inference_model():
+    e = load_experiment()
+    with_bt = e.with_overrides(policy="atlas+bubbletea")
+    assert worker_memory(e, 0).bubbletea_bytes == 0
+    assert worker_memory(with_bt, 0).bubbletea_bytes > 4 * e.bubbletea.model.params()
+
+
+def test_the_default_experiment_fits_a_small_machine():
+    e = load_experiment()
+    workers = place(e)
+    assert largest_worker(e).total_bytes < GIB
+    check_memory(e, workers, available=4 * GIB)
+
+
+def test_a_model_too_large_for_memory_is_refused_by_name():
+    big = exp(model=ModelConfig(n_layers=48, d_model=4096, n_heads=32, seq_len=128), source="big.yaml")
+    with pytest.raises(SpecError) as err:
+        check_memory(big, place(big), available=24 * GIB)
+    assert err.value.field == "model.d_model" and err.value.value == 4096
+    assert "GiB" in err.value.problem and "24 GiB this machine has available" in err.value.problem
+    assert "smaller model" in err.value.fix
+
+
+def test_long_microbatches_are_refused_by_their_activations():
+    e = exp(model=ModelConfig(n_layers=4, d_model=256, n_heads=8, seq_len=2048), microbatch_size=64)
+    with pytest.raises(SpecError) as err:
+        check_memory(e, place(e), available=24 * GIB)
+    assert err.value.field == "microbatch_size" and err.value.value == 64  # 16x its default, seq_len 16x
+    assert "mostly activations" in err.value.problem and "1f1b" in err.value.fix
+
+
+def test_a_sequence_longer_than_the_corpus_is_refused(tmp_path):
+    text = tmp_path / "tiny.txt"
+    text.write_text("x" * 100)
+    e = exp(data=str(text), model=ModelConfig(n_layers=4, d_model=64, n_heads=4, seq_len=128))
+    with pytest.raises(
+        SpecError, match=r"model.seq_len: 128 is not shorter than the corpus's training split \(90 bytes\)"
+    ):
+        check_corpus(e)
+    check_corpus(exp(data=str(text), model=ModelConfig(n_layers=4, d_model=64, n_heads=4, seq_len=64)))
+
+
+def test_the_refusal_blames_the_size_furthest_above_its_default():
+    e = exp(model=ModelConfig(n_layers=4, d_model=10**9, n_heads=4, seq_len=128))
+    with pytest.raises(SpecError) as err:
+        check_iteration_time(e, place(e))
+    assert (err.value.field, err.value.value) == ("model.d_model", 10**9)
+    assert "use a smaller model.d_model" in err.value.fix
+
+
+def test_an_iteration_of_hours_is_refused_unless_forced():
+    e = exp(microbatches=10**7)
+    workers = place(e)
+    with pytest.raises(SpecError) as err:
+        check_iteration_time(e, workers)
+    assert err.value.field == "microbatches" and err.value.value == 10**7
+    assert f"above the {MAX_ITERATION_S:g} s limit" in err.value.problem and "--force" in err.value.fix
+    assert check_iteration_time(e, workers, force=True) > MAX_ITERATION_S
+    assert check_iteration_time(exp(), place(exp())) < MAX_ITERATION_S
