@@ -7,7 +7,7 @@
   1.1 s and its teardown at 1.1 s), and the ratio testbed/Mininet;
 - latency of one live HTB rate change on a WAN class through netlink (goal: p99 < 0.5 ms): between
   two rates (a controller's case: the encoded message is remembered) and to a new rate every time
-  (pyroute2 encodes the message and its rate tables first); a link's change in both directions
+  (the message is packed first, netlink_tc.class_change_message); a link's change in both directions
   (``set_link_rate``: one batch per router); next to the tc command-line tool's time for the same
   change in the same run.
 
@@ -406,7 +406,7 @@ def bench_rate_changes(spec, args: argparse.Namespace, tmp: Path) -> None:
     print("live rate change (dc0->dc1), each including its shaping-log write:")
     for label, values, goal in (
         ("one class, two rates", two, "goal p99 < 0.5 ms"),
-        ("one class, new rate", new, "goal p99 < 0.5 ms; pyroute2 encodes the message first"),
+        ("one class, new rate", new, "goal p99 < 0.5 ms; the message is packed first"),
         ("link, both directions", link, "four classes, new rate, one batch per router"),
         ("tc tool (nsenter)", tc, "anchor"),
     ):

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from testbed.errors import CheckError
 from testbed.net.capacity_probe import machine_capacity_bps
 from testbed.net.delay_element import read_element_stats
+from testbed.net.features import default_congestion
 from testbed.net.fidelity import parse_ping_ms, path_queue_drops
 from testbed.net.iperf import iperf
 from testbed.net.shaping import TCP_GOODPUT_FRACTION
@@ -70,17 +71,18 @@ def idle_rtt_ms(net, src: str, dst: str, samples: int) -> tuple[float, float]:
     return statistics.median(replies), float(summary.group(2))
 
 
-def cell_topology(rate_mbit: float, delay_ms: float):
+def cell_topology(rate_mbit: float, delay_ms: float, congestion: str | None = None):
     rate_bps = int(rate_mbit * 1e6)
     queue = max(1000, bdp_packets(rate_bps, int(2 * delay_ms * 1000)) + 100)
     link = {"between": ["a", "b"], "rate": f"{rate_mbit:g}mbit", "delay": f"{delay_ms:g}ms", "queue": queue}
-    return parse_topology(
-        {"name": "wire", "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}], "links": [link]}, "<bench>"
-    )
+    data = {"name": "wire", "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}], "links": [link]}
+    if congestion:
+        data["tcp_congestion"] = congestion
+    return parse_topology(data, "<bench>")
 
 
 def measure_cell(rate_mbit: float, delay_ms: float, args, out: Path) -> dict:
-    spec = cell_topology(rate_mbit, delay_ms)
+    spec = cell_topology(rate_mbit, delay_ms, args.tcp_congestion)
     rtt_expected_ms = 2 * delay_ms
     omit_s = max(2.0, 25 * rtt_expected_ms / 1000)
     with make_network(spec, out_dir=out, delay_mechanism=args.delay_mechanism) as net:
@@ -116,13 +118,17 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=5.0, help="measured iperf3 seconds per cell")
     ap.add_argument("--rtt-samples", type=int, default=20)
     ap.add_argument("--delay-mechanism", default="auto", choices=("auto", "netem", "nfqueue"))
+    ap.add_argument(
+        "--tcp-congestion", help="the hosts' TCP congestion control (default: the machine's; see testbed doctor)"
+    )
     args = ap.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     delays = [float(d) for d in args.delays.split(",")]
     print(
         f"goals: idle RTT within {RTT_GOAL_MS} ms of 2 x delay; goodput within {GOODPUT_GOAL:.0%} of rate x "
         f"{TCP_GOODPUT_FRACTION:.4f} where the queue and socket buffers hold the BDP (queue here: max(1000, "
-        f"BDP + 100) packets; buffers: 4 x BDP)"
+        f"BDP + 100) packets; buffers: 4 x BDP); TCP congestion control: "
+        f"{args.tcp_congestion or default_congestion() + ' (the machine default)'}"
     )
     header = (
         "rate",

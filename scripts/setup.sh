@@ -10,12 +10,13 @@ if [ "$(id -u)" != 0 ]; then
 fi
 # mininet (and bridge-utils, ethtool) for --backend mininet: Debian builds it for the system Python,
 # so the virtual environment sees the system's site packages; openssh-server stands in for remote
-# machines in the tests of --backend remote
+# machines in the tests of --backend remote; qemu, qemu-utils and debootstrap build and boot the VM test box
+# (tests/support/vm.py: the netem path on a stock kernel)
 packages="iproute2 iptables iperf3 iputils-ping util-linux gcc libc6-dev libnetfilter-queue-dev python3 python3-venv
   mininet bridge-utils ethtool python3-yaml"
 extras=""
 if [ "${1:-}" = "--test" ]; then
-  packages="$packages vagrant openssh-server"
+  packages="$packages vagrant openssh-server qemu-system-x86 qemu-utils debootstrap"
   extras="[test]"
 fi
 missing=""

@@ -6,10 +6,18 @@ import tempfile
 from pathlib import Path
 
 from testbed.cli.common import root_preamble
+from testbed.errors import FeatureError
 from testbed.net.capacity import CACHE
 from testbed.net.capacity_probe import PROBE, machine_capacity_bps
 from testbed.net.delay_element import build_helper
-from testbed.net.features import cached_features, describe_mechanism, missing_tools, require_root
+from testbed.net.features import (
+    ALLOWED_CONGESTION,
+    cached_features,
+    default_congestion,
+    describe_mechanism,
+    missing_tools,
+    require_root,
+)
 from testbed.net.local import LocalNetwork
 from testbed.net.mininet_backend import mininet_status, openvswitch_status
 from testbed.net.registry import clean_run, list_runs
@@ -50,7 +58,12 @@ def cmd_doctor(args) -> int:
     root_preamble("testbed doctor")
     missing = missing_tools(["nsenter", "iperf3", "ping", "iptables-restore", "tc"])
     print("tools: " + ("all present" if not missing else "missing " + ", ".join(missing)))
-    print(f"delay element: {build_helper()}")
+    try:
+        print(f"delay element: {build_helper()}")
+        element_error = None
+    except FeatureError as e:  # needed only where the kernel lacks sch_netem: judged below
+        element_error = e
+        print(f"delay element: not built ({e})")
     print(f"mininet (--backend mininet): {mininet_status()}")
     print(
         f"Open vSwitch: {openvswitch_status()} (the mininet backend uses none: hosts link straight to a "
@@ -63,6 +76,13 @@ def cmd_doctor(args) -> int:
             mech = net.mechanism
     print(f"sch_netem: {'present' if cached_features().get('netem') else 'absent'}")
     print(f"delay mechanism: {describe_mechanism(mech)}")
+    if element_error is not None and mech == "nfqueue":
+        missing.append("the delay element")
+    allowed = ALLOWED_CONGESTION.read_text().split()
+    print(
+        f"TCP congestion control of new namespaces: {default_congestion()} (the machine's default; "
+        f"a topology's tcp_congestion may choose among the allowed: {' '.join(allowed)})"
+    )
     cap, cached = machine_capacity_bps(mech)
     where = f"cached in {CACHE}" if cached else "measured now"
     print(f"capacity through {mech}: {format_rate(round(cap, -6))} ({where})")

@@ -9,10 +9,11 @@ function (``run/backends.py``), and ``testbed doctor`` calls it.
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 
-from testbed.net.capacity import cached_capacity_bps, store_capacity_bps
+from testbed.net.capacity import CACHE, cached_capacity_bps, store_capacity_bps
 from testbed.net.iperf import iperf
 from testbed.net.local import LocalNetwork
 from testbed.net.shaping import TCP_GOODPUT_FRACTION
@@ -39,6 +40,11 @@ def machine_capacity_bps(mechanism: str) -> tuple[int, bool]:
     cached = cached_capacity_bps(mechanism)
     if cached is not None:
         return cached, True
+    print(
+        f"measuring what this machine carries through the {mechanism} delay mechanism (once; cached in {CACHE})",
+        file=sys.stderr,
+        flush=True,
+    )
     bps = measure_capacity_bps(mechanism)
     store_capacity_bps(mechanism, bps)
     return bps, False

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 from pyroute2 import IPRoute
@@ -41,6 +42,48 @@ def require_tools(names: list[str], why: str) -> None:
     missing = missing_tools(names)
     if missing:
         raise FeatureError(f"{why} needs missing tools: {', '.join(missing)}")
+
+
+AVAILABLE_CONGESTION = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
+
+
+ALLOWED_CONGESTION = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+
+
+def require_congestion(name: str | None) -> None:
+    """Make sure the kernel lets every namespace use TCP congestion control ``name`` (None: the
+    machine's default, nothing to check): its module (``tcp_<name>``) loaded, and, since a namespace
+    other than the machine's own may only choose the *allowed* ones (Linux's
+    tcp_set_default_congestion_control), on ``net.ipv4.tcp_allowed_congestion_control``, a setting
+    of the whole machine that the testbed does not change. Raises FeatureError naming the fix."""
+    if name is None:
+        return
+    if name not in AVAILABLE_CONGESTION.read_text().split():
+        _load_congestion(name)
+    allowed = ALLOWED_CONGESTION.read_text().split()
+    if name not in allowed:
+        raise FeatureError(
+            f"namespaces may choose only the allowed TCP congestion controls ({' '.join(allowed)}), "
+            f"not {name!r}: allow it for the whole machine with "
+            f"sysctl -w net.ipv4.tcp_allowed_congestion_control='{' '.join([*allowed, name])}', "
+            "or leave the topology's tcp_congestion out to use the machine's default"
+        )
+
+
+def _load_congestion(name: str) -> None:
+    if shutil.which("modprobe") is not None:
+        subprocess.run(["modprobe", f"tcp_{name}"], capture_output=True)
+    available = AVAILABLE_CONGESTION.read_text().split()
+    if name not in available:
+        raise FeatureError(
+            f"the kernel has no TCP congestion control {name!r} (available: {', '.join(available)}; "
+            f"modprobe tcp_{name} failed): set the topology's tcp_congestion to one of those"
+        )
+
+
+def default_congestion() -> str:
+    """The TCP congestion control new namespaces inherit (this machine's default)."""
+    return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
 
 
 def _boot_id() -> str:

@@ -14,33 +14,46 @@ PORT = 5201
 
 @dataclass(frozen=True)
 class IperfResult:
-    """Receiver-side figures; omitted warm-up seconds are excluded (iperf3 -O)."""
+    """Receiver-side figures; omitted warm-up seconds are excluded (iperf3 -O).
+
+    TCP ``bits_per_second`` is the receiver's goodput over its whole measured intervals (one per
+    second), not iperf3's own summary: on a long path that summary divides the bytes by a
+    receiver window that is not aligned with the data (about 0.75 s too long at 400 ms RTT, 15% of
+    a 5 s test; measured with ``scripts/bench_wire.py``)."""
 
     bits_per_second: float
     packets: int | None = None
     lost_percent: float | None = None
     retransmits: int | None = None
-    #: the client's per-interval figures (bit/s, one per second by default, omitted ones included)
+    #: the receiver's per-interval goodput (bit/s, one per second; omitted ones included, in order)
     interval_bps: tuple[float, ...] = ()
 
 
 def _start_server(net: Network, host: str) -> Process:
-    """Start a one-shot iperf3 server in ``host`` and wait until it listens (its log says so).
-    Its output goes to the host's log, never to a pipe that nobody reads on a long test."""
-    log = net.log_path(host)
-    offset = log.stat().st_size if log.exists() else 0
-    srv = net.popen(host, ["iperf3", "-s", "-1", "--forceflush", "-p", str(PORT)])
+    """Start a one-shot iperf3 server in ``host`` (JSON output, handed to the client with
+    ``--get-server-output``) and wait until its port listens. Its output goes to the host's log,
+    never to a pipe that nobody reads on a long test."""
+    srv = net.popen(host, ["iperf3", "-s", "-1", "-J", "-p", str(PORT)])
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and srv.poll() is None:
-        if log.exists():  # on the remote backend the log arrives with the next copy from the machine
-            with open(log, "rb") as f:
-                f.seek(offset)
-                if b"listening" in f.read():
-                    return srv
+        if f":{PORT} " in net.run(host, ["ss", "-Hltn", f"sport = :{PORT}"], timeout_s=5).stdout:
+            return srv
         time.sleep(0.02)
     srv.kill()
     srv.wait()
-    raise CheckError(f"iperf3 server in {host} did not start; see {log}")
+    raise CheckError(f"iperf3 server in {host} did not start; see {net.log_path(host)}")
+
+
+def receiver_goodput(server: dict) -> tuple[float | None, tuple[float, ...]]:
+    """(goodput over the receiver's measured whole intervals, every interval's bit/s) from the
+    server's JSON: omitted intervals and partial ones (under 0.9 s) do not count."""
+    sums = [iv["sum"] for iv in server.get("intervals", [])]
+    # an interval's length is end - start: iperf3 3.12 reports the interval at the end of the
+    # omitted seconds as start = end = 1.0 with "seconds": 2.0 and one second's bytes
+    whole = [s for s in sums if not s.get("omitted") and s["end"] - s["start"] >= 0.9]
+    seconds = sum(s["end"] - s["start"] for s in whole)
+    goodput = sum(s["bytes"] for s in whole) * 8 / seconds if seconds > 0 else None
+    return goodput, tuple(s["bits_per_second"] for s in sums)
 
 
 def iperf(
@@ -67,6 +80,7 @@ def iperf(
             "-O",
             f"{omit_s:g}",
             "-J",
+            "--get-server-output",
             "--connect-timeout",
             "5000",
             *(extra or []),
@@ -85,7 +99,7 @@ def iperf(
     if "error" in data:
         raise CheckError(f"iperf3 {src}->{dst} failed: {data['error']}")
     end = data["end"]
-    intervals = tuple(iv["sum"]["bits_per_second"] for iv in data.get("intervals", []))
+    goodput, intervals = receiver_goodput(data.get("server_output_json", {}))
     if udp_rate_bps:
         s = end["sum"]
         return IperfResult(
@@ -94,6 +108,6 @@ def iperf(
             s["lost_percent"],
             interval_bps=intervals,
         )
-    return IperfResult(
-        end["sum_received"]["bits_per_second"], retransmits=end["sum_sent"].get("retransmits"), interval_bps=intervals
-    )
+    if goodput is None:
+        raise CheckError(f"iperf3 {src}->{dst}: the receiver measured no whole interval (duration {duration_s:g} s)")
+    return IperfResult(goodput, retransmits=end["sum_sent"].get("retransmits"), interval_bps=intervals)

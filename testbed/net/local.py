@@ -31,10 +31,17 @@ from testbed.errors import BuildError
 from testbed.net import netlink
 from testbed.net.capacity import check_rates
 from testbed.net.delay_element import DelayQueues
-from testbed.net.features import check_delay_mechanism, detect_delay_mechanism, require_root, require_tools
+from testbed.net.features import (
+    check_delay_mechanism,
+    default_congestion,
+    detect_delay_mechanism,
+    require_congestion,
+    require_root,
+    require_tools,
+)
 from testbed.net.hostproc import HostProcesses, local_process_env
 from testbed.net.namespaces import NamespaceHandles
-from testbed.net.netns import NetnsRealiser, RealiseContext, Realiser, tcp_buffer_bytes
+from testbed.net.netns import NetnsRealiser, RealiseContext, Realiser, pin_wan_neighbours, tcp_buffer_bytes
 from testbed.net.network import ManagedNetwork
 from testbed.net.registry import RunRecord, control_sockets
 from testbed.net.shaping import plan_shaping
@@ -114,6 +121,7 @@ class LocalNetwork(ManagedNetwork):
     def build(self) -> None:
         require_root("building a topology")
         require_tools(["nsenter"], "building a topology")
+        require_congestion(self.spec.tcp_congestion)
         self.realiser.prepare(self.prefix)  # before anything, even the run folder, is made
         t0 = time.perf_counter()
         self._register()
@@ -132,10 +140,11 @@ class LocalNetwork(ManagedNetwork):
                 self.record,
             )
         )
+        pin_wan_neighbours(self.handles, self.plan, self.dcs_here)
         self._shape_and_check()
         self.apply_shaping()
         self.build_s = time.perf_counter() - t0
-        write_topology_record(self)
+        write_topology_record(self, tcp_congestion=self.spec.tcp_congestion or default_congestion())
 
     def _register(self) -> None:
         (self.out_dir / "logs").mkdir(parents=True, exist_ok=True)

@@ -148,7 +148,7 @@ class MininetRealiser:
         finally:
             for node in self.mn.hosts:  # even a half-built network's shells are registered
                 ctx.record.add_process(node.pid, f"mininet shell of {node.name}")
-        base, router, no_br_nf = namespace_sysctls(ctx.tcp_bytes)
+        base, router, no_br_nf = namespace_sysctls(ctx.tcp_bytes, ctx.spec.tcp_congestion)
         for dc in ctx.spec.dcs:
             r = ctx.plan.routers[dc.name]
             ctx.handles.add(

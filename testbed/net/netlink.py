@@ -147,6 +147,19 @@ def add_vxlan(ifname: str, netns: str, vni: int, local: str, remote: str, port: 
         )
 
 
+NUD_PERMANENT = 0x80
+
+
+def mac_address(ipr: IPRoute, index: int) -> str:
+    """The link-layer address of interface ``index``."""
+    return ipr.get_links(index)[0].get_attr("IFLA_ADDRESS")
+
+
+def add_permanent_neighbour(ipr: IPRoute, index: int, ip: str, mac: str) -> None:
+    """A permanent neighbour entry (``ip neigh replace IP lladdr MAC dev IF nud permanent``)."""
+    ipr.neigh("replace", dst=ip, lladdr=mac, ifindex=index, state=NUD_PERMANENT)
+
+
 def set_master(ipr: IPRoute, index: int, master: int) -> None:
     ipr.link("set", index=index, master=master)
 

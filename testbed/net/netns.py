@@ -38,9 +38,12 @@ def tcp_buffer_bytes(spec: TopologySpec, routes: RoutingTable) -> int:
     return int(min(MAX_TCP_BUFFER_BYTES, max(MIN_TCP_BUFFER_BYTES, 4 * bdp)))
 
 
-def namespace_sysctls(tcp_bytes: int) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+def namespace_sysctls(
+    tcp_bytes: int, congestion: str | None = None
+) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
     """(every namespace's sysctls, a router's extra ones, a router's optional ones) for socket
-    buffers of at most ``tcp_bytes``."""
+    buffers of at most ``tcp_bytes`` and TCP congestion control ``congestion`` (None: the one new
+    namespaces inherit, the machine's default)."""
     # pipeline traffic is bursty: an idle connection must not restart from slow start (RFC 2861's
     # cwnd validation would shrink it between microbatches)
     base = {
@@ -53,12 +56,16 @@ def namespace_sysctls(tcp_bytes: int) -> tuple[dict[str, str], dict[str, str], d
     # br_netfilter (where loaded) would pass bridged frames through the router's iptables
     # chains and delay intra-DC traffic twice; the DC switch is a plain switch
     no_br_nf = {f"net.bridge.bridge-nf-call-{t}": "0" for t in ("iptables", "ip6tables", "arptables")}
+    if congestion is not None:
+        base["net.ipv4.tcp_congestion_control"] = congestion
     return base, {"net.ipv4.ip_forward": "1"}, no_br_nf
 
 
-def create_namespaces(handles: NamespaceHandles, plan: AddressPlan, dcs: Sequence[DCSpec], tcp_bytes: int) -> None:
+def create_namespaces(
+    handles: NamespaceHandles, plan: AddressPlan, dcs: Sequence[DCSpec], tcp_bytes: int, congestion: str | None
+) -> None:
     """Create the router and host namespaces of ``dcs``, with their sysctls."""
-    base, router, no_br_nf = namespace_sysctls(tcp_bytes)
+    base, router, no_br_nf = namespace_sysctls(tcp_bytes, congestion)
     for dc in dcs:
         r = plan.routers[dc.name]
         handles.add(r.netns, netlink.create_netns(r.netns, {**base, **router}, no_br_nf))
@@ -136,6 +143,20 @@ def add_routes(
             netlink.add_route(r, str(plan.routers[other.name].subnet), str(end.peer_ip))
 
 
+def pin_wan_neighbours(handles: NamespaceHandles, plan: AddressPlan, dcs_here: set[str]) -> None:
+    """Give each router a permanent neighbour entry for its WAN peers on this machine, as the
+    address plan knows them: a router would otherwise resolve its peer by ARP across the delayed
+    link when the first packet goes out (with netem, whose delay covers ARP too, the first transfer
+    over each link waited one extra round trip). Peers on another machine (VXLAN) are left to ARP."""
+    for (dc, peer), end in plan.wan_ends.items():
+        if dc not in dcs_here or peer not in dcs_here:
+            continue
+        far = plan.wan_ends[(peer, dc)]
+        near_ipr, far_ipr = handles.ipr(plan.routers[dc].netns), handles.ipr(plan.routers[peer].netns)
+        mac = netlink.mac_address(far_ipr, netlink.ifindex(far_ipr, far.ifname))
+        netlink.add_permanent_neighbour(near_ipr, netlink.ifindex(near_ipr, end.ifname), str(end.peer_ip), mac)
+
+
 @dataclass(frozen=True)
 class RealiseContext:
     """What a realiser builds and where it records it: the topology, its address plan and routes,
@@ -183,7 +204,7 @@ class NetnsRealiser:
         pass
 
     def realise(self, ctx: RealiseContext) -> None:
-        create_namespaces(ctx.handles, ctx.plan, ctx.dcs, ctx.tcp_bytes)
+        create_namespaces(ctx.handles, ctx.plan, ctx.dcs, ctx.tcp_bytes, ctx.spec.tcp_congestion)
         build_dcs(ctx.handles, ctx.plan, ctx.dcs, ctx.mtu)
         build_wan(ctx.handles, ctx.plan, ctx.spec, ctx.dcs_here, ctx.tunnels, ctx.mtu)
         add_routes(ctx.handles, ctx.plan, ctx.spec, ctx.routes, ctx.dcs)

@@ -82,6 +82,10 @@ class TopologySpec:
     dc_prefix_len: int = 24
     wan_pool: ipaddress.IPv4Network = ipaddress.IPv4Network("10.101.0.0/16")
     description: str = ""
+    #: the hosts' TCP congestion control (net.ipv4.tcp_congestion_control in every namespace);
+    #: None: the machine's default, which new namespaces inherit (cubic on most Linux machines,
+    #: bbr on some), recorded in every run's topology.json
+    tcp_congestion: str | None = None
     _by_name: dict[str, DCSpec] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -112,6 +116,7 @@ class TopologySpec:
                 "dc_prefix_len": self.dc_prefix_len,
                 "wan_pool": str(self.wan_pool),
             },
+            "tcp_congestion": self.tcp_congestion,
         }
 
     def to_file_dict(self) -> dict[str, Any]:
@@ -148,4 +153,5 @@ class TopologySpec:
                 "dc_prefix_len": self.dc_prefix_len,
                 "wan_pool": str(self.wan_pool),
             },
+            **({"tcp_congestion": self.tcp_congestion} if self.tcp_congestion else {}),
         }

@@ -94,7 +94,9 @@ def _read_addressing(source: str, raw: Any) -> dict[str, Any]:
 
 def parse_topology(data: Any, source: str = "<memory>") -> TopologySpec:
     """Validate parsed YAML ``data`` into a TopologySpec. Raises SpecError naming field, value and fix."""
-    top = FieldReader(source, data, "", ("name", "description", "dcs", "links", "matrix", "addressing"), ("dcs",))
+    top = FieldReader(
+        source, data, "", ("name", "description", "dcs", "links", "matrix", "addressing", "tcp_congestion"), ("dcs",)
+    )
     raw_dcs = data["dcs"]
     if not isinstance(raw_dcs, list) or not raw_dcs:
         raise top.fail("dcs", "is not a non-empty list", "list at least one DC: - {name: east, hosts: 2}")
@@ -136,11 +138,26 @@ def parse_topology(data: Any, source: str = "<memory>") -> TopologySpec:
         links=tuple(links),
         source=source,
         description=str(data.get("description") or ""),
+        tcp_congestion=_read_congestion(top, data.get("tcp_congestion")),
         **_read_addressing(source, data.get("addressing")),
     )
     _check_connected(spec)
     check_address_pools(spec)
     return spec
+
+
+#: congestion controls a topology may name (Linux's tcp_*.ko); the kernel's own list is checked at build
+TCP_CONGESTION = ("cubic", "reno", "bbr", "htcp", "vegas", "westwood", "illinois", "dctcp")
+
+
+def _read_congestion(top: FieldReader, value: Any) -> str | None:
+    if value is None:
+        return None
+    if value not in TCP_CONGESTION:
+        raise top.fail(
+            "tcp_congestion", "is not a congestion control the testbed knows", f"use one of {', '.join(TCP_CONGESTION)}"
+        )
+    return str(value)
 
 
 def _check_connected(spec: TopologySpec) -> None:

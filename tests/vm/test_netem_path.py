@@ -1,0 +1,224 @@
+"""The netem path, on a stock kernel that has sch_netem as a module (inside the VM test box).
+
+Rates: the box may run under software emulation (TCG), where the emulated CPU, not the shaping,
+limits what a link carries. The first test measures what the box carries through netem
+(``testbed doctor``'s capacity probe); every shipped topology is then run with its links at
+``link_rate_bps``: the shipped rate, lowered where needed to a tenth of that capacity (TCP,
+ping, the iperf3 server and the kernel's own packet work share the emulated CPU).
+
+Tolerances: the fidelity check's own (rate within 5%, RTT within max(1 ms, 5%)), with the box's
+own round trip added to the RTT's: under TCG a packet's trip through four namespaces costs about
+a millisecond of emulated CPU that a real machine does not spend. ``path_floor_ms`` measures it,
+on a path with no delay configured. The rates, the floor and why go to ``/job/rates.txt`` and to
+the test output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testbed.net.capacity_probe import machine_capacity_bps
+from testbed.net.features import resolve_delay_mechanism
+from testbed.net.fidelity import (
+    RTT_TOLERANCE_FRACTION,
+    RTT_TOLERANCE_MS,
+    check_fidelity,
+    measure_rtt_ms,
+    parse_ping_ms,
+)
+from testbed.net.netlink_tc import TC_H_ROOT, read_netem, read_qdiscs
+from testbed.net.shaping import DEFAULT_CLASS_MINOR, ROOT_HANDLE
+from testbed.run.backends import make_network
+from testbed.spec.topology import TopologySpec
+from testbed.spec.topology_file import parse_topology
+from testbed.spec.wire import bdp_packets
+from tests.integration.conftest import REPO, machine_state, run_cli, start_topo_up
+
+JOB = Path("/job")
+MEASURE = {"duration_s": 5, "omit_s": 2, "rtt_samples": 20}
+
+
+def _nice_floor(bps: float) -> int:
+    """The largest 1, 2 or 5 x 10^k bit/s not above ``bps``."""
+    k = 10 ** (len(str(int(bps))) - 1)
+    return max(m * k for m in (1, 2, 5) if m * k <= bps)
+
+
+@pytest.fixture(scope="session")
+def link_rate_bps() -> int:
+    capacity, _ = machine_capacity_bps("netem")
+    rate = min(100_000_000, _nice_floor(capacity / 10))
+    why = (
+        f"the box carries {capacity / 1e6:.0f} Mbit/s through netem (testbed's capacity probe); "
+        f"links run at min(shipped rate, {rate / 1e6:g} Mbit/s), at most a tenth of it, so that the "
+        "emulated CPU keeps up with TCP, ping and iperf3 at once"
+    )
+    print(why)
+    if JOB.is_dir():
+        (JOB / "rates.txt").write_text(json.dumps({"capacity_bps": capacity, "link_rate_bps": rate, "why": why}))
+    return rate
+
+
+@pytest.fixture(scope="session")
+def path_floor_ms(link_rate_bps, tmp_path_factory) -> tuple[float, float]:
+    """(median, max) of 40 ``ping -U`` round trips in the box across a WAN link with no delay."""
+    spec = parse_topology(
+        {
+            "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
+            "links": [{"between": ["a", "b"], "rate": f"{link_rate_bps}bit", "delay": "0ms"}],
+        },
+        "floor",
+    )
+    with make_network(spec, out_dir=tmp_path_factory.mktemp("floor"), delay_mechanism="netem") as net:
+        out = net.run("a-h0", ["ping", "-U", "-n", "-i", "0.05", "-c", "40", str(net.host("b-h0").ip)]).stdout
+    times = parse_ping_ms(out)
+    floor = (statistics.median(times), max(times))
+    print(f"the box's own round trip across a WAN link with no delay: median {floor[0]:.2f} ms, max {floor[1]:.2f} ms")
+    if JOB.is_dir():
+        rates = json.loads((JOB / "rates.txt").read_text()) if (JOB / "rates.txt").exists() else {}
+        rates.update(floor_median_ms=floor[0], floor_max_ms=floor[1])
+        (JOB / "rates.txt").write_text(json.dumps(rates))
+    return floor
+
+
+def rtt_ok_in_box(measured_ms: float, expected_ms: float, floor_ms: float) -> bool:
+    """The fidelity check's RTT tolerance plus the box's own round trip."""
+    return abs(measured_ms - expected_ms) <= max(RTT_TOLERANCE_MS, RTT_TOLERANCE_FRACTION * expected_ms) + floor_ms
+
+
+def shipped(name: str, rate_bps: int, **link_extra: str) -> TopologySpec:
+    """A shipped topology with its link rates capped at ``rate_bps`` (and ``link_extra`` added)."""
+    data = yaml.safe_load((REPO / "topologies" / f"{name}.yaml").read_text())
+    for link in data["links"]:
+        shipped_bps = (
+            parse_topology(
+                {
+                    "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
+                    "links": [{**link, "between": ["a", "b"]}],
+                }
+            )
+            .links[0]
+            .rate_bps
+        )
+        link["rate"] = f"{min(shipped_bps, rate_bps)}bit"
+        link.update(link_extra)
+    return parse_topology(data, f"{name} (rates capped at {rate_bps} bit/s)")
+
+
+def test_auto_picks_netem_on_a_stock_kernel():
+    assert resolve_delay_mechanism("auto", True) == "netem"
+    proc = run_cli("doctor")
+    assert proc.returncode == 0, proc.stderr
+    assert "sch_netem: present" in proc.stdout, proc.stdout
+    assert "delay mechanism: netem" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("mechanism", ["netem", "auto"])
+@pytest.mark.parametrize("name", ["two_dc", "three_dc"])
+def test_the_qdisc_tree_read_back_is_the_plan(name, mechanism, link_rate_bps, tmp_path, clean_machine):
+    spec = shipped(name, link_rate_bps, jitter="1ms", loss="0.5%")
+    with make_network(spec, out_dir=tmp_path, delay_mechanism=mechanism) as net:
+        assert net.mechanism == "netem"
+        for (src, dst), end in net.plan.wan_ends.items():
+            ipr = net.handles.ipr(net.plan.routers[src].netns)
+            link = end.link
+            assert read_qdiscs(ipr, end.ifname) == ["htb", "netem"]
+            classes = net.shaping.wan_classes(src, dst)
+            assert classes[0x1]["rate_bps"] == classes[DEFAULT_CLASS_MINOR]["rate_bps"] == link.rate_bps
+            leaves = read_netem(ipr, end.ifname)
+            assert set(leaves) == {ROOT_HANDLE | DEFAULT_CLASS_MINOR}, leaves
+            leaf = leaves[ROOT_HANDLE | DEFAULT_CLASS_MINOR]
+            # the kernel holds delay and jitter in scheduler ticks (64 per microsecond here): exact
+            assert (leaf.delay_us, leaf.jitter_us) == (link.delay_us, link.jitter_us), (src, dst, leaf)
+            assert leaf.loss_pct == pytest.approx(link.loss_pct, abs=1e-6)
+            # the leaf holds the queue plus every packet in flight over the delay and jitter
+            held = bdp_packets(link.rate_bps, link.delay_us + link.jitter_us)
+            assert leaf.limit_packets == link.queue_packets + held
+        assert TC_H_ROOT not in read_netem(net.handles.ipr(net.host(next(iter(net.hosts))).netns), "eth0")
+
+
+def test_live_class_changes_with_netem_keep_the_delay(link_rate_bps, path_floor_ms, tmp_path, clean_machine):
+    spec = shipped("two_dc", link_rate_bps)
+    with make_network(spec, out_dir=tmp_path, delay_mechanism="netem") as net:
+        rate = spec.links[0].rate_bps
+        net.shaping.add_wan_class("east", "west", 0x21, rate // 2, pairs=[("east-h1", "west-h1")])
+        ipr = net.handles.ipr(net.plan.routers["east"].netns)
+        end = net.plan.wan_ends[("east", "west")]
+        # the new class got the default class's netem leaf: its packets are delayed like the rest
+        leaves = read_netem(ipr, end.ifname)
+        assert leaves[ROOT_HANDLE | 0x21] == leaves[ROOT_HANDLE | DEFAULT_CLASS_MINOR]
+        rtt, _ = measure_rtt_ms(net, "east-h1", "west-h1", 10)
+        assert rtt_ok_in_box(rtt, 40.0, path_floor_ms[0]), rtt
+        t = net.shaping.set_wan_class_rate("east", "west", 0x21, rate // 4)
+        assert t > 0 and net.shaping.wan_classes("east", "west")[0x21]["rate_bps"] == rate // 4
+        net.shaping.set_link_rate("east", "west", rate // 2)
+        for src, dst in (("east", "west"), ("west", "east")):
+            classes = net.shaping.wan_classes(src, dst)
+            assert classes[0x1]["rate_bps"] == classes[DEFAULT_CLASS_MINOR]["rate_bps"] == rate // 2
+        # in place: the leaves are the same qdiscs as before, with the same delay
+        assert read_netem(ipr, end.ifname) == leaves
+        changes = [json.loads(x) for x in (tmp_path / "shaping.jsonl").read_text().splitlines()]
+        assert sum(c["event"] == "change" for c in changes) == 5
+
+
+@pytest.mark.parametrize("name", ["two_dc", "three_dc"])
+def test_topo_check_passes_with_netem(name, link_rate_bps, path_floor_ms, tmp_path, clean_machine):
+    spec = shipped(name, link_rate_bps)
+    with make_network(spec, out_dir=tmp_path, delay_mechanism="auto") as net:
+        assert net.mechanism == "netem"
+        report = check_fidelity(net, **MEASURE)
+    print(json.dumps(report["links"], indent=1))
+    bad = [
+        link
+        for link in report["links"]
+        if not (
+            link["rate_ok"]
+            and link["loss_ok"]
+            and rtt_ok_in_box(link["measured_rtt_ms"], link["expected_rtt_ms"], path_floor_ms[0])
+        )
+    ]
+    assert not bad, json.dumps(bad, indent=1)
+
+
+def test_jitter_and_loss_measured_against_the_configuration(link_rate_bps, path_floor_ms, tmp_path, clean_machine):
+    spec = shipped("two_dc", link_rate_bps, jitter="4ms", loss="2%")
+    with make_network(spec, out_dir=tmp_path, delay_mechanism="netem") as net:
+        report = check_fidelity(net, **MEASURE)
+        link = report["links"][0]
+        assert link["loss_ok"] and link["measured_loss_pct"] is not None, link
+        out = net.run("east-h0", ["ping", "-U", "-n", "-i", "0.01", "-c", "400", str(net.host("west-h0").ip)])
+        times = parse_ping_ms(out.stdout)
+    # netem's jitter without a distribution table is uniform on [d - j, d + j] in each direction:
+    # the RTT is the sum of two, mean 2d, standard deviation 2j / sqrt(6)
+    mean, sd = statistics.fmean(times), statistics.stdev(times)
+    expected_sd = 2 * 4.0 / 6**0.5
+    floor, floor_max = path_floor_ms
+    assert abs(mean - 40.0) <= 2.0 + floor, mean
+    assert 0.75 * expected_sd <= sd <= 1.25 * expected_sd, (sd, expected_sd)
+    assert 40.0 - 2 * 4.0 <= min(times), min(times)
+    assert max(times) <= 40.0 + 2 * 4.0 + floor_max + 1.0, (max(times), floor_max)
+    # 2% each way: a ping round trip is lost with probability 1 - 0.98^2 = 3.96%
+    loss = 1 - len(times) / 400
+    assert 0.0 < loss < 0.12, (loss, out.stdout)
+
+
+def test_kill_9_then_clean_inside_the_vm(tmp_path):
+    before = machine_state()
+    proc = start_topo_up(tmp_path, "--delay-mechanism", "netem")
+    runs = [json.loads(p.read_text()) for p in Path("/run/testbed/runs").glob("*.json")]
+    mine = [r for r in runs if r["owner_pid"] == proc.pid]
+    assert len(mine) == 1
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert set(mine[0]["namespaces"]) <= set(machine_state()["netns"])
+    cleaned = run_cli("clean")
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert f"removed run {mine[0]['prefix']}" in cleaned.stdout
+    assert machine_state() == before
