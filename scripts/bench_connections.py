@@ -17,11 +17,11 @@ import tempfile
 from pathlib import Path
 
 from testbed.net.iperf import iperf
-from testbed.net.shaping import TCP_GOODPUT_FRACTION
 from testbed.plan.connections import buffer_for_share, connections_for
 from testbed.run.backends import make_network
 from testbed.spec.topology_file import parse_topology
 from testbed.spec.units import parse_rate_bps
+from testbed.spec.wire import TCP_GOODPUT_FRACTION
 
 
 def main() -> None:

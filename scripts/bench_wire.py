@@ -15,6 +15,7 @@ do: the testbed sizes them at 4 x BDP, ``net/netns.py``):
   hold the BDP; a cell where they cannot, or where this machine's measured capacity is below
   the rate, is reported, not judged);
 - the packets the WAN queue dropped during the TCP measurement;
+- after the table, the RTT spread with 4 ms of jitter each way (``measure_jitter``);
 - with the NFQUEUE delay element (this machine's kernel has no sch_netem): how late it released
   packets (its own counters: mean, p99 bucket edge, max) and its CPU share while the TCP test ran
   (both elements' utime + stime over the wall time, in % of one core).
@@ -40,12 +41,11 @@ from testbed.errors import CheckError
 from testbed.net.capacity_probe import machine_capacity_bps
 from testbed.net.delay_element import read_element_stats
 from testbed.net.features import default_congestion
-from testbed.net.fidelity import parse_ping_ms, path_queue_drops
+from testbed.net.fidelity import jitter_rtt_sd_ms, parse_ping_ms, path_queue_drops
 from testbed.net.iperf import iperf
-from testbed.net.shaping import TCP_GOODPUT_FRACTION
 from testbed.run.backends import make_network
 from testbed.spec.topology_file import parse_topology
-from testbed.spec.wire import bdp_packets
+from testbed.spec.wire import TCP_GOODPUT_FRACTION, bdp_packets
 
 RTT_GOAL_MS = 0.3
 GOODPUT_GOAL = 0.02
@@ -71,10 +71,12 @@ def idle_rtt_ms(net, src: str, dst: str, samples: int) -> tuple[float, float]:
     return statistics.median(replies), float(summary.group(2))
 
 
-def cell_topology(rate_mbit: float, delay_ms: float, congestion: str | None = None):
+def cell_topology(rate_mbit: float, delay_ms: float, congestion: str | None = None, jitter_ms: float = 0.0):
     rate_bps = int(rate_mbit * 1e6)
     queue = max(1000, bdp_packets(rate_bps, int(2 * delay_ms * 1000)) + 100)
     link = {"between": ["a", "b"], "rate": f"{rate_mbit:g}mbit", "delay": f"{delay_ms:g}ms", "queue": queue}
+    if jitter_ms:
+        link["jitter"] = f"{jitter_ms:g}ms"
     data = {"name": "wire", "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}], "links": [link]}
     if congestion:
         data["tcp_congestion"] = congestion
@@ -108,6 +110,27 @@ def measure_cell(rate_mbit: float, delay_ms: float, args, out: Path) -> dict:
         "late_p99_us": max(s["late_p99_us"] for s in stats) if stats else None,
         "late_max_us": max(s["late_max_us"] for s in stats) if stats else None,
         "mechanism": mechanism,
+    }
+
+
+JITTER_MS, JITTER_DELAY_MS = 4.0, 20.0
+
+
+def measure_jitter(args, out: Path) -> dict:
+    """RTT spread of 400 pings (10 ms apart) over a 10 Mbit/s link with ``JITTER_MS`` of jitter each
+    way: netem and the delay element both draw it uniformly, so the round trip's standard deviation
+    is 2 j / sqrt(6) (the element keeps packets in order, which at 10 ms spacing never binds)."""
+    spec = cell_topology(10, JITTER_DELAY_MS, args.tcp_congestion, JITTER_MS)
+    with make_network(spec, out_dir=out, delay_mechanism=args.delay_mechanism) as net:
+        ping = ["ping", "-U", "-n", "-c", "400", "-i", "0.01", str(net.host("b-h0").ip)]
+        times = parse_ping_ms(net.run("a-h0", ping, timeout_s=60).stdout)
+    return {
+        "mean_ms": statistics.fmean(times),
+        "sd_ms": statistics.stdev(times),
+        "expected_sd_ms": jitter_rtt_sd_ms(JITTER_MS),
+        "min_ms": min(times),
+        "max_ms": max(times),
+        "samples": len(times),
     }
 
 
@@ -171,9 +194,16 @@ def main() -> None:
                     f"{r['goodput_err']:+7.1%} {'yes' if fair else 'no':>7} {r['drops']:6d} {cpu} {late}",
                     flush=True,
                 )
+        jitter = measure_jitter(args, Path(tmp) / "jitter")
     print(f"delay mechanism: {r['mechanism']}")
     print(f"idle RTT within {RTT_GOAL_MS} ms: {rtt_ok}/{cells} cells (goal: all)")
     print(f"goodput within {GOODPUT_GOAL:.0%}: {goodput_ok}/{judged} judged cells (goal: all)")
+    print(
+        f"jitter {JITTER_MS:g} ms each way on a {JITTER_DELAY_MS:g} ms, 10 Mbit/s link: RTT mean "
+        f"{jitter['mean_ms']:.2f} ms, standard deviation {jitter['sd_ms']:.2f} ms (uniform on +-{JITTER_MS:g} ms "
+        f"each way: {jitter['expected_sd_ms']:.2f} ms), min {jitter['min_ms']:.2f}, max {jitter['max_ms']:.2f} ms "
+        f"over {jitter['samples']} pings"
+    )
 
 
 if __name__ == "__main__":

@@ -32,10 +32,12 @@ import sys
 from pathlib import Path
 
 from testbed.atlas.channel import STOP, encode_message
-from testbed.atlas.grants import CLASS_BASE, FLOOR_SHARE, Hop, boundary_hops, floor_bps
+from testbed.atlas.grants import CLASS_BASE, FLOOR_SHARE, Hop, HopTiming, boundary_hops, floor_bps
 from testbed.atlas.switch import GrantSwitch
 from testbed.net.network import Network, require_live_shaping
-from testbed.plan.placement import WorkerSpec
+from testbed.plan.grant_plan import GrantPlan
+from testbed.plan.workers import WorkerSpec
+from testbed.spec.wire import TCP_GOODPUT_FRACTION
 
 
 class Controller:
@@ -53,10 +55,17 @@ class Controller:
         sock_path: Path,
         log_path: Path,
         floor_share: float = FLOOR_SHARE,
+        sharing: str = "fifo",
+        plan: GrantPlan | None = None,
+        borrow: bool = False,
     ) -> None:
+        """``sharing``: ``fifo`` or ``planned`` (``grants.py``); ``plan``: the run's grant plan (its
+        deadlines serve both; ``planned`` needs it); ``borrow``: held classes may use idle capacity."""
         self.net, self.workers, self.replicas = net, {w.rank: w for w in workers}, replicas
         self.shaping = require_live_shaping(net, "Atlas's controller")
-        self.floor_share = floor_share
+        self.floor_share, self.sharing, self.grant_plan, self.borrow = floor_share, sharing, plan, borrow
+        if sharing == "planned" and plan is None:
+            raise ValueError("planned sharing needs a grant plan")
         self.sock_path, self.log_path = Path(sock_path), Path(log_path)
         self.error_file = self.log_path.with_name("controller_error.txt")
         self.hops = boundary_hops(workers, net.routes)
@@ -73,7 +82,8 @@ class Controller:
         """One class per pipeline on every crossed egress, all open (fair) until the first grant;
         compile each grant: the granted class gets the link minus the others' floors, the others
         their floor (held, never starved), the old holders first so the link is never
-        oversubscribed."""
+        oversubscribed; with ``borrow`` every class may also use what the link has idle (HTB ceil
+        at the link rate; the granted class, within its rate, is served first)."""
         pairs: dict[tuple[Hop, int], list[tuple[str, str]]] = {}
         for (s, d), hops in self.hops.items():
             for hop in hops:
@@ -92,8 +102,10 @@ class Controller:
             minors = sorted(CLASS_BASE + r for (h, r) in pairs if h == hop)
             open_rates = [(m, rate_bps) for m in minors]
             batches[hop] = {"open": self.shaping.compile_wan_class_rates(hop.src, hop.dst, open_rates)}
+            held_ceil = rate_bps if self.borrow else floor
+            full_ceil = rate_bps if self.borrow else full_bps
             for m in minors:
-                order = [(o, floor) for o in minors if o != m] + [(m, full_bps)]
+                order = [(o, floor, held_ceil) for o in minors if o != m] + [(m, full_bps, full_ceil)]
                 batches[hop][m - CLASS_BASE] = self.shaping.compile_wan_class_rates(hop.src, hop.dst, order)
         self.switch = GrantSwitch(batches, self.log_path, self.shaping.shaping_log_path)
 
@@ -107,13 +119,36 @@ class Controller:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.bind(str(self.sock_path))
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        timing = HopTiming.from_plan(self.grant_plan, TCP_GOODPUT_FRACTION) if self.grant_plan else {}
+        routes = self.net.routes
         plan = {
             "switch": self.switch.to_json(),
             "log": str(self.log_path),
             "shaping_log": str(self.shaping.shaping_log_path),
             "error_file": str(self.error_file),
+            "sharing": self.sharing,
             "replica_of": {str(r): w.replica for r, w in self.workers.items()},
+            "stage_of": {str(r): w.stage for r, w in self.workers.items()},
             "hops": [{"src": s, "dst": d, "hops": [[h.src, h.dst] for h in hs]} for (s, d), hs in self.hops.items()],
+            "notice": [
+                {"src": s, "dst": d, "ns": routes.one_way_delay_us(self.workers[d].dc, self.workers[s].dc) * 1000}
+                for s, d in self.hops
+            ],
+            "timing": [
+                {
+                    "src": h.src,
+                    "dst": h.dst,
+                    "transfer_ns": t.transfer_ns,
+                    "offset_ns": t.offset_ns,
+                    "deadline_ns": t.deadline_ns,
+                    "wire_bytes": t.wire_bytes,
+                    "rate_bps": t.rate_bps,
+                    "order": [
+                        [x.kind, x.stage, x.microbatch, x.replica] for x in sorted(t.position, key=t.position.get)
+                    ],
+                }
+                for h, t in timing.items()
+            ],
             "fd": self._sock.fileno(),
         }
         plan_path = self.log_path.with_name("controller_plan.json")

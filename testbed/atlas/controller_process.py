@@ -20,23 +20,46 @@ from collections.abc import Callable
 from pathlib import Path
 
 from testbed.atlas.channel import MAX_MESSAGE_BYTES, STOP, parse_message
-from testbed.atlas.grants import GrantLoop, Hop
+from testbed.atlas.grants import GrantLoop, Hop, HopTiming
 from testbed.atlas.switch import GrantSwitch
+from testbed.plan.grant_plan import Transfer
 
 
-def serve_messages(loop: GrantLoop, recv: Callable[[int], bytes], clock: Callable[[], int] = time.monotonic_ns) -> int:
-    """Feed ``loop`` every datagram ``recv`` returns, each stamped with ``clock`` as it arrives,
-    until a ``stop`` message; returns how many messages were handled. Raises what a bad message
-    raises (ValueError, KeyError): the caller falls back to fair sharing."""
+def serve_messages(
+    loop: GrantLoop,
+    recv: Callable[[int, float | None], bytes | None],
+    clock: Callable[[], int] = time.monotonic_ns,
+) -> int:
+    """Feed ``loop`` every datagram ``recv(size, timeout_s)`` returns (None: the timeout passed),
+    each stamped with ``clock`` as it arrives, and let it act on its timers (``loop.tick``) when they
+    are due, until a ``stop`` message; returns how many messages were handled. Raises what a bad
+    message raises (ValueError, KeyError): the caller falls back to fair sharing."""
     handled = 0
     while True:
-        data = recv(MAX_MESSAGE_BYTES)
+        wake = loop.next_wakeup_ns()
+        timeout = None if wake is None else max(0.0, (wake - clock()) / 1e9)
+        data = recv(MAX_MESSAGE_BYTES, timeout)
         t = clock()
-        msg = parse_message(data)
-        if msg["ev"] == STOP:
-            return handled
-        loop.handle(msg, t)
-        handled += 1
+        if data is not None:
+            msg = parse_message(data)
+            if msg["ev"] == STOP:
+                return handled
+            loop.handle(msg, t)
+            handled += 1
+        loop.tick(t)
+
+
+def socket_recv(sock: socket.socket) -> Callable[[int, float | None], bytes | None]:
+    """``serve_messages``'s ``recv`` over a datagram socket."""
+
+    def recv(size: int, timeout_s: float | None) -> bytes | None:
+        sock.settimeout(None if timeout_s is None else max(timeout_s, 1e-6))  # 0 would make it non-blocking
+        try:
+            return sock.recv(size)
+        except (TimeoutError, BlockingIOError):
+            return None
+
+    return recv
 
 
 def serve(plan_path: str) -> None:
@@ -51,14 +74,10 @@ def serve(plan_path: str) -> None:
     except OSError:
         pass
     switch = GrantSwitch(GrantSwitch.batches_from_json(plan["switch"]), Path(plan["log"]), Path(plan["shaping_log"]))
-    loop = GrantLoop(
-        switch,
-        {int(k): v for k, v in plan["replica_of"].items()},
-        {(h["src"], h["dst"]): [Hop(*x) for x in h["hops"]] for h in plan["hops"]},
-    )
+    loop = grant_loop_from_plan(plan, switch)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM, fileno=plan["fd"])  # bound by the runner
     try:
-        serve_messages(loop, sock.recv)
+        serve_messages(loop, socket_recv(sock))
     except BaseException as e:  # noqa: BLE001 - any failure must fall back, never deadlock
         Path(plan["error_file"]).write_text(repr(e))
         for hop in switch.batches:
@@ -69,6 +88,31 @@ def serve(plan_path: str) -> None:
         switch.close()
         sys.exit(1)
     switch.close()
+
+
+def grant_loop_from_plan(plan: dict, switch: GrantSwitch) -> GrantLoop:
+    """The grant loop ``controller.Controller.start`` described in ``controller_plan.json``."""
+    timing = {
+        Hop(t["src"], t["dst"]): HopTiming(
+            t["transfer_ns"],
+            t["offset_ns"],
+            t["deadline_ns"],
+            t["wire_bytes"],
+            t["rate_bps"],
+            {Transfer(*x): i for i, x in enumerate(t["order"])},
+        )
+        for t in plan["timing"]
+    }
+    return GrantLoop(
+        switch,
+        {int(k): v for k, v in plan["replica_of"].items()},
+        {(h["src"], h["dst"]): [Hop(*x) for x in h["hops"]] for h in plan["hops"]},
+        sharing=plan["sharing"],
+        timing=timing,
+        stage_of={int(k): v for k, v in plan["stage_of"].items()},
+        notice_ns={(n["src"], n["dst"]): n["ns"] for n in plan["notice"]},
+        counters=switch.class_bytes,
+    )
 
 
 def _die_with_parent() -> None:

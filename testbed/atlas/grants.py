@@ -1,26 +1,47 @@
-"""Atlas's grant logic as pure code (DESIGN.md section 1, item 4): which WAN egresses a stage
-boundary's transfers cross, and, per link direction, which data-parallel pipeline's transfer holds
-the link. Each pipeline has its own HTB class (``1:(CLASS_BASE + replica)``) on every crossed
-egress; the holder's class gets the link, the others a floor (``floor_bps``).
+"""Atlas's grant logic as pure code (DESIGN.md section 1, item 4): per link direction (``Hop``), which
+data-parallel pipeline's transfer holds the link. Each pipeline has its own HTB class
+(``1:(CLASS_BASE + replica)``) on every crossed egress; the holder's class gets the link, the others
+a floor (``floor_bps``).
 
-``GrantQueue``: one link direction, earliest ready first, one transfer at a time. ``GrantLoop``:
-the controller's state machine over the workers' control messages (``channel.py``); it tells a
-switch (``switch.GrantSwitch`` in the controller process, or any object with ``apply`` and
-``release``) what to apply. Nothing here touches the kernel.
+``GrantLoop`` is the controller's state machine over the workers' control messages
+(``channel.py``) and its own timers (``tick``); it tells a switch (``switch.GrantSwitch`` in the
+controller process, or any object with ``apply`` and ``release``) what to apply. Two ways to share
+a link (the policy's ``sharing``):
+
+- ``fifo``: a transfer is granted when both its sides have reported (``ready`` and ``recv``), earliest
+  first, and holds the link until its receiver says ``done`` (the whole rendezvous);
+- ``planned``: the grant plan (``plan/grant_plan.py``) sets the order among waiting transfers (its
+  order over an iteration; a transfer it does not list goes by readiness) and the timing: a
+  transfer is granted on each hop when its bytes reach that egress (the receiver's ready notice
+  crosses back first, and each hop comes its plan ``offset`` after the one before), and released
+  as soon as the class's byte counter shows its bytes have passed since it became ready
+  (``counters``; gloo moves none before), or at ``done``.
+  Between grants the classes stay as the last grant left them, as under ``fifo``: a transfer whose
+  bytes come before its turn moves at the floor (or, with borrowing, on what the link has idle).
+
+Under both, a grant past its deadline (the plan's: 3 x its transfer time plus one RTT) is released,
+logged and counted, so a lost ``ready``/``done`` costs at most one deadline. Nothing here touches the
+kernel; times are CLOCK_MONOTONIC nanoseconds given by the caller.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from testbed.atlas.channel import DONE, READY, RECV, TransferKey, transfer_key
-from testbed.plan.placement import WorkerSpec
-from testbed.spec.routing import RoutingTable
+from testbed.plan.grant_plan import FLOOR_SHARE, GrantPlan, Hop, Transfer, boundary_paths
 
+__all__ = ["CLASS_BASE", "FLOOR_SHARE", "GrantLoop", "GrantQueue", "Hop", "HopTiming", "boundary_hops", "floor_bps"]
 CLASS_BASE = 0x20
-FLOOR_SHARE = 0.05
+#: how often, at most, a granted class's byte counter is looked at while its bytes pass (ns)
+MIN_CHECK_NS = 500_000
+#: a grant's bytes have passed once the class sent this share of the transfer's expected wire bytes
+BYTES_PASSED_SHARE = 0.97
+
+boundary_hops = boundary_paths
 
 
 def floor_bps(link_rate_bps: int, share: float = FLOOR_SHARE) -> int:
@@ -28,35 +49,12 @@ def floor_bps(link_rate_bps: int, share: float = FLOOR_SHARE) -> int:
     return max(int(link_rate_bps * share), 8000)
 
 
-@dataclass(frozen=True)
-class Hop:
-    """One WAN egress (router of ``src`` towards neighbour ``dst``) crossed by a boundary's flows."""
-
-    src: str
-    dst: str
-
-
-def boundary_hops(workers: list[WorkerSpec], routes: RoutingTable) -> dict[tuple[int, int], list[Hop]]:
-    """For each (sender rank, receiver rank) pair of neighbouring stages in different DCs (both
-    directions), the WAN egresses its packets cross, in order."""
-    by = {(w.stage, w.replica): w for w in workers}
-    out = {}
-    for w in workers:
-        nxt = by.get((w.stage + 1, w.replica))
-        if nxt is None or nxt.dc == w.dc:
-            continue
-        for a, b in ((w, nxt), (nxt, w)):
-            dcs = routes.route(a.dc, b.dc).dcs
-            out[(a.rank, b.rank)] = [Hop(x, y) for x, y in zip(dcs, dcs[1:])]
-    return out
-
-
 class GrantQueue:
     """Pure grant logic for one link direction: earliest ready first, one transfer at a time.
     ``ready``/``done`` return the replica that should hold the grant now (or None: no change)."""
 
     def __init__(self) -> None:
-        self.waiting: deque[tuple[int, TransferKey]] = deque()  # (replica, transfer key)
+        self.waiting: list[tuple[int, TransferKey]] = []  # (replica, transfer key)
         self.current: tuple[int, TransferKey] | None = None
 
     def ready(self, replica: int, key: TransferKey) -> int | None:
@@ -68,9 +66,9 @@ class GrantQueue:
 
     def done(self, key: TransferKey) -> int | None:
         if self.current is not None and self.current[1] == key:
-            self.current = self.waiting.popleft() if self.waiting else None
+            self.current = self.waiting.pop(0) if self.waiting else None
             return self.current[0] if self.current else None
-        self.waiting = deque(x for x in self.waiting if x[1] != key)  # finished before its grant
+        self.waiting = [x for x in self.waiting if x[1] != key]  # finished before its grant
         return None
 
 
@@ -79,42 +77,242 @@ class Switch(Protocol):
 
     def apply(self, hop: Hop, replica: int | str, t_ready_ns: int | None = None, event: str = "grant") -> int: ...
 
-    def release(self, hop: Hop, replica: int, t_ns: int, handover: bool) -> None: ...
+    def release(
+        self,
+        hop: Hop,
+        replica: int,
+        t_ns: int,
+        handover: bool,
+        reason: str = DONE,
+        held_ns: int | None = None,
+        sent_bytes: int | None = None,
+        rate_bps: int | None = None,
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class HopTiming:
+    """What the planned loop needs of one hop's plan, in ns and bytes: how long a transfer needs the
+    link, how long after the path's first egress its bytes reach this one, its deadline, the wire
+    bytes it puts through the class, the link's rate and the plan's order (position by transfer)."""
+
+    transfer_ns: int
+    offset_ns: int
+    deadline_ns: int
+    wire_bytes: int
+    rate_bps: int
+    position: dict[Transfer, int] = field(default_factory=dict)
+
+    @staticmethod
+    def from_plan(plan: GrantPlan, goodput_fraction: float) -> dict[Hop, HopTiming]:
+        return {
+            h.hop: HopTiming(
+                int(h.transfer_s * 1e9),
+                int(h.offset_s * 1e9),
+                int(h.deadline_s * 1e9),
+                int(plan.bytes_per_transfer / goodput_fraction),
+                h.rate_bps,
+                {t: i for i, t in enumerate(h.order)},
+            )
+            for h in plan.hops
+        }
+
+
+@dataclass
+class _Held:
+    replica: int
+    key: TransferKey
+    since_ns: int
+    deadline_ns: int
+    base_bytes: int | None = None
+    check_ns: int | None = None
+
+
+@dataclass
+class _Waiting:
+    replica: int
+    key: TransferKey
+    eligible_ns: int
+    rank: tuple
+    base_bytes: int  # the class's counter when the transfer became ready: no byte of it had gone
 
 
 class GrantLoop:
-    """The controller's state machine over control messages (pure, apart from ``switch.apply``):
-    a transfer is ready once its sender (``ready``) and receiver (``recv``) have both reported;
-    ``done`` ends it. Each crossed hop's GrantQueue decides who holds the hop."""
+    """The controller's state machine (see the module doc). ``replica_of``/``stage_of``: rank ->
+    data-parallel replica / pipeline stage; ``hops``: the WAN egresses of each (sender, receiver)
+    pair; ``timing``: each hop's plan (``planned``; under ``fifo`` only its deadline is used);
+    ``notice_ns``: the one-way delay from each pair's receiver back to its sender; ``counters``:
+    ``(hop, replica) -> bytes`` its class has sent (``planned``)."""
 
-    def __init__(self, switch: Switch, replica_of: dict[int, int], hops: dict[tuple[int, int], list[Hop]]) -> None:
-        self.switch, self.replica_of, self.hops = switch, replica_of, hops
-        self.queues = {h: GrantQueue() for hs in hops.values() for h in hs}
-        self.granted: dict[Hop, int | None] = dict.fromkeys(self.queues)
-        self._half: dict[TransferKey, set[str]] = {}
+    def __init__(
+        self,
+        switch: Switch,
+        replica_of: dict[int, int],
+        hops: dict[tuple[int, int], list[Hop]],
+        sharing: str = "fifo",
+        timing: dict[Hop, HopTiming] | None = None,
+        stage_of: dict[int, int] | None = None,
+        notice_ns: dict[tuple[int, int], int] | None = None,
+        counters: Callable[[Hop, int], int] | None = None,
+    ) -> None:
+        if sharing not in ("fifo", "planned"):
+            raise ValueError(f"unknown sharing {sharing!r}")
+        if sharing == "planned" and (timing is None or stage_of is None or counters is None):
+            raise ValueError("planned sharing needs the plan's timing, the stages and the class counters")
+        self.switch, self.replica_of, self.hops, self.sharing = switch, replica_of, hops, sharing
+        self.timing, self.stage_of = timing or {}, stage_of or {}
+        self.notice_ns, self.counters = notice_ns or {}, counters
+        all_hops = {h for hs in hops.values() for h in hs}
+        self.queues = {h: GrantQueue() for h in all_hops}  # fifo: who holds and waits, in order
+        self.held: dict[Hop, _Held | None] = dict.fromkeys(all_hops)
+        self.waiting: dict[Hop, list[_Waiting]] = {h: [] for h in all_hops}
+        self.granted: dict[Hop, int | str | None] = dict.fromkeys(all_hops)
+        self._half: dict[TransferKey, dict[str, int]] = {}
+        self._seq = itertools.count()
+        self.deadline_releases = 0
 
+    # ------------------------------------------------------------------ messages
     def handle(self, msg: dict, t_ns: int) -> None:
         """One control message (``channel.parse_message``'s form) received at ``t_ns``. Raises
         ValueError for an unknown event."""
         key = transfer_key(msg)
-        if msg["ev"] in (READY, RECV):
-            sides = self._half.setdefault(key, set())
-            sides.add(msg["ev"])
+        ev = msg["ev"]
+        if ev in (READY, RECV):
+            sides = self._half.setdefault(key, {})
+            sides[ev] = t_ns
             if len(sides) < 2:
                 return
             del self._half[key]
-        elif msg["ev"] != DONE:
+            self._ready(key, sides[READY], sides[RECV], t_ns)
+        elif ev == DONE:
+            self._done(key, t_ns)
+        else:
             raise ValueError(f"unknown control message {msg!r}")
-        replica = self.replica_of[msg["src"]]
-        for hop in self.hops.get((msg["src"], msg["dst"]), []):
-            q = self.queues[hop]
-            if msg["ev"] == DONE:
-                holder = q.current
-                nxt = q.done(key)
-                if holder is not None and holder[1] == key:
-                    self.switch.release(hop, holder[0], t_ns, handover=nxt is not None)
-            else:
-                nxt = q.ready(replica, key)
-            if nxt is not None and nxt != self.granted[hop]:
-                self.switch.apply(hop, nxt, t_ns)
-                self.granted[hop] = nxt
+
+    def _deadline(self, hop: Hop, t_ns: int) -> int:
+        timing = self.timing.get(hop)
+        return t_ns + timing.deadline_ns if timing else 2**62
+
+    def _ready(self, key: TransferKey, t_sender: int, t_receiver: int, t_ns: int) -> None:
+        replica = self.replica_of[key[0]]
+        path = self.hops.get((key[0], key[1]), [])
+        if self.sharing == "fifo":
+            for hop in path:
+                nxt = self.queues[hop].ready(replica, key)
+                if nxt is not None:
+                    self._grant(hop, _Held(nxt, key, t_ns, self._deadline(hop, t_ns)), t_ns)
+            return
+        start = max(t_sender, t_receiver + self.notice_ns.get((key[0], key[1]), 0))
+        for hop in path:
+            timing = self.timing[hop]
+            rank = (key[2], timing.position.get(self._transfer(key), len(timing.position)), next(self._seq))
+            assert self.counters is not None
+            base = self.counters(hop, replica)
+            self.waiting[hop].append(_Waiting(replica, key, start + timing.offset_ns, rank, base))
+            self._dispatch(hop, t_ns)
+
+    def _transfer(self, key: TransferKey) -> Transfer:
+        src, dst, _, mb = key
+        forward = self.stage_of[src] < self.stage_of[dst]
+        return Transfer("F" if forward else "B", min(self.stage_of[src], self.stage_of[dst]), mb, self.replica_of[src])
+
+    def _done(self, key: TransferKey, t_ns: int) -> None:
+        for hop in self.hops.get((key[0], key[1]), []):
+            held = self.held[hop]
+            if self.sharing == "fifo":
+                nxt = self.queues[hop].done(key)
+                if held is not None and held.key == key:
+                    self._release(hop, t_ns, DONE, handover=nxt is not None)
+                    current = self.queues[hop].current
+                    if nxt is not None and current is not None:
+                        self._grant(hop, _Held(nxt, current[1], t_ns, self._deadline(hop, t_ns)), t_ns)
+                continue
+            self.waiting[hop] = [w for w in self.waiting[hop] if w.key != key]  # done before its grant
+            if held is not None and held.key == key:
+                self._release(hop, t_ns, DONE, handover=bool(self.waiting[hop]))
+            self._dispatch(hop, t_ns)
+
+    # ------------------------------------------------------------------ timers
+    def tick(self, t_ns: int) -> None:
+        """Act on what is due at ``t_ns``: byte counters of planned grants, deadlines, planned
+        grants whose bytes are about to arrive."""
+        for hop, held in self.held.items():
+            if held is None:
+                if self.sharing == "planned":
+                    self._dispatch(hop, t_ns)
+                continue
+            if self.sharing == "planned" and held.check_ns is not None and t_ns >= held.check_ns:
+                assert self.counters is not None and held.base_bytes is not None
+                timing = self.timing[hop]
+                sent = self.counters(hop, held.replica) - held.base_bytes
+                if sent >= BYTES_PASSED_SHARE * timing.wire_bytes:
+                    self._release(hop, t_ns, "bytes", handover=bool(self.waiting[hop]))
+                    self._dispatch(hop, t_ns)
+                    continue
+                left_ns = int(max(timing.wire_bytes - sent, 0) * 8 / timing.rate_bps * 1e9)
+                held.check_ns = t_ns + max(MIN_CHECK_NS, left_ns)
+            if t_ns >= held.deadline_ns:
+                self.deadline_releases += 1
+                if self.sharing == "fifo":
+                    nxt = self.queues[hop].done(held.key)
+                    self._release(hop, t_ns, "deadline", handover=nxt is not None)
+                    current = self.queues[hop].current
+                    if nxt is not None and current is not None:
+                        self._grant(hop, _Held(nxt, current[1], t_ns, self._deadline(hop, t_ns)), t_ns)
+                else:
+                    self._release(hop, t_ns, "deadline", handover=bool(self.waiting[hop]))
+                    self._dispatch(hop, t_ns)
+
+    def next_wakeup_ns(self) -> int | None:
+        """When ``tick`` has something to do next (None: nothing until a message comes)."""
+        times = []
+        for hop, held in self.held.items():
+            if held is not None:
+                times.append(held.deadline_ns)
+                if held.check_ns is not None:
+                    times.append(held.check_ns)
+            elif self.waiting[hop]:
+                times.append(min(w.eligible_ns for w in self.waiting[hop]))
+        return min(times) if times else None
+
+    # ------------------------------------------------------------------ applying
+    def _dispatch(self, hop: Hop, t_ns: int) -> None:
+        """Planned: grant the free hop to the waiting transfer first in the plan's order among those
+        whose bytes are due."""
+        if self.held[hop] is not None:
+            return
+        due = [w for w in self.waiting[hop] if w.eligible_ns <= t_ns]
+        if not due:
+            return  # the last holder keeps the classes as they are (held ones at their floor)
+        w = min(due, key=lambda x: x.rank)
+        self.waiting[hop].remove(w)
+        assert self.counters is not None
+        timing = self.timing[hop]
+        held = _Held(w.replica, w.key, t_ns, self._deadline(hop, t_ns), w.base_bytes)
+        held.check_ns = t_ns + max(MIN_CHECK_NS, timing.transfer_ns)
+        self._grant(hop, held, w.eligible_ns)
+
+    def _grant(self, hop: Hop, held: _Held, t_ready_ns: int) -> None:
+        self.held[hop] = held
+        if self.granted[hop] != held.replica:
+            self.switch.apply(hop, held.replica, t_ready_ns)
+            self.granted[hop] = held.replica
+
+    def _release(self, hop: Hop, t_ns: int, reason: str, handover: bool) -> None:
+        held = self.held[hop]
+        assert held is not None
+        self.held[hop] = None
+        sent = None
+        if self.counters is not None and held.base_bytes is not None:
+            sent = self.counters(hop, held.replica) - held.base_bytes
+        timing = self.timing.get(hop)
+        self.switch.release(
+            hop,
+            held.replica,
+            t_ns,
+            handover=handover,
+            reason=reason,
+            held_ns=t_ns - held.since_ns,
+            sent_bytes=sent,
+            rate_bps=timing.rate_bps if timing else None,
+        )

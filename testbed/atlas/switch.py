@@ -8,8 +8,9 @@ import socket
 import time
 from pathlib import Path
 
-from testbed.atlas.grants import Hop
-from testbed.net import netlink_tc
+from testbed.atlas.grants import CLASS_BASE, Hop
+from testbed.net import rtnl_raw
+from testbed.net.shaping import ROOT_HANDLE
 from testbed.trace.jsonl import open_jsonl, write_row
 from testbed.trace.shaping_log import class_minor, shaping_record
 
@@ -31,7 +32,7 @@ class GrantSwitch:
 
     def _sock(self, netns: str) -> socket.socket:
         if netns not in self._socks:
-            self._socks[netns] = netlink_tc.rtnl_socket(netns)
+            self._socks[netns] = rtnl_raw.rtnl_socket(netns)
         return self._socks[netns]
 
     def apply(self, hop: Hop, replica: int | str, t_ready_ns: int | None = None, event: str = "grant") -> int:
@@ -39,12 +40,12 @@ class GrantSwitch:
         kernel had acknowledged every class change."""
         b = self.batches[hop][replica]
         t0 = time.monotonic_ns()
-        netlink_tc.send_batch(self._sock(b["netns"]), b["data"], len(b["classes"]))
+        rtnl_raw.send_batch(self._sock(b["netns"]), b["data"], len(b["classes"]))
         t1 = time.monotonic_ns()
-        for classid, rate in b["classes"]:
+        for classid, rate, ceil in b["classes"]:
             write_row(
                 self.shaping_log,
-                shaping_record(t0, "change", b["netns"], b["ifname"], class_minor(classid), rate, rate, t1 - t0),
+                shaping_record(t0, "change", b["netns"], b["ifname"], class_minor(classid), rate, ceil, t1 - t0),
             )
         write_row(
             self.log,
@@ -58,9 +59,21 @@ class GrantSwitch:
         )
         return t1
 
-    def release(self, hop: Hop, replica: int, t_ns: int, handover: bool) -> None:
-        """Log that ``replica``'s granted transfer on ``hop`` completed (its receiver reported it) and
-        whether another transfer was waiting for the link (a handover)."""
+    def release(
+        self,
+        hop: Hop,
+        replica: int,
+        t_ns: int,
+        handover: bool,
+        reason: str = "done",
+        held_ns: int | None = None,
+        sent_bytes: int | None = None,
+        rate_bps: int | None = None,
+    ) -> None:
+        """Log that ``replica``'s grant on ``hop`` ended, why (``done``: its receiver reported the data;
+        ``bytes``: the class counter showed its bytes had passed; ``deadline``), whether another
+        transfer was waiting for the link (a handover), how long it was held, what its class sent
+        meanwhile (planned grants) and the link's rate."""
         write_row(
             self.log,
             {
@@ -69,8 +82,17 @@ class GrantSwitch:
                 "link": f"{hop.src}->{hop.dst}",
                 "replica": replica,
                 "handover": handover,
+                "reason": reason,
+                "held_ns": held_ns,
+                "sent_bytes": sent_bytes,
+                "rate_bps": rate_bps,
             },
         )
+
+    def class_bytes(self, hop: Hop, replica: int) -> int:
+        """Bytes ``replica``'s class on ``hop`` has sent (its HTB byte counter, read now)."""
+        b = self.batches[hop][replica]
+        return rtnl_raw.class_tx_bytes(self._sock(b["netns"]), b["ifindex"], ROOT_HANDLE | (CLASS_BASE + replica))
 
     def close(self) -> None:
         for s in self._socks.values():

@@ -15,6 +15,7 @@ from testbed.cli.common import (
     err,
     number,
     on_sigterm,
+    policy_name,
     tear_down_left_behind,
 )
 from testbed.cli.machine import cmd_clean, cmd_doctor
@@ -22,7 +23,7 @@ from testbed.cli.topo import cmd_topo_check, cmd_topo_show, cmd_topo_up
 from testbed.cli.train import cmd_analyze, cmd_compare, cmd_plan, cmd_run, cmd_schedule
 from testbed.errors import SpecError, TestbedError, TestbedWarning
 from testbed.net.features import DELAY_MECHANISMS
-from testbed.spec.policy import POLICIES, known_policies
+from testbed.spec.policy import ABLATION, POLICIES
 from testbed.spec.topology_file import DEFAULT_TOPOLOGY
 
 
@@ -82,9 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", type=Path, help="run folder (default: results/<experiment>-<time>)")
     sp.add_argument(
         "--policy",
-        choices=known_policies(),
+        type=policy_name,
         metavar="POLICY",
-        help=f"{', '.join(POLICIES)}, optionally followed by +bubbletea (default: the experiment's)",
+        help=f"{', '.join(POLICIES)}, optionally with parts replaced (/placement=.., /striping=on|off, "
+        "/sharing=tcp|fifo|planned) and followed by +bubbletea (default: the experiment's)",
     )
     sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
     sp.add_argument(
@@ -96,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("compare", help="run several policies on the same experiment and compare them")
     sp.add_argument("experiment", nargs="?", default=None)
     sp.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated (default: {','.join(POLICIES)})")
+    sp.add_argument(
+        "--ablation",
+        action="store_true",
+        help="instead of --policies, the chain from pp-fair to atlas adding one part at a time: "
+        + " -> ".join(ABLATION),
+    )
     sp.add_argument("--iterations", type=number(2, 100000, int))
     sp.add_argument("--repeat", type=number(1, 100, int), default=1, help="runs per policy, interleaved")
     sp.add_argument("--out", type=Path, help="folder for comparison.json and one run folder per policy")
@@ -109,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("plan", help="placements and predicted iteration times, alternatives, what-if (no root)")
     sp.add_argument("experiment", nargs="?", default=None)
     sp.add_argument("--top", type=number(1, 1000, int), default=12, help="plans to print (default 12)")
+    sp.add_argument(
+        "--grants",
+        action="store_true",
+        help="also print Atlas's grant plan: per WAN link direction the order of an iteration's transfers, "
+        "their times and deadlines, and the pipelines' offsets",
+    )
     sp.set_defaults(func=cmd_plan)
     sp = sub.add_parser("schedule", help="print an experiment's pipeline schedule as a table (no root needed)")
     sp.add_argument("experiment", nargs="?", default=None)

@@ -15,6 +15,7 @@ from testbed.net.features import require_root
 from testbed.net.network import BACKENDS, Network, tear_down_unfinished
 from testbed.net.registry import warn_stale_runs
 from testbed.spec.experiment import Experiment
+from testbed.spec.policy import UnknownPolicy, parse_policy
 from testbed.spec.topology import TopologySpec
 
 
@@ -74,6 +75,16 @@ def backend_options(sp: argparse.ArgumentParser) -> None:
         "remote (machines over SSH, with --inventory)",
     )
     sp.add_argument("--inventory", type=Path, metavar="FILE", help="machines of --backend remote (YAML)")
+
+
+def policy_name(text: str) -> str:
+    """An argparse type: a policy name (``spec/policy.py``), checked here so that a typo is named
+    with the known parts before anything runs."""
+    try:
+        parse_policy(text)
+    except UnknownPolicy as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+    return text
 
 
 def number(lo: float, hi: float, kind: type = float) -> Any:

@@ -11,7 +11,7 @@ from testbed.net.capacity import CACHE
 from testbed.net.capacity_probe import PROBE, machine_capacity_bps
 from testbed.net.delay_element import build_helper
 from testbed.net.features import (
-    ALLOWED_CONGESTION,
+    allowed_congestion,
     cached_features,
     default_congestion,
     describe_mechanism,
@@ -56,29 +56,30 @@ def cmd_clean(args) -> int:
 
 def cmd_doctor(args) -> int:
     root_preamble("testbed doctor")
-    missing = missing_tools(["nsenter", "iperf3", "ping", "iptables-restore", "tc"])
+    missing = missing_tools(["nsenter", "iperf3", "ping", "iptables-restore", "tc", "ss"])
     print("tools: " + ("all present" if not missing else "missing " + ", ".join(missing)))
     try:
         print(f"delay element: {build_helper()}")
-        element_error = None
-    except FeatureError as e:  # needed only where the kernel lacks sch_netem: judged below
-        element_error = e
-        print(f"delay element: not built ({e})")
+    except FeatureError as e:  # needed only where the kernel lacks sch_netem (the build below says)
+        print(f"delay element: not built ({e}; needed only without sch_netem)")
     print(f"mininet (--backend mininet): {mininet_status()}")
     print(
         f"Open vSwitch: {openvswitch_status()} (the mininet backend uses none: hosts link straight to a "
         "bridge in their DC router)"
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        with LocalNetwork(
-            parse_topology(PROBE, "<probe>"), out_dir=Path(tmp), delay_mechanism=args.delay_mechanism
-        ) as net:
-            mech = net.mechanism
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            with LocalNetwork(
+                parse_topology(PROBE, "<probe>"), out_dir=Path(tmp), delay_mechanism=args.delay_mechanism
+            ) as net:
+                mech = net.mechanism
+    except FeatureError as e:  # e.g. the kernel lacks netem and the delay element cannot be built
+        print(f"sch_netem: {'present' if cached_features().get('netem') else 'absent'}")
+        print(f"cannot build a network here: {e}")
+        return 1
     print(f"sch_netem: {'present' if cached_features().get('netem') else 'absent'}")
     print(f"delay mechanism: {describe_mechanism(mech)}")
-    if element_error is not None and mech == "nfqueue":
-        missing.append("the delay element")
-    allowed = ALLOWED_CONGESTION.read_text().split()
+    allowed = allowed_congestion()
     print(
         f"TCP congestion control of new namespaces: {default_congestion()} (the machine's default; "
         f"a topology's tcp_congestion may choose among the allowed: {' '.join(allowed)})"

@@ -4,17 +4,22 @@ comparison, their plan, and their traces."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from testbed.cli.common import backend, bubbletea_overrides, root_preamble
 from testbed.errors import SpecError
-from testbed.plan.cost_model import alternatives, predict, what_if
+from testbed.plan.connections import wan_connections
+from testbed.plan.cost_model import predict
+from testbed.plan.grant_plan import format_grant_plan, plan_grants
 from testbed.plan.placement import place
 from testbed.plan.schedule import bubble_fraction, format_grid, grid, make_schedule
+from testbed.plan.wan_load import boundary_loads, format_loads
+from testbed.plan.what_if import alternatives, what_if
 from testbed.run.records import check_fresh_out_dir, discard_unused_out
 from testbed.spec.experiment_file import load_experiment
 from testbed.spec.model import stage_layers
-from testbed.spec.policy import POLICIES, known_policies, parse_policy
+from testbed.spec.policy import ABLATION, POLICIES, UnknownPolicy, parse_policy
 from testbed.trace.clock import process_start_ns
 
 # run/ and results/ (pandas, matplotlib) are imported by the commands that use them: a training run
@@ -70,16 +75,14 @@ def cmd_run(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    bad = [p for p in policies if p not in known_policies()]
-    if bad or not policies:
-        raise SpecError(
-            "--policies",
-            "(option)",
-            args.policies,
-            "names an unknown policy" if bad else "is empty",
-            f"use a comma-separated list of {', '.join(POLICIES)}, each optionally followed by +bubbletea",
-        )
+    policies = list(ABLATION) if args.ablation else [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not policies:
+        raise SpecError("--policies", "(option)", args.policies, "is empty", f"use e.g. {','.join(POLICIES)}")
+    for p in policies:
+        try:
+            parse_policy(p)
+        except UnknownPolicy as e:
+            raise SpecError("--policies", "(option)", p, "is no policy", str(e)) from None
     exp = bubbletea_overrides(load_experiment(args.experiment).with_overrides(iterations=args.iterations), args)
     root_preamble("testbed compare")
     from testbed.results.compare import format_comparison
@@ -94,6 +97,7 @@ def cmd_compare(args) -> int:
         args.delay_mechanism,
         progress=lambda line: print(line, flush=True),
         force=args.force,
+        ablation=args.ablation,
         **backend(args),
     )
     print(format_comparison(result))
@@ -127,8 +131,16 @@ def cmd_plan(args) -> int:
             f"  {policy}: predicted {p.iteration_s:.3f} s (fill {p.fill_s:.3f}, steady {p.steady_s:.3f}, "
             f"all-reduce {p.allreduce_s:.3f}); {where}"
         )
+    pol = exp.policy if exp.policy.pipeline_across_dcs else parse_policy("pp-fair")
+    try:
+        workers = place(exp, topo, pol)
+        t = predict(replace(exp, policy=pol), topo, workers).iteration_s
+        print(f"WAN load under {pol.name} (predicted iteration {t:.3f} s):")
+        print(format_loads(boundary_loads(exp, topo, workers), t))
+    except SpecError:
+        pass
     plans = alternatives(exp, topo)
-    print("plans weighed (same global batch and microbatch size; Atlas placement, largest DCs first):")
+    print("plans weighed (same global batch and microbatch size; Atlas's DC selection):")
     print(f"  {'stages':>6} {'replicas':>8} {'microbatches':>12} {'DCs':>4} {'predicted s':>12}")
     for p in plans[: args.top]:
         if p.prediction:
@@ -149,6 +161,13 @@ def cmd_plan(args) -> int:
             )
         else:
             print(f"what-if: the best plan uses {best.prediction.dcs_used} DC(s); no feasible plan uses one more")
+    if args.grants:
+        pol = exp.policy if exp.policy.grants else parse_policy("atlas")
+        planned = replace(exp, policy=pol)
+        workers = place(planned, topo)
+        n = wan_connections(planned, topo, workers)
+        print(f"grant plan under {pol.name} ({n} connection(s) per cross-DC transfer):")
+        print(format_grant_plan(plan_grants(planned, topo, workers, n, exp.atlas_floor_share)))
     return 0
 
 

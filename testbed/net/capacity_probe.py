@@ -2,7 +2,7 @@
 
 The measurement: two one-host DCs joined by a 40 Gbit/s, 5 ms link under the mechanism, four
 parallel iperf3 TCP streams for 3 s after 1 s of warm-up; the capacity is the goodput divided by
-TCP's share of the Ethernet rate (``shaping.TCP_GOODPUT_FRACTION``). It builds a small network of
+TCP's share of the Ethernet rate (``spec.wire.TCP_GOODPUT_FRACTION``). It builds a small network of
 its own, so it lives above the netns backend; the backends receive it as their ``capacity``
 function (``run/backends.py``), and ``testbed doctor`` calls it.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 from testbed.net.capacity import CACHE, cached_capacity_bps, store_capacity_bps
 from testbed.net.iperf import iperf
 from testbed.net.local import LocalNetwork
-from testbed.net.shaping import TCP_GOODPUT_FRACTION
 from testbed.spec.topology_file import parse_topology
+from testbed.spec.wire import TCP_GOODPUT_FRACTION
 
 PROBE = {
     "name": "capacity-probe",

@@ -24,6 +24,7 @@ TOOLS = {
     "iptables-restore": "iptables",
     "nsenter": "util-linux",
     "tc": "iproute2",
+    "ss": "iproute2",
 }
 DELAY_MECHANISMS = ("auto", "netem", "nfqueue")
 
@@ -60,7 +61,7 @@ def require_congestion(name: str | None) -> None:
         return
     if name not in AVAILABLE_CONGESTION.read_text().split():
         _load_congestion(name)
-    allowed = ALLOWED_CONGESTION.read_text().split()
+    allowed = allowed_congestion()
     if name not in allowed:
         raise FeatureError(
             f"namespaces may choose only the allowed TCP congestion controls ({' '.join(allowed)}), "
@@ -70,14 +71,22 @@ def require_congestion(name: str | None) -> None:
         )
 
 
+def allowed_congestion() -> list[str]:
+    """The congestion controls any namespace may choose (net.ipv4.tcp_allowed_congestion_control)."""
+    return ALLOWED_CONGESTION.read_text().split()
+
+
 def _load_congestion(name: str) -> None:
-    if shutil.which("modprobe") is not None:
-        subprocess.run(["modprobe", f"tcp_{name}"], capture_output=True)
+    if shutil.which("modprobe") is None:
+        tried = "no modprobe to load its module"
+    else:
+        proc = subprocess.run(["modprobe", f"tcp_{name}"], capture_output=True, text=True)
+        tried = f"modprobe tcp_{name}: {proc.stderr.strip() or 'loaded nothing'}"
     available = AVAILABLE_CONGESTION.read_text().split()
     if name not in available:
         raise FeatureError(
             f"the kernel has no TCP congestion control {name!r} (available: {', '.join(available)}; "
-            f"modprobe tcp_{name} failed): set the topology's tcp_congestion to one of those"
+            f"{tried}): set the topology's tcp_congestion to one of those"
         )
 
 
@@ -86,7 +95,7 @@ def default_congestion() -> str:
     return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
 
 
-def _boot_id() -> str:
+def boot_id() -> str:
     return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
@@ -99,11 +108,11 @@ def cached_features() -> dict:
         data = json.loads(_cache_path().read_text())
     except (OSError, ValueError):
         return {}
-    return data if data.get("boot_id") == _boot_id() else {}
+    return data if data.get("boot_id") == boot_id() else {}
 
 
 def store_feature(key: str, value: object) -> None:
-    data = cached_features() or {"boot_id": _boot_id()}
+    data = cached_features() or {"boot_id": boot_id()}
     data[key] = value
     _cache_path().parent.mkdir(parents=True, exist_ok=True)
     _cache_path().write_text(json.dumps(data))

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from testbed.errors import CheckError
 from testbed.net.iperf import iperf
 from testbed.net.network import Network
-from testbed.net.shaping import tcp_goodput_fraction
+from testbed.spec.wire import tcp_goodput_fraction
 
 RATE_TOLERANCE = 0.05
 RTT_TOLERANCE_MS, RTT_TOLERANCE_FRACTION = 1.0, 0.05
@@ -57,6 +57,14 @@ class LinkCheck:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "ok": self.ok}
+
+
+def jitter_rtt_sd_ms(jitter_ms: float) -> float:
+    """Standard deviation (ms) of a round trip over a link with ``jitter_ms`` of jitter each way:
+    netem (without a distribution table) and the NFQUEUE element both draw a packet's delay
+    uniformly from [d - j, d + j], so each way has sd j / sqrt(3) and the round trip, their sum,
+    j x sqrt(2/3) = 2 j / sqrt(6)."""
+    return 2 * jitter_ms / 6**0.5
 
 
 def rtt_within(measured_ms: float, expected_ms: float) -> bool:

@@ -10,16 +10,19 @@ from testbed.errors import CheckError
 from testbed.net.network import Network, Process
 
 PORT = 5201
+#: how long an iperf3 server may take to listen (s)
+SERVER_START_S = 5.0
 
 
 @dataclass(frozen=True)
 class IperfResult:
-    """Receiver-side figures; omitted warm-up seconds are excluded (iperf3 -O).
+    """What an iperf3 test measured; omitted warm-up seconds are excluded (iperf3 -O).
 
     TCP ``bits_per_second`` is the receiver's goodput over its whole measured intervals (one per
-    second), not iperf3's own summary: on a long path that summary divides the bytes by a
-    receiver window that is not aligned with the data (about 0.75 s too long at 400 ms RTT, 15% of
-    a 5 s test; measured with ``scripts/bench_wire.py``)."""
+    second; ``receiver_goodput``), not iperf3's own summary, which divides by a receiver window
+    that is not aligned with the data (about 0.75 s too long at 400 ms RTT, 15% of a 5 s test;
+    measured with ``scripts/bench_wire.py``). UDP ``bits_per_second``: the sent rate less the loss
+    the receiver counted (``lost_percent``, of ``packets``)."""
 
     bits_per_second: float
     packets: int | None = None
@@ -31,29 +34,31 @@ class IperfResult:
 
 def _start_server(net: Network, host: str) -> Process:
     """Start a one-shot iperf3 server in ``host`` (JSON output, handed to the client with
-    ``--get-server-output``) and wait until its port listens. Its output goes to the host's log,
-    never to a pipe that nobody reads on a long test."""
+    ``--get-server-output``) and wait until its port listens (``ss``; on the remote backend each
+    look is one request to the machine's agent). Its output goes to the host's log, never to a
+    pipe that nobody reads on a long test."""
     srv = net.popen(host, ["iperf3", "-s", "-1", "-J", "-p", str(PORT)])
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and srv.poll() is None:
-        if f":{PORT} " in net.run(host, ["ss", "-Hltn", f"sport = :{PORT}"], timeout_s=5).stdout:
+    deadline = time.monotonic() + SERVER_START_S
+    while (left := deadline - time.monotonic()) > 0 and srv.poll() is None:
+        if f":{PORT} " in net.run(host, ["ss", "-Hltn", f"sport = :{PORT}"], timeout_s=max(left, 0.5)).stdout:
             return srv
-        time.sleep(0.02)
+        time.sleep(0.05)
     srv.kill()
     srv.wait()
-    raise CheckError(f"iperf3 server in {host} did not start; see {net.log_path(host)}")
+    raise CheckError(f"iperf3 server in {host} did not listen within {SERVER_START_S:g} s; see {net.log_path(host)}")
 
 
 def receiver_goodput(server: dict) -> tuple[float | None, tuple[float, ...]]:
-    """(goodput over the receiver's measured whole intervals, every interval's bit/s) from the
-    server's JSON: omitted intervals and partial ones (under 0.9 s) do not count."""
-    sums = [iv["sum"] for iv in server.get("intervals", [])]
-    # an interval's length is end - start: iperf3 3.12 reports the interval at the end of the
-    # omitted seconds as start = end = 1.0 with "seconds": 2.0 and one second's bytes
+    """(goodput in bit/s over the receiver's measured whole intervals, or None when it measured
+    none; every interval's bit/s, omitted ones included, in order) from the server's JSON.
+    Omitted intervals and partial ones (under 0.9 s) do not count. An interval's length is end -
+    start: iperf3 3.12 reports the interval at the end of the omitted seconds as start = end with
+    "seconds": 2.0 and one second's bytes; it is left out of both figures."""
+    sums = [iv["sum"] for iv in server.get("intervals", []) if iv["sum"]["end"] > iv["sum"]["start"]]
     whole = [s for s in sums if not s.get("omitted") and s["end"] - s["start"] >= 0.9]
     seconds = sum(s["end"] - s["start"] for s in whole)
     goodput = sum(s["bytes"] for s in whole) * 8 / seconds if seconds > 0 else None
-    return goodput, tuple(s["bits_per_second"] for s in sums)
+    return goodput, tuple(s["bytes"] * 8 / (s["end"] - s["start"]) for s in sums)
 
 
 def iperf(
@@ -99,7 +104,12 @@ def iperf(
     if "error" in data:
         raise CheckError(f"iperf3 {src}->{dst} failed: {data['error']}")
     end = data["end"]
-    goodput, intervals = receiver_goodput(data.get("server_output_json", {}))
+    if "server_output_json" not in data:
+        raise CheckError(
+            f"iperf3 {src}->{dst}: the server's results did not come back (--get-server-output needs iperf3 3.1 "
+            f"or newer on both hosts, and the server alive to the end); see {net.log_path(dst)}"
+        )
+    goodput, intervals = receiver_goodput(data["server_output_json"])
     if udp_rate_bps:
         s = end["sum"]
         return IperfResult(
@@ -109,5 +119,8 @@ def iperf(
             interval_bps=intervals,
         )
     if goodput is None:
-        raise CheckError(f"iperf3 {src}->{dst}: the receiver measured no whole interval (duration {duration_s:g} s)")
+        raise CheckError(
+            f"iperf3 {src}->{dst}: the receiver measured no whole second (duration {duration_s:g} s after "
+            f"{omit_s:g} s omitted): measure for at least 2 s"
+        )
     return IperfResult(goodput, retransmits=end["sum_sent"].get("retransmits"), interval_bps=intervals)

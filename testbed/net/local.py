@@ -144,7 +144,11 @@ class LocalNetwork(ManagedNetwork):
         self._shape_and_check()
         self.apply_shaping()
         self.build_s = time.perf_counter() - t0
-        write_topology_record(self, tcp_congestion=self.spec.tcp_congestion or default_congestion())
+        write_topology_record(
+            self,
+            tcp_congestion=self.spec.tcp_congestion or default_congestion(),
+            tcp_congestion_stated=self.spec.tcp_congestion is not None,  # else the machine's default
+        )
 
     def _register(self) -> None:
         (self.out_dir / "logs").mkdir(parents=True, exist_ok=True)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import os
-import socket
 import struct
 from collections.abc import Sequence
 
@@ -18,45 +16,14 @@ from pyroute2 import IPRoute
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REPLACE, NLM_F_REQUEST
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import RTM_NEWTCLASS
-from pyroute2.netlink.rtnl.tcmsg import sched_htb, tcmsg
-from pyroute2.netlink.rtnl.tcmsg.common import calc_xmittime, nla_plus_rtab, tick_in_usec
+from pyroute2.netlink.rtnl.tcmsg.common import calc_xmittime, tick_in_usec
 
 from testbed.errors import BuildError, FeatureError
-from testbed.net.netlink import ifindex, in_netns
+from testbed.net.netlink import ifindex
+from testbed.net.rtnl_raw import NLA, NLMSGHDR, TCMSG
 from testbed.net.shaping import ROOT_HANDLE, EgressPlan, HtbClass, Netem, Pfifo, U32Filter
 
 ETH_P_IP = 0x0800
-
-
-def _memoize_rate_tables() -> None:
-    """pyroute2 0.9.7 recomputes HTB's two 256-entry rate tables in Python for every class message,
-    about half the cost of a live rate change. The tables depend only on (rate, cell_log, mpu, mtu),
-    and a controller alternates among a few rates, so remember them (same values, same side effects)."""
-    parms = nla_plus_rtab.parms
-    if getattr(parms.calc_rtab, "_testbed_memo", False):
-        return
-    original = parms.calc_rtab
-    cache: dict[tuple, tuple[list, int]] = {}
-
-    def calc_rtab(self, kind):
-        key = (kind, self.get(kind, "rate"), self[f"{kind}_cell_log"], self[f"{kind}_mpu"], self.get("mtu", 0))
-        if key not in cache:
-            if len(cache) > 4096:
-                cache.clear()
-            table = original(self, kind)
-            cache[key] = (table, self[f"{kind}_cell_log"])
-            return table
-        table, cell_log = cache[key]
-        self[f"{kind}_cell_align"] = -1
-        self[f"{kind}_cell_log"] = cell_log
-        return list(table)
-
-    calc_rtab._testbed_memo = True
-    calc_rtab._original = original
-    parms.calc_rtab = calc_rtab
-
-
-_memoize_rate_tables()
 
 
 def _tc(ipr: IPRoute, *args, what: str, **kwargs) -> None:
@@ -85,7 +52,7 @@ def _leaf_kwargs(leaf: Pfifo | Netem) -> tuple[str, dict]:
 def _class_kwargs(cls: HtbClass) -> dict:
     return {
         "handle": cls.classid,
-        "parent": ROOT_HANDLE | cls.parent_minor if cls.parent_minor else ROOT_HANDLE,
+        "parent": ROOT_HANDLE | cls.parent_minor,
         "rate": cls.rate_bps // 8,
         "ceil": cls.ceil_bps // 8,
         "burst": cls.burst_bytes,
@@ -142,19 +109,10 @@ def add_filter(ipr: IPRoute, index: int, f: U32Filter, where: str = "") -> None:
     )
 
 
-def change_class(ipr: IPRoute, index: int, cls: HtbClass) -> None:
-    """Change an HTB class's rate and ceil in place (netlink RTM_NEWTCLASS without NLM_F_CREATE:
-    the class and its queue stay, no unshaped window)."""
-    _tc(ipr, "change-class", "htb", index, what=f"change of htb class 1:{cls.minor:x}", **_class_kwargs(cls))
-
-
 # rtnetlink numbers of an HTB class change (linux/rtnetlink.h, linux/pkt_sched.h)
 _TCA_KIND, _TCA_OPTIONS = 1, 2
 _TCA_HTB_PARMS, _TCA_HTB_RATE64, _TCA_HTB_CEIL64 = 1, 6, 7
 _TC_LINKLAYER_ETHERNET = 1
-_NLMSGHDR = struct.Struct("=IHHII")  # length, type, flags, sequence, port id (netlink(7))
-_TCMSG = struct.Struct("=BBHiIII")  # tcmsg: family, pad, pad, ifindex, handle, parent, info
-_NLA = struct.Struct("=HH")  # nlattr: length, type
 # tc_htb_opt: rate and ceil tc_ratespec (cell_log, linklayer, overhead, cell_align, mpu, rate),
 # then buffer, cbuffer (in scheduler ticks), quantum, level, prio
 _HTB_OPT = struct.Struct("=BBHhHI BBHhHI IIIII")
@@ -162,99 +120,51 @@ _CELL_LOG = 3  # tc's cell log for an MTU of 1600 (pyroute2 and iproute2 compute
 
 
 def _nla(kind: int, payload: bytes) -> bytes:
-    return _NLA.pack(_NLA.size + len(payload), kind) + payload + b"\0" * (-len(payload) % 4)
+    return NLA.pack(NLA.size + len(payload), kind) + payload + b"\0" * (-len(payload) % 4)
 
 
 @functools.lru_cache(maxsize=4096)
 def class_change_message(index: int, cls: HtbClass) -> bytes:
     """One in-place change of an HTB class: RTM_NEWTCLASS with NLM_F_ACK and NLM_F_REPLACE but not
     NLM_F_CREATE, as ``tc class change`` sends, with the same ``tc_htb_opt`` as pyroute2 encodes
-    (``tests/unit/test_netlink_memo.py`` compares the two field by field) and without the two
+    (``tests/unit/test_class_change_message.py`` compares the two field by field) and without the two
     256-entry rate tables: the rate specs say their link layer (Ethernet), and Linux has then
     ignored the tables since 3.11 (sch_htb.c keeps them only for tc binaries without link-layer
     support). Packed with ``struct`` instead of pyroute2's message classes: 10 us instead of
     about 0.3 ms of Python, on the path of every live rate change. Remembered per class."""
-    rate, ceil = cls.rate_bps // 8, cls.ceil_bps // 8  # bytes/s
-    buffer = int(calc_xmittime(rate, cls.burst_bytes))
-    cbuffer = int(calc_xmittime(ceil, cls.cburst_bytes))
+    rate_Bps, ceil_Bps = cls.rate_bps // 8, cls.ceil_bps // 8  # bytes/s, as the kernel takes them
+    if rate_Bps < 1 or ceil_Bps < 1:
+        raise BuildError(
+            f"htb class 1:{cls.minor:x}: rate {cls.rate_bps} bit/s, ceil {cls.ceil_bps} bit/s: give at least 8 bit/s"
+        )
+    buffer = int(calc_xmittime(rate_Bps, cls.burst_bytes))
+    cbuffer = int(calc_xmittime(ceil_Bps, cls.cburst_bytes))
     eth = _TC_LINKLAYER_ETHERNET
     opt = _HTB_OPT.pack(
-        *(_CELL_LOG, eth, 0, -1, 0, min(rate, 2**32 - 1)),
-        *(_CELL_LOG, eth, 0, -1, 0, min(ceil, 2**32 - 1)),
+        *(_CELL_LOG, eth, 0, -1, 0, min(rate_Bps, 2**32 - 1)),
+        *(_CELL_LOG, eth, 0, -1, 0, min(ceil_Bps, 2**32 - 1)),
         *(buffer, cbuffer, cls.quantum_bytes, 0, 0),
     )
     options = _nla(_TCA_HTB_PARMS, opt)
-    if rate >= 2**32:
-        options += _nla(_TCA_HTB_RATE64, struct.pack("=Q", rate))
-    if ceil >= 2**32:
-        options += _nla(_TCA_HTB_CEIL64, struct.pack("=Q", ceil))
-    parent = ROOT_HANDLE | cls.parent_minor if cls.parent_minor else ROOT_HANDLE
-    body = _TCMSG.pack(0, 0, 0, index, cls.classid, parent, 0) + _nla(_TCA_KIND, b"htb\0") + _nla(_TCA_OPTIONS, options)
-    header = _NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_NEWTCLASS, NLM_F_REQUEST | NLM_F_ACK | NLM_F_REPLACE, 0, 0)
+    if rate_Bps >= 2**32:
+        options += _nla(_TCA_HTB_RATE64, struct.pack("=Q", rate_Bps))
+    if ceil_Bps >= 2**32:
+        options += _nla(_TCA_HTB_CEIL64, struct.pack("=Q", ceil_Bps))
+    body = (
+        TCMSG.pack(0, 0, 0, index, cls.classid, ROOT_HANDLE | cls.parent_minor, 0)
+        + _nla(_TCA_KIND, b"htb\0")
+        + _nla(_TCA_OPTIONS, options)
+    )
+    header = NLMSGHDR.pack(NLMSGHDR.size + len(body), RTM_NEWTCLASS, NLM_F_REQUEST | NLM_F_ACK | NLM_F_REPLACE, 0, 0)
     return header + body
-
-
-def pyroute2_class_change_message(index: int, cls: HtbClass) -> bytes:
-    """The same change encoded by pyroute2's message classes (with rate tables): the reference
-    ``class_change_message`` is tested against."""
-    kw = _class_kwargs(cls)
-    msg = tcmsg()
-    msg["index"] = index
-    msg["handle"] = kw.pop("handle")
-    msg["parent"] = kw.pop("parent")
-    msg["attrs"] = [["TCA_KIND", "htb"], ["TCA_OPTIONS", sched_htb.get_class_parameters(kw)]]
-    msg["header"]["type"] = RTM_NEWTCLASS
-    msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | NLM_F_REPLACE
-    msg.encode()
-    return bytes(msg.data)
 
 
 def compile_class_changes(changes: Sequence[tuple[int, HtbClass]]) -> bytes:
     """In-place changes of HTB classes, given as (ifindex, class) pairs, compiled into one buffer of
-    RTM_NEWTCLASS messages (``class_change_message``) without sending anything. ``send_batch``
+    RTM_NEWTCLASS messages (``class_change_message``) without sending anything. ``rtnl_raw.send_batch``
     applies the buffer later in one system call: a live change then costs one sendmsg instead of
     one pyroute2 round trip per class."""
     return b"".join(class_change_message(index, cls) for index, cls in changes)
-
-
-NLMSG_ERROR = 2
-
-
-def rtnl_socket(netns: str) -> socket.socket:
-    """A plain rtnetlink socket opened inside ``netns`` (it stays bound to that namespace), for
-    ``send_batch``; 1 s receive timeout."""
-    with in_netns(netns):
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
-    sock.bind((0, 0))
-    sock.settimeout(1.0)
-    return sock
-
-
-def send_batch(sock: socket.socket, data: bytes, count: int) -> None:
-    """Send compiled requests (each with NLM_F_ACK) and wait for their ``count`` acknowledgements
-    (``await_acks``)."""
-    sock.send(data)
-    await_acks(sock, count)
-
-
-def await_acks(sock: socket.socket, count: int) -> None:
-    """Wait for ``count`` acknowledgements (NLMSG_ERROR messages, error 0 on success; netlink(7))
-    of requests sent on ``sock``. Raises BuildError naming the first refusal, TimeoutError if the
-    kernel does not answer within the socket's timeout."""
-    acks, failure = 0, None
-    while acks < count:
-        buf = sock.recv(65536)
-        off = 0
-        while off + _NLMSGHDR.size <= len(buf):
-            length, mtype = _NLMSGHDR.unpack_from(buf, off)[:2]
-            if mtype == NLMSG_ERROR:
-                acks += 1
-                code = struct.unpack_from("=i", buf, off + _NLMSGHDR.size)[0]
-                if code and failure is None:
-                    failure = -code
-            off += max((length + 3) & ~3, _NLMSGHDR.size)
-    if failure is not None:
-        raise BuildError(f"the kernel refused a batched class change: {os.strerror(failure)}")
 
 
 def read_classes(ipr: IPRoute, ifname: str) -> dict[int, dict]:

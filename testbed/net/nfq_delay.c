@@ -73,8 +73,8 @@ static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 /* How late timed wake-ups come, as an exponentially weighted mean (ns); the element wakes that
    much before a release time, at most WAKE_EARLY_MAX_NS, and spins at most SPIN_MAX_NS of the rest. */
 static uint64_t wake_late_ns = 20000;
-#define WAKE_EARLY_MAX_NS 150000ull
-#define SPIN_MAX_NS 60000ull
+#define WAKE_EARLY_MAX_NS 60000ull
+#define SPIN_MAX_NS WAKE_EARLY_MAX_NS
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -267,9 +267,14 @@ int main(int argc, char **argv) {
         if (r < 0) { if (errno == EINTR) continue; die("ppoll"); }
         if (r == 0 && tsp) {
             uint64_t w = now_ns();
-            uint64_t late = w > target ? w - target : 0;
-            wake_late_ns = (7 * wake_late_ns + late) / 8;
-            /* woke before the deadline: wait out a short rest on the clock (never release early) */
+            if (ts.tv_sec || ts.tv_nsec) {
+                /* a real timed sleep: learn how late it woke (one stall counts at most the cap) */
+                uint64_t late = w > target ? w - target : 0;
+                if (late > WAKE_EARLY_MAX_NS) late = WAKE_EARLY_MAX_NS;
+                wake_late_ns = (7 * wake_late_ns + late) / 8;
+            }
+            /* woke before the release time: wait out the rest on the clock (at most the early
+               margin, so at most SPIN_MAX_NS; never release early) */
             while (w < next && next - w <= SPIN_MAX_NS) w = now_ns();
         }
         if (r > 0) {

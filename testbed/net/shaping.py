@@ -23,18 +23,6 @@ from testbed.spec.addressing import BRIDGE_IFNAME, HOST_IFNAME, AddressPlan, hos
 from testbed.spec.topology import TopologySpec
 from testbed.spec.wire import ETH_HLEN, MTU, bdp_packets
 
-#: TCP payload per full-sized segment: MTU - IPv4 (20) - TCP (20) - timestamps option (12).
-TCP_MSS_WITH_TIMESTAMPS = MTU - 20 - 20 - 12
-#: Share of a shaped Ethernet rate left to TCP payload: 1448 / 1514 = 95.6% (DESIGN.md section 3).
-TCP_GOODPUT_FRACTION = TCP_MSS_WITH_TIMESTAMPS / (MTU + ETH_HLEN)
-
-
-def tcp_goodput_fraction(mtu: int = MTU) -> float:
-    """TCP payload per shaped Ethernet frame at ``mtu``: (mtu - 52) / (mtu + 14) (IPv4 20, TCP 20,
-    timestamps 12; Ethernet header 14). 1500: 95.6%; 1450 (inside a VXLAN tunnel): 95.5%."""
-    return (mtu - 52) / (mtu + ETH_HLEN)
-
-
 ROOT_HANDLE = 0x1_0000  # "1:"
 LINK_CLASS_MINOR = 0x1  # "1:1"
 DEFAULT_CLASS_MINOR = 0x10  # "1:10"

@@ -19,7 +19,7 @@ from typing import Any
 from pyroute2 import IPRoute
 
 from testbed.errors import CheckError
-from testbed.net import netlink_tc
+from testbed.net import netlink_tc, rtnl_raw
 from testbed.net.hostproc import HostProcesses
 from testbed.net.namespaces import NamespaceHandles
 from testbed.net.shaping import DEFAULT_CLASS_MINOR, LINK_CLASS_MINOR, EgressPlan, HtbClass, U32Filter, with_class
@@ -90,7 +90,7 @@ class WanShaper:
 
     def _rtnl_socket(self, netns: str) -> socket.socket:
         if netns not in self._rtnl:
-            self._rtnl[netns] = netlink_tc.rtnl_socket(netns)
+            self._rtnl[netns] = rtnl_raw.rtnl_socket(netns)
         return self._rtnl[netns]
 
     # ----------------------------------------------------------------- live changes (LiveShaping)
@@ -154,7 +154,7 @@ class WanShaper:
         with self._lock:
             sock = self._rtnl_socket(egress.netns)
             t0 = self.now_ns()
-            netlink_tc.send_batch(sock, data, 1)
+            rtnl_raw.send_batch(sock, data, 1)
             dt = self.now_ns() - t0
             self._egress[(egress.netns, egress.ifname)] = replace(
                 egress, classes=tuple(new if c.minor == minor else c for c in egress.classes)
@@ -162,23 +162,28 @@ class WanShaper:
             self._write(t0, "change", egress.netns, egress.ifname, new, dt)
         return t0
 
-    def compile_wan_class_rates(self, src_dc: str, dst_dc: str, rates_bps: Sequence[tuple[int, int]]) -> dict[str, Any]:
-        """Compile in-place changes of classes ``1:minor`` on the WAN egress ``src_dc`` -> ``dst_dc``
-        to ``rate_bps`` (= ceil), applied in the given order, without applying them. Returns
-        ``{"netns", "ifname", "data" (bytes, for netlink_tc.send_batch), "classes": [[classid, rate_bps],
-        ...]}``; whoever applies it logs it (``shaping.jsonl`` lines)."""
+    def compile_wan_class_rates(
+        self, src_dc: str, dst_dc: str, rates_bps: Sequence[tuple[int, int] | tuple[int, int, int]]
+    ) -> dict[str, Any]:
+        """Compile in-place changes of classes ``1:minor`` on the WAN egress ``src_dc`` -> ``dst_dc``,
+        each ``(minor, rate_bps)`` (ceil = rate) or ``(minor, rate_bps, ceil_bps)``, applied in the
+        given order, without applying them. Returns ``{"netns", "ifname", "ifindex", "data" (bytes,
+        for rtnl_raw.send_batch), "classes": [[classid, rate_bps, ceil_bps], ...]}``; whoever applies
+        it logs it (``shaping.jsonl`` lines). Raises KeyError for an unknown class."""
         _, egress = self._wan(src_dc, dst_dc)
         idx = self.handles.ifindex(egress.netns, egress.ifname)
         by_minor = {c.minor: c for c in egress.classes}
-        missing = [m for m, _ in rates_bps if m not in by_minor]
+        wanted = [(c[0], c[1], c[2] if len(c) == 3 else c[1]) for c in rates_bps]
+        missing = [m for m, _, _ in wanted if m not in by_minor]
         if missing:
             raise KeyError(f"no class 1:{missing[0]:x} on {src_dc}->{dst_dc}")
-        changes = [(idx, replace(by_minor[m], rate_bps=r, ceil_bps=r)) for m, r in rates_bps]
+        changes = [(idx, replace(by_minor[m], rate_bps=r, ceil_bps=c)) for m, r, c in wanted]
         return {
             "netns": egress.netns,
             "ifname": egress.ifname,
+            "ifindex": idx,
             "data": netlink_tc.compile_class_changes(changes),
-            "classes": [[class_id(m), r] for m, r in rates_bps],
+            "classes": [[class_id(m), r, c] for m, r, c in wanted],
         }
 
     def set_link_rate(self, a: str, b: str, rate_bps: int) -> None:
@@ -195,7 +200,7 @@ class WanShaper:
             for sock, batch in zip(socks, batches):
                 sock.send(batch["data"])
             for sock, batch in zip(socks, batches):
-                netlink_tc.await_acks(sock, len(batch["classes"]))
+                rtnl_raw.await_acks(sock, len(batch["classes"]))
             dt = self.now_ns() - t0
             for src, dst in ((a, b), (b, a)):
                 egress = self._wan(src, dst)[1]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from testbed.plan.placement import WorkerSpec
+from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.routing import RoutingTable
 from testbed.spec.topology import TopologySpec
@@ -65,8 +65,11 @@ def wan_pairs(workers: list[WorkerSpec]) -> list[tuple[str, str]]:
 
 
 def socket_buffer_cap(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> int | None:
-    """Socket buffer cap reproducing ``exp.wan_connection_share`` on the slowest, longest WAN path
-    that training traffic crosses (``wan_pairs``) (``buffer_for_share``), or None when no share is modelled."""
+    """Socket buffer cap reproducing ``exp.wan_connection_share`` on the WAN path (of those training
+    traffic crosses, ``wan_pairs``) that needs the smallest buffer for it (``buffer_for_share``), or
+    None when no share is modelled. One cap holds every socket of a host, so on paths with a larger
+    bandwidth-delay product one connection fills less than the share: ``wan_load.BoundaryLoad``
+    states the share of each path (``testbed plan`` prints it)."""
     if exp.wan_connection_share is None:
         return None
     routes = RoutingTable(topo)

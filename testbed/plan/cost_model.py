@@ -1,4 +1,4 @@
-"""A cost model of one training iteration, and the plans Atlas weighs (DESIGN.md section 1, item 2).
+"""A cost model of one training iteration (the plans Atlas weighs: ``what_if.py``, ``placement.select_dcs``).
 
 Pure functions. For a placement of ``stages`` x ``replicas`` workers it predicts the iteration time
 of a pipeline schedule with ``microbatches`` microbatches (Narayanan et al. 2021, section 2.2: the
@@ -17,18 +17,22 @@ pipeline fill and drain plus (M - 1) times the slowest step), extended with WAN 
 - A: the gradient all-reduce: 0 inside a DC; across the WAN (dp-wan), a ring all-reduce of every
   stage's gradients over the shared link, 2 (R - 1) / R x bytes / rate + 2 (R - 1) x delay;
 - O: the optimizer step (taken as one forward target, an upper bound for a small stage).
+
+Under Atlas's grants (``fifo`` or ``planned`` sharing) the fill, steady state and WAN terms come
+instead from the grant plan's list-schedule simulation of one iteration, each link given to one
+transfer at a time (``grant_plan.simulate``; ``fifo``: all pipelines starting together,
+``planned``: with the plan's offsets); A and O are added as above.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from testbed.errors import SpecError
 from testbed.plan.connections import wan_connections
-from testbed.plan.placement import WorkerSpec, place
+from testbed.plan.grant_plan import plan_grants
+from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import stage_layers, stage_param_bytes
-from testbed.spec.policy import parse_policy
 from testbed.spec.routing import RoutingTable
 from testbed.spec.topology import TopologySpec
 
@@ -82,6 +86,11 @@ def predict(
         fill += 2 * (wire_s + 2 * delay_s)
         busy.append(2 * wire_s)
     steady = (M - 1) * max(max(step), max(busy, default=0.0))
+    if exp.policy.grants and busy:
+        floor = 0.0 if exp.atlas_borrow else exp.atlas_floor_share
+        plan = plan_grants(exp, topo, workers, connections, floor)
+        fill = plan.iteration_s if exp.policy.sharing == "planned" else plan.iteration_unstaggered_s
+        steady = 0.0
     allreduce = 0.0
     if R > 1:
         per_link: dict[tuple[str, str], float] = {}
@@ -98,44 +107,3 @@ def predict(
             allreduce = max(allreduce, 2 * (R - 1) / R * bits / eff_bps + 2 * (R - 1) * delay_s)
     opt = per_layer_f * max(layers)
     return Prediction(fill + steady + allreduce + opt, fill, steady, allreduce, len({w.dc for w in workers}))
-
-
-@dataclass(frozen=True)
-class Plan:
-    stages: int
-    replicas: int
-    microbatches: int
-    workers: tuple[WorkerSpec, ...] | None
-    prediction: Prediction | None
-    why_not: str = ""
-
-
-def alternatives(exp: Experiment, topo: TopologySpec) -> list[Plan]:
-    """Every (stages, replicas, microbatches) with the same global batch and microbatch size, up to
-    as many stages and replicas as the topology has training hosts, placed the Atlas way (largest
-    DCs first); infeasible ones carry the reason."""
-    sequences = exp.replicas * exp.microbatches  # microbatches of the global batch
-    hosts = sum(dc.training_hosts for dc in topo.dcs)
-    out = []
-    for S in range(1, min(exp.model.n_layers, hosts) + 1):
-        for R in range(1, min(sequences, hosts) + 1):
-            if sequences % R:
-                continue
-            cand = replace(exp, stages=S, replicas=R, microbatches=sequences // R, policy=parse_policy("atlas"))
-            try:
-                workers = place(cand, topo)
-            except SpecError as e:
-                out.append(Plan(S, R, sequences // R, None, None, f"{e.field} {e.value} {e.problem}"))
-                continue
-            out.append(Plan(S, R, sequences // R, tuple(workers), predict(cand, topo, workers, exp.block_s)))
-    return sorted(out, key=lambda p: (p.prediction is None, p.prediction.iteration_s if p.prediction else 0))
-
-
-def what_if(plans: list[Plan]) -> tuple[Plan | None, Plan | None]:
-    """(best plan, best plan that uses one DC more than it) among feasible plans."""
-    feasible = [(p, p.prediction) for p in plans if p.prediction is not None]
-    if not feasible:
-        return None, None
-    best, used = feasible[0][0], feasible[0][1].dcs_used
-    more = [p for p, pred in feasible if pred.dcs_used == used + 1]
-    return best, (more[0] if more else None)

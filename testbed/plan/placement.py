@@ -4,39 +4,31 @@ Pure functions of an experiment and a topology. Rank = stage x replicas + replic
 placement (``rank_of``), so the training math (and the losses) never depend on where workers run.
 The policy's ``placement`` (``spec/policy.py``) chooses the layout:
 
-- ``file-order`` (``pp-fair``) and ``largest-first`` (Atlas, DESIGN.md section 1, items 1-2): PP
-  across DCs, DP inside a DC. DCs are taken in an order (file order, or Atlas's: most hosts first,
-  ties in file order); each takes as many consecutive stages as it holds with all replicas of a
-  stage inside it.
+- ``file-order`` (``pp-fair``), ``largest-first`` and ``atlas`` (DESIGN.md section 1, items 1-2):
+  PP across DCs, DP inside a DC. DCs are taken in an order (file order; most hosts first, ties in
+  file order; or the order ``select_dcs`` finds fastest by the cost model); each takes as many
+  consecutive stages as it holds with all replicas of a stage inside it.
 - ``replica-per-dc`` (``dp-wan``): the conventional layout: all stages of replica r in one DC,
   replicas in different DCs, so every stage's gradient all-reduce crosses the WAN.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import replace
 
 from testbed.errors import SpecError
+from testbed.plan.cost_model import predict
+from testbed.plan.workers import WorkerSpec, rank_of
 from testbed.spec.addressing import host_name
 from testbed.spec.experiment import Experiment
 from testbed.spec.policy import Policy
 from testbed.spec.topology import DCSpec, TopologySpec
 
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """One worker = one emulated GPU: global rank, pipeline stage, data-parallel replica, host."""
-
-    rank: int
-    stage: int
-    replica: int
-    host: str
-    dc: str
-
-
-def rank_of(stage: int, replica: int, replicas: int) -> int:
-    """Global rank of (stage, replica): stage x replicas + replica, under every placement."""
-    return stage * replicas + replica
+__all__ = ["WorkerSpec", "rank_of", "place", "place_pipeline", "place_dp_wan", "select_dcs", "decode_hosts"]
+#: DC selection tries every order of every subset up to this many DCs (1956 orders at 6);
+#: above it, the prefixes of the largest-first order
+MAX_DCS_SEARCHED = 6
 
 
 def atlas_dc_order(topo: TopologySpec) -> list[DCSpec]:
@@ -91,6 +83,46 @@ def place_dp_wan(exp: Experiment, topo: TopologySpec) -> list[WorkerSpec]:
     ]
 
 
+def dc_orders(topo: TopologySpec) -> list[tuple[DCSpec, ...]]:
+    """The DC orders DC selection weighs: every order of every subset of DCs (up to
+    ``MAX_DCS_SEARCHED`` DCs), else the prefixes of the largest-first order."""
+    if len(topo.dcs) > MAX_DCS_SEARCHED:
+        order = atlas_dc_order(topo)
+        return [tuple(order[:k]) for k in range(1, len(order) + 1)]
+    return [p for k in range(1, len(topo.dcs) + 1) for p in itertools.permutations(topo.dcs, k)]
+
+
+def select_dcs(exp: Experiment, topo: TopologySpec, policy: Policy) -> tuple[tuple[DCSpec, ...], float]:
+    """Atlas's DC selection (DESIGN.md section 1, item 2): among the DC orders of ``dc_orders`` that
+    hold ``exp``'s stages x replicas, the one whose pipeline placement the cost model's closed form
+    predicts to be fastest under ``policy``'s striping (WAN rates, delays and per-connection shares
+    included); ties go to fewer DCs, then to the largest-first order. Returns (the DCs used, in
+    pipeline order; the predicted iteration time in s). Raises SpecError when no order holds the
+    layout (``place_pipeline``'s message for the largest-first order)."""
+    # ranked by the closed-form model (the grant plan's simulation, per candidate, would cost seconds)
+    costed = replace(exp, policy=replace(policy, sharing="tcp"))
+    rank = {dc.name: i for i, dc in enumerate(atlas_dc_order(topo))}
+    best: tuple[tuple, tuple[DCSpec, ...], float] | None = None
+    seen: set[tuple[str, ...]] = set()
+    for order in dc_orders(topo):
+        try:
+            workers = place_pipeline(exp, topo, list(order))
+        except SpecError:
+            continue
+        used = tuple(dict.fromkeys(w.dc for w in sorted(workers, key=lambda w: w.stage)))
+        if used in seen:
+            continue
+        seen.add(used)
+        t = predict(costed, topo, workers).iteration_s
+        key = (round(t, 9), len(used), [rank[d] for d in used])
+        if best is None or key < best[0]:
+            best = (key, tuple(topo.dc(d) for d in used), t)
+    if best is None:
+        place_pipeline(exp, topo, atlas_dc_order(topo))  # raises the shortfall
+        raise AssertionError("unreachable")
+    return best[1], best[2]
+
+
 def place(exp: Experiment, topo: TopologySpec | None = None, policy: Policy | None = None) -> list[WorkerSpec]:
     """The placement of ``policy`` (default: the experiment's) on ``topo`` (default: the
     experiment's own topology). Raises SpecError naming the shortfall."""
@@ -100,6 +132,8 @@ def place(exp: Experiment, topo: TopologySpec | None = None, policy: Policy | No
         return place_dp_wan(exp, topo)
     if pol.placement == "largest-first":
         return place_pipeline(exp, topo, atlas_dc_order(topo))
+    if pol.placement == "atlas":
+        return place_pipeline(exp, topo, list(select_dcs(exp, topo, pol)[0]))
     return place_pipeline(exp, topo)
 
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.plan.placement import WorkerSpec
+from testbed.plan.workers import WorkerSpec
 from testbed.spec.bubbletea import BubbleTeaSpec, bubbletea_from_dict
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import ModelConfig
@@ -89,6 +89,9 @@ class WorkerConfig:
     timeout_s: float
     control_socket: str | None = None
     bubbletea: BubbleTeaConfig | None = None
+    #: planned grants: how long each replica's first stage waits after an iteration's optimizer
+    #: step before it starts the next (``plan/grant_plan.py``'s stagger; empty: not at all)
+    stagger_s: tuple[float, ...] = ()
 
     def worker(self, rank: int) -> WorkerSpec:
         return self.workers[rank]
@@ -105,6 +108,7 @@ def write_worker_config(path: Path, cfg: WorkerConfig) -> None:
         "timeout_s": cfg.timeout_s,
         "control_socket": cfg.control_socket,
         "bubbletea": asdict(cfg.bubbletea) if cfg.bubbletea is not None else None,
+        "stagger_s": list(cfg.stagger_s),
     }
     path.write_text(json.dumps(data))
 
@@ -124,4 +128,5 @@ def read_worker_config(path: Path | str) -> WorkerConfig:
         data["timeout_s"],
         data.get("control_socket"),
         BubbleTeaConfig(**{**bt, "spec": bubbletea_from_dict(bt["spec"])}) if bt else None,
+        tuple(data.get("stagger_s", ())),
     )

@@ -254,7 +254,12 @@ def grant_figures(log: list[dict]) -> dict:
       another transfer waited, to that next grant applied: the controller's own dead time;
     - ``idle_between_grants``: every release to the next grant on the same link, waiting or not
       (includes time when no pipeline had anything to send).
-    Each as p50 and p99; None when there are no such intervals."""
+    - ``grant_hold``: how long grants held their link (grant to release);
+    - ``grants_released_by_deadline``: grants that ended at their deadline (a lost message, or
+      bytes that went slower than planned);
+    - ``link_busy_during_grants``: what the granted classes sent over what their links could have
+      carried while held (planned grants, whose releases carry ``sent_bytes``).
+    Each time as p50 and p99; None when there are no such intervals."""
     grants = [r for r in log if r.get("event", "grant") == "grant"]
     lat = pd.Series([(r["t_applied_ns"] - r["t_ready_ns"]) / 1e6 for r in grants], dtype=float)
     handover, idle = [], []
@@ -274,8 +279,17 @@ def grant_figures(log: list[dict]) -> dict:
     def q(values, p):
         return float(pd.Series(values, dtype=float).quantile(p)) if len(values) else None
 
+    releases = [r for r in log if r.get("event") == "release"]
+    holds = [r["held_ns"] / 1e6 for r in releases if r.get("held_ns") is not None]
+    measured = [r for r in releases if r.get("sent_bytes") is not None and r.get("held_ns") and r.get("rate_bps")]
+    capacity_bits = sum(r["rate_bps"] * r["held_ns"] / 1e9 for r in measured)
+    busy = sum(8 * max(r["sent_bytes"], 0) for r in measured) / capacity_bits if capacity_bits else None
     return {
         M.GRANTS: len(grants),
+        M.GRANTS_RELEASED_BY_DEADLINE: sum(r.get("reason") == "deadline" for r in releases),
+        M.GRANT_HOLD_P50_MS: q(holds, 0.5),
+        M.GRANT_HOLD_P99_MS: q(holds, 0.99),
+        M.LINK_BUSY_DURING_GRANTS: busy,
         M.GRANT_LATENCY_P50_MS: q(lat, 0.5),
         M.GRANT_LATENCY_P99_MS: q(lat, 0.99),
         M.HANDOVER_GAP_P50_MS: q(handover, 0.5),

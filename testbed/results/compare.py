@@ -41,7 +41,9 @@ def spread(values: list[float]) -> float | None:
 
 def aggregate(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Per policy: the median of each figure over repeats and its spread; the speed-up of every
-    policy over every other (median iteration time of the other over its own); and for each
+    policy over every other (median iteration time of the other over its own); ``steps``: the
+    speed-up of each policy over the one before it in ``runs``' order (an ablation's parts, one at a
+    time), next to the larger spread of the two against themselves (the noise floor); and for each
     ``X+bubbletea`` run beside ``X``, the training slowdown (median iteration time with BubbleTea
     over without) next to the noise floor (the larger spread of the two against themselves)."""
     stats = {}
@@ -73,7 +75,28 @@ def aggregate(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             ta, tb = stats[a][M.ITERATION_TIME_S]["median"], stats[b][M.ITERATION_TIME_S]["median"]
             if a != b and ta and tb:
                 speedup[f"{a}/{b}"] = tb / ta
-    return {"stats": stats, "speedup": speedup, "bubbletea": slowdown}
+    steps = []
+    names = list(runs)
+    for prev, this in zip(names, names[1:]):
+        tp, tt = stats[prev][M.ITERATION_TIME_S]["median"], stats[this][M.ITERATION_TIME_S]["median"]
+        noise = [x for x in (stats[prev][M.ITERATION_TIME_S]["spread"], stats[this][M.ITERATION_TIME_S]["spread"]) if x]
+        steps.append(
+            {
+                "from": prev,
+                "to": this,
+                "speedup": tp / tt if tp and tt else None,
+                "noise_floor": max(noise) if noise else None,
+            }
+        )
+    return {"stats": stats, "speedup": speedup, "bubbletea": slowdown, "steps": steps}
+
+
+def _split_pair(pair: str, names: dict[str, Any]) -> tuple[str, str]:
+    """``A/B`` back into its two policy names where the names hold ``/`` themselves."""
+    for a in names:
+        if pair.startswith(a + "/") and pair[len(a) + 1 :] in names:
+            return a, pair[len(a) + 1 :]
+    raise ValueError(f"not a pair of compared policies: {pair}")
 
 
 def _median_text(figures: dict[str, Any], figure: str, fmt: str) -> str:
@@ -83,20 +106,36 @@ def _median_text(figures: dict[str, Any], figure: str, fmt: str) -> str:
 
 
 def format_comparison(result: dict[str, Any]) -> str:
+    """The comparison as text: a row per policy; then, for an ablation, each step's own speed-up
+    next to its noise floor, else the speed-up of every policy over every other."""
     stats = result["stats"]
-    head = f"{'policy':<18} {'iteration s':>12} {'tokens/s':>10} {'GPU util':>9} {'bubble':>7}  spread (iteration time)"
+    w = max(18, *(len(p) for p in stats))
+    head = (
+        f"{'policy':<{w}} {'iteration s':>12} {'tokens/s':>10} {'GPU util':>9} {'bubble':>7}  spread (iteration time)"
+    )
     lines = [head]
     for policy, st in stats.items():
         sp = st[M.ITERATION_TIME_S]["spread"]
         lines.append(
-            f"{policy:<18} {_median_text(st, M.ITERATION_TIME_S, '12.3f')} {_median_text(st, M.TOKENS_PER_S, '10.0f')} "
+            f"{policy:<{w}} {_median_text(st, M.ITERATION_TIME_S, '12.3f')} "
+            f"{_median_text(st, M.TOKENS_PER_S, '10.0f')} "
             f"{_median_text(st, M.GPU_UTILIZATION, '9.3f')} {_median_text(st, M.BUBBLE_FRACTION, '7.3f')}  "
             f"{'n/a (use --repeat)' if sp is None else f'{sp:.1%}'}"
         )
-    for pair, s in result["speedup"].items():
-        a, b = pair.split("/")
-        if base_policy(a) != base_policy(b):
-            lines.append(f"speed-up of {a} over {b}: {s:.2f}x")
+    if result.get("ablation"):
+        lines.append("each part's own contribution (speed-up over the step before; noise floor: the larger spread):")
+        for step in result["steps"]:
+            sp = "-" if step["speedup"] is None else f"{step['speedup']:.3f}x"
+            noise = "n/a (use --repeat)" if step["noise_floor"] is None else f"{step['noise_floor']:.1%}"
+            lines.append(f"  {step['to']:<{w}} {sp:>8}  (noise floor {noise})")
+        first, last = next(iter(stats)), list(stats)[-1]
+        if f"{last}/{first}" in result["speedup"]:
+            lines.append(f"all parts: {last} over {first}: {result['speedup'][f'{last}/{first}']:.3f}x")
+    else:
+        for pair, s in result["speedup"].items():
+            a, b = pair.split("/", 1) if pair.count("/") == 1 else _split_pair(pair, stats)
+            if base_policy(a) != base_policy(b):
+                lines.append(f"speed-up of {a} over {b}: {s:.2f}x")
     bt = [p for p in stats if parse_policy(p).bubbletea]
     if bt:
         lines.append(

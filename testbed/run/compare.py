@@ -17,6 +17,13 @@ from testbed.run.runner import check_runnable, run_experiment
 from testbed.spec.experiment import Experiment
 
 
+def run_folder_name(policy: str, k: int, repeat: int) -> str:
+    """A policy's run folder in a comparison: its name with the parts' ``/`` as ``_``
+    (``pp-fair_placement=atlas``), suffixed ``-k`` for the k-th repeat."""
+    name = policy.replace("/", "_")
+    return name if repeat == 1 else f"{name}-{k}"
+
+
 def compare(
     exp: Experiment,
     policies: list[str],
@@ -25,24 +32,26 @@ def compare(
     delay_mechanism: str = "auto",
     progress: Callable[[str], None] = print,
     force: bool = False,
+    ablation: bool = False,
     **backend: Any,
 ) -> dict[str, Any]:
     """Run every policy ``repeat`` times, interleaved; write and return ``comparison.json``:
     ``policies`` maps each policy to its (first run's) summary, ``runs`` to every summary.
-    ``backend``: ``backend=``/``inventory=`` for run_experiment; ``force`` as there."""
+    ``backend``: ``backend=``/``inventory=`` for run_experiment; ``force`` as there; ``ablation``:
+    the policies are an ablation chain (the report shows each step's own contribution)."""
     check_fresh_out_dir(out_dir)
     for policy in policies:  # refuse an impossible policy before the others have run
         check_runnable(exp.with_overrides(policy=policy), backend.get("backend", "netns"), force)
     for k in range(repeat):
         for policy in policies:
-            check_fresh_out_dir(out_dir / (policy if repeat == 1 else f"{policy}-{k}"))
+            check_fresh_out_dir(out_dir / run_folder_name(policy, k, repeat))
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
     # one worker launcher for every run: torch is imported and warmed up once per comparison
     launcher = Launcher(out_dir / "launcher.log") if runs_here(backend.get("backend", "netns")) else None
     try:
         for k in range(repeat):
             for policy in policies:
-                run_dir = out_dir / (policy if repeat == 1 else f"{policy}-{k}")
+                run_dir = out_dir / run_folder_name(policy, k, repeat)
                 progress(f"--- {policy} (run {k + 1}/{repeat}) -> {run_dir}")
                 runs[policy].append(
                     run_experiment(
@@ -62,6 +71,7 @@ def compare(
         "experiment": exp.name,
         "topology": exp.topology,
         "repeat": repeat,
+        "ablation": ablation,
         "policies": {p: s[0] for p, s in runs.items()},
         "runs": runs,
         **aggregate(runs),

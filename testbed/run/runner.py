@@ -19,6 +19,7 @@ from testbed.net.network import LocalHosts, Network
 from testbed.net.registry import control_dir
 from testbed.plan.connections import socket_buffer_cap, wan_connections
 from testbed.plan.cost_model import predict
+from testbed.plan.grant_plan import format_grant_plan, plan_grants
 from testbed.plan.placement import WorkerSpec, decode_hosts, place
 from testbed.plan.worker_config import TrainingConfig, WorkerConfig, write_worker_config
 from testbed.results.report import finalize
@@ -190,7 +191,12 @@ def _train(
     worker_env = {"OMP_NUM_THREADS": "1", "TORCH_GLOO_LAZY_INIT": "1"}
     n_conn = wan_connections(exp, exp.topology_spec, workers)
     controller = None
+    grant_plan = None
     if exp.policy.grants:
+        # borrowing: a granted transfer gets the whole link whenever the held classes are idle
+        floor = 0.0 if exp.atlas_borrow else exp.atlas_floor_share
+        grant_plan = plan_grants(exp, exp.topology_spec, workers, n_conn, floor)
+        (out_dir / "grant_plan.txt").write_text(format_grant_plan(grant_plan) + "\n")
         # AF_UNIX paths are limited to 108 bytes: the socket lives beside the run registry
         controller = Controller(
             net,
@@ -199,6 +205,9 @@ def _train(
             control_dir() / f"{net.prefix}.sock",
             out_dir / "controller.jsonl",
             exp.atlas_floor_share,
+            exp.policy.sharing,
+            grant_plan,
+            exp.atlas_borrow,
         )
         controller.install()
         controller.start()
@@ -213,6 +222,7 @@ def _train(
         timeout_s(exp),
         str(controller.sock_path) if controller else None,
         bt,
+        grant_plan.stagger_s if grant_plan is not None and exp.policy.sharing == "planned" else (),
     )
     write_worker_config(out_dir / "worker_config.json", cfg)
     cfg_arg = net.share_file(out_dir / "worker_config.json")

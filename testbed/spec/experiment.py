@@ -72,6 +72,9 @@ class Experiment:
     #: under Atlas's grants, the share of a link a pipeline's class keeps while another holds the
     #: grant (0 starves it: its TCP flow then backs off; see atlas/controller.py)
     atlas_floor_share: float = 0.05
+    #: under Atlas's grants, whether held classes (and the granted one) may borrow the link's idle
+    #: capacity (HTB ceil at the link rate: work-conserving) or stay at their rates (ceil = rate)
+    atlas_borrow: bool = False
     bubbletea: BubbleTeaSpec = field(default_factory=BubbleTeaSpec)
     source: str = "<memory>"
 

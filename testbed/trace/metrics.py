@@ -41,6 +41,9 @@ GRANTS, CONTROLLER_FAILED = "grants", "controller_failed"
 GRANT_LATENCY_P50_MS, GRANT_LATENCY_P99_MS = "grant_latency_p50_ms", "grant_latency_p99_ms"
 HANDOVER_GAP_P50_MS, HANDOVER_GAP_P99_MS = "handover_gap_p50_ms", "handover_gap_p99_ms"
 IDLE_BETWEEN_GRANTS_P50_MS, IDLE_BETWEEN_GRANTS_P99_MS = "idle_between_grants_p50_ms", "idle_between_grants_p99_ms"
+GRANT_HOLD_P50_MS, GRANT_HOLD_P99_MS = "grant_hold_p50_ms", "grant_hold_p99_ms"
+GRANTS_RELEASED_BY_DEADLINE = "grants_released_by_deadline"
+LINK_BUSY_DURING_GRANTS = "link_busy_during_grants"
 
 # BubbleTea
 BUBBLE_FILL_FRACTION, PREFILL_TOKENS_PER_S, PREFILL_CHUNKS = (

@@ -28,6 +28,10 @@ def test_two_dc_kernel_state_matches_plan(tmp_path, clean_machine):
         # routers: the other DC's subnet through the WAN peer
         end = net.plan.wan_ends[("east", "west")]
         assert f"{west_r.subnet} via {end.peer_ip} dev w-west" in _ns(east_r.netns, "ip", "route")
+        # ... and knows the peer's address without ARP across the delayed link
+        far = net.plan.wan_ends[("west", "east")]
+        peer_mac = _ns(west_r.netns, "ip", "-o", "link", "show", far.ifname).split("link/ether ")[1].split()[0]
+        assert f"{end.peer_ip} lladdr {peer_mac} PERMANENT" in _ns(east_r.netns, "ip", "neigh", "show", "dev", "w-west")
         # shaping: HTB with the link rate on each end's egress
         for src, dst in (("east", "west"), ("west", "east")):
             classes = net.shaping.wan_classes(src, dst)

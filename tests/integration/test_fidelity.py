@@ -71,7 +71,7 @@ def test_rate_accuracy_at_the_ends_of_the_range(tmp_path, clean_machine):
     """HTB with ~1 ms bursts holds its rate from 1 Gbit/s down to 1 Mbit/s (DESIGN.md section 3)."""
     from testbed.net.fidelity import rate_within
     from testbed.net.iperf import iperf
-    from testbed.net.shaping import TCP_GOODPUT_FRACTION
+    from testbed.spec.wire import TCP_GOODPUT_FRACTION
 
     spec = parse_topology(
         {

@@ -11,9 +11,9 @@ import pytest
 
 from testbed.net.fidelity import rate_within
 from testbed.net.iperf import iperf
-from testbed.net.shaping import TCP_GOODPUT_FRACTION
 from testbed.run.backends import make_network
 from testbed.spec.topology_file import load_topology
+from testbed.spec.wire import TCP_GOODPUT_FRACTION
 
 
 def test_link_rate_change_takes_effect_mid_transfer(tmp_path, clean_machine):

@@ -20,7 +20,7 @@ EXPECTED_TESTS = 10
 
 @pytest.mark.timeout(1500)
 def test_the_netem_path_inside_a_stock_kernel(tmp_path, clean_machine):
-    box = build_box()
+    box = build_box(REPO)
     run = boot(box, pytest_command(), REPO, tmp_path / "job", timeout_s=900)
     log = run.job_log
     print(log)

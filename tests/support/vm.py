@@ -24,19 +24,23 @@ is how that path is tested here (``scripts/vm_check``; the suite's ``tests/integ
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from testbed.net.features import boot_id
 
 CACHE = Path("/var/cache/testbed/vm")
 #: what the box holds besides the minimal base: the kernel and the tools the tests run
@@ -59,6 +63,7 @@ HOST_TOOLS = (
     ("debootstrap", "debootstrap"),
     ("mke2fs", "e2fsprogs"),
 )
+ACCELS = ("auto", "kvm", "tcg")
 #: seconds a KVM guest has to report that it booted before the run falls back to TCG
 KVM_BOOT_S = 30.0
 #: seconds a TCG guest has to report that it booted
@@ -95,6 +100,11 @@ sync
 echo o > /proc/sysrq-trigger
 sleep 30
 """
+
+
+def _die_with_parent() -> None:
+    """In the qemu child: prctl(PR_SET_PDEATHSIG, SIGKILL), so no VM outlives a killed run."""
+    ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl(1, signal.SIGKILL)
 
 
 class VmError(Exception):
@@ -150,13 +160,20 @@ def host_release(os_release: Path = Path("/etc/os-release")) -> str:
     return code
 
 
-def host_python_version() -> str:
-    """``major.minor`` of the interpreter the project's .venv runs on (``/usr/bin/python3``)."""
-    return f"{sys.version_info.major}.{sys.version_info.minor}"
+def venv_python_version(project: Path) -> str:
+    """``major.minor`` of the interpreter the project's .venv was made with (its ``pyvenv.cfg``).
+    Raises VmError without a .venv."""
+    cfg = project / ".venv" / "pyvenv.cfg"
+    try:
+        fields = dict(line.split("=", 1) for line in cfg.read_text().splitlines() if "=" in line)
+    except OSError:
+        raise VmError(f"no {cfg}: run scripts/setup.sh first (the box uses the host's .venv)") from None
+    version = (fields.get("version") or fields.get("version_info") or "").strip()
+    return ".".join(version.split(".")[:2])
 
 
 def box_key(release: str, mirror: str) -> str:
-    """The cache key: everything a box is made from."""
+    """The cache key: everything a box is made from (the release fixes its Python)."""
     blob = json.dumps([release, mirror, PACKAGES, INIT], sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
@@ -217,15 +234,25 @@ def _run(argv: list[str], log: Callable[[str], None], **kw) -> None:
         raise VmError(f"{argv[0]} failed (status {proc.returncode}):\n{tail}")
 
 
-def build_box(log: Callable[[str], None] = print, rebuild: bool = False) -> Box:
-    """The cached box, built first if needed (a few minutes: debootstrap downloads about 150 MB
-    from the host's mirror). Raises VmError."""
+def _check_python(box_python: str, project: Path) -> None:
+    venv = venv_python_version(project)
+    if box_python != venv:
+        raise VmError(
+            f"the box's Python is {box_python} but the project's .venv runs on {venv}: the box shares "
+            "the host's .venv, so both must come from the same Debian release"
+        )
+
+
+def build_box(project: Path, log: Callable[[str], None] = print, rebuild: bool = False) -> Box:
+    """The cached box for the checkout ``project``, built first if needed (about 2 minutes here:
+    debootstrap fetches about 150 MB from the host's mirror). Raises VmError."""
     check_host()
     release, mirror = host_release(), apt_source()
     folder = CACHE / box_key(release, mirror)
     info = folder / "box.json"
     if info.exists() and not rebuild:
         meta = json.loads(info.read_text())
+        _check_python(meta["python"], project)
         return Box(folder, meta["kernel_release"], meta["python"])
     CACHE.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="build-", dir=CACHE))
@@ -245,11 +272,7 @@ def build_box(log: Callable[[str], None] = print, rebuild: bool = False) -> Box:
         )
         rel, kernel, initrd = kernel_files(rootfs)
         python = box_python(rootfs)
-        if python != host_python_version():
-            raise VmError(
-                f"the box's Python is {python} but the project's .venv runs on {host_python_version()}: "
-                "the box shares the host's .venv, so both must be the same Debian release"
-            )
+        _check_python(python, project)
         init = rootfs / "sbin" / "testbed-vm-init"
         init.write_text(INIT)
         init.chmod(0o755)
@@ -307,16 +330,12 @@ class VmRun:
         return p.read_text(errors="replace") if p.exists() else ""
 
 
-def _boot_id() -> str:
-    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-
-
 def kvm_usable() -> bool:
     """Whether /dev/kvm exists and opens, and no guest has failed to boot under it since this
     machine booted (whether one gets past its boot is seen only by booting; a failure is
     remembered in ``CACHE/kvm-failed`` so that later runs go straight to TCG)."""
     failed = CACHE / "kvm-failed"
-    if failed.exists() and failed.read_text().strip() == _boot_id():
+    if failed.exists() and failed.read_text().strip() == boot_id():
         return False
     try:
         fd = os.open("/dev/kvm", os.O_RDWR)
@@ -372,13 +391,16 @@ def pytest_command(args: Sequence[str] = DEFAULT_TESTS) -> str:
 
 
 def job_script(project: Path, command: str) -> str:
-    """The job's run.sh: mount the project at its host path (read-only), run ``command`` there."""
+    """The job's run.sh: mount the project at its host path (read-only), run ``command`` there in a
+    subshell (so that its exit status is recorded whatever it does), record the status."""
+    where = shlex.quote(str(project))
     return f"""set -u
-mkdir -p {project}
-mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 project {project} || exit 90
-cd {project}
+mkdir -p {where}
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 project {where} || exit 90
+cd {where} || exit 91
 export HOME=/root PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 TESTBED_IN_VM=1
-{command}
+( {command}
+)
 echo $? > /job/rc
 sync
 """
@@ -398,6 +420,12 @@ def boot(
     """Boot ``box``, run the shell ``command`` in ``project`` (mounted at the same path), and
     return what came back in ``job_dir``. ``accel``: ``kvm``, ``tcg`` or ``auto`` (KVM where it
     boots, else TCG). Raises VmError when the box does not boot."""
+    if accel not in ACCELS:
+        raise VmError(f"accel {accel!r} is not one of {', '.join(ACCELS)}")
+    if "," in str(project):
+        raise VmError(f"qemu's -virtfs cannot share a path with a comma: {project}")
+    if job_dir.exists() and any(job_dir.iterdir()):
+        raise VmError(f"{job_dir} is not empty: give the box a new or empty folder for its results")
     order = ["kvm", "tcg"] if accel == "auto" and kvm_usable() else (["tcg"] if accel == "auto" else [accel])
     for i, mode in enumerate(order):
         last = i == len(order) - 1
@@ -405,9 +433,9 @@ def boot(
         if run is not None:
             return run
         if mode == "kvm":
-            (CACHE / "kvm-failed").write_text(_boot_id())
-        log(f"the box did not boot under {mode} within {KVM_BOOT_S:g} s: trying {order[i + 1]}")
-    raise AssertionError("unreachable")
+            (CACHE / "kvm-failed").write_text(boot_id())
+        log(f"the box did not boot under {mode} (console: {job_dir / f'console-{mode}.log'}): trying {order[i + 1]}")
+    raise VmError(f"the box did not boot under any of {', '.join(order)}")
 
 
 def _boot_once(
@@ -422,20 +450,22 @@ def _boot_once(
     log: Callable[[str], None],
     last: bool,
 ) -> VmRun | None:
-    if job_dir.exists():
-        shutil.rmtree(job_dir)
-    job_dir.mkdir(parents=True)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("run.sh", "booted", "rc", "job.log"):  # what a failed attempt under another accelerator wrote
+        (job_dir / name).unlink(missing_ok=True)
     (job_dir / "run.sh").write_text(job_script(project, command))
     overlay = job_dir.parent / f".{job_dir.name}-overlay.qcow2"
     overlay.unlink(missing_ok=True)
     _run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(box.image), str(overlay)], log)
-    console_path = job_dir / "console.log"
+    console_path = job_dir / f"console-{accel}.log"
     argv = qemu_argv(box, overlay, job_dir, project, accel, cpus, mem_mb)
     log(f"booting the box ({box.kernel_release}) under {accel}")
     t0 = time.monotonic()
     boot_limit = KVM_BOOT_S if accel == "kvm" else TCG_BOOT_S
     with open(console_path, "wb") as console:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+        )
         try:
             booted = False
             while proc.poll() is None:

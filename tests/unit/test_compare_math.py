@@ -56,3 +56,26 @@ def test_a_folder_holding_a_run_is_refused(tmp_path):
     (tmp_path / "events").mkdir()
     with pytest.raises(SpecError, match="already holds a run"):
         check_fresh_out_dir(tmp_path)
+
+
+def test_an_ablation_reports_each_parts_own_contribution():
+    from testbed.run.compare import run_folder_name
+
+    chain = ["pp-fair", "pp-fair/placement=atlas", "atlas"]
+    runs = {
+        "pp-fair": [summary(2.0), summary(2.1)],
+        "pp-fair/placement=atlas": [summary(1.6), summary(1.7)],
+        "atlas": [summary(1.2), summary(1.3)],
+    }
+    agg = aggregate(runs)
+    steps = agg["steps"]
+    assert [(s["from"], s["to"]) for s in steps] == list(zip(chain, chain[1:]))
+    assert steps[0]["speedup"] == pytest.approx(2.05 / 1.65) and steps[1]["speedup"] == pytest.approx(1.65 / 1.25)
+    assert steps[1]["noise_floor"] == pytest.approx(max(0.1 / 1.65, 0.1 / 1.25))
+    text = format_comparison({**agg, "ablation": True})
+    assert "  pp-fair/placement=atlas   1.242x  (noise floor 6.1%)" in text
+    assert f"all parts: atlas over pp-fair: {2.05 / 1.25:.3f}x" in text
+    assert "speed-up of" not in text  # the steps say it
+    # a policy's parts do not make sub-folders
+    assert run_folder_name("pp-fair/placement=atlas", 0, 1) == "pp-fair_placement=atlas"
+    assert run_folder_name("atlas", 2, 3) == "atlas-2"

@@ -87,8 +87,8 @@ class RecordingSwitch:
         self.events.append(("grant", hop, replica, t_ready_ns))
         return t_ready_ns or 0
 
-    def release(self, hop, replica, t_ns, handover):
-        self.events.append(("release", hop, replica, t_ns, handover))
+    def release(self, hop, replica, t_ns, handover, reason="done", **measured):
+        self.events.append(("release", hop, replica, t_ns, handover) + (() if reason == "done" else (reason,)))
 
 
 def _two_pipelines():
@@ -163,12 +163,12 @@ def test_the_message_loop_feeds_the_grants_until_stop():
         encode_message(STOP),
         encode_message("ready", 1, 3),
     ]
-    clock = iter(range(100, 200))
-    handled = serve_messages(loop, lambda n: datagrams.pop(0), clock=lambda: next(clock))
+    clock = iter(range(100, 300, 2))
+    handled = serve_messages(loop, lambda n, timeout: datagrams.pop(0), clock=lambda: next(clock))
     assert handled == 3 and datagrams == [encode_message("ready", 1, 3)]  # stopped at "stop"
-    assert switch.events == [("grant", Hop("a", "b"), 0, 101), ("release", Hop("a", "b"), 0, 102, False)]
+    assert switch.events == [("grant", Hop("a", "b"), 0, 102), ("release", Hop("a", "b"), 0, 106, False)]
     with pytest.raises(ValueError):
-        serve_messages(loop, lambda n: b"garbage")
+        serve_messages(loop, lambda n, timeout: b"garbage")
 
 
 def test_the_worker_side_sends_what_the_controller_reads(tmp_path):

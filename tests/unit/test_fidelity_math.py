@@ -5,7 +5,7 @@ import math
 import pytest
 
 from testbed.net.fidelity import loss_within, parse_ping_ms, rate_within, rtt_within
-from testbed.net.shaping import TCP_GOODPUT_FRACTION
+from testbed.spec.wire import TCP_GOODPUT_FRACTION
 
 
 def test_goodput_fraction_is_payload_over_frame():

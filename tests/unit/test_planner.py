@@ -6,8 +6,9 @@ import pytest
 from experiments import exp, topo
 
 from testbed.errors import SpecError
-from testbed.plan.cost_model import alternatives, predict, what_if
+from testbed.plan.cost_model import predict
 from testbed.plan.placement import atlas_dc_order, place, place_dp_wan, place_pipeline
+from testbed.plan.what_if import alternatives, what_if
 from testbed.spec.model import ModelConfig, stage_param_bytes
 from testbed.spec.policy import parse_policy
 
@@ -79,11 +80,11 @@ def test_alternatives_keep_the_global_batch_and_mark_infeasible_plans():
 
 def test_what_if_weighs_the_best_plan_with_one_more_dc():
     """Two DCs of 4 hosts over a slow link: the best plan keeps to one DC; the best plan that uses
-    both is 4 stages x 2 replicas (a stage boundary crosses the 10 Mbit/s link), and it is slower."""
+    both (a stage boundary crosses the 10 Mbit/s link) is slower."""
     plans = alternatives(exp(), topo({"a": 4, "b": 4}, rate="10mbit", delay="50ms"))
     best, more = what_if(plans)
     assert (best.stages, best.replicas, best.prediction.dcs_used) == (1, 4, 1)
-    assert (more.stages, more.replicas, more.prediction.dcs_used) == (4, 2, 2)
+    assert more.prediction.dcs_used == 2 and more.stages >= 2
     assert more.prediction.iteration_s > best.prediction.iteration_s
     one_more = [p for p in plans if p.prediction and p.prediction.dcs_used == 2]
     assert more is min(one_more, key=lambda p: p.prediction.iteration_s)

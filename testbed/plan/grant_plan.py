@@ -1,0 +1,310 @@
+"""Atlas's grant plan (DESIGN.md section 1, item 4): temporal sharing of the WAN links planned from
+the training workload, before it runs.
+
+Inputs: the schedule tables (``schedule.py``), the microbatch count, the padded compute targets of
+every stage (``Experiment.block_s``), the bytes of one boundary transfer, and each WAN link's rate
+and one-way delay, the held classes' floor and the per-connection share of striped transfers.
+Output, per link direction (``Hop``): the order of the stage-boundary transfers over one iteration,
+how long one needs the link when granted (``transfer_s``: its bytes over the granted rate), and
+its deadline; and, per data-parallel pipeline, the offset at which its first stage starts each
+iteration (``stagger_s``), so that one pipeline computes while another transmits.
+
+How: ``simulate`` plays one iteration of every pipeline as a list schedule in continuous time (an
+action starts when its worker is free and its input has arrived; gloo moves a tensor only once the
+receive is posted and the receiver's notice has crossed back, ``CHANNEL_NOTICE``), with each link
+direction given to one transfer at a time at the granted rate, earliest ready first. ``plan_grants``
+tries pipeline offsets r x delta for delta from 0 to the longest transfer time, keeps the largest
+one whose simulated iteration is no longer than the shortest found (so that pipelines take each
+link in turn instead of queueing their bytes at the floor rate behind each other's grants), and
+records the order in which that iteration's transfers took each link.
+
+Pure: no kernel, no processes. ``testbed plan --grants`` prints it (``format_grant_plan``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+
+from testbed.plan.schedule import Action, make_schedule
+from testbed.plan.workers import WorkerSpec
+from testbed.spec.experiment import Experiment
+from testbed.spec.model import stage_layers
+from testbed.spec.routing import RoutingTable
+from testbed.spec.topology import TopologySpec
+from testbed.spec.wire import TCP_GOODPUT_FRACTION
+
+#: the share of a link a held (not granted) pipeline's class keeps (DESIGN.md section 1, item 4)
+FLOOR_SHARE = 0.05
+#: deadline of a grant: this many times its transfer time, plus one round trip (README, Atlas)
+DEADLINE_TRANSFERS = 3.0
+#: pipeline offsets tried: r x k/STAGGER_STEPS x the longest transfer time, k = 0..STAGGER_STEPS
+STAGGER_STEPS = 4
+#: an offset may lengthen the simulated iteration by this share and still count as free
+STAGGER_TOLERANCE = 1e-3
+#: gloo posts a tensor's bytes only after the receiver's ready notice has crossed back: a transfer
+#: can start one one-way delay after its receive was posted
+CHANNEL_NOTICE = True
+
+
+@dataclass(frozen=True, order=True)
+class Hop:
+    """One WAN egress (router of ``src`` towards neighbour ``dst``) crossed by a boundary's flows."""
+
+    src: str
+    dst: str
+
+    def __str__(self) -> str:
+        return f"{self.src}->{self.dst}"
+
+
+@dataclass(frozen=True, order=True)
+class Transfer:
+    """One stage-boundary transfer of an iteration: pipeline ``replica``'s activations (``F``,
+    stage ``stage`` to ``stage + 1``) or activation gradients (``B``, ``stage + 1`` to ``stage``)
+    of ``microbatch``."""
+
+    kind: str
+    stage: int
+    microbatch: int
+    replica: int
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.microbatch}r{self.replica}"
+
+
+@dataclass(frozen=True)
+class HopPlan:
+    """One link direction's part of the plan. Times in seconds; ``rate_bps`` the link's rate,
+    ``granted_bps`` what a granted transfer gets (the link minus the held classes' floors, at most
+    its connections' modelled share), ``offset_s`` how long its bytes take from the first WAN egress
+    of their path to this one (a transfer's grants on consecutive hops are aligned by it)."""
+
+    hop: Hop
+    rate_bps: int
+    granted_bps: float
+    transfer_s: float
+    offset_s: float
+    rtt_s: float
+    order: tuple[Transfer, ...]
+
+    @property
+    def deadline_s(self) -> float:
+        """How long a grant may last at most: ``DEADLINE_TRANSFERS`` transfer times plus one RTT."""
+        return DEADLINE_TRANSFERS * self.transfer_s + self.rtt_s
+
+
+@dataclass(frozen=True)
+class GrantPlan:
+    hops: tuple[HopPlan, ...]
+    stagger_s: tuple[float, ...]  # per replica
+    iteration_s: float  # simulated, with the stagger
+    iteration_unstaggered_s: float  # simulated, all pipelines starting together (earliest ready first)
+    bytes_per_transfer: int
+
+    def hop(self, hop: Hop) -> HopPlan:
+        return next(h for h in self.hops if h.hop == hop)
+
+
+def boundary_paths(workers: list[WorkerSpec], routes: RoutingTable) -> dict[tuple[int, int], list[Hop]]:
+    """For each (sender rank, receiver rank) pair of neighbouring stages in different DCs (both
+    directions), the WAN egresses its packets cross, in order."""
+    by = {(w.stage, w.replica): w for w in workers}
+    out = {}
+    for w in workers:
+        nxt = by.get((w.stage + 1, w.replica))
+        if nxt is None or nxt.dc == w.dc:
+            continue
+        for a, b in ((w, nxt), (nxt, w)):
+            dcs = routes.route(a.dc, b.dc).dcs
+            out[(a.rank, b.rank)] = [Hop(x, y) for x, y in zip(dcs, dcs[1:])]
+    return out
+
+
+def granted_bps(exp: Experiment, link_bps: int, connections: int, floor_share: float = FLOOR_SHARE) -> float:
+    """What a granted transfer gets on a link: the link less the R - 1 held classes' floors, and no
+    more than its ``connections`` TCP connections carry where the experiment models a per-connection
+    share (DESIGN.md 2a)."""
+    free = link_bps - (exp.replicas - 1) * floor_share * link_bps
+    if exp.wan_connection_share is None:
+        return free
+    return min(free, connections * exp.wan_connection_share * link_bps)
+
+
+@dataclass(frozen=True)
+class _Link:
+    transfer_s: float
+    delay_s: float
+
+
+def simulate(
+    exp: Experiment,
+    workers: list[WorkerSpec],
+    links: dict[Hop, _Link],
+    paths: dict[tuple[int, int], list[Hop]],
+    one_way_s: dict[tuple[int, int], float],
+    stagger_s: tuple[float, ...],
+) -> tuple[float, dict[Hop, list[Transfer]]]:
+    """One iteration of every pipeline (see the module doc). Returns (iteration time: the last
+    worker's last compute or send, whichever is later, in s; the order in which transfers took each
+    link direction)."""
+    S, R, M = exp.stages, exp.replicas, exp.microbatches
+    per_f, per_b = exp.block_s
+    f = [len(stage_layers(exp.model.n_layers, S, s)) * per_f for s in range(S)]
+    b = [len(stage_layers(exp.model.n_layers, S, s)) * per_b for s in range(S)]
+    rank = {(w.stage, w.replica): w.rank for w in workers}
+    actions = make_schedule(exp.schedule, S, M)
+    seq = itertools.count()
+    events: list[tuple[float, int, str, tuple]] = []
+    free = {(s, r): (stagger_s[r] if s == 0 else 0.0) for s in range(S) for r in range(R)}
+    pos = dict.fromkeys(free, 0)
+    arrived: dict[Transfer, float] = {}
+    posted: dict[Transfer, float] = {}
+    ready: dict[Transfer, float] = {}
+    link_free = dict.fromkeys(links, 0.0)
+    order: dict[Hop, list[Transfer]] = {h: [] for h in links}
+    end = 0.0
+
+    def push(t: float, kind: str, data: tuple) -> None:
+        heapq.heappush(events, (t, next(seq), kind, data))
+
+    def route(t: Transfer) -> tuple[int, int]:
+        src = (t.stage, t.replica) if t.kind == "F" else (t.stage + 1, t.replica)
+        dst = (t.stage + 1, t.replica) if t.kind == "F" else (t.stage, t.replica)
+        return rank[src], rank[dst]
+
+    def eligible(t: Transfer) -> None:
+        if t in ready and t in posted:
+            key = route(t)
+            if key not in paths:  # inside one DC: no WAN link, no rendezvous cost worth modelling
+                push(max(ready[t], posted[t]), "arrive", (t,))
+                return
+            back = one_way_s[key] if CHANNEL_NOTICE else 0.0
+            push(max(ready[t], posted[t] + back), "hop", (t, 0))
+
+    def needs(s: int, a: Action) -> Transfer | None:
+        if a.kind == "F":
+            return Transfer("F", s - 1, a.microbatch, 0) if s > 0 else None
+        return Transfer("B", s, a.microbatch, 0) if s < S - 1 else None
+
+    for s, r in free:
+        push(free[(s, r)], "try", (s, r))
+    while events:
+        now, _, kind, data = heapq.heappop(events)
+        if kind == "try":
+            s, r = data
+            if pos[(s, r)] == len(actions[s]):
+                continue
+            a = actions[s][pos[(s, r)]]
+            need = needs(s, a)
+            t_in = now
+            if need is not None:
+                need = Transfer(need.kind, need.stage, need.microbatch, r)
+                if need not in posted:
+                    posted[need] = now
+                    eligible(need)
+                if need not in arrived:
+                    continue  # resumed by the arrival
+                t_in = max(now, arrived[need])
+            done = t_in + (f[s] if a.kind == "F" else b[s])
+            free[(s, r)] = done
+            pos[(s, r)] += 1
+            end = max(end, done)
+            out = None
+            if a.kind == "F" and s < S - 1:
+                out = Transfer("F", s, a.microbatch, r)
+            elif a.kind == "B" and s > 0:
+                out = Transfer("B", s - 1, a.microbatch, r)
+            if out is not None:
+                ready[out] = done
+                eligible(out)
+            push(done, "try", (s, r))
+        elif kind == "hop":
+            t, i = data
+            path = paths[route(t)]
+            h = path[i]
+            start = max(now, link_free[h])
+            link_free[h] = start + links[h].transfer_s
+            order[h].append(t)
+            end = max(end, link_free[h])
+            if i + 1 < len(path):
+                push(start + links[h].delay_s, "hop", (t, i + 1))
+            else:
+                push(start + links[h].transfer_s + links[h].delay_s, "arrive", (t,))
+        else:  # arrive
+            (t,) = data
+            arrived[t] = now
+            dst = route(t)[1]
+            w = next(x for x in workers if x.rank == dst)
+            push(max(now, free[(w.stage, w.replica)]), "try", (w.stage, w.replica))
+    return end, order
+
+
+def plan_grants(
+    exp: Experiment,
+    topo: TopologySpec,
+    workers: list[WorkerSpec],
+    connections: int,
+    floor_share: float = FLOOR_SHARE,
+) -> GrantPlan:
+    """The grant plan of ``exp`` placed as ``workers`` on ``topo`` with ``connections`` per
+    cross-DC transfer (see the module doc). A layout without cross-DC boundaries has no hops."""
+    routes = RoutingTable(topo)
+    paths = boundary_paths(workers, routes)
+    nbytes = exp.activation_bytes
+    links: dict[Hop, _Link] = {}
+    rates: dict[Hop, tuple[int, float]] = {}
+    for path in paths.values():
+        for h in path:
+            link = topo.link_between(h.src, h.dst)
+            assert link is not None  # a routed hop is a link
+            g = granted_bps(exp, link.rate_bps, connections, floor_share)
+            links[h] = _Link(nbytes * 8 / (g * TCP_GOODPUT_FRACTION), link.delay_us / 1e6)
+            rates[h] = (link.rate_bps, g)
+    by_rank = {w.rank: w for w in workers}
+    one_way = {k: routes.one_way_delay_us(by_rank[k[0]].dc, by_rank[k[1]].dc) / 1e6 for k in paths}
+    longest = max((x.transfer_s for x in links.values()), default=0.0)
+    tried = []
+    for k in range(STAGGER_STEPS + 1) if links else [0]:
+        stagger = tuple(r * k * longest / STAGGER_STEPS for r in range(exp.replicas))
+        tried.append((*simulate(exp, workers, links, paths, one_way, stagger), stagger))
+    best_t = min(t for t, _, _ in tried)
+    # the largest offset that costs the simulated iteration nothing: pipelines then take the link in
+    # turn instead of queueing their bytes behind each other's grants at the floor rate
+    t, order, stagger = max((x for x in tried if x[0] <= best_t * (1 + STAGGER_TOLERANCE)), key=lambda x: x[2])
+    unstaggered = tried[0][0]
+    offsets: dict[Hop, float] = {}
+    rtts: dict[Hop, float] = {}
+    for key, path in paths.items():
+        acc = 0.0
+        for h in path:
+            offsets.setdefault(h, acc)
+            rtts[h] = max(rtts.get(h, 0.0), 2 * one_way[key])
+            acc += links[h].delay_s
+    hops = tuple(
+        HopPlan(h, rates[h][0], rates[h][1], links[h].transfer_s, offsets[h], rtts[h], tuple(order[h]))
+        for h in sorted(links)
+    )
+    return GrantPlan(hops, stagger, t, unstaggered, nbytes)
+
+
+def format_grant_plan(plan: GrantPlan) -> str:
+    """The plan as text: per link direction its rates, times and the order of one iteration's
+    transfers (``F2r1``: replica 1's activations of microbatch 2); then the offsets."""
+    if not plan.hops:
+        return "no stage boundary crosses the WAN: nothing to grant"
+    lines = [
+        f"one transfer: {plan.bytes_per_transfer} bytes; pipeline offsets (stagger): "
+        + ", ".join(f"r{r} {s * 1e3:.1f} ms" for r, s in enumerate(plan.stagger_s))
+        + f"; simulated iteration {plan.iteration_s * 1e3:.1f} ms "
+        f"(all pipelines starting together: {plan.iteration_unstaggered_s * 1e3:.1f} ms)"
+    ]
+    for h in plan.hops:
+        lines.append(
+            f"  {h.hop}: link {h.rate_bps / 1e6:g} Mbit/s, granted {h.granted_bps / 1e6:.1f} Mbit/s, "
+            f"{h.transfer_s * 1e3:.2f} ms per transfer, deadline {h.deadline_s * 1e3:.1f} ms, "
+            f"{h.offset_s * 1e3:.1f} ms after the path's first egress"
+        )
+        lines.append("    order: " + " ".join(str(t) for t in h.order))
+    return "\n".join(lines)

@@ -1,0 +1,92 @@
+"""How hard a placement loads its WAN links, before anything runs (``testbed plan`` prints it):
+per stage boundary that crosses the WAN, how many data-parallel pipelines share its link, how long
+one transfer takes alone and when they all go at once under TCP fair sharing, against the sending
+stage's forward time; how busy the link is over an iteration; and what share of the link one TCP
+connection fills on that path under the experiment's socket-buffer cap (DESIGN.md 2a).
+
+The regime where sending one transfer at a time helps (the Atlas issue, item 6): D x S / B above a
+stage's forward time (the pipelines would wait on each other), while the link still idles a good
+part of the iteration (not saturated: then only total bytes / rate counts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from testbed.plan.connections import RCVBUF_PER_WINDOW, socket_buffer_cap
+from testbed.plan.workers import WorkerSpec
+from testbed.spec.experiment import Experiment
+from testbed.spec.model import stage_layers
+from testbed.spec.routing import RoutingTable
+from testbed.spec.topology import TopologySpec
+from testbed.spec.wire import TCP_GOODPUT_FRACTION
+
+
+@dataclass(frozen=True)
+class BoundaryLoad:
+    """Stage ``stage`` -> ``stage + 1`` between DCs ``src`` and ``dst`` (seconds; shares 0..1)."""
+
+    stage: int
+    src: str
+    dst: str
+    pipelines: int
+    transfer_s: float  # one microbatch's activations alone on the path's bottleneck
+    fair_transfer_s: float  # all pipelines' at once, each at a fair share: D x S / B
+    forward_s: float  # the sending stage's forward of one microbatch
+    busy_s: float  # per iteration and direction: pipelines x microbatches x transfer_s
+    connection_share: float | None  # of the path's rate, one TCP connection under the buffer cap
+
+    def idle_share(self, iteration_s: float) -> float:
+        """The share of an iteration of ``iteration_s`` the link has nothing of this boundary to send."""
+        return max(0.0, 1 - self.busy_s / iteration_s) if iteration_s > 0 else 0.0
+
+
+def boundary_loads(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> list[BoundaryLoad]:
+    """Every WAN stage boundary of a pipeline placement (``workers``), in stage order."""
+    routes = RoutingTable(topo)
+    dc_of = {(w.stage, w.replica): w.dc for w in workers}
+    cap = socket_buffer_cap(exp, topo, workers)
+    per_f, _ = exp.block_s
+    out = []
+    for s in range(exp.stages - 1):
+        a, b = dc_of[(s, 0)], dc_of[(s + 1, 0)]
+        if a == b:
+            continue
+        rate = routes.wan_rate_bps(a, b)
+        alone = exp.activation_bytes * 8 / (rate * TCP_GOODPUT_FRACTION)
+        bdp_bytes = rate / 8 * routes.rtt_us(a, b) / 1e6
+        share = None if cap is None else min(1.0, cap / RCVBUF_PER_WINDOW / bdp_bytes)
+        out.append(
+            BoundaryLoad(
+                s,
+                a,
+                b,
+                exp.replicas,
+                alone,
+                exp.replicas * alone,
+                len(stage_layers(exp.model.n_layers, exp.stages, s)) * per_f,
+                exp.replicas * exp.microbatches * alone,
+                share,
+            )
+        )
+    return out
+
+
+def format_loads(loads: list[BoundaryLoad], iteration_s: float) -> str:
+    """The loads as text, one line per boundary, against an iteration of ``iteration_s``."""
+    if not loads:
+        return "  no stage boundary crosses the WAN"
+    lines = []
+    for x in loads:
+        share = (
+            "one TCP connection can fill the path (no share modelled)"
+            if x.connection_share is None
+            else f"one TCP connection fills {x.connection_share:.0%} of the path"
+        )
+        lines.append(
+            f"  stage {x.stage}->{x.stage + 1} ({x.src}->{x.dst}): {x.pipelines} pipelines; a transfer alone "
+            f"{x.transfer_s * 1e3:.1f} ms, all at once (D x S / B) {x.fair_transfer_s * 1e3:.1f} ms vs a "
+            f"{x.forward_s * 1e3:.0f} ms forward; link idle {x.idle_share(iteration_s):.0%} of the iteration; "
+            f"{share}"
+        )
+    return "\n".join(lines)

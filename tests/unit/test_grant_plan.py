@@ -1,0 +1,183 @@
+"""Atlas's grant plan from the schedule: a case computed by hand, the stagger, the deadlines, and
+the planned grant loop (a recording switch and hand-set counters stand in for the kernel)."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.atlas.grants import GrantLoop, HopTiming, boundary_hops
+from testbed.plan.grant_plan import DEADLINE_TRANSFERS, Hop, Transfer, format_grant_plan, plan_grants
+from testbed.plan.placement import place
+from testbed.spec.compute import ComputeModel
+from testbed.spec.model import ModelConfig
+from testbed.spec.policy import parse_policy
+from testbed.spec.routing import RoutingTable
+from testbed.spec.wire import TCP_GOODPUT_FRACTION
+from tests.unit.experiments import exp, topo
+
+D_MS = 5.0
+
+
+def four_pipelines(**kw):
+    """2 stages (one block each, 10 ms forward and backward) in DCs a and b, 4 replicas, GPipe,
+    one microbatch of 16384 bytes of activations, 10 Mbit/s links with 5 ms one way."""
+    e = exp(
+        topology_spec=topo({"a": 4, "b": 4}, rate="10mbit", delay=f"{D_MS:g}ms"),
+        replicas=4,
+        microbatches=1,
+        microbatch_size=1,
+        schedule="gpipe",
+        model=ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=64),
+        compute=ComputeModel(forward_ms=10, backward_ms=10),
+        policy=parse_policy("atlas"),
+        **kw,
+    )
+    return e, place(e)
+
+
+def test_four_pipelines_computed_by_hand():
+    e, workers = four_pipelines()
+    plan = plan_grants(e, e.topology_spec, workers, connections=1, floor_share=0.05)
+    granted = 10e6 * (1 - 3 * 0.05)  # the link less three held floors
+    tau = 16384 * 8 / (granted * TCP_GOODPUT_FRACTION)
+    assert {h.hop for h in plan.hops} == {Hop("a", "b"), Hop("b", "a")}
+    for h in plan.hops:
+        assert h.transfer_s == pytest.approx(tau)
+        assert h.deadline_s == pytest.approx(DEADLINE_TRANSFERS * tau + 2 * D_MS / 1000)
+    # by hand: replica r's activations take the link at 10 ms + r tau (one after another), reach
+    # stage 1 tau + d later, its forward and backward take 20 ms, the gradients then queue the same
+    # way; the last replica's gradients arrive at stage 0 at 30 + d + (R + 1) tau + d, its backward
+    # ends 10 ms later: 40 ms + 2 d + (R + 1) tau
+    assert plan.iteration_s == pytest.approx(0.040 + 2 * D_MS / 1000 + 5 * tau)
+    assert plan.hop(Hop("a", "b")).order == tuple(Transfer("F", 0, 0, r) for r in range(4))
+    assert plan.hop(Hop("b", "a")).order == tuple(Transfer("B", 0, 0, r) for r in range(4))
+    # offsetting replica r by r tau costs nothing here (the link is the bottleneck): the largest
+    # offset tried that is free, so pipelines take the link in turn
+    assert plan.stagger_s == pytest.approx(tuple(r * tau for r in range(4)))
+    assert plan.iteration_unstaggered_s == pytest.approx(plan.iteration_s)
+    text = format_grant_plan(plan)
+    assert "order: F0r0 F0r1 F0r2 F0r3" in text and "r3 " in text
+
+
+def test_a_connection_share_caps_the_granted_rate():
+    e, workers = four_pipelines(wan_connection_share=0.1)
+    plan = plan_grants(e, e.topology_spec, workers, connections=2, floor_share=0.05)
+    assert plan.hops[0].granted_bps == pytest.approx(2 * 0.1 * 10e6)  # two connections of a tenth each
+
+
+def test_a_dc_local_layout_has_nothing_to_grant():
+    e = exp(topology_spec=topo({"a": 4}), replicas=2, policy=parse_policy("atlas"))
+    plan = plan_grants(e, e.topology_spec, place(e), connections=1)
+    assert plan.hops == () and "nothing to grant" in format_grant_plan(plan)
+
+
+# ---- the planned grant loop -------------------------------------------------------------------------
+
+
+class Recorder:
+    def __init__(self):
+        self.events = []
+
+    def apply(self, hop, replica, t_ready_ns=None, event="grant"):
+        self.events.append((event, hop, replica, t_ready_ns))
+        return 0
+
+    def release(self, hop, replica, t_ns, handover, reason="done", **measured):
+        self.events.append(("release", hop, replica, t_ns, reason))
+
+
+def _planned_loop():
+    e, workers = four_pipelines()
+    plan = plan_grants(e, e.topology_spec, workers, connections=1, floor_share=0.05)
+    timing = HopTiming.from_plan(plan, TCP_GOODPUT_FRACTION)
+    sent = {}
+    switch = Recorder()
+    loop = GrantLoop(
+        switch,
+        {w.rank: w.replica for w in workers},
+        boundary_hops(workers, RoutingTable(e.topology_spec)),
+        sharing="planned",
+        timing=timing,
+        stage_of={w.rank: w.stage for w in workers},
+        notice_ns={(s, d): int(D_MS * 1e6) for s in range(8) for d in range(8)},
+        counters=lambda hop, replica: sent.get((hop, replica), 0),
+    )
+    return loop, switch, sent, timing[Hop("a", "b")], {(w.stage, w.replica): w.rank for w in workers}
+
+
+def msg(ev, src, dst, it=0, mb=0):
+    return {"ev": ev, "src": src, "dst": dst, "it": it, "mb": mb}
+
+
+def test_a_grant_starts_when_the_bytes_arrive_and_ends_when_they_have_passed():
+    loop, switch, sent, ab, rank = _planned_loop()
+    hop = Hop("a", "b")
+    s0, s1 = rank[(0, 0)], rank[(1, 0)]
+    loop.handle(msg("recv", s0, s1), 0)  # the receiver posted first ...
+    loop.handle(msg("ready", s0, s1), 1_000_000)  # ... so the bytes go at once after the notice: 5 ms
+    assert switch.events == []  # not before the bytes can come
+    assert loop.next_wakeup_ns() == 5_000_000
+    loop.tick(5_000_000)
+    assert switch.events == [("grant", hop, 0, 5_000_000)]
+    check = loop.next_wakeup_ns()
+    assert check == 5_000_000 + ab.transfer_ns  # the counter is looked at when the bytes should have passed
+    sent[(hop, 0)] = ab.wire_bytes // 2  # half there: look again when the rest should be
+    loop.tick(check)
+    assert loop.held[hop] is not None and loop.next_wakeup_ns() > check
+    sent[(hop, 0)] = ab.wire_bytes
+    loop.tick(loop.next_wakeup_ns())
+    assert switch.events[-1][:2] == ("release", hop) and switch.events[-1][4] == "bytes"
+    assert loop.held[hop] is None and loop.granted[hop] == 0  # nothing waits: the classes stay
+    loop.handle(msg("done", s0, s1), 40_000_000)  # the receiver's report after the release changes nothing
+    assert switch.events[-1][4] == "bytes"
+
+
+def test_waiting_transfers_go_in_the_plans_order_not_their_arrival():
+    loop, switch, sent, ab, rank = _planned_loop()
+    hop = Hop("a", "b")
+    for r in (0, 2, 1):  # replica 2's transfer is ready before replica 1's
+        loop.handle(msg("recv", rank[(0, r)], rank[(1, r)]), 0)
+        loop.handle(msg("ready", rank[(0, r)], rank[(1, r)]), 10_000_000 + r)
+    loop.tick(10_000_010)
+    sent[(hop, 0)] = ab.wire_bytes
+    loop.tick(10_000_010 + ab.transfer_ns)
+    granted = [e[2] for e in switch.events if e[0] == "grant"]
+    assert granted == [0, 1]  # the plan lists r1 before r2
+
+
+def test_a_lost_done_costs_at_most_one_deadline():
+    loop, switch, sent, ab, rank = _planned_loop()
+    hop = Hop("a", "b")
+    loop.handle(msg("recv", rank[(0, 0)], rank[(1, 0)]), 0)
+    loop.handle(msg("ready", rank[(0, 0)], rank[(1, 0)]), 10_000_000)
+    loop.tick(10_000_000)
+    t = 10_000_000
+    while loop.held[hop] is not None:  # the counter never moves (the bytes went elsewhere)
+        t = loop.next_wakeup_ns()
+        loop.tick(t)
+    assert t == 10_000_000 + ab.deadline_ns and loop.deadline_releases == 1
+    assert ("release", hop, 0, t, "deadline") in switch.events
+
+
+def test_fifo_grants_release_at_their_deadline_without_done():
+    from testbed.atlas.grants import HopTiming as T
+
+    e, workers = four_pipelines()
+    timing = {Hop("a", "b"): T(1, 0, 30_000_000, 1, 10_000_000), Hop("b", "a"): T(1, 0, 30_000_000, 1, 10_000_000)}
+    switch = Recorder()
+    loop = GrantLoop(
+        switch,
+        {w.rank: w.replica for w in workers},
+        boundary_hops(workers, RoutingTable(e.topology_spec)),
+        timing=timing,
+    )
+    by = {(w.stage, w.replica): w.rank for w in workers}
+    for r in (0, 1):
+        loop.handle(msg("ready", by[(0, r)], by[(1, r)]), 0)
+        loop.handle(msg("recv", by[(0, r)], by[(1, r)]), 0)
+    assert [x[2] for x in switch.events if x[0] == "grant"] == [0]
+    loop.tick(29_999_999)
+    assert loop.deadline_releases == 0
+    loop.tick(30_000_000)  # replica 0's done was lost: the link goes to replica 1 at the deadline
+    assert loop.deadline_releases == 1
+    assert [x[2] for x in switch.events if x[0] == "grant"] == [0, 1]
