@@ -1,6 +1,6 @@
 """Atlas's controller process: the grant loop (``grants.GrantLoop``) fed by the workers' control
 datagrams (``channel.py``), applying grants through ``switch.GrantSwitch``. It runs in its own
-interpreter (no GIL shared with the runner's threads) at a higher scheduling priority, started by
+interpreter (no GIL shared with the runner's threads) at a real-time priority, started by
 ``controller.Controller``; if it fails it opens every class (fair sharing) and says why.
 
 ``python -m testbed.atlas.controller_process PLAN.json``.
@@ -69,10 +69,7 @@ def serve(plan_path: str) -> None:
     plan = json.loads(Path(plan_path).read_text())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner handles Ctrl-C and stops us
     _die_with_parent()
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, -10)  # grants must not wait behind the workers
-    except OSError:
-        pass
+    _raise_priority()
     switch = GrantSwitch(GrantSwitch.batches_from_json(plan["switch"]), Path(plan["log"]), Path(plan["shaping_log"]))
     loop = grant_loop_from_plan(plan, switch)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM, fileno=plan["fd"])  # bound by the runner
@@ -113,6 +110,23 @@ def grant_loop_from_plan(plan: dict, switch: GrantSwitch) -> GrantLoop:
         notice_ns={(n["src"], n["dst"]): n["ns"] for n in plan["notice"]},
         counters=switch.class_bytes,
     )
+
+
+#: the grant loop's real-time priority (below the NFQUEUE delay element's 10: delay first, grants next)
+RT_PRIORITY = 5
+
+
+def _raise_priority() -> None:
+    """Grants must not wait behind the workers on a busy machine: SCHED_FIFO at ``RT_PRIORITY``
+    (the loop blocks in recv between messages and timers, so it cannot starve the machine), else
+    nice -10."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RT_PRIORITY))
+    except (OSError, AttributeError):
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, -10)
+        except OSError:
+            pass
 
 
 def _die_with_parent() -> None:

@@ -98,3 +98,54 @@ def plot_links(lu: pd.DataFrame, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def grant_intervals(log: list[dict]) -> pd.DataFrame:
+    """Atlas's grants from ``controller.jsonl`` rows as a table: link, replica, grant start and end
+    (ns: applied to released, or to the next grant on the link), bytes the class sent meanwhile
+    (planned grants; else None)."""
+    rows: list[dict] = []
+    open_: dict[str, dict] = {}
+    for r in sorted(log, key=lambda r: r.get("t_applied_ns", r.get("t_ns", 0))):
+        link = r.get("link")
+        if r.get("event") == "grant":
+            if link in open_:  # the previous holder lost the link to this grant
+                rows.append({**open_.pop(link), "end_ns": r["t_applied_ns"], "sent_bytes": None})
+            open_[link] = {"link": link, "replica": r["replica"], "start_ns": r["t_applied_ns"]}
+        elif r.get("event") == "release" and link in open_:
+            rows.append({**open_.pop(link), "end_ns": r["t_ns"], "sent_bytes": r.get("sent_bytes")})
+    return pd.DataFrame(rows, columns=["link", "replica", "start_ns", "end_ns", "sent_bytes"])
+
+
+def plot_link_grants(grants: pd.DataFrame, ev: pd.DataFrame, path: Path, warmup: int) -> None:
+    """One WAN link direction (the one with the most grants) over the last measured iteration: which
+    pipeline held it when (one row per replica), labelled with the bytes it sent under each grant."""
+    if grants.empty or ev.empty or not (ev[T.KIND] == T.OPTIMIZER).any():
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    opt = ev[ev[T.KIND] == T.OPTIMIZER]
+    last = int(opt[T.ITERATION].max())
+    if last <= warmup:
+        return
+    t0 = opt[opt[T.ITERATION] == last - 1][T.END_NS].min()
+    t1 = opt[opt[T.ITERATION] == last][T.END_NS].max()
+    link = grants["link"].value_counts().index[0]
+    g = grants[(grants["link"] == link) & (grants["end_ns"] > t0) & (grants["start_ns"] < t1)]
+    replicas = sorted(grants[grants["link"] == link]["replica"].unique())
+    fig, ax = plt.subplots(figsize=(14, 0.6 * len(replicas) + 1.5))
+    for _, row in g.iterrows():
+        y = replicas.index(row["replica"])
+        start, end = (row["start_ns"] - t0) / 1e6, (row["end_ns"] - t0) / 1e6
+        ax.barh(y, end - start, left=start, height=0.6, color=COLORS[T.SEND])
+        if row["sent_bytes"] is not None and not pd.isna(row["sent_bytes"]):
+            ax.text(start, y + 0.35, f"{int(row['sent_bytes']) // 1024} KiB", fontsize=6)
+    ax.set_yticks(range(len(replicas)), [f"pipeline {r}" for r in replicas])
+    ax.set_xlabel(f"ms into iteration {last} (from iteration {last - 1}'s first optimizer end)")
+    ax.set_title(f"Atlas grants on {link}: who held the link, and the bytes each grant carried")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

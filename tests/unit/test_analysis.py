@@ -410,3 +410,18 @@ def test_queue_drops_unknown_for_counters_that_never_sampled_them():
     old = pd.DataFrame([(0, "a->b", "1:1", 0, 1)], columns=[T.T_NS, T.LINK, T.CLASSID, T.TX_BYTES, T.RATE_BPS])
     assert A.queue_drops(old) is None and A.queue_backlog_max_bytes(old) is None
     assert A.queue_drops(pd.DataFrame(old, columns=T.LINK_COUNTER_COLUMNS)) is None  # read back: NaN columns
+
+
+def test_grant_intervals_pair_grants_with_their_releases():
+    from testbed.results.plots import grant_intervals
+
+    log = [
+        {"event": "grant", "t_ready_ns": 0, "t_applied_ns": 10, "link": "a->b", "replica": 0},
+        {"event": "release", "t_ns": 30, "link": "a->b", "replica": 0, "reason": "bytes", "sent_bytes": 65000},
+        {"event": "grant", "t_ready_ns": 31, "t_applied_ns": 32, "link": "a->b", "replica": 1},
+        {"event": "grant", "t_ready_ns": 40, "t_applied_ns": 41, "link": "a->b", "replica": 0},  # took it over
+        {"event": "release", "t_ns": 50, "link": "a->b", "replica": 0, "reason": "done"},
+    ]
+    g = grant_intervals(log)
+    assert g[["replica", "start_ns", "end_ns"]].values.tolist() == [[0, 10, 30], [1, 32, 41], [0, 41, 50]]
+    assert g["sent_bytes"].tolist()[0] == 65000
