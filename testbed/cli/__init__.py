@@ -90,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
     sp.add_argument(
+        "--plan",
+        choices=("own", "best"),
+        default="own",
+        help="own: the experiment's stages x replicas; best: the planner's fastest of the same global batch",
+    )
+    sp.add_argument(
         "--force", action="store_true", help="run even an iteration the cost model predicts to take over 10 minutes"
     )
     backend_options(sp)
@@ -108,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--repeat", type=number(1, 100, int), default=1, help="runs per policy, interleaved")
     sp.add_argument("--out", type=Path, help="folder for comparison.json and one run folder per policy")
     sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
+    sp.add_argument(
+        "--plan",
+        choices=("own", "best"),
+        default="own",
+        help="own: the experiment's stages x replicas; best: the planner's fastest of the same global batch",
+    )
     sp.add_argument(
         "--force", action="store_true", help="run even an iteration the cost model predicts to take over 10 minutes"
     )

@@ -15,7 +15,7 @@ from testbed.plan.grant_plan import format_grant_plan, plan_grants
 from testbed.plan.placement import place
 from testbed.plan.schedule import bubble_fraction, format_grid, grid, make_schedule
 from testbed.plan.wan_load import boundary_loads, format_loads
-from testbed.plan.what_if import alternatives, what_if
+from testbed.plan.what_if import alternatives, best_plan, what_if
 from testbed.run.records import check_fresh_out_dir, discard_unused_out
 from testbed.spec.experiment_file import load_experiment
 from testbed.spec.model import stage_layers
@@ -38,6 +38,10 @@ def cmd_run(args) -> int:
         policy=args.policy,
     )
     exp = bubbletea_overrides(exp, args)
+    plan_note = None
+    if args.plan == "best":
+        exp, plan_note = best_plan(exp, exp.topology_spec)
+        print(plan_note)
     root_preamble("testbed run")
     out = args.out or Path("results") / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_fresh_out_dir(out)
@@ -57,6 +61,7 @@ def cmd_run(args) -> int:
             delay_mechanism=args.delay_mechanism,
             progress=lambda line: print(line, flush=True),
             launcher=launcher,
+            plan_note=plan_note,
             t_command_ns=process_start_ns(),  # start-up is counted from the command
             force=args.force,
             **backend(args),
@@ -98,6 +103,7 @@ def cmd_compare(args) -> int:
         progress=lambda line: print(line, flush=True),
         force=args.force,
         ablation=args.ablation,
+        best_plan=args.plan == "best",
         **backend(args),
     )
     print(format_comparison(result))

@@ -100,6 +100,27 @@ def worker_memory(exp: Experiment, stage: int) -> WorkerMemory:
     )
 
 
+def gpu_bytes(exp: Experiment, stage: int) -> int:
+    """What one emulated GPU of ``stage`` would hold (the per-GPU budget ``gpu_memory_mb`` is
+    checked against it): its stage's weights, gradients and AdamW moments (4 x the stage's
+    parameters), the activations in flight and, with BubbleTea, the inference model and KV caches;
+    not the host-side copy of the full model nor the interpreter (``worker_memory``)."""
+    m = worker_memory(exp, stage)
+    return 4 * stage_params(exp.model, exp.stages, stage) * FP32_BYTES + m.activation_bytes + m.bubbletea_bytes
+
+
+def gpu_shortfall(exp: Experiment) -> str | None:
+    """Why a stage does not fit ``exp.gpu_memory_mb`` (with the figures), or None when all fit or
+    no budget is set."""
+    if exp.gpu_memory_mb is None:
+        return None
+    need = max(range(exp.stages), key=lambda s: gpu_bytes(exp, s))
+    mib = gpu_bytes(exp, need) / 2**20
+    if mib <= exp.gpu_memory_mb:
+        return None
+    return f"stage {need} needs {mib:.0f} MiB of GPU memory, above gpu_memory_mb {exp.gpu_memory_mb:g}"
+
+
 def largest_worker(exp: Experiment) -> WorkerMemory:
     """The worker that needs the most memory (its stage's figures)."""
     return max((worker_memory(exp, s) for s in range(exp.stages)), key=lambda m: m.total_bytes)

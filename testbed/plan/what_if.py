@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from testbed.errors import SpecError
 from testbed.plan.cost_model import Prediction, predict
+from testbed.plan.memory import gpu_shortfall
 from testbed.plan.placement import place
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
@@ -27,7 +28,10 @@ class Plan:
 def alternatives(exp: Experiment, topo: TopologySpec) -> list[Plan]:
     """Every (stages, replicas, microbatches) with the same global batch and microbatch size, up to
     as many stages and replicas as the topology has training hosts, placed the Atlas way (its DC
-    selection); infeasible ones carry the reason."""
+    selection) under ``exp``'s own striping and sharing where it places pipelines across DCs;
+    infeasible ones (no placement, or a stage above ``gpu_memory_mb``) carry the reason."""
+    pol = exp.policy if exp.policy.pipeline_across_dcs else parse_policy("atlas")
+    pol = replace(pol, placement="atlas")
     sequences = exp.replicas * exp.microbatches  # microbatches of the global batch
     hosts = sum(dc.training_hosts for dc in topo.dcs)
     out = []
@@ -35,7 +39,11 @@ def alternatives(exp: Experiment, topo: TopologySpec) -> list[Plan]:
         for R in range(1, min(sequences, hosts) + 1):
             if sequences % R:
                 continue
-            cand = replace(exp, stages=S, replicas=R, microbatches=sequences // R, policy=parse_policy("atlas"))
+            cand = replace(exp, stages=S, replicas=R, microbatches=sequences // R, policy=pol)
+            short = gpu_shortfall(cand)
+            if short:
+                out.append(Plan(S, R, sequences // R, None, None, short))
+                continue
             try:
                 workers = place(cand, topo)
             except SpecError as e:
@@ -43,6 +51,24 @@ def alternatives(exp: Experiment, topo: TopologySpec) -> list[Plan]:
                 continue
             out.append(Plan(S, R, sequences // R, tuple(workers), predict(cand, topo, workers, exp.block_s)))
     return sorted(out, key=lambda p: (p.prediction is None, p.prediction.iteration_s if p.prediction else 0))
+
+
+def best_plan(exp: Experiment, topo: TopologySpec) -> tuple[Experiment, str]:
+    """``exp`` with the stages, replicas and microbatches of the fastest predicted plan of
+    ``alternatives`` (same global batch and microbatch size), and a line saying which plan and why.
+    Raises SpecError when no plan is feasible."""
+    plans = alternatives(exp, topo)
+    best, _ = what_if(plans)
+    if best is None or best.prediction is None:
+        raise SpecError(exp.source, "--plan", "best", "finds no feasible plan", "run the experiment's own layout")
+    feasible = sum(p.prediction is not None for p in plans)
+    chosen = replace(exp, stages=best.stages, replicas=best.replicas, microbatches=best.microbatches)
+    why = (
+        f"--plan best: {best.stages} stages x {best.replicas} replicas x {best.microbatches} microbatches, the "
+        f"fastest predicted ({best.prediction.iteration_s:.3f} s) of {feasible} feasible plans of the same global "
+        f"batch (the experiment's own: {exp.stages} x {exp.replicas} x {exp.microbatches})"
+    )
+    return chosen, why
 
 
 def what_if(plans: list[Plan]) -> tuple[Plan | None, Plan | None]:

@@ -54,6 +54,7 @@ def summarize(
     drops = A.queue_drops(counters)
     return {
         M.POLICY: config.get("policy", DEFAULT_POLICY),
+        M.PLAN: config.get("plan", "the experiment's own layout"),
         M.TOPOLOGY: config["topology"],
         M.EXPERIMENT: config["name"],
         M.SCHEDULE: config["schedule"],

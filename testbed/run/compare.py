@@ -9,12 +9,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from testbed.plan.what_if import best_plan as best_plan_of
 from testbed.results.compare import aggregate
 from testbed.run.backends import runs_here
 from testbed.run.launch import Launcher
 from testbed.run.records import check_fresh_out_dir
 from testbed.run.runner import check_runnable, run_experiment
 from testbed.spec.experiment import Experiment
+
+
+def _layout(exp: Experiment, best: bool) -> tuple[Experiment, str | None]:
+    if not best:
+        return exp, None
+    return best_plan_of(exp, exp.topology_spec)
 
 
 def run_folder_name(policy: str, k: int, repeat: int) -> str:
@@ -33,15 +40,18 @@ def compare(
     progress: Callable[[str], None] = print,
     force: bool = False,
     ablation: bool = False,
+    best_plan: bool = False,
     **backend: Any,
 ) -> dict[str, Any]:
     """Run every policy ``repeat`` times, interleaved; write and return ``comparison.json``:
     ``policies`` maps each policy to its (first run's) summary, ``runs`` to every summary.
     ``backend``: ``backend=``/``inventory=`` for run_experiment; ``force`` as there; ``ablation``:
-    the policies are an ablation chain (the report shows each step's own contribution)."""
+    the policies are an ablation chain (the report shows each step's own contribution); ``best_plan``:
+    each policy runs the planner's fastest layout of the same global batch (``what_if.best_plan``)."""
+    chosen = {p: _layout(exp.with_overrides(policy=p), best_plan) for p in policies}
     check_fresh_out_dir(out_dir)
     for policy in policies:  # refuse an impossible policy before the others have run
-        check_runnable(exp.with_overrides(policy=policy), backend.get("backend", "netns"), force)
+        check_runnable(chosen[policy][0], backend.get("backend", "netns"), force)
     for k in range(repeat):
         for policy in policies:
             check_fresh_out_dir(out_dir / run_folder_name(policy, k, repeat))
@@ -55,12 +65,13 @@ def compare(
                 progress(f"--- {policy} (run {k + 1}/{repeat}) -> {run_dir}")
                 runs[policy].append(
                     run_experiment(
-                        exp.with_overrides(policy=policy),
+                        chosen[policy][0],
                         run_dir,
                         delay_mechanism=delay_mechanism,
                         progress=progress,
                         launcher=launcher,
                         force=force,
+                        plan_note=chosen[policy][1],
                         **backend,
                     )
                 )

@@ -41,12 +41,20 @@ def _versions() -> dict[str, Any]:
     }
 
 
-def write_config(out_dir: Path, exp: Experiment, workers: list[WorkerSpec], predicted_s: float) -> None:
+def write_config(
+    out_dir: Path, exp: Experiment, workers: list[WorkerSpec], predicted_s: float, plan_note: str | None = None
+) -> None:
     """``config.json``: the experiment as resolved, the workers' placement, the cost model's
-    predicted iteration time (s)."""
+    predicted iteration time (s) and, when the planner chose the layout (``--plan best``), which
+    plan and why (``plan``)."""
     (out_dir / "config.json").write_text(
         json.dumps(
-            {**exp.to_dict(), "workers": [asdict(w) for w in workers], "predicted_iteration_time_s": predicted_s},
+            {
+                **exp.to_dict(),
+                "workers": [asdict(w) for w in workers],
+                "predicted_iteration_time_s": predicted_s,
+                "plan": plan_note or "the experiment's own layout",
+            },
             indent=1,
         )
     )

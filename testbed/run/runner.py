@@ -20,6 +20,7 @@ from testbed.net.registry import control_dir
 from testbed.plan.connections import socket_buffer_cap, wan_connections
 from testbed.plan.cost_model import predict
 from testbed.plan.grant_plan import format_grant_plan, plan_grants
+from testbed.plan.memory import gpu_shortfall
 from testbed.plan.placement import WorkerSpec, decode_hosts, place
 from testbed.plan.worker_config import TrainingConfig, WorkerConfig, write_worker_config
 from testbed.results.report import finalize
@@ -70,6 +71,15 @@ def check_runnable(exp: Experiment, backend: str = "netns", force: bool = False)
     if exp.policy.bubbletea:
         decode_hosts(exp.topology_spec, workers)
     check_iteration_time(exp, workers, force)
+    short = gpu_shortfall(exp)
+    if short:
+        raise SpecError(
+            exp.source,
+            "gpu_memory_mb",
+            exp.gpu_memory_mb,
+            f"is too small: {short}",
+            "use more stages, a smaller microbatch_size or model, or a larger gpu_memory_mb",
+        )
     if runs_here(backend):  # remote workers use the remote machines' memory, not checked from here
         check_memory(exp, workers)
     check_corpus(exp)
@@ -87,12 +97,14 @@ def run_experiment(
     launcher: Launcher | None = None,
     t_command_ns: int | None = None,
     force: bool = False,
+    plan_note: str | None = None,
 ) -> dict[str, Any]:
     """Run ``exp`` on ``backend`` (``backends.py``) and return its summary (also in
     ``out_dir/summary.json``). ``launcher``: a worker launcher to reuse (``compare``); without one,
     a run whose hosts are on this machine starts its own at once. ``t_command_ns``: when the
     command began (start-up is counted from there; default: now). ``force``: run even an iteration
-    the cost model predicts to take longer than ``fit.MAX_ITERATION_S``. Raises SpecError for a run
+    the cost model predicts to take longer than ``fit.MAX_ITERATION_S``; ``plan_note``: which plan the
+    planner chose and why (``what_if.best_plan``), recorded in config.json. Raises SpecError for a run
     refused before building (``check_runnable``), RunError when a worker fails; PrivilegeError,
     FeatureError, BuildError from the network."""
     t_begin_ns = t_command_ns or now_ns()
@@ -114,6 +126,7 @@ def run_experiment(
             launcher or own,
             own,
             t_begin_ns,
+            plan_note,
         )
     finally:
         if own is not None:
@@ -132,11 +145,12 @@ def _run(
     launcher: Launcher | None,
     own_launcher: Launcher | None,
     t_begin_ns: int,
+    plan_note: str | None = None,
 ) -> dict[str, Any]:
     topo = exp.topology_spec
     corpus_sha = corpus_sha256(corpus_bytes(Path(exp.data) if exp.data else None))
     predicted = predict(exp, topo, workers).iteration_s
-    write_config(out_dir, exp, workers, predicted)
+    write_config(out_dir, exp, workers, predicted, plan_note)
     hang = hang_timeout_s or timeout_s(exp)
     error: BaseException | None = None
     t_start = time.monotonic()

@@ -75,6 +75,9 @@ class Experiment:
     #: under Atlas's grants, whether held classes (and the granted one) may borrow the link's idle
     #: capacity (HTB ceil at the link rate: work-conserving) or stay at their rates (ceil = rate)
     atlas_borrow: bool = False
+    #: memory of one emulated GPU (MiB), scaled like the rest of the experiment (DESIGN.md 2a); plans
+    #: whose stage does not fit are infeasible (``plan/memory.py``'s ``gpu_bytes``); None: unchecked
+    gpu_memory_mb: float | None = None
     bubbletea: BubbleTeaSpec = field(default_factory=BubbleTeaSpec)
     source: str = "<memory>"
 
@@ -187,6 +190,8 @@ def check_experiment(e: Experiment) -> None:
             "is outside 0..16",
             "stripe over 1 to 16 connections, or 0 to choose from the bandwidth-delay product",
         )
+    if e.gpu_memory_mb is not None and not (math.isfinite(e.gpu_memory_mb) and e.gpu_memory_mb > 0):
+        raise bad("gpu_memory_mb", e.gpu_memory_mb, "is not a positive number of MiB", "give e.g. gpu_memory_mb: 512")
     if e.wan_connection_share is not None and not 0 < e.wan_connection_share <= 1:
         raise bad(
             "wan_connection_share",

@@ -110,6 +110,7 @@ def parse_experiment(data: Any, source: str = "<memory>") -> Experiment:
         "wan_connection_share",
         "atlas_floor_share",
         "atlas_borrow",
+        "gpu_memory_mb",
         "bubbletea",
     )
     r = FieldReader(source, data, "", keys, ("topology",))
@@ -123,6 +124,8 @@ def parse_experiment(data: Any, source: str = "<memory>") -> Experiment:
         kw["wan_connection_share"] = r.get("wan_connection_share", _num(float, 0.1), REQUIRED)
     if "atlas_floor_share" in data:
         kw["atlas_floor_share"] = r.get("atlas_floor_share", _num(float, 0.05), REQUIRED)
+    if "gpu_memory_mb" in data:
+        kw["gpu_memory_mb"] = r.get("gpu_memory_mb", _num(float, 0.001), REQUIRED)
     if "atlas_borrow" in data:
         if not isinstance(data["atlas_borrow"], bool):
             raise r.fail("atlas_borrow", "is not true or false", "write atlas_borrow: true (or false)")

@@ -43,6 +43,8 @@ HANDOVER_GAP_P50_MS, HANDOVER_GAP_P99_MS = "handover_gap_p50_ms", "handover_gap_
 IDLE_BETWEEN_GRANTS_P50_MS, IDLE_BETWEEN_GRANTS_P99_MS = "idle_between_grants_p50_ms", "idle_between_grants_p99_ms"
 GRANT_HOLD_P50_MS, GRANT_HOLD_P99_MS = "grant_hold_p50_ms", "grant_hold_p99_ms"
 GRANTS_RELEASED_BY_DEADLINE = "grants_released_by_deadline"
+#: which layout ran: the experiment's own, or the planner's choice (``--plan best``) and why
+PLAN = "plan"
 LINK_BUSY_DURING_GRANTS = "link_busy_during_grants"
 
 # BubbleTea
