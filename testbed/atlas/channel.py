@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from typing import Any
 
 READY, RECV, DONE, STOP = "ready", "recv", "done", "stop"
@@ -21,16 +22,24 @@ TransferKey = tuple[int, int, int, int]
 MAX_MESSAGE_BYTES = 512
 
 
-def encode_message(ev: str, src: int = -1, dst: int = -1, it: int = -1, mb: int = -1) -> bytes:
-    """One control datagram."""
-    return json.dumps({"ev": ev, "src": src, "dst": dst, "it": it, "mb": mb}).encode()
+def encode_message(ev: str, src: int = -1, dst: int = -1, it: int = -1, mb: int = -1, t: int | None = None) -> bytes:
+    """One control datagram; ``t``: when it was sent (CLOCK_MONOTONIC ns; the controller, on the
+    same machine, uses it instead of when it read the datagram)."""
+    msg: dict[str, Any] = {"ev": ev, "src": src, "dst": dst, "it": it, "mb": mb}
+    if t is not None:
+        msg["t"] = t
+    return json.dumps(msg).encode()
 
 
 def parse_message(data: bytes) -> dict[str, Any]:
-    """A datagram back as ``{"ev", "src", "dst", "it", "mb"}``. Raises ValueError for anything else."""
+    """A datagram back as ``{"ev", "src", "dst", "it", "mb"[, "t"]}``. Raises ValueError for
+    anything else (not JSON, no event, a field that is not an integer)."""
     msg = json.loads(data)
     if not isinstance(msg, dict) or not isinstance(msg.get("ev"), str):
         raise ValueError(f"not a control message: {data[:100]!r}")
+    for k in ("src", "dst", "it", "mb", *(("t",) if "t" in msg else ())):
+        if not isinstance(msg.get(k), int):
+            raise ValueError(f"control message field {k!r} is not an integer: {data[:100]!r}")
     return msg
 
 
@@ -51,6 +60,6 @@ class ControlClient:
         if self.sock is None or self.path is None:
             return
         try:
-            self.sock.sendto(encode_message(ev, src, dst, it, mb), self.path)
+            self.sock.sendto(encode_message(ev, src, dst, it, mb, time.monotonic_ns()), self.path)
         except OSError:
             pass

@@ -32,10 +32,10 @@ import sys
 from pathlib import Path
 
 from testbed.atlas.channel import STOP, encode_message
-from testbed.atlas.grants import CLASS_BASE, FLOOR_SHARE, Hop, HopTiming, boundary_hops, floor_bps
+from testbed.atlas.grants import CLASS_BASE, FLOOR_SHARE, Hop, HopTiming, boundary_paths, floor_bps
 from testbed.atlas.switch import GrantSwitch
 from testbed.net.network import Network, require_live_shaping
-from testbed.plan.grant_plan import GrantPlan
+from testbed.plan.grant_plan import GrantPlan, granted_class_bps
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
 
@@ -68,7 +68,7 @@ class Controller:
             raise ValueError("planned sharing needs a grant plan")
         self.sock_path, self.log_path = Path(sock_path), Path(log_path)
         self.error_file = self.log_path.with_name("controller_error.txt")
-        self.hops = boundary_hops(workers, net.routes)
+        self.hops = boundary_paths(workers, net.routes)
         self.switch: GrantSwitch | None = None
         self.proc = None
         self._sock: socket.socket | None = None
@@ -98,7 +98,7 @@ class Controller:
         for hop in hops:
             rate_bps = self.link_rate_bps(hop)
             floor = floor_bps(rate_bps, self.floor_share)
-            full_bps = rate_bps - floor * (self.replicas - 1)
+            full_bps = int(granted_class_bps(rate_bps, self.replicas, floor / rate_bps))
             minors = sorted(CLASS_BASE + r for (h, r) in pairs if h == hop)
             open_rates = [(m, rate_bps) for m in minors]
             batches[hop] = {"open": self.shaping.compile_wan_class_rates(hop.src, hop.dst, open_rates)}
@@ -139,7 +139,7 @@ class Controller:
                     "src": h.src,
                     "dst": h.dst,
                     "transfer_ns": t.transfer_ns,
-                    "offset_ns": t.offset_ns,
+                    "delay_ns": t.delay_ns,
                     "deadline_ns": t.deadline_ns,
                     "wire_bytes": t.wire_bytes,
                     "rate_bps": t.rate_bps,

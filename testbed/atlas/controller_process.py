@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import json
 import os
+import select
 import signal
 import socket
 import sys
@@ -52,11 +53,16 @@ def serve_messages(
 def socket_recv(sock: socket.socket) -> Callable[[int, float | None], bytes | None]:
     """``serve_messages``'s ``recv`` over a datagram socket."""
 
+    sock.setblocking(False)
+
     def recv(size: int, timeout_s: float | None) -> bytes | None:
-        sock.settimeout(None if timeout_s is None else max(timeout_s, 1e-6))  # 0 would make it non-blocking
+        # select waits to the microsecond; a socket timeout would round up to whole milliseconds
+        readable, _, _ = select.select([sock], [], [], timeout_s)
+        if not readable:
+            return None
         try:
             return sock.recv(size)
-        except (TimeoutError, BlockingIOError):
+        except BlockingIOError:
             return None
 
     return recv
@@ -92,7 +98,7 @@ def grant_loop_from_plan(plan: dict, switch: GrantSwitch) -> GrantLoop:
     timing = {
         Hop(t["src"], t["dst"]): HopTiming(
             t["transfer_ns"],
-            t["offset_ns"],
+            t["delay_ns"],
             t["deadline_ns"],
             t["wire_bytes"],
             t["rate_bps"],

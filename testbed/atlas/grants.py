@@ -5,43 +5,48 @@ a floor (``floor_bps``).
 
 ``GrantLoop`` is the controller's state machine over the workers' control messages
 (``channel.py``) and its own timers (``tick``); it tells a switch (``switch.GrantSwitch`` in the
-controller process, or any object with ``apply`` and ``release``) what to apply. Two ways to share
-a link (the policy's ``sharing``):
+controller process, or any object with ``apply``, ``keep`` and ``release``) what to apply. Two ways
+to share a link (the policy's ``sharing``):
 
 - ``fifo``: a transfer is granted when both its sides have reported (``ready`` and ``recv``), earliest
-  first, and holds the link until its receiver says ``done`` (the whole rendezvous);
+  first (``GrantQueue``), and holds the link until its receiver says ``done`` (the rendezvous);
 - ``planned``: the grant plan (``plan/grant_plan.py``) sets the order among waiting transfers (its
   order over an iteration; a transfer it does not list goes by readiness) and the timing: a
-  transfer is granted on each hop when its bytes reach that egress (the receiver's ready notice
-  crosses back first, and each hop comes its plan ``offset`` after the one before), and released
-  as soon as the class's byte counter shows its bytes have passed since it became ready
-  (``counters``; gloo moves none before), or at ``done``.
+  transfer is granted on its path's first hop when its bytes can arrive there (the receiver's
+  ready notice crosses back first), on each further hop one link delay after it was granted on the
+  hop before, and released as soon as the class's byte counter shows its bytes have passed since
+  it became ready (``counters``; gloo moves none before; the class also carries the ACKs of its
+  pipeline's reverse flow, a few percent, within ``BYTES_PASSED_SHARE``), or at ``done``.
   Between grants the classes stay as the last grant left them, as under ``fifo``: a transfer whose
   bytes come before its turn moves at the floor (or, with borrowing, on what the link has idle).
 
-Under both, a grant past its deadline (the plan's: 3 x its transfer time plus one RTT) is released,
-logged and counted, so a lost ``ready``/``done`` costs at most one deadline. Nothing here touches the
-kernel; times are CLOCK_MONOTONIC nanoseconds given by the caller.
+Liveness: a grant past its deadline (the plan's: 3 x its transfer time plus one RTT) is released,
+logged and counted; a transfer whose ``ready`` or ``recv`` was lost is taken as ready one deadline
+after its other side reported; messages about a transfer already done are ignored. So a lost
+message costs at most one deadline. Nothing here touches the kernel; times are CLOCK_MONOTONIC ns.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from testbed.atlas.channel import DONE, READY, RECV, TransferKey, transfer_key
+from testbed.atlas.fifo import GrantQueue
 from testbed.plan.grant_plan import FLOOR_SHARE, GrantPlan, Hop, Transfer, boundary_paths
 
-__all__ = ["CLASS_BASE", "FLOOR_SHARE", "GrantLoop", "GrantQueue", "Hop", "HopTiming", "boundary_hops", "floor_bps"]
+__all__ = ["CLASS_BASE", "FLOOR_SHARE", "GrantLoop", "GrantQueue", "Hop", "HopTiming", "boundary_paths", "floor_bps"]
 CLASS_BASE = 0x20
 #: how often, at most, a granted class's byte counter is looked at while its bytes pass (ns)
 MIN_CHECK_NS = 500_000
 #: a grant's bytes have passed once the class sent this share of the transfer's expected wire bytes
 BYTES_PASSED_SHARE = 0.97
-
-boundary_hops = boundary_paths
+#: transfers remembered as done, so that a late or repeated message about one is ignored
+DONE_MEMORY = 4096
+NEVER = 2**62
 
 
 def floor_bps(link_rate_bps: int, share: float = FLOOR_SHARE) -> int:
@@ -49,33 +54,12 @@ def floor_bps(link_rate_bps: int, share: float = FLOOR_SHARE) -> int:
     return max(int(link_rate_bps * share), 8000)
 
 
-class GrantQueue:
-    """Pure grant logic for one link direction: earliest ready first, one transfer at a time.
-    ``ready``/``done`` return the replica that should hold the grant now (or None: no change)."""
-
-    def __init__(self) -> None:
-        self.waiting: list[tuple[int, TransferKey]] = []  # (replica, transfer key)
-        self.current: tuple[int, TransferKey] | None = None
-
-    def ready(self, replica: int, key: TransferKey) -> int | None:
-        if self.current is None:
-            self.current = (replica, key)
-            return replica
-        self.waiting.append((replica, key))
-        return None
-
-    def done(self, key: TransferKey) -> int | None:
-        if self.current is not None and self.current[1] == key:
-            self.current = self.waiting.pop(0) if self.waiting else None
-            return self.current[0] if self.current else None
-        self.waiting = [x for x in self.waiting if x[1] != key]  # finished before its grant
-        return None
-
-
 class Switch(Protocol):
     """What applies the grant loop's decisions (``switch.GrantSwitch``; a recorder in tests)."""
 
     def apply(self, hop: Hop, replica: int | str, t_ready_ns: int | None = None, event: str = "grant") -> int: ...
+
+    def keep(self, hop: Hop, replica: int, t_ready_ns: int) -> None: ...
 
     def release(
         self,
@@ -92,12 +76,12 @@ class Switch(Protocol):
 
 @dataclass(frozen=True)
 class HopTiming:
-    """What the planned loop needs of one hop's plan, in ns and bytes: how long a transfer needs the
-    link, how long after the path's first egress its bytes reach this one, its deadline, the wire
-    bytes it puts through the class, the link's rate and the plan's order (position by transfer)."""
+    """What the loop needs of one hop's plan, in ns and bytes: how long a transfer needs the link,
+    the link's one-way delay, a grant's deadline, the wire bytes a transfer puts through its class,
+    the link's rate and the plan's order (position by transfer)."""
 
     transfer_ns: int
-    offset_ns: int
+    delay_ns: int
     deadline_ns: int
     wire_bytes: int
     rate_bps: int
@@ -105,10 +89,11 @@ class HopTiming:
 
     @staticmethod
     def from_plan(plan: GrantPlan, goodput_fraction: float) -> dict[Hop, HopTiming]:
+        """Each hop's timing from a grant plan; wire bytes are the payload over TCP's share of a frame."""
         return {
             h.hop: HopTiming(
                 int(h.transfer_s * 1e9),
-                int(h.offset_s * 1e9),
+                int(h.delay_s * 1e9),
                 int(h.deadline_s * 1e9),
                 int(plan.bytes_per_transfer / goodput_fraction),
                 h.rate_bps,
@@ -132,7 +117,7 @@ class _Held:
 class _Waiting:
     replica: int
     key: TransferKey
-    eligible_ns: int
+    eligible_ns: int  # NEVER until the previous hop of its path granted it
     rank: tuple
     base_bytes: int  # the class's counter when the transfer became ready: no byte of it had gone
 
@@ -142,7 +127,8 @@ class GrantLoop:
     data-parallel replica / pipeline stage; ``hops``: the WAN egresses of each (sender, receiver)
     pair; ``timing``: each hop's plan (``planned``; under ``fifo`` only its deadline is used);
     ``notice_ns``: the one-way delay from each pair's receiver back to its sender; ``counters``:
-    ``(hop, replica) -> bytes`` its class has sent (``planned``)."""
+    ``(hop, replica) -> bytes`` its class has sent (``planned``). Raises ValueError for a sharing
+    it does not know, or ``planned`` without what it needs."""
 
     def __init__(
         self,
@@ -156,7 +142,7 @@ class GrantLoop:
         counters: Callable[[Hop, int], int] | None = None,
     ) -> None:
         if sharing not in ("fifo", "planned"):
-            raise ValueError(f"unknown sharing {sharing!r}")
+            raise ValueError(f"unknown sharing {sharing!r}: fifo or planned")
         if sharing == "planned" and (timing is None or stage_of is None or counters is None):
             raise ValueError("planned sharing needs the plan's timing, the stages and the class counters")
         self.switch, self.replica_of, self.hops, self.sharing = switch, replica_of, hops, sharing
@@ -168,48 +154,60 @@ class GrantLoop:
         self.waiting: dict[Hop, list[_Waiting]] = {h: [] for h in all_hops}
         self.granted: dict[Hop, int | str | None] = dict.fromkeys(all_hops)
         self._half: dict[TransferKey, dict[str, int]] = {}
+        self._done_keys: OrderedDict[TransferKey, None] = OrderedDict()
         self._seq = itertools.count()
         self.deadline_releases = 0
+        self.half_expired = 0
 
     # ------------------------------------------------------------------ messages
     def handle(self, msg: dict, t_ns: int) -> None:
-        """One control message (``channel.parse_message``'s form) received at ``t_ns``. Raises
-        ValueError for an unknown event."""
-        key = transfer_key(msg)
+        """One control message (``channel.parse_message``'s form) received at ``t_ns`` (or sent at
+        its own ``t``). Raises ValueError for an unknown event."""
         ev = msg["ev"]
-        if ev in (READY, RECV):
-            sides = self._half.setdefault(key, {})
-            sides[ev] = t_ns
-            if len(sides) < 2:
-                return
-            del self._half[key]
-            self._ready(key, sides[READY], sides[RECV], t_ns)
-        elif ev == DONE:
-            self._done(key, t_ns)
-        else:
+        if ev not in (READY, RECV, DONE):
             raise ValueError(f"unknown control message {msg!r}")
+        key = transfer_key(msg)
+        t = msg.get("t", t_ns)
+        if key in self._done_keys:
+            return  # a late or repeated message about a finished transfer
+        if ev == DONE:
+            self._half.pop(key, None)
+            self._done_keys[key] = None
+            if len(self._done_keys) > DONE_MEMORY:
+                self._done_keys.popitem(last=False)
+            self._done(key, t)
+            return
+        sides = self._half.setdefault(key, {})
+        sides[ev] = t
+        if len(sides) == 2:
+            del self._half[key]
+            self._ready(key, sides[READY], sides[RECV], t)
 
-    def _deadline(self, hop: Hop, t_ns: int) -> int:
+    def _path(self, key: TransferKey) -> list[Hop]:
+        return self.hops.get((key[0], key[1]), [])
+
+    def _deadline_after(self, hop: Hop) -> int:
         timing = self.timing.get(hop)
-        return t_ns + timing.deadline_ns if timing else 2**62
+        return timing.deadline_ns if timing else NEVER
 
     def _ready(self, key: TransferKey, t_sender: int, t_receiver: int, t_ns: int) -> None:
         replica = self.replica_of[key[0]]
-        path = self.hops.get((key[0], key[1]), [])
+        path = self._path(key)
         if self.sharing == "fifo":
             for hop in path:
                 nxt = self.queues[hop].ready(replica, key)
                 if nxt is not None:
-                    self._grant(hop, _Held(nxt, key, t_ns, self._deadline(hop, t_ns)), t_ns)
+                    self._grant(hop, _Held(nxt, key, t_ns, t_ns + self._deadline_after(hop)), t_ns)
             return
         start = max(t_sender, t_receiver + self.notice_ns.get((key[0], key[1]), 0))
-        for hop in path:
+        assert self.counters is not None
+        for i, hop in enumerate(path):
             timing = self.timing[hop]
             rank = (key[2], timing.position.get(self._transfer(key), len(timing.position)), next(self._seq))
-            assert self.counters is not None
-            base = self.counters(hop, replica)
-            self.waiting[hop].append(_Waiting(replica, key, start + timing.offset_ns, rank, base))
-            self._dispatch(hop, t_ns)
+            eligible = start if i == 0 else NEVER
+            self.waiting[hop].append(_Waiting(replica, key, eligible, rank, self.counters(hop, replica)))
+        if path:
+            self._dispatch(path[0], t_ns)
 
     def _transfer(self, key: TransferKey) -> Transfer:
         src, dst, _, mb = key
@@ -217,25 +215,29 @@ class GrantLoop:
         return Transfer("F" if forward else "B", min(self.stage_of[src], self.stage_of[dst]), mb, self.replica_of[src])
 
     def _done(self, key: TransferKey, t_ns: int) -> None:
-        for hop in self.hops.get((key[0], key[1]), []):
+        for hop in self._path(key):
             held = self.held[hop]
             if self.sharing == "fifo":
                 nxt = self.queues[hop].done(key)
                 if held is not None and held.key == key:
                     self._release(hop, t_ns, DONE, handover=nxt is not None)
-                    current = self.queues[hop].current
-                    if nxt is not None and current is not None:
-                        self._grant(hop, _Held(nxt, current[1], t_ns, self._deadline(hop, t_ns)), t_ns)
+                    self._grant_next_fifo(hop, nxt, t_ns)
                 continue
             self.waiting[hop] = [w for w in self.waiting[hop] if w.key != key]  # done before its grant
             if held is not None and held.key == key:
-                self._release(hop, t_ns, DONE, handover=bool(self.waiting[hop]))
+                self._release(hop, t_ns, DONE, handover=self._any_due(hop, t_ns))
             self._dispatch(hop, t_ns)
 
     # ------------------------------------------------------------------ timers
     def tick(self, t_ns: int) -> None:
-        """Act on what is due at ``t_ns``: byte counters of planned grants, deadlines, planned
-        grants whose bytes are about to arrive."""
+        """Act on what is due at ``t_ns``: byte counters of planned grants, deadlines, transfers
+        whose other side's message was lost, planned grants whose bytes are about to arrive."""
+        for key, sides in list(self._half.items()):
+            first = min(sides.values())
+            if t_ns - first >= max((self._deadline_after(h) for h in self._path(key)), default=NEVER):
+                del self._half[key]
+                self.half_expired += 1
+                self._ready(key, sides.get(READY, first), sides.get(RECV, first), t_ns)
         for hop, held in self.held.items():
             if held is None:
                 if self.sharing == "planned":
@@ -246,7 +248,7 @@ class GrantLoop:
                 timing = self.timing[hop]
                 sent = self.counters(hop, held.replica) - held.base_bytes
                 if sent >= BYTES_PASSED_SHARE * timing.wire_bytes:
-                    self._release(hop, t_ns, "bytes", handover=bool(self.waiting[hop]))
+                    self._release(hop, t_ns, "bytes", handover=self._any_due(hop, t_ns))
                     self._dispatch(hop, t_ns)
                     continue
                 left_ns = int(max(timing.wire_bytes - sent, 0) * 8 / timing.rate_bps * 1e9)
@@ -256,16 +258,17 @@ class GrantLoop:
                 if self.sharing == "fifo":
                     nxt = self.queues[hop].done(held.key)
                     self._release(hop, t_ns, "deadline", handover=nxt is not None)
-                    current = self.queues[hop].current
-                    if nxt is not None and current is not None:
-                        self._grant(hop, _Held(nxt, current[1], t_ns, self._deadline(hop, t_ns)), t_ns)
+                    self._grant_next_fifo(hop, nxt, t_ns)
                 else:
-                    self._release(hop, t_ns, "deadline", handover=bool(self.waiting[hop]))
+                    self._release(hop, t_ns, "deadline", handover=self._any_due(hop, t_ns))
                     self._dispatch(hop, t_ns)
 
     def next_wakeup_ns(self) -> int | None:
         """When ``tick`` has something to do next (None: nothing until a message comes)."""
         times = []
+        for key, sides in self._half.items():
+            after = max((self._deadline_after(h) for h in self._path(key)), default=NEVER)
+            times.append(min(sides.values()) + after)
         for hop, held in self.held.items():
             if held is not None:
                 times.append(held.deadline_ns)
@@ -273,12 +276,16 @@ class GrantLoop:
                     times.append(held.check_ns)
             elif self.waiting[hop]:
                 times.append(min(w.eligible_ns for w in self.waiting[hop]))
-        return min(times) if times else None
+        due = [t for t in times if t < NEVER]
+        return min(due) if due else None
 
     # ------------------------------------------------------------------ applying
+    def _any_due(self, hop: Hop, t_ns: int) -> bool:
+        return any(w.eligible_ns <= t_ns for w in self.waiting[hop])
+
     def _dispatch(self, hop: Hop, t_ns: int) -> None:
         """Planned: grant the free hop to the waiting transfer first in the plan's order among those
-        whose bytes are due."""
+        whose bytes are due; the transfer's next hop becomes due one link delay later."""
         if self.held[hop] is not None:
             return
         due = [w for w in self.waiting[hop] if w.eligible_ns <= t_ns]
@@ -286,17 +293,29 @@ class GrantLoop:
             return  # the last holder keeps the classes as they are (held ones at their floor)
         w = min(due, key=lambda x: x.rank)
         self.waiting[hop].remove(w)
-        assert self.counters is not None
         timing = self.timing[hop]
-        held = _Held(w.replica, w.key, t_ns, self._deadline(hop, t_ns), w.base_bytes)
+        held = _Held(w.replica, w.key, t_ns, t_ns + timing.deadline_ns, w.base_bytes)
         held.check_ns = t_ns + max(MIN_CHECK_NS, timing.transfer_ns)
         self._grant(hop, held, w.eligible_ns)
+        path = self._path(w.key)
+        i = path.index(hop)
+        if i + 1 < len(path):
+            nxt = next((x for x in self.waiting[path[i + 1]] if x.key == w.key), None)
+            if nxt is not None:
+                nxt.eligible_ns = t_ns + timing.delay_ns
+
+    def _grant_next_fifo(self, hop: Hop, nxt: int | None, t_ns: int) -> None:
+        current = self.queues[hop].current
+        if nxt is not None and current is not None:
+            self._grant(hop, _Held(nxt, current[1], t_ns, t_ns + self._deadline_after(hop)), t_ns)
 
     def _grant(self, hop: Hop, held: _Held, t_ready_ns: int) -> None:
         self.held[hop] = held
         if self.granted[hop] != held.replica:
             self.switch.apply(hop, held.replica, t_ready_ns)
             self.granted[hop] = held.replica
+        else:  # the classes are already this pipeline's: logged, nothing to send
+            self.switch.keep(hop, held.replica, t_ready_ns)
 
     def _release(self, hop: Hop, t_ns: int, reason: str, handover: bool) -> None:
         held = self.held[hop]

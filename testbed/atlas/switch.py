@@ -59,6 +59,12 @@ class GrantSwitch:
         )
         return t1
 
+    def keep(self, hop: Hop, replica: int, t_ready_ns: int) -> None:
+        """Log a grant to the pipeline that already holds ``hop`` (nothing to send to the kernel)."""
+        t = time.monotonic_ns()
+        row = {"event": "grant", "t_ready_ns": t_ready_ns, "t_applied_ns": t, "link": f"{hop.src}->{hop.dst}"}
+        write_row(self.log, {**row, "replica": replica, "kept": True})
+
     def release(
         self,
         hop: Hop,

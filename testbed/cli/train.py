@@ -137,14 +137,16 @@ def cmd_plan(args) -> int:
             f"  {policy}: predicted {p.iteration_s:.3f} s (fill {p.fill_s:.3f}, steady {p.steady_s:.3f}, "
             f"all-reduce {p.allreduce_s:.3f}); {where}"
         )
-    pol = exp.policy if exp.policy.pipeline_across_dcs else parse_policy("pp-fair")
-    try:
-        workers = place(exp, topo, pol)
+    own = exp.policy if exp.policy.pipeline_across_dcs else parse_policy("pp-fair")
+    for pol in dict.fromkeys([own, parse_policy("atlas")]):  # the experiment's, then Atlas's striping
+        try:
+            workers = place(exp, topo, pol)
+        except SpecError:
+            continue
         t = predict(replace(exp, policy=pol), topo, workers).iteration_s
-        print(f"WAN load under {pol.name} (predicted iteration {t:.3f} s):")
-        print(format_loads(boundary_loads(exp, topo, workers), t))
-    except SpecError:
-        pass
+        n = wan_connections(replace(exp, policy=pol), topo, workers)
+        print(f"WAN load under {pol.name} ({n} connection(s) per transfer; predicted iteration {t:.3f} s):")
+        print(format_loads(boundary_loads(exp, topo, workers, n), t))
     plans = alternatives(exp, topo)
     print("plans weighed (same global batch and microbatch size; Atlas's DC selection):")
     print(f"  {'stages':>6} {'replicas':>8} {'microbatches':>12} {'DCs':>4} {'predicted s':>12}")
@@ -173,7 +175,7 @@ def cmd_plan(args) -> int:
         workers = place(planned, topo)
         n = wan_connections(planned, topo, workers)
         print(f"grant plan under {pol.name} ({n} connection(s) per cross-DC transfer):")
-        print(format_grant_plan(plan_grants(planned, topo, workers, n, exp.atlas_floor_share)))
+        print(format_grant_plan(plan_grants(planned, topo, workers, n)))
     return 0
 
 

@@ -83,7 +83,8 @@ def class_bytes_from_dump(data: bytes, classid: int) -> int | None:
 
 def class_tx_bytes(sock: socket.socket, index: int, classid: int) -> int:
     """Bytes HTB class ``classid`` of interface ``index`` has sent (tc_stats), read with one dump on
-    ``sock`` (an ``rtnl_socket`` of the interface's namespace). Raises KeyError for no such class."""
+    ``sock`` (an ``rtnl_socket`` of the interface's namespace). Raises KeyError for no such class,
+    OSError when the kernel refuses the dump (e.g. no such interface)."""
     sock.send(class_dump_request(index))
     found = None
     while True:
@@ -93,6 +94,10 @@ def class_tx_bytes(sock: socket.socket, index: int, classid: int) -> int:
         off, done = 0, False
         while off + NLMSGHDR.size <= len(buf):
             length, mtype = NLMSGHDR.unpack_from(buf, off)[:2]
+            if mtype == NLMSG_ERROR:
+                code = struct.unpack_from("=i", buf, off + NLMSGHDR.size)[0]
+                if code:
+                    raise OSError(-code, f"class dump of interface {index}: {os.strerror(-code)}")
             done = done or mtype in (NLMSG_DONE, NLMSG_ERROR)
             off += max((length + 3) & ~3, NLMSGHDR.size)
         if done:

@@ -64,6 +64,27 @@ def wan_pairs(workers: list[WorkerSpec]) -> list[tuple[str, str]]:
     return sorted(pairs)
 
 
+def path_connection_share(
+    exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec], a: str, b: str
+) -> float | None:
+    """The share of the path ``a`` -> ``b``'s rate that one TCP connection fills under the hosts'
+    socket-buffer cap (``socket_buffer_cap``: window = cap / ``RCVBUF_PER_WINDOW``, over the path's
+    bandwidth-delay product), at most 1; None when no share is modelled."""
+    cap = socket_buffer_cap(exp, topo, workers)
+    if cap is None:
+        return None
+    routes = RoutingTable(topo)
+    bdp_bytes = routes.wan_rate_bps(a, b) / 8 * routes.rtt_us(a, b) / 1e6
+    return min(1.0, cap / RCVBUF_PER_WINDOW / bdp_bytes)
+
+
+def transfer_rate_bps(link_bps: float, share: float | None, connections: int, flows: int = 1) -> float:
+    """Rate one of ``flows`` concurrent transfers gets on a link of ``link_bps`` (fair sharing), each
+    striped over ``connections`` TCP connections that fill ``share`` of the link each (None: no cap)."""
+    fair = link_bps / flows
+    return fair if share is None else min(fair, connections * share * link_bps)
+
+
 def socket_buffer_cap(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> int | None:
     """Socket buffer cap reproducing ``exp.wan_connection_share`` on the WAN path (of those training
     traffic crosses, ``wan_pairs``) that needs the smallest buffer for it (``buffer_for_share``), or

@@ -10,9 +10,10 @@ pipeline fill and drain plus (M - 1) times the slowest step), extended with WAN 
   emulated GPU's time per block (``Experiment.block_s``: the targets over the largest stage's
   blocks), so that plans with other stage counts scale;
 - x_k: one transfer across boundary k: bytes / r + 2 x one-way delay (gloo's rendezvous: the
-  receiver's ready notice, then the data); 0 inside a DC. r = ``flow_rate_bps``: the R data-parallel
-  pipelines share the link, and each transfer's connections carry at most their modelled share of
-  it (one connection under pp-fair and dp-wan, n striped ones under atlas). w_k = bytes / r is
+  receiver's ready notice, then the data); 0 inside a DC. r = ``connections.transfer_rate_bps`` x
+  TCP's share of the wire: the R data-parallel pipelines share the link, and each transfer's
+  connections carry at most their modelled share of it on that path (one connection under pp-fair
+  and dp-wan, n striped ones under atlas; ``path_connection_share``). w_k = bytes / r is
   the time a boundary is busy per microbatch and direction;
 - A: the gradient all-reduce: 0 inside a DC; across the WAN (dp-wan), a ring all-reduce of every
   stage's gradients over the shared link, 2 (R - 1) / R x bytes / rate + 2 (R - 1) x delay;
@@ -28,13 +29,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from testbed.plan.connections import wan_connections
-from testbed.plan.grant_plan import plan_grants
+from testbed.plan.connections import path_connection_share, transfer_rate_bps, wan_connections
+from testbed.plan.grant_plan import plan_grants, simulate_fifo
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import stage_layers, stage_param_bytes
 from testbed.spec.routing import RoutingTable
 from testbed.spec.topology import TopologySpec
+from testbed.spec.wire import TCP_GOODPUT_FRACTION
 
 
 @dataclass(frozen=True)
@@ -44,16 +46,6 @@ class Prediction:
     steady_s: float
     allreduce_s: float
     dcs_used: int
-
-
-def flow_rate_bps(exp: Experiment, link_bps: float, flows: int, connections: int = 1) -> float:
-    """Rate one of ``flows`` concurrent transfers gets on a link of ``link_bps``: a fair share of the
-    link, but no more than its ``connections`` TCP connections can carry when the experiment models
-    a per-connection share (each connection ``wan_connection_share`` x link rate; DESIGN.md 2a)."""
-    fair = link_bps / flows
-    if exp.wan_connection_share is None:
-        return fair
-    return min(fair, connections * exp.wan_connection_share * link_bps)
 
 
 def predict(
@@ -82,14 +74,17 @@ def predict(
             continue
         rate_bps = routes.wan_rate_bps(a, b)
         delay_s = routes.one_way_delay_us(a, b) / 1e6
-        wire_s = act_bits / flow_rate_bps(exp, rate_bps, R, connections)
+        share = path_connection_share(exp, topo, workers, a, b)
+        wire_s = act_bits / (transfer_rate_bps(rate_bps, share, connections, R) * TCP_GOODPUT_FRACTION)
         fill += 2 * (wire_s + 2 * delay_s)
         busy.append(2 * wire_s)
     steady = (M - 1) * max(max(step), max(busy, default=0.0))
     if exp.policy.grants and busy:
-        floor = 0.0 if exp.atlas_borrow else exp.atlas_floor_share
-        plan = plan_grants(exp, topo, workers, connections, floor)
-        fill = plan.iteration_s if exp.policy.sharing == "planned" else plan.iteration_unstaggered_s
+        plan = plan_grants(exp, topo, workers, connections, block_s=block_s)
+        if exp.policy.sharing == "planned":
+            fill = plan.iteration_s
+        else:
+            fill = simulate_fifo(exp, topo, workers, plan, block_s)
         steady = 0.0
     allreduce = 0.0
     if R > 1:
@@ -102,8 +97,9 @@ def predict(
             rate_bps = routes.wan_rate_bps(a, b)
             delay_s = routes.one_way_delay_us(a, b) / 1e6
             # every stage's all-reduce runs at once, one connection each: the link's share is bounded
-            # by the per-connection share times the stages that cross it
-            eff_bps = min(rate_bps, S * (exp.wan_connection_share or 1.0) * rate_bps)
+            # by the per-connection share on that path times the stages that cross it
+            share = path_connection_share(exp, topo, workers, a, b)
+            eff_bps = transfer_rate_bps(rate_bps, share, S) * TCP_GOODPUT_FRACTION
             allreduce = max(allreduce, 2 * (R - 1) / R * bits / eff_bps + 2 * (R - 1) * delay_s)
     opt = per_layer_f * max(layers)
     return Prediction(fill + steady + allreduce + opt, fill, steady, allreduce, len({w.dc for w in workers}))

@@ -3,20 +3,22 @@ the training workload, before it runs.
 
 Inputs: the schedule tables (``schedule.py``), the microbatch count, the padded compute targets of
 every stage (``Experiment.block_s``), the bytes of one boundary transfer, and each WAN link's rate
-and one-way delay, the held classes' floor and the per-connection share of striped transfers.
-Output, per link direction (``Hop``): the order of the stage-boundary transfers over one iteration,
-how long one needs the link when granted (``transfer_s``: its bytes over the granted rate), and
-its deadline; and, per data-parallel pipeline, the offset at which its first stage starts each
-iteration (``stagger_s``), so that one pipeline computes while another transmits.
+and one-way delay, the held classes' floor and the per-connection share of striped transfers on
+each path. Output, per link direction (``Hop``): the order of the stage-boundary transfers over one
+iteration, how long one needs the link when granted (``transfer_s``: its bytes over the granted
+rate), and its deadline; and, per data-parallel pipeline, the offset at which its first stage
+starts each iteration (``stagger_s``), so that one pipeline computes while another transmits.
 
 How: ``simulate`` plays one iteration of every pipeline as a list schedule in continuous time (an
 action starts when its worker is free and its input has arrived; gloo moves a tensor only once the
-receive is posted and the receiver's notice has crossed back, ``CHANNEL_NOTICE``), with each link
-direction given to one transfer at a time at the granted rate, earliest ready first. ``plan_grants``
-tries pipeline offsets r x delta for delta from 0 to the longest transfer time, keeps the largest
-one whose simulated iteration is no longer than the shortest found (so that pipelines take each
-link in turn instead of queueing their bytes at the floor rate behind each other's grants), and
-records the order in which that iteration's transfers took each link.
+receive is posted and the receiver's ready notice has crossed back, one one-way delay), each link
+direction given to one transfer at a time, earliest ready first (``sharing="fifo"`` holds it for
+the whole rendezvous: the notice, the bytes and their flight). On a path of several links a hop's
+last byte cannot leave before the previous hop's last byte has arrived. ``plan_grants`` tries
+pipeline offsets r x delta for delta from 0 to the longest transfer time, keeps the largest one
+whose simulated iteration is no longer than the shortest found (so that pipelines take each link in
+turn instead of queueing their bytes at the floor rate behind each other's grants), and records the
+order in which that iteration's transfers took each link.
 
 Pure: no kernel, no processes. ``testbed plan --grants`` prints it (``format_grant_plan``).
 """
@@ -27,6 +29,7 @@ import heapq
 import itertools
 from dataclasses import dataclass
 
+from testbed.plan.connections import path_connection_share, transfer_rate_bps
 from testbed.plan.schedule import Action, make_schedule
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
@@ -43,9 +46,6 @@ DEADLINE_TRANSFERS = 3.0
 STAGGER_STEPS = 4
 #: an offset may lengthen the simulated iteration by this share and still count as free
 STAGGER_TOLERANCE = 1e-3
-#: gloo posts a tensor's bytes only after the receiver's ready notice has crossed back: a transfer
-#: can start one one-way delay after its receive was posted
-CHANNEL_NOTICE = True
 
 
 @dataclass(frozen=True, order=True)
@@ -76,16 +76,18 @@ class Transfer:
 
 @dataclass(frozen=True)
 class HopPlan:
-    """One link direction's part of the plan. Times in seconds; ``rate_bps`` the link's rate,
-    ``granted_bps`` what a granted transfer gets (the link minus the held classes' floors, at most
-    its connections' modelled share), ``offset_s`` how long its bytes take from the first WAN egress
-    of their path to this one (a transfer's grants on consecutive hops are aligned by it)."""
+    """One link direction's part of the plan. ``rate_bps``: the link's rate; ``granted_bps``: what a
+    granted transfer gets (the link less the held classes' floors, at most what its connections
+    carry on the path); ``transfer_s``: its bytes at that rate; ``delay_s``: the link's one-way
+    delay (a transfer's grant on the next hop of its path comes that much after this one's);
+    ``rtt_s``: the longest round trip of the paths through it; ``order``: the transfers of one
+    iteration in the order they take the link."""
 
     hop: Hop
     rate_bps: int
     granted_bps: float
     transfer_s: float
-    offset_s: float
+    delay_s: float
     rtt_s: float
     order: tuple[Transfer, ...]
 
@@ -97,10 +99,13 @@ class HopPlan:
 
 @dataclass(frozen=True)
 class GrantPlan:
+    """A run's grant plan: every crossed link direction's part, each pipeline's offset (s), the
+    simulated iteration with and without the offsets (s), the bytes of one boundary transfer."""
+
     hops: tuple[HopPlan, ...]
-    stagger_s: tuple[float, ...]  # per replica
-    iteration_s: float  # simulated, with the stagger
-    iteration_unstaggered_s: float  # simulated, all pipelines starting together (earliest ready first)
+    stagger_s: tuple[float, ...]
+    iteration_s: float
+    iteration_unstaggered_s: float
     bytes_per_transfer: int
 
     def hop(self, hop: Hop) -> HopPlan:
@@ -122,14 +127,15 @@ def boundary_paths(workers: list[WorkerSpec], routes: RoutingTable) -> dict[tupl
     return out
 
 
-def granted_bps(exp: Experiment, link_bps: int, connections: int, floor_share: float = FLOOR_SHARE) -> float:
-    """What a granted transfer gets on a link: the link less the R - 1 held classes' floors, and no
-    more than its ``connections`` TCP connections carry where the experiment models a per-connection
-    share (DESIGN.md 2a)."""
-    free = link_bps - (exp.replicas - 1) * floor_share * link_bps
-    if exp.wan_connection_share is None:
-        return free
-    return min(free, connections * exp.wan_connection_share * link_bps)
+def held_floor_share(exp: Experiment) -> float:
+    """The floor a planned grant leaves the held classes: none when they may borrow (they then use
+    only what the granted transfer leaves idle), else ``atlas_floor_share``."""
+    return 0.0 if exp.atlas_borrow else exp.atlas_floor_share
+
+
+def granted_class_bps(link_bps: int, replicas: int, floor_share: float) -> float:
+    """The rate of the granted class on a link: the link less the ``replicas - 1`` held floors."""
+    return link_bps - (replicas - 1) * floor_share * link_bps
 
 
 @dataclass(frozen=True)
@@ -145,15 +151,22 @@ def simulate(
     paths: dict[tuple[int, int], list[Hop]],
     one_way_s: dict[tuple[int, int], float],
     stagger_s: tuple[float, ...],
+    block_s: tuple[float, float] | None = None,
+    rendezvous_hold: bool = False,
 ) -> tuple[float, dict[Hop, list[Transfer]]]:
-    """One iteration of every pipeline (see the module doc). Returns (iteration time: the last
-    worker's last compute or send, whichever is later, in s; the order in which transfers took each
-    link direction)."""
+    """One iteration of every pipeline (see the module doc): ``links``, each crossed hop's transfer
+    time and delay; ``paths``, the hops of each (sender, receiver) pair; ``one_way_s``, each pair's
+    one-way delay; ``stagger_s``, each replica's first-stage offset; ``block_s``, per-block
+    (forward, backward) seconds (default the experiment's); ``rendezvous_hold``: a grant holds its
+    link from both sides being ready to the data's arrival (FIFO grants). Returns (the iteration
+    time: the last worker's last compute or byte on a link, in s; the order in which transfers took
+    each link direction). Raises ValueError when the schedule cannot complete."""
     S, R, M = exp.stages, exp.replicas, exp.microbatches
-    per_f, per_b = exp.block_s
+    per_f, per_b = block_s or exp.block_s
     f = [len(stage_layers(exp.model.n_layers, S, s)) * per_f for s in range(S)]
     b = [len(stage_layers(exp.model.n_layers, S, s)) * per_b for s in range(S)]
     rank = {(w.stage, w.replica): w.rank for w in workers}
+    where = {w.rank: (w.stage, w.replica) for w in workers}
     actions = make_schedule(exp.schedule, S, M)
     seq = itertools.count()
     events: list[tuple[float, int, str, tuple]] = []
@@ -169,24 +182,25 @@ def simulate(
     def push(t: float, kind: str, data: tuple) -> None:
         heapq.heappush(events, (t, next(seq), kind, data))
 
-    def route(t: Transfer) -> tuple[int, int]:
+    def pair(t: Transfer) -> tuple[int, int]:
         src = (t.stage, t.replica) if t.kind == "F" else (t.stage + 1, t.replica)
         dst = (t.stage + 1, t.replica) if t.kind == "F" else (t.stage, t.replica)
         return rank[src], rank[dst]
 
     def eligible(t: Transfer) -> None:
         if t in ready and t in posted:
-            key = route(t)
+            key = pair(t)
             if key not in paths:  # inside one DC: no WAN link, no rendezvous cost worth modelling
                 push(max(ready[t], posted[t]), "arrive", (t,))
-                return
-            back = one_way_s[key] if CHANNEL_NOTICE else 0.0
-            push(max(ready[t], posted[t] + back), "hop", (t, 0))
+            elif rendezvous_hold:  # FIFO: the link is held from both sides ready, notice included
+                push(max(ready[t], posted[t]), "hop", (t, 0, None, one_way_s[key]))
+            else:
+                push(max(ready[t], posted[t] + one_way_s[key]), "hop", (t, 0, None, 0.0))
 
-    def needs(s: int, a: Action) -> Transfer | None:
+    def needs(s: int, a: Action, r: int) -> Transfer | None:
         if a.kind == "F":
-            return Transfer("F", s - 1, a.microbatch, 0) if s > 0 else None
-        return Transfer("B", s, a.microbatch, 0) if s < S - 1 else None
+            return Transfer("F", s - 1, a.microbatch, r) if s > 0 else None
+        return Transfer("B", s, a.microbatch, r) if s < S - 1 else None
 
     for s, r in free:
         push(free[(s, r)], "try", (s, r))
@@ -197,10 +211,9 @@ def simulate(
             if pos[(s, r)] == len(actions[s]):
                 continue
             a = actions[s][pos[(s, r)]]
-            need = needs(s, a)
+            need = needs(s, a, r)
             t_in = now
             if need is not None:
-                need = Transfer(need.kind, need.stage, need.microbatch, r)
                 if need not in posted:
                     posted[need] = now
                     eligible(need)
@@ -221,23 +234,28 @@ def simulate(
                 eligible(out)
             push(done, "try", (s, r))
         elif kind == "hop":
-            t, i = data
-            path = paths[route(t)]
-            h = path[i]
-            start = max(now, link_free[h])
-            link_free[h] = start + links[h].transfer_s
-            order[h].append(t)
-            end = max(end, link_free[h])
+            t, i, last_before, notice = data  # last_before: when the previous hop's last byte arrives
+            path = paths[pair(t)]
+            link = links[path[i]]
+            start = max(now, link_free[path[i]])
+            first = start + notice  # FIFO: the link waits for the notice to cross back
+            last = max(first + link.transfer_s, last_before if last_before is not None else 0.0)
+            link_free[path[i]] = last + (link.delay_s if notice else 0.0)  # FIFO: until the data arrived
+            order[path[i]].append(t)
+            end = max(end, last)
             if i + 1 < len(path):
-                push(start + links[h].delay_s, "hop", (t, i + 1))
+                push(first + link.delay_s, "hop", (t, i + 1, last + link.delay_s, 0.0))
             else:
-                push(start + links[h].transfer_s + links[h].delay_s, "arrive", (t,))
+                push(last + link.delay_s, "arrive", (t,))
         else:  # arrive
             (t,) = data
             arrived[t] = now
-            dst = route(t)[1]
-            w = next(x for x in workers if x.rank == dst)
-            push(max(now, free[(w.stage, w.replica)]), "try", (w.stage, w.replica))
+            s, r = where[pair(t)[1]]
+            push(max(now, free[(s, r)]), "try", (s, r))
+    stuck = [(s, r) for (s, r), p in pos.items() if p < len(actions[s])]
+    if stuck:
+        s, r = stuck[0]
+        raise ValueError(f"the schedule does not complete: stage {s} replica {r} waits at {actions[s][pos[(s, r)]]}")
     return end, order
 
 
@@ -246,47 +264,70 @@ def plan_grants(
     topo: TopologySpec,
     workers: list[WorkerSpec],
     connections: int,
-    floor_share: float = FLOOR_SHARE,
+    floor_share: float | None = None,
+    block_s: tuple[float, float] | None = None,
 ) -> GrantPlan:
     """The grant plan of ``exp`` placed as ``workers`` on ``topo`` with ``connections`` per
-    cross-DC transfer (see the module doc). A layout without cross-DC boundaries has no hops."""
+    cross-DC transfer (see the module doc); ``floor_share`` of the held classes (default
+    ``held_floor_share(exp)``); ``block_s`` per-block compute seconds (default the experiment's).
+    A layout without cross-DC boundaries has no hops."""
+    floor = held_floor_share(exp) if floor_share is None else floor_share
     routes = RoutingTable(topo)
     paths = boundary_paths(workers, routes)
+    by_rank = {w.rank: w for w in workers}
     nbytes = exp.activation_bytes
     links: dict[Hop, _Link] = {}
     rates: dict[Hop, tuple[int, float]] = {}
-    for path in paths.values():
+    for (src, dst), path in paths.items():
+        share = path_connection_share(exp, topo, workers, by_rank[src].dc, by_rank[dst].dc)
         for h in path:
             link = topo.link_between(h.src, h.dst)
             assert link is not None  # a routed hop is a link
-            g = granted_bps(exp, link.rate_bps, connections, floor_share)
+            g = min(
+                granted_class_bps(link.rate_bps, exp.replicas, floor),
+                transfer_rate_bps(link.rate_bps, share, connections),
+            )
+            if h in rates and rates[h][1] <= g:
+                continue  # the slowest path through a hop decides its transfer time
             links[h] = _Link(nbytes * 8 / (g * TCP_GOODPUT_FRACTION), link.delay_us / 1e6)
             rates[h] = (link.rate_bps, g)
-    by_rank = {w.rank: w for w in workers}
     one_way = {k: routes.one_way_delay_us(by_rank[k[0]].dc, by_rank[k[1]].dc) / 1e6 for k in paths}
     longest = max((x.transfer_s for x in links.values()), default=0.0)
     tried = []
     for k in range(STAGGER_STEPS + 1) if links else [0]:
         stagger = tuple(r * k * longest / STAGGER_STEPS for r in range(exp.replicas))
-        tried.append((*simulate(exp, workers, links, paths, one_way, stagger), stagger))
+        tried.append((*simulate(exp, workers, links, paths, one_way, stagger, block_s), stagger))
     best_t = min(t for t, _, _ in tried)
     # the largest offset that costs the simulated iteration nothing: pipelines then take the link in
     # turn instead of queueing their bytes behind each other's grants at the floor rate
     t, order, stagger = max((x for x in tried if x[0] <= best_t * (1 + STAGGER_TOLERANCE)), key=lambda x: x[2])
-    unstaggered = tried[0][0]
-    offsets: dict[Hop, float] = {}
     rtts: dict[Hop, float] = {}
     for key, path in paths.items():
-        acc = 0.0
         for h in path:
-            offsets.setdefault(h, acc)
             rtts[h] = max(rtts.get(h, 0.0), 2 * one_way[key])
-            acc += links[h].delay_s
     hops = tuple(
-        HopPlan(h, rates[h][0], rates[h][1], links[h].transfer_s, offsets[h], rtts[h], tuple(order[h]))
+        HopPlan(h, rates[h][0], rates[h][1], links[h].transfer_s, links[h].delay_s, rtts[h], tuple(order[h]))
         for h in sorted(links)
     )
-    return GrantPlan(hops, stagger, t, unstaggered, nbytes)
+    return GrantPlan(hops, stagger, t, tried[0][0], nbytes)
+
+
+def simulate_fifo(
+    exp: Experiment,
+    topo: TopologySpec,
+    workers: list[WorkerSpec],
+    plan: GrantPlan,
+    block_s: tuple[float, float] | None = None,
+) -> float:
+    """The simulated iteration under FIFO grants (no offsets; each grant held for the rendezvous:
+    the ready notice, the bytes and their flight), on ``plan``'s links (s)."""
+    routes = RoutingTable(topo)
+    paths = boundary_paths(workers, routes)
+    by_rank = {w.rank: w for w in workers}
+    links = {h.hop: _Link(h.transfer_s, h.delay_s) for h in plan.hops}
+    one_way = {k: routes.one_way_delay_us(by_rank[k[0]].dc, by_rank[k[1]].dc) / 1e6 for k in paths}
+    stagger = (0.0,) * exp.replicas
+    return simulate(exp, workers, links, paths, one_way, stagger, block_s, rendezvous_hold=True)[0]
 
 
 def format_grant_plan(plan: GrantPlan) -> str:
@@ -302,9 +343,9 @@ def format_grant_plan(plan: GrantPlan) -> str:
     ]
     for h in plan.hops:
         lines.append(
-            f"  {h.hop}: link {h.rate_bps / 1e6:g} Mbit/s, granted {h.granted_bps / 1e6:.1f} Mbit/s, "
-            f"{h.transfer_s * 1e3:.2f} ms per transfer, deadline {h.deadline_s * 1e3:.1f} ms, "
-            f"{h.offset_s * 1e3:.1f} ms after the path's first egress"
+            f"  {h.hop}: link {h.rate_bps / 1e6:g} Mbit/s, {h.delay_s * 1e3:g} ms one way; granted "
+            f"{h.granted_bps / 1e6:.1f} Mbit/s, {h.transfer_s * 1e3:.2f} ms per transfer, deadline "
+            f"{h.deadline_s * 1e3:.1f} ms"
         )
         lines.append("    order: " + " ".join(str(t) for t in h.order))
     return "\n".join(lines)

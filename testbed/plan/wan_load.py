@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from testbed.plan.connections import RCVBUF_PER_WINDOW, socket_buffer_cap
+from testbed.plan.connections import path_connection_share, transfer_rate_bps
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import stage_layers
@@ -31,9 +31,9 @@ class BoundaryLoad:
     dst: str
     pipelines: int
     transfer_s: float  # one microbatch's activations alone on the path's bottleneck
-    fair_transfer_s: float  # all pipelines' at once, each at a fair share: D x S / B
+    fair_transfer_s: float  # all pipelines' at once, each at a fair share (D x S / B without a cap)
     forward_s: float  # the sending stage's forward of one microbatch
-    busy_s: float  # per iteration and direction: pipelines x microbatches x transfer_s
+    busy_s: float  # the link's own time per iteration and direction: all pipelines' bytes / its rate
     connection_share: float | None  # of the path's rate, one TCP connection under the buffer cap
 
     def idle_share(self, iteration_s: float) -> float:
@@ -41,11 +41,13 @@ class BoundaryLoad:
         return max(0.0, 1 - self.busy_s / iteration_s) if iteration_s > 0 else 0.0
 
 
-def boundary_loads(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> list[BoundaryLoad]:
-    """Every WAN stage boundary of a pipeline placement (``workers``), in stage order."""
+def boundary_loads(
+    exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec], connections: int = 1
+) -> list[BoundaryLoad]:
+    """Every WAN stage boundary of a pipeline placement (``workers``), in stage order, with each
+    transfer striped over ``connections`` TCP connections (each held to its path's share)."""
     routes = RoutingTable(topo)
     dc_of = {(w.stage, w.replica): w.dc for w in workers}
-    cap = socket_buffer_cap(exp, topo, workers)
     per_f, _ = exp.block_s
     out = []
     for s in range(exp.stages - 1):
@@ -53,9 +55,10 @@ def boundary_loads(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec
         if a == b:
             continue
         rate = routes.wan_rate_bps(a, b)
-        alone = exp.activation_bytes * 8 / (rate * TCP_GOODPUT_FRACTION)
-        bdp_bytes = rate / 8 * routes.rtt_us(a, b) / 1e6
-        share = None if cap is None else min(1.0, cap / RCVBUF_PER_WINDOW / bdp_bytes)
+        share = path_connection_share(exp, topo, workers, a, b)
+        bits = exp.activation_bytes * 8 / TCP_GOODPUT_FRACTION
+        alone = bits / transfer_rate_bps(rate, share, connections)
+        together = bits / transfer_rate_bps(rate, share, connections, exp.replicas)
         out.append(
             BoundaryLoad(
                 s,
@@ -63,9 +66,9 @@ def boundary_loads(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec
                 b,
                 exp.replicas,
                 alone,
-                exp.replicas * alone,
+                together,
                 len(stage_layers(exp.model.n_layers, exp.stages, s)) * per_f,
-                exp.replicas * exp.microbatches * alone,
+                exp.replicas * exp.microbatches * bits / rate,
                 share,
             )
         )

@@ -11,7 +11,8 @@ from testbed.plan.memory import gpu_shortfall
 from testbed.plan.placement import place
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
-from testbed.spec.policy import parse_policy
+from testbed.spec.model import stage_layers
+from testbed.spec.policy import Policy, parse_policy
 from testbed.spec.topology import TopologySpec
 
 
@@ -25,13 +26,20 @@ class Plan:
     why_not: str = ""
 
 
+def _planned_policy(exp: Experiment) -> Policy:
+    """The policy the what-if plans under: the experiment's striping and sharing with Atlas's DC
+    selection (Atlas's own parts where the experiment does not place pipelines across DCs)."""
+    pol = exp.policy if exp.policy.pipeline_across_dcs else parse_policy("atlas")
+    name = pol.base if pol.placement == "atlas" else f"{pol.base}/placement=atlas"
+    return parse_policy(name + ("+bubbletea" if pol.bubbletea else ""))
+
+
 def alternatives(exp: Experiment, topo: TopologySpec) -> list[Plan]:
     """Every (stages, replicas, microbatches) with the same global batch and microbatch size, up to
     as many stages and replicas as the topology has training hosts, placed the Atlas way (its DC
     selection) under ``exp``'s own striping and sharing where it places pipelines across DCs;
     infeasible ones (no placement, or a stage above ``gpu_memory_mb``) carry the reason."""
-    pol = exp.policy if exp.policy.pipeline_across_dcs else parse_policy("atlas")
-    pol = replace(pol, placement="atlas")
+    pol = _planned_policy(exp)
     sequences = exp.replicas * exp.microbatches  # microbatches of the global batch
     hosts = sum(dc.training_hosts for dc in topo.dcs)
     out = []
@@ -62,7 +70,17 @@ def best_plan(exp: Experiment, topo: TopologySpec) -> tuple[Experiment, str]:
     if best is None or best.prediction is None:
         raise SpecError(exp.source, "--plan", "best", "finds no feasible plan", "run the experiment's own layout")
     feasible = sum(p.prediction is not None for p in plans)
-    chosen = replace(exp, stages=best.stages, replicas=best.replicas, microbatches=best.microbatches)
+    # the plan as it was predicted: Atlas's DC selection, and the same emulated GPU (per-block times)
+    blocks = max(len(stage_layers(exp.model.n_layers, best.stages, s)) for s in range(best.stages))
+    per_f, per_b = exp.block_s
+    compute = replace(exp.compute, forward_ms=per_f * blocks * 1000, backward_ms=per_b * blocks * 1000)
+    chosen = exp.with_overrides(
+        stages=best.stages,
+        replicas=best.replicas,
+        microbatches=best.microbatches,
+        policy=_planned_policy(exp),
+        compute=compute,
+    )
     why = (
         f"--plan best: {best.stages} stages x {best.replicas} replicas x {best.microbatches} microbatches, the "
         f"fastest predicted ({best.prediction.iteration_s:.3f} s) of {feasible} feasible plans of the same global "

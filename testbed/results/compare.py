@@ -79,7 +79,11 @@ def aggregate(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     names = list(runs)
     for prev, this in zip(names, names[1:]):
         tp, tt = stats[prev][M.ITERATION_TIME_S]["median"], stats[this][M.ITERATION_TIME_S]["median"]
-        noise = [x for x in (stats[prev][M.ITERATION_TIME_S]["spread"], stats[this][M.ITERATION_TIME_S]["spread"]) if x]
+        noise = [
+            x
+            for x in (stats[prev][M.ITERATION_TIME_S]["spread"], stats[this][M.ITERATION_TIME_S]["spread"])
+            if x is not None
+        ]
         steps.append(
             {
                 "from": prev,

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from testbed.errors import SpecError
 from testbed.plan.what_if import best_plan as best_plan_of
 from testbed.results.compare import aggregate
 from testbed.run.backends import runs_here
@@ -48,6 +49,14 @@ def compare(
     ``backend``: ``backend=``/``inventory=`` for run_experiment; ``force`` as there; ``ablation``:
     the policies are an ablation chain (the report shows each step's own contribution); ``best_plan``:
     each policy runs the planner's fastest layout of the same global batch (``what_if.best_plan``)."""
+    if ablation and best_plan:
+        raise SpecError(
+            "--plan",
+            "(option)",
+            "best",
+            "gives each step of an ablation its own layout, so the steps would not differ by one part",
+            "run the ablation on the experiment's own layout, or compare policies with --plan best",
+        )
     chosen = {p: _layout(exp.with_overrides(policy=p), best_plan) for p in policies}
     check_fresh_out_dir(out_dir)
     for policy in policies:  # refuse an impossible policy before the others have run

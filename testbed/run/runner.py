@@ -207,9 +207,7 @@ def _train(
     controller = None
     grant_plan = None
     if exp.policy.grants:
-        # borrowing: a granted transfer gets the whole link whenever the held classes are idle
-        floor = 0.0 if exp.atlas_borrow else exp.atlas_floor_share
-        grant_plan = plan_grants(exp, exp.topology_spec, workers, n_conn, floor)
+        grant_plan = plan_grants(exp, exp.topology_spec, workers, n_conn)
         (out_dir / "grant_plan.txt").write_text(format_grant_plan(grant_plan) + "\n")
         # AF_UNIX paths are limited to 108 bytes: the socket lives beside the run registry
         controller = Controller(

@@ -7,7 +7,7 @@ planner, the runner and the report read from the :class:`Policy` value instead o
 - ``placement``: ``file-order`` (PP across DCs in the topology file's order, DP inside a DC),
   ``largest-first`` (the same, DCs taken by available hosts, largest first), ``atlas`` (Atlas's DC
   selection: the set of DCs, in largest-first order, whose placement the cost model predicts to
-  be fastest; ``plan/dc_selection.py``) or ``replica-per-dc`` (each data-parallel replica's whole
+  be fastest; ``plan/placement.py``'s ``select_dcs``) or ``replica-per-dc`` (each data-parallel replica's whole
   pipeline in one DC, so the gradient all-reduce crosses the WAN: the conventional layout);
 - ``striping``: cross-DC transfers are split over several TCP connections;
 - ``sharing``: ``tcp`` (the pipelines' flows share each WAN link as TCP does), ``fifo`` (Atlas's

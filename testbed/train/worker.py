@@ -222,8 +222,10 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     last_opt_end = None
     stagger_ns = int(cfg.stagger_s[replica] * 1e9) if first and cfg.stagger_s else 0
     for it in range(exp.iterations):
-        if stagger_ns:  # planned grants: this pipeline starts its iteration after the ones before it
-            until = now_ns() + stagger_ns
+        if stagger_ns:  # planned grants: this pipeline starts its iteration after the ones before it,
+            # counted from the end of the last optimizer step (the stage's replicas leave the
+            # all-reduce together), so that offsets do not add up over iterations
+            until = (last_opt_end or now_ns()) + stagger_ns
             while (left := until - now_ns()) > 0:
                 time.sleep(left / 1e9)
         x, y = batch(train, R * M * mb, mcfg.seq_len, exp.seed, it)

@@ -4,11 +4,13 @@ kernel; tests/integration/test_live_shaping.py drives the real process)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from testbed.atlas.channel import MAX_MESSAGE_BYTES, STOP, ControlClient, encode_message, parse_message
 from testbed.atlas.controller_process import serve_messages
-from testbed.atlas.grants import GrantLoop, GrantQueue, Hop, boundary_hops, floor_bps
+from testbed.atlas.grants import GrantLoop, GrantQueue, Hop, boundary_paths, floor_bps
 from testbed.plan.placement import WorkerSpec
 from testbed.spec.routing import RoutingTable
 from testbed.spec.topology_file import parse_topology
@@ -33,7 +35,7 @@ def test_a_transfer_done_before_its_grant_leaves_the_queue():
     assert q.done("x") is None and q.current is None
 
 
-def test_boundary_hops_follow_the_routed_path_both_ways():
+def test_boundary_paths_follow_the_routed_path_both_ways():
     topo = parse_topology(
         {
             "dcs": [{"name": n, "hosts": 1} for n in "abc"],
@@ -45,7 +47,7 @@ def test_boundary_hops_follow_the_routed_path_both_ways():
         "t",
     )
     workers = [WorkerSpec(0, 0, 0, "a-h0", "a"), WorkerSpec(1, 1, 0, "c-h0", "c")]
-    hops = boundary_hops(workers, RoutingTable(topo))
+    hops = boundary_paths(workers, RoutingTable(topo))
     assert hops[(0, 1)] == [Hop("a", "b"), Hop("b", "c")]
     assert hops[(1, 0)] == [Hop("c", "b"), Hop("b", "a")]
 
@@ -53,7 +55,7 @@ def test_boundary_hops_follow_the_routed_path_both_ways():
 def test_boundaries_inside_a_dc_need_no_grants():
     topo = parse_topology({"dcs": [{"name": "a", "hosts": 2}], "links": []}, "t")
     workers = [WorkerSpec(0, 0, 0, "a-h0", "a"), WorkerSpec(1, 1, 0, "a-h1", "a")]
-    assert boundary_hops(workers, RoutingTable(topo)) == {}
+    assert boundary_paths(workers, RoutingTable(topo)) == {}
 
 
 def test_floor_is_a_small_share_never_zero():
@@ -87,6 +89,9 @@ class RecordingSwitch:
         self.events.append(("grant", hop, replica, t_ready_ns))
         return t_ready_ns or 0
 
+    def keep(self, hop, replica, t_ready_ns):
+        self.events.append(("kept", hop, replica, t_ready_ns))
+
     def release(self, hop, replica, t_ns, handover, reason="done", **measured):
         self.events.append(("release", hop, replica, t_ns, handover) + (() if reason == "done" else (reason,)))
 
@@ -107,7 +112,7 @@ def _two_pipelines():
         WorkerSpec(3, 1, 1, "b-h1", "b"),
     ]
     switch = RecordingSwitch()
-    loop = GrantLoop(switch, {w.rank: w.replica for w in workers}, boundary_hops(workers, RoutingTable(topo)))
+    loop = GrantLoop(switch, {w.rank: w.replica for w in workers}, boundary_paths(workers, RoutingTable(topo)))
     return loop, switch
 
 
@@ -140,7 +145,7 @@ def test_directions_are_granted_independently_and_the_same_holder_is_not_reappli
     loop.handle(msg("done", 2, 0, mb=1), 6)
     for ev in ("ready", "recv"):  # the next one of the same pipeline: already holds it
         loop.handle(msg(ev, 2, 0, mb=2), 7)
-    assert [e[0] for e in switch.events] == ["grant", "release"]
+    assert [e[0] for e in switch.events] == ["grant", "release", "kept"]  # logged, not sent again
 
 
 def test_unknown_messages_are_refused():
@@ -166,7 +171,7 @@ def test_the_message_loop_feeds_the_grants_until_stop():
     clock = iter(range(100, 300, 2))
     handled = serve_messages(loop, lambda n, timeout: datagrams.pop(0), clock=lambda: next(clock))
     assert handled == 3 and datagrams == [encode_message("ready", 1, 3)]  # stopped at "stop"
-    assert switch.events == [("grant", Hop("a", "b"), 0, 102), ("release", Hop("a", "b"), 0, 106, False)]
+    assert switch.events == [("grant", Hop("a", "b"), 0, 102), ("release", Hop("a", "b"), 0, 104, False)]
     with pytest.raises(ValueError):
         serve_messages(loop, lambda n, timeout: b"garbage")
 
@@ -179,7 +184,29 @@ def test_the_worker_side_sends_what_the_controller_reads(tmp_path):
     server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     server.bind(str(path))
     ControlClient(str(path)).send("ready", 4, 5, 6, 7)
-    assert parse_message(server.recv(MAX_MESSAGE_BYTES)) == msg("ready", 4, 5, 6, 7)
+    got = parse_message(server.recv(MAX_MESSAGE_BYTES))
+    t = got.pop("t")  # when it was sent: the controller times the transfer from it
+    assert got == msg("ready", 4, 5, 6, 7) and 0 < t <= time.monotonic_ns()
     server.close()
     ControlClient(str(path)).send("ready", 4, 5, 6, 7)  # the controller is gone: dropped silently
     ControlClient(None).send("ready", 4, 5, 6, 7)  # no controller in this run
+
+
+def test_the_message_loop_acts_on_its_timers_between_messages():
+    """With no message coming, the loop wakes when a deadline is due and releases the grant."""
+    from testbed.atlas.grants import HopTiming
+
+    loop, switch = _two_pipelines()
+    timing = {h: HopTiming(1, 0, 150, 1, 10_000_000) for h in loop.held}
+    loop.timing = timing
+    clock = iter(range(0, 10_000, 100))
+    feed = [encode_message("ready", 0, 2), encode_message("recv", 0, 2), None, None, None, encode_message(STOP)]
+    waits = []
+
+    def recv(n, timeout):
+        waits.append(timeout)
+        return feed.pop(0)
+
+    serve_messages(loop, recv, clock=lambda: next(clock))
+    assert ("release", Hop("a", "b"), 0) == switch.events[1][:3] and switch.events[1][-1] == "deadline"
+    assert waits[0] is None and waits[2] is not None  # blocked until the first message, then timed

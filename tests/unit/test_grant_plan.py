@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.atlas.grants import GrantLoop, HopTiming, boundary_hops
+from testbed.atlas.grants import GrantLoop, HopTiming, boundary_paths
 from testbed.plan.grant_plan import DEADLINE_TRANSFERS, Hop, Transfer, format_grant_plan, plan_grants
 from testbed.plan.placement import place
 from testbed.spec.compute import ComputeModel
@@ -82,6 +82,9 @@ class Recorder:
         self.events.append((event, hop, replica, t_ready_ns))
         return 0
 
+    def keep(self, hop, replica, t_ready_ns):
+        self.events.append(("kept", hop, replica, t_ready_ns))
+
     def release(self, hop, replica, t_ns, handover, reason="done", **measured):
         self.events.append(("release", hop, replica, t_ns, reason))
 
@@ -95,7 +98,7 @@ def _planned_loop():
     loop = GrantLoop(
         switch,
         {w.rank: w.replica for w in workers},
-        boundary_hops(workers, RoutingTable(e.topology_spec)),
+        boundary_paths(workers, RoutingTable(e.topology_spec)),
         sharing="planned",
         timing=timing,
         stage_of={w.rank: w.stage for w in workers},
@@ -135,9 +138,9 @@ def test_a_grant_starts_when_the_bytes_arrive_and_ends_when_they_have_passed():
 def test_waiting_transfers_go_in_the_plans_order_not_their_arrival():
     loop, switch, sent, ab, rank = _planned_loop()
     hop = Hop("a", "b")
-    for r in (0, 2, 1):  # replica 2's transfer is ready before replica 1's
+    for r, t in ((0, 10_000_000), (2, 10_000_001), (1, 10_000_002)):  # replica 2 is ready before replica 1
         loop.handle(msg("recv", rank[(0, r)], rank[(1, r)]), 0)
-        loop.handle(msg("ready", rank[(0, r)], rank[(1, r)]), 10_000_000 + r)
+        loop.handle(msg("ready", rank[(0, r)], rank[(1, r)]), t)
     loop.tick(10_000_010)
     sent[(hop, 0)] = ab.wire_bytes
     loop.tick(10_000_010 + ab.transfer_ns)
@@ -145,7 +148,7 @@ def test_waiting_transfers_go_in_the_plans_order_not_their_arrival():
     assert granted == [0, 1]  # the plan lists r1 before r2
 
 
-def test_a_lost_done_costs_at_most_one_deadline():
+def test_a_grant_whose_bytes_never_pass_ends_at_its_deadline():
     loop, switch, sent, ab, rank = _planned_loop()
     hop = Hop("a", "b")
     loop.handle(msg("recv", rank[(0, 0)], rank[(1, 0)]), 0)
@@ -168,7 +171,7 @@ def test_fifo_grants_release_at_their_deadline_without_done():
     loop = GrantLoop(
         switch,
         {w.rank: w.replica for w in workers},
-        boundary_hops(workers, RoutingTable(e.topology_spec)),
+        boundary_paths(workers, RoutingTable(e.topology_spec)),
         timing=timing,
     )
     by = {(w.stage, w.replica): w.rank for w in workers}
@@ -181,3 +184,69 @@ def test_fifo_grants_release_at_their_deadline_without_done():
     loop.tick(30_000_000)  # replica 0's done was lost: the link goes to replica 1 at the deadline
     assert loop.deadline_releases == 1
     assert [x[2] for x in switch.events if x[0] == "grant"] == [0, 1]
+
+
+def test_a_lost_recv_costs_at_most_one_deadline():
+    loop, switch, sent, ab, rank = _planned_loop()
+    hop = Hop("a", "b")
+    loop.handle(msg("ready", rank[(0, 0)], rank[(1, 0)]), 1_000_000)  # the receiver's recv never comes
+    assert switch.events == [] and loop.next_wakeup_ns() == 1_000_000 + ab.deadline_ns
+    loop.tick(1_000_000 + ab.deadline_ns)
+    assert loop.half_expired == 1 and [e[:3] for e in switch.events] == [("grant", hop, 0)]
+
+
+def test_late_and_repeated_messages_about_a_finished_transfer_are_ignored():
+    loop, switch, sent, ab, rank = _planned_loop()
+    s0, s1 = rank[(0, 0)], rank[(1, 0)]
+    loop.handle(msg("done", s0, s1), 5)  # the receiver's done overtook the sender's ready
+    loop.handle(msg("ready", s0, s1), 6)
+    loop.handle(msg("recv", s0, s1), 7)
+    loop.tick(100_000_000)
+    assert switch.events == [] and loop.next_wakeup_ns() is None
+
+
+def test_a_transfer_over_two_hops_is_granted_on_the_second_one_link_delay_after_the_first():
+    e = exp(
+        topology_spec=topo({"a": 1, "b": 1, "c": 1}, rate="10mbit", delay="5ms"),
+        replicas=1,
+        stages=2,
+        microbatches=1,
+        microbatch_size=1,
+        model=ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=64),
+        policy=parse_policy("atlas"),
+    )
+    from testbed.plan.workers import WorkerSpec
+
+    workers = [WorkerSpec(0, 0, 0, "a-h0", "a"), WorkerSpec(1, 1, 0, "c-h0", "c")]  # a -> b -> c
+    plan = plan_grants(e, e.topology_spec, workers, connections=1)
+    timing = HopTiming.from_plan(plan, TCP_GOODPUT_FRACTION)
+    switch = Recorder()
+    loop = GrantLoop(
+        switch,
+        {0: 0, 1: 0},
+        boundary_paths(workers, RoutingTable(e.topology_spec)),
+        sharing="planned",
+        timing=timing,
+        stage_of={0: 0, 1: 1},
+        notice_ns={(0, 1): 10_000_000, (1, 0): 10_000_000},
+        counters=lambda hop, replica: 0,
+    )
+    loop.handle(msg("recv", 0, 1), 0)
+    loop.handle(msg("ready", 0, 1), 20_000_000)
+    assert [x[:3] for x in switch.events] == [("grant", Hop("a", "b"), 0)]
+    assert loop.next_wakeup_ns() == 20_000_000 + timing[Hop("a", "b")].delay_ns  # b -> c: one link later
+    loop.tick(25_000_000)
+    assert [x[:3] for x in switch.events] == [("grant", Hop("a", "b"), 0), ("grant", Hop("b", "c"), 0)]
+
+
+def test_the_simulation_of_1f1b_keeps_every_dependency():
+    """Under 1F1B with several microbatches no action starts before its input can have arrived:
+    the simulated iteration is at least the fill and drain of one microbatch plus the steady state."""
+    e, workers = four_pipelines()
+    e = e.with_overrides(schedule="1f1b", microbatches=4)
+    plan = plan_grants(e, e.topology_spec, workers, connections=1)
+    tau = plan.hops[0].transfer_s
+    assert plan.iteration_s >= 0.040 + 2 * D_MS / 1000 + 2 * tau  # one microbatch there and back
+    assert plan.iteration_s >= 4 * 4 * tau  # each direction carries 16 transfers, one at a time
+    for h in plan.hops:
+        assert sorted(h.order) == sorted(Transfer(h.order[0].kind, 0, m, r) for m in range(4) for r in range(4))

@@ -11,6 +11,7 @@ from testbed.plan.placement import atlas_dc_order, place, place_dp_wan, place_pi
 from testbed.plan.what_if import alternatives, what_if
 from testbed.spec.model import ModelConfig, stage_param_bytes
 from testbed.spec.policy import parse_policy
+from testbed.spec.wire import TCP_GOODPUT_FRACTION
 
 
 def test_dp_wan_puts_each_replica_pipeline_in_its_own_dc():
@@ -47,7 +48,7 @@ def test_prediction_adds_transfers_across_a_wan_boundary():
     e = exp()
     t = topo({"a": 2, "b": 2}, rate="100mbit", delay="10ms")
     p = predict(e, t, place(e, t))
-    w = 2 * e.activation_bytes * 8 / 100e6  # two pipelines share the link
+    w = 2 * e.activation_bytes * 8 / (100e6 * TCP_GOODPUT_FRACTION)  # two pipelines share the link's TCP payload
     assert p.fill_s == pytest.approx(2 * 0.120 + 2 * (w + 2 * 0.010))
     assert p.steady_s == pytest.approx(3 * max(0.120, 2 * w))
 
@@ -57,7 +58,7 @@ def test_prediction_of_dp_wan_pays_the_all_reduce_over_the_wan():
     t = topo({"a": 2, "b": 2}, rate="100mbit", delay="10ms")
     p = predict(e, t, place(e, t, parse_policy("dp-wan")))
     bits = sum(stage_param_bytes(e.model, 2, s) for s in range(2)) * 8  # both stages share the one link
-    assert p.allreduce_s == pytest.approx(2 * 1 / 2 * bits / 100e6 + 2 * 0.010)
+    assert p.allreduce_s == pytest.approx(2 * 1 / 2 * bits / (100e6 * TCP_GOODPUT_FRACTION) + 2 * 0.010)
     assert p.fill_s == pytest.approx(2 * 0.120)  # the pipeline itself stays inside a DC
 
 
@@ -102,3 +103,28 @@ def test_connections_from_the_bandwidth_delay_product():
     buf = buffer_for_share(100e6, 0.080, 0.25)
     assert buf == 2 * 0.25 * 1_000_000  # twice the window (receive overhead)
     assert connections_for(100e6, 0.080, buf / 2) == 4
+
+
+def test_dc_selection_weighs_orders_of_dc_sets_and_their_links():
+    """Two large DCs joined by a fast link and a small DC on slow links, listed first: file order
+    crosses the slow link; Atlas's DC selection keeps the pipeline on the fast one."""
+    from testbed.plan.placement import select_dcs
+    from testbed.spec.topology_file import parse_topology
+
+    t = parse_topology(
+        {
+            "dcs": [{"name": "small", "hosts": 2}, {"name": "x", "hosts": 4}, {"name": "y", "hosts": 4}],
+            "links": [
+                {"between": ["small", "x"], "rate": "10mbit", "delay": "50ms"},
+                {"between": ["small", "y"], "rate": "10mbit", "delay": "50ms"},
+                {"between": ["x", "y"], "rate": "100mbit", "delay": "5ms"},
+            ],
+        },
+        "t",
+    )
+    e = exp(topology_spec=t, stages=2, replicas=2)
+    dcs, predicted = select_dcs(e, t, parse_policy("atlas"))
+    assert {d.name for d in dcs} <= {"x", "y"} and predicted > 0
+    workers = place(e, t, parse_policy("atlas"))
+    assert "small" not in {w.dc for w in workers}
+    assert "small" in {w.dc for w in place(e, t, parse_policy("pp-fair"))}  # file order starts there
