@@ -127,6 +127,7 @@ class Controller:
             "shaping_log": str(self.shaping.shaping_log_path),
             "error_file": str(self.error_file),
             "sharing": self.sharing,
+            "iteration_ns": int(self.grant_plan.iteration_s * 1e9) if self.grant_plan else 2**62,
             "replica_of": {str(r): w.replica for r, w in self.workers.items()},
             "stage_of": {str(r): w.stage for r, w in self.workers.items()},
             "hops": [{"src": s, "dst": d, "hops": [[h.src, h.dst] for h in hs]} for (s, d), hs in self.hops.items()],

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from testbed.atlas.channel import MAX_MESSAGE_BYTES, STOP, parse_message
-from testbed.atlas.grants import GrantLoop, Hop, HopTiming
+from testbed.atlas.grants import NEVER, GrantLoop, Hop, HopTiming
 from testbed.atlas.switch import GrantSwitch
 from testbed.plan.grant_plan import Transfer
 
@@ -115,6 +115,7 @@ def grant_loop_from_plan(plan: dict, switch: GrantSwitch) -> GrantLoop:
         stage_of={int(k): v for k, v in plan["stage_of"].items()},
         notice_ns={(n["src"], n["dst"]): n["ns"] for n in plan["notice"]},
         counters=switch.class_bytes,
+        iteration_ns=plan.get("iteration_ns", NEVER),
     )
 
 

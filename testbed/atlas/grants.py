@@ -21,9 +21,11 @@ to share a link (the policy's ``sharing``):
   bytes come before its turn moves at the floor (or, with borrowing, on what the link has idle).
 
 Liveness: a grant past its deadline (the plan's: 3 x its transfer time plus one RTT) is released,
-logged and counted; a transfer whose ``ready`` or ``recv`` was lost is taken as ready one deadline
-after its other side reported; messages about a transfer already done are ignored. So a lost
-message costs at most one deadline. Nothing here touches the kernel; times are CLOCK_MONOTONIC ns.
+logged and counted, so a lost ``done`` costs at most one deadline; a transfer whose ``ready`` or
+``recv`` was lost (its other side has waited a whole planned iteration: a receiver may well post
+long before its sender is ready, or the other way round) is then taken as ready, so such a loss
+costs at most one iteration plus one deadline; messages about a transfer already done are
+ignored. Nothing here touches the kernel; times are CLOCK_MONOTONIC ns.
 """
 
 from __future__ import annotations
@@ -127,7 +129,8 @@ class GrantLoop:
     data-parallel replica / pipeline stage; ``hops``: the WAN egresses of each (sender, receiver)
     pair; ``timing``: each hop's plan (``planned``; under ``fifo`` only its deadline is used);
     ``notice_ns``: the one-way delay from each pair's receiver back to its sender; ``counters``:
-    ``(hop, replica) -> bytes`` its class has sent (``planned``). Raises ValueError for a sharing
+    ``(hop, replica) -> bytes`` its class has sent (``planned``); ``iteration_ns``: the planned
+    iteration, after which a half-reported transfer counts as lost-and-ready. Raises ValueError for a sharing
     it does not know, or ``planned`` without what it needs."""
 
     def __init__(
@@ -140,6 +143,7 @@ class GrantLoop:
         stage_of: dict[int, int] | None = None,
         notice_ns: dict[tuple[int, int], int] | None = None,
         counters: Callable[[Hop, int], int] | None = None,
+        iteration_ns: int = NEVER,
     ) -> None:
         if sharing not in ("fifo", "planned"):
             raise ValueError(f"unknown sharing {sharing!r}: fifo or planned")
@@ -147,7 +151,7 @@ class GrantLoop:
             raise ValueError("planned sharing needs the plan's timing, the stages and the class counters")
         self.switch, self.replica_of, self.hops, self.sharing = switch, replica_of, hops, sharing
         self.timing, self.stage_of = timing or {}, stage_of or {}
-        self.notice_ns, self.counters = notice_ns or {}, counters
+        self.notice_ns, self.counters, self.iteration_ns = notice_ns or {}, counters, iteration_ns
         all_hops = {h for hs in hops.values() for h in hs}
         self.queues = {h: GrantQueue() for h in all_hops}  # fifo: who holds and waits, in order
         self.held: dict[Hop, _Held | None] = dict.fromkeys(all_hops)
@@ -158,6 +162,7 @@ class GrantLoop:
         self._seq = itertools.count()
         self.deadline_releases = 0
         self.half_expired = 0
+        self._free_since: dict[Hop, int] = dict.fromkeys(all_hops, 0)
 
     # ------------------------------------------------------------------ messages
     def handle(self, msg: dict, t_ns: int) -> None:
@@ -185,6 +190,11 @@ class GrantLoop:
 
     def _path(self, key: TransferKey) -> list[Hop]:
         return self.hops.get((key[0], key[1]), [])
+
+    def _half_expiry(self, key: TransferKey) -> int:
+        """How long one side of ``key`` waits for the other before the other counts as lost (ns)."""
+        longest = max((self._deadline_after(h) for h in self._path(key)), default=NEVER)
+        return NEVER if self.iteration_ns >= NEVER or longest >= NEVER else self.iteration_ns + longest
 
     def _deadline_after(self, hop: Hop) -> int:
         timing = self.timing.get(hop)
@@ -234,7 +244,7 @@ class GrantLoop:
         whose other side's message was lost, planned grants whose bytes are about to arrive."""
         for key, sides in list(self._half.items()):
             first = min(sides.values())
-            if t_ns - first >= max((self._deadline_after(h) for h in self._path(key)), default=NEVER):
+            if t_ns - first >= self._half_expiry(key):
                 del self._half[key]
                 self.half_expired += 1
                 self._ready(key, sides.get(READY, first), sides.get(RECV, first), t_ns)
@@ -267,8 +277,7 @@ class GrantLoop:
         """When ``tick`` has something to do next (None: nothing until a message comes)."""
         times = []
         for key, sides in self._half.items():
-            after = max((self._deadline_after(h) for h in self._path(key)), default=NEVER)
-            times.append(min(sides.values()) + after)
+            times.append(min(sides.values()) + self._half_expiry(key))
         for hop, held in self.held.items():
             if held is not None:
                 times.append(held.deadline_ns)
@@ -296,7 +305,8 @@ class GrantLoop:
         timing = self.timing[hop]
         held = _Held(w.replica, w.key, t_ns, t_ns + timing.deadline_ns, w.base_bytes)
         held.check_ns = t_ns + max(MIN_CHECK_NS, timing.transfer_ns)
-        self._grant(hop, held, w.eligible_ns)
+        # the grant could go out once its bytes were due and the link was free: its latency counts from there
+        self._grant(hop, held, max(w.eligible_ns, self._free_since[hop]))
         path = self._path(w.key)
         i = path.index(hop)
         if i + 1 < len(path):
@@ -321,6 +331,7 @@ class GrantLoop:
         held = self.held[hop]
         assert held is not None
         self.held[hop] = None
+        self._free_since[hop] = t_ns
         sent = None
         if self.counters is not None and held.base_bytes is not None:
             sent = self.counters(hop, held.replica) - held.base_bytes

@@ -122,10 +122,10 @@ def test_a_lost_done_is_released_at_its_deadline(tmp_path, clean_machine):
         assert deadline_s * 0.9 <= waited <= deadline_s + 0.5, (waited, deadline_s)
         ctl.stop()
     log = [json.loads(x) for x in (tmp_path / "controller.jsonl").read_text().splitlines()]
-    assert [(r["event"], r["replica"], r.get("reason")) for r in log] == [
+    assert [(r["event"], r["replica"], r.get("reason")) for r in log][:3] == [
         ("grant", 0, None),
         ("release", 0, "deadline"),
-        ("grant", 1, None),
+        ("grant", 1, None),  # (whose done never comes either: it too ends at its deadline)
     ]
 
 
