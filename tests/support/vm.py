@@ -165,7 +165,8 @@ def venv_python_version(project: Path) -> str:
     Raises VmError without a .venv."""
     cfg = project / ".venv" / "pyvenv.cfg"
     try:
-        fields = dict(line.split("=", 1) for line in cfg.read_text().splitlines() if "=" in line)
+        pairs = (line.split("=", 1) for line in cfg.read_text().splitlines() if "=" in line)
+        fields = {k.strip(): v.strip() for k, v in pairs}
     except OSError:
         raise VmError(f"no {cfg}: run scripts/setup.sh first (the box uses the host's .venv)") from None
     version = (fields.get("version") or fields.get("version_info") or "").strip()

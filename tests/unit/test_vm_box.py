@@ -57,3 +57,15 @@ def test_release_and_mirror_come_from_the_host(tmp_path):
 def test_the_box_runs_pytest_without_writing_into_the_checkout():
     cmd = pytest_command(["tests/vm", "-k", "a b"])
     assert "-p no:cacheprovider" in cmd and "--basetemp=/tmp/pytest" in cmd and "'a b'" in cmd
+
+
+def test_the_venvs_python_is_read_from_its_pyvenv_cfg(tmp_path):
+    from tests.support.vm import venv_python_version
+
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / "pyvenv.cfg").write_text(
+        "home = /usr/bin\nversion = 3.11.2\nexecutable = /usr/bin/python3.11\n"
+    )
+    assert venv_python_version(tmp_path) == "3.11"
+    with pytest.raises(VmError, match="setup.sh"):
+        venv_python_version(tmp_path / "elsewhere")
