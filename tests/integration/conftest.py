@@ -26,15 +26,24 @@ def _run(argv: list[str]) -> str:
     return subprocess.run(argv, capture_output=True, text=True).stdout
 
 
-def machine_state() -> dict:
+def registered_prefixes() -> set[str]:
+    """The name prefixes of every run in the registry now (running or stale)."""
+    runs = Path("/run/testbed/runs")
+    return {p.stem for p in runs.glob("*.json")} if runs.is_dir() else set()
+
+
+def machine_state(ignore: set[str] = frozenset()) -> dict:
     """What the testbed could leave behind in the root namespace: namespaces, links, qdiscs,
-    iptables rules, registered runs."""
+    iptables rules, registered runs. Items naming a prefix in ``ignore`` (runs that were there before
+    the test, e.g. a user's experiment or a run killed earlier) are left out, so that a test compares
+    only what it made itself."""
     netns = sorted(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else []
     links = sorted(re.findall(r"^\d+: ([^:@]+)", _run(["ip", "-o", "link", "show"]), re.M))
     qdiscs = sorted(line.split(" refcnt")[0] for line in _run(["tc", "qdisc", "show"]).splitlines())
     rules = sorted(line for line in _run(["iptables-save"]).splitlines() if not line.startswith(("#", ":")))
     runs = sorted(os.listdir("/run/testbed/runs")) if os.path.isdir("/run/testbed/runs") else []
-    return {"netns": netns, "links": links, "qdiscs": qdiscs, "iptables": rules, "runs": runs}
+    state = {"netns": netns, "links": links, "qdiscs": qdiscs, "iptables": rules, "runs": runs}
+    return {key: [item for item in items if not any(p in item for p in ignore)] for key, items in state.items()}
 
 
 def run_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
@@ -68,6 +77,7 @@ def start_topo_up(tmp_path: Path, *args: str, topology: str = "two_dc") -> subpr
 @pytest.fixture
 def clean_machine():
     """The machine state before the test; asserts the test left nothing behind."""
-    before = machine_state()
+    others = registered_prefixes()
+    before = machine_state(others)
     yield before
-    assert machine_state() == before
+    assert machine_state(others) == before

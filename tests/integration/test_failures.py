@@ -19,11 +19,12 @@ from testbed.net.registry import same_process
 from testbed.run.backends import make_network
 from testbed.spec.topology_file import load_topology, parse_topology
 
-from .conftest import REPO, machine_state, run_cli, start_topo_up
+from .conftest import REPO, machine_state, registered_prefixes, run_cli, start_topo_up
 
 
 def test_kill_9_then_clean_restores_machine(tmp_path):
-    before = machine_state()
+    others = registered_prefixes()  # clean may remove those too (if stale): not this test's business
+    before = machine_state(others)
     proc = start_topo_up(tmp_path)
     runs = [
         json.loads(p.read_text())
@@ -41,18 +42,19 @@ def test_kill_9_then_clean_restores_machine(tmp_path):
     cleaned = run_cli("clean")
     assert cleaned.returncode == 0, cleaned.stderr
     assert f"removed run {run['prefix']}" in cleaned.stdout
-    assert machine_state() == before
+    assert machine_state(others) == before
     for p in run["processes"]:
         assert not same_process(p["pid"], p["start"])
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_tears_down(tmp_path, sig):
-    before = machine_state()
+    others = registered_prefixes()
+    before = machine_state(others)
     proc = start_topo_up(tmp_path)
     proc.send_signal(sig)
     assert proc.wait(timeout=30) in (0, 128 + sig, 130)
-    assert machine_state() == before
+    assert machine_state(others) == before
 
 
 def test_dead_delay_element_fails_loudly(tmp_path, clean_machine):

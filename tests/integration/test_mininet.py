@@ -21,7 +21,7 @@ from testbed.spec.topology_file import load_topology
 from testbed.trace.events import read_events
 from tests.support.reference import reference_losses
 
-from .conftest import REPO, machine_state, run_cli, start_topo_up
+from .conftest import REPO, machine_state, registered_prefixes, run_cli, start_topo_up
 
 SHORT = {"duration_s": 3, "omit_s": 1, "rtt_samples": 20}
 #: three_dc's 60 ms east-west path fell about 5.5% short now and then over SHORT's 2 s window, on
@@ -64,7 +64,8 @@ def test_training_under_mininet_gives_the_netns_losses(tmp_path, clean_machine):
 
 
 def test_one_mininet_run_at_a_time_and_kill_9_then_clean(tmp_path):
-    before = machine_state()
+    others = registered_prefixes()  # clean may remove those too (if stale): not this test's business
+    before = machine_state(others)
     proc = start_topo_up(tmp_path / "first", "--backend", "mininet")
     second = run_cli("topo", "check", "two_dc", "--backend", "mininet", "--out", str(tmp_path / "second"))
     assert second.returncode == 1
@@ -81,13 +82,13 @@ def test_one_mininet_run_at_a_time_and_kill_9_then_clean(tmp_path):
     cleaned = run_cli("clean")
     assert cleaned.returncode == 0, cleaned.stderr
     assert f"removed run {run['prefix']}" in cleaned.stdout
-    assert machine_state() == before
+    assert machine_state(others) == before
     for p in run["processes"]:  # Mininet's shells and the delay elements are gone
         assert not same_process(p["pid"], p["start"])
     # the dead run's lock went with it: the next Mininet run builds
     with make_network(load_topology("two_dc"), "mininet", out_dir=tmp_path / "again", check_capacity=False) as net:
         assert net.run("east-h0", ["ping", "-c1", "-W2", str(net.host("west-h1").ip)]).returncode == 0
-    assert machine_state() == before
+    assert machine_state(others) == before
 
 
 def test_mn_custom_builds_the_same_network(clean_machine):

@@ -212,8 +212,11 @@ def test_jitter_and_loss_measured_against_the_configuration(link_rate_bps, path_
     floor, floor_max = path_floor_ms
     assert abs(mean - rtt_expected) <= 2.0 + floor, mean
     assert 0.75 * expected_sd <= sd <= 1.25 * expected_sd, (sd, expected_sd)
-    assert rtt_expected - 2 * 4.0 <= min(times), min(times)
-    assert max(times) <= rtt_expected + 2 * 4.0 + floor_max + 1.0, (max(times), floor_max)
+    # bounded, unlike a normal law of the same sd; the emulated CPU stalls now and then (one round
+    # trip of 400 took 55.9 ms on a 40 +- 8 ms path once), so 1% of the samples may stray
+    low, high = rtt_expected - 2 * 4.0, rtt_expected + 2 * 4.0 + floor_max + 1.0
+    outside = [t for t in times if not low <= t <= high]
+    assert len(outside) <= 0.01 * len(times), (outside, low, high)
     # 2% each way: a ping round trip is lost with probability 1 - 0.98^2 = 3.96%
     loss = 1 - len(times) / 400
     assert 0.0 < loss < 0.12, (loss, out.stdout)
