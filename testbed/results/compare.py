@@ -58,8 +58,8 @@ def aggregate(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             for f in FIGURES + BUBBLETEA_FIGURES
         }
     slowdown = {}
-    for p in runs:
-        base = base_policy(p)
+    for p in runs:  # names without +bubbletea may be any label (a script comparing experiment variants)
+        base = base_policy(p) if p.endswith("+bubbletea") else p
         if p != base and base in runs:
             tp, tb = stats[p][M.ITERATION_TIME_S]["median"], stats[base][M.ITERATION_TIME_S]["median"]
             if tp and tb:
