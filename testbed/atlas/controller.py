@@ -31,9 +31,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from testbed.atlas.channel import STOP, encode_message
-from testbed.atlas.grants import CLASS_BASE, FLOOR_SHARE, Hop, HopTiming, boundary_paths, floor_bps
+from testbed.atlas.channel import REPLAN, STOP, encode_message
+from testbed.atlas.grants import CLASS_BASE, FLOOR_SHARE, Hop, boundary_paths, floor_bps
 from testbed.atlas.switch import GrantSwitch
+from testbed.atlas.timing import HopTiming, timing_to_json
 from testbed.net.network import Network, require_live_shaping
 from testbed.plan.grant_plan import GrantPlan, granted_class_bps
 from testbed.plan.workers import WorkerSpec
@@ -135,21 +136,7 @@ class Controller:
                 {"src": s, "dst": d, "ns": routes.one_way_delay_us(self.workers[d].dc, self.workers[s].dc) * 1000}
                 for s, d in self.hops
             ],
-            "timing": [
-                {
-                    "src": h.src,
-                    "dst": h.dst,
-                    "transfer_ns": t.transfer_ns,
-                    "delay_ns": t.delay_ns,
-                    "deadline_ns": t.deadline_ns,
-                    "wire_bytes": t.wire_bytes,
-                    "rate_bps": t.rate_bps,
-                    "order": [
-                        [x.kind, x.stage, x.microbatch, x.replica] for x in sorted(t.position, key=t.position.get)
-                    ],
-                }
-                for h, t in timing.items()
-            ],
+            "timing": timing_to_json(timing),
             "fd": self._sock.fileno(),
         }
         plan_path = self.log_path.with_name("controller_plan.json")
@@ -163,6 +150,19 @@ class Controller:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
             )
+
+    def replan(self, plan: GrantPlan) -> Path:
+        """Hand the running controller a new grant plan (the first iteration's profiled compute);
+        it follows it from the next transfer that becomes ready. Returns the file it reads it from."""
+        path = self.log_path.with_name("controller_replan.json")
+        timing = HopTiming.from_plan(plan, TCP_GOODPUT_FRACTION)
+        path.write_text(json.dumps({"timing": timing_to_json(timing), "iteration_ns": int(plan.iteration_s * 1e9)}))
+        self.grant_plan = plan
+        try:
+            self._sock.sendto(encode_message(REPLAN, path=str(path)), str(self.sock_path))
+        except OSError:  # a dead controller is reported by poll_failure
+            pass
+        return path
 
     def poll_failure(self) -> str | None:
         """If the controller process has died during the run, open every class (fair sharing; the

@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from testbed.atlas.channel import MAX_MESSAGE_BYTES, STOP, parse_message
-from testbed.atlas.grants import NEVER, GrantLoop, Hop, HopTiming
+from testbed.atlas.channel import MAX_MESSAGE_BYTES, REPLAN, STOP, parse_message
+from testbed.atlas.grants import NEVER, GrantLoop, Hop
 from testbed.atlas.switch import GrantSwitch
-from testbed.plan.grant_plan import Transfer
+from testbed.atlas.timing import timing_from_json
 
 
 def serve_messages(
@@ -33,7 +33,8 @@ def serve_messages(
 ) -> int:
     """Feed ``loop`` every datagram ``recv(size, timeout_s)`` returns (None: the timeout passed),
     each stamped with ``clock`` as it arrives, and let it act on its timers (``loop.tick``) when they
-    are due, until a ``stop`` message; returns how many messages were handled. Raises what a bad
+    are due, until a ``stop`` message; a ``replan`` message swaps in the plan in its file; returns
+    how many messages were handled. Raises what a bad
     message raises (ValueError, KeyError): the caller falls back to fair sharing."""
     handled = 0
     while True:
@@ -45,7 +46,11 @@ def serve_messages(
             msg = parse_message(data)
             if msg["ev"] == STOP:
                 return handled
-            loop.handle(msg, t)
+            if msg["ev"] == REPLAN:
+                replan = json.loads(Path(msg["path"]).read_text())
+                loop.replan(timing_from_json(replan["timing"]), replan["iteration_ns"])
+            else:
+                loop.handle(msg, t)
             handled += 1
         loop.tick(t)
 
@@ -95,17 +100,7 @@ def serve(plan_path: str) -> None:
 
 def grant_loop_from_plan(plan: dict, switch: GrantSwitch) -> GrantLoop:
     """The grant loop ``controller.Controller.start`` described in ``controller_plan.json``."""
-    timing = {
-        Hop(t["src"], t["dst"]): HopTiming(
-            t["transfer_ns"],
-            t["delay_ns"],
-            t["deadline_ns"],
-            t["wire_bytes"],
-            t["rate_bps"],
-            {Transfer(*x): i for i, x in enumerate(t["order"])},
-        )
-        for t in plan["timing"]
-    }
+    timing = timing_from_json(plan["timing"])
     return GrantLoop(
         switch,
         {int(k): v for k, v in plan["replica_of"].items()},

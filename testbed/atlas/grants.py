@@ -33,12 +33,13 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from testbed.atlas.channel import DONE, READY, RECV, TransferKey, transfer_key
 from testbed.atlas.fifo import GrantQueue
-from testbed.plan.grant_plan import FLOOR_SHARE, GrantPlan, Hop, Transfer, boundary_paths
+from testbed.atlas.timing import HopTiming
+from testbed.plan.grant_plan import FLOOR_SHARE, Hop, Transfer, boundary_paths
 
 __all__ = ["CLASS_BASE", "FLOOR_SHARE", "GrantLoop", "GrantQueue", "Hop", "HopTiming", "boundary_paths", "floor_bps"]
 CLASS_BASE = 0x20
@@ -74,35 +75,6 @@ class Switch(Protocol):
         sent_bytes: int | None = None,
         rate_bps: int | None = None,
     ) -> None: ...
-
-
-@dataclass(frozen=True)
-class HopTiming:
-    """What the loop needs of one hop's plan, in ns and bytes: how long a transfer needs the link,
-    the link's one-way delay, a grant's deadline, the wire bytes a transfer puts through its class,
-    the link's rate and the plan's order (position by transfer)."""
-
-    transfer_ns: int
-    delay_ns: int
-    deadline_ns: int
-    wire_bytes: int
-    rate_bps: int
-    position: dict[Transfer, int] = field(default_factory=dict)
-
-    @staticmethod
-    def from_plan(plan: GrantPlan, goodput_fraction: float) -> dict[Hop, HopTiming]:
-        """Each hop's timing from a grant plan; wire bytes are the payload over TCP's share of a frame."""
-        return {
-            h.hop: HopTiming(
-                int(h.transfer_s * 1e9),
-                int(h.delay_s * 1e9),
-                int(h.deadline_s * 1e9),
-                int(plan.bytes_per_transfer / goodput_fraction),
-                h.rate_bps,
-                {t: i for i, t in enumerate(h.order)},
-            )
-            for h in plan.hops
-        }
 
 
 @dataclass
@@ -163,6 +135,11 @@ class GrantLoop:
         self.deadline_releases = 0
         self.half_expired = 0
         self._free_since: dict[Hop, int] = dict.fromkeys(all_hops, 0)
+
+    def replan(self, timing: dict[Hop, HopTiming], iteration_ns: int) -> None:
+        """Follow a new plan from now on (the first iteration's profile, under real compute):
+        transfers that become ready from now on take the new order; grants held keep their deadline."""
+        self.timing, self.iteration_ns = timing, iteration_ns
 
     # ------------------------------------------------------------------ messages
     def handle(self, msg: dict, t_ns: int) -> None:

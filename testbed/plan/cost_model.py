@@ -21,7 +21,7 @@ pipeline fill and drain plus (M - 1) times the slowest step), extended with WAN 
 
 Under Atlas's grants (``fifo`` or ``planned`` sharing) the fill, steady state and WAN terms come
 instead from the grant plan's list-schedule simulation of one iteration, each link given to one
-transfer at a time (``grant_plan.simulate``; ``fifo``: all pipelines starting together,
+transfer at a time (``grant_sim.simulate``; ``fifo``: all pipelines starting together,
 ``planned``: with the plan's offsets); A and O are added as above.
 """
 

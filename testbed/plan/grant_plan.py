@@ -2,19 +2,15 @@
 the training workload, before it runs.
 
 Inputs: the schedule tables (``schedule.py``), the microbatch count, the padded compute targets of
-every stage (``Experiment.block_s``), the bytes of one boundary transfer, and each WAN link's rate
+every stage (``Experiment.block_s``; under real compute, the first iteration's profile:
+``run/profile.py``), the bytes of one boundary transfer, and each WAN link's rate
 and one-way delay, the held classes' floor and the per-connection share of striped transfers on
 each path. Output, per link direction (``Hop``): the order of the stage-boundary transfers over one
 iteration, how long one needs the link when granted (``transfer_s``: its bytes over the granted
 rate), and its deadline; and, per data-parallel pipeline, the offset at which its first stage
 starts each iteration (``stagger_s``), so that one pipeline computes while another transmits.
 
-How: ``simulate`` plays one iteration of every pipeline as a list schedule in continuous time (an
-action starts when its worker is free and its input has arrived; gloo moves a tensor only once the
-receive is posted and the receiver's ready notice has crossed back, one one-way delay), each link
-direction given to one transfer at a time, earliest ready first (``sharing="fifo"`` holds it for
-the whole rendezvous: the notice, the bytes and their flight). On a path of several links a hop's
-last byte cannot leave before the previous hop's last byte has arrived. ``plan_grants`` tries
+How: ``grant_sim.simulate`` plays one iteration (see there). ``plan_grants`` tries
 pipeline offsets r x delta for delta from 0 to the longest transfer time, keeps the largest one
 whose simulated iteration is no longer than the shortest found (so that pipelines take each link in
 turn instead of queueing their bytes at the floor rate behind each other's grants), and records the
@@ -25,18 +21,30 @@ Pure: no kernel, no processes. ``testbed plan --grants`` prints it (``format_gra
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from dataclasses import dataclass
 
 from testbed.plan.connections import path_connection_share, transfer_rate_bps
-from testbed.plan.schedule import Action, make_schedule
+from testbed.plan.grant_sim import Hop, LinkTiming, Transfer, boundary_paths, simulate
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
-from testbed.spec.model import stage_layers
 from testbed.spec.routing import RoutingTable
 from testbed.spec.topology import TopologySpec
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
+
+__all__ = [
+    "DEADLINE_TRANSFERS",
+    "FLOOR_SHARE",
+    "GrantPlan",
+    "Hop",
+    "HopPlan",
+    "Transfer",
+    "boundary_paths",
+    "format_grant_plan",
+    "granted_class_bps",
+    "held_floor_share",
+    "plan_grants",
+    "simulate_fifo",
+]
 
 #: the share of a link a held (not granted) pipeline's class keeps (DESIGN.md section 1, item 4)
 FLOOR_SHARE = 0.05
@@ -46,32 +54,6 @@ DEADLINE_TRANSFERS = 3.0
 STAGGER_STEPS = 4
 #: an offset may lengthen the simulated iteration by this share and still count as free
 STAGGER_TOLERANCE = 1e-3
-
-
-@dataclass(frozen=True, order=True)
-class Hop:
-    """One WAN egress (router of ``src`` towards neighbour ``dst``) crossed by a boundary's flows."""
-
-    src: str
-    dst: str
-
-    def __str__(self) -> str:
-        return f"{self.src}->{self.dst}"
-
-
-@dataclass(frozen=True, order=True)
-class Transfer:
-    """One stage-boundary transfer of an iteration: pipeline ``replica``'s activations (``F``,
-    stage ``stage`` to ``stage + 1``) or activation gradients (``B``, ``stage + 1`` to ``stage``)
-    of ``microbatch``."""
-
-    kind: str
-    stage: int
-    microbatch: int
-    replica: int
-
-    def __str__(self) -> str:
-        return f"{self.kind}{self.microbatch}r{self.replica}"
 
 
 @dataclass(frozen=True)
@@ -112,21 +94,6 @@ class GrantPlan:
         return next(h for h in self.hops if h.hop == hop)
 
 
-def boundary_paths(workers: list[WorkerSpec], routes: RoutingTable) -> dict[tuple[int, int], list[Hop]]:
-    """For each (sender rank, receiver rank) pair of neighbouring stages in different DCs (both
-    directions), the WAN egresses its packets cross, in order."""
-    by = {(w.stage, w.replica): w for w in workers}
-    out = {}
-    for w in workers:
-        nxt = by.get((w.stage + 1, w.replica))
-        if nxt is None or nxt.dc == w.dc:
-            continue
-        for a, b in ((w, nxt), (nxt, w)):
-            dcs = routes.route(a.dc, b.dc).dcs
-            out[(a.rank, b.rank)] = [Hop(x, y) for x, y in zip(dcs, dcs[1:])]
-    return out
-
-
 def held_floor_share(exp: Experiment) -> float:
     """The floor a planned grant leaves the held classes: none when they may borrow (they then use
     only what the granted transfer leaves idle), else ``atlas_floor_share``."""
@@ -138,127 +105,6 @@ def granted_class_bps(link_bps: int, replicas: int, floor_share: float) -> float
     return link_bps - (replicas - 1) * floor_share * link_bps
 
 
-@dataclass(frozen=True)
-class _Link:
-    transfer_s: float
-    delay_s: float
-
-
-def simulate(
-    exp: Experiment,
-    workers: list[WorkerSpec],
-    links: dict[Hop, _Link],
-    paths: dict[tuple[int, int], list[Hop]],
-    one_way_s: dict[tuple[int, int], float],
-    stagger_s: tuple[float, ...],
-    block_s: tuple[float, float] | None = None,
-    rendezvous_hold: bool = False,
-) -> tuple[float, dict[Hop, list[Transfer]]]:
-    """One iteration of every pipeline (see the module doc): ``links``, each crossed hop's transfer
-    time and delay; ``paths``, the hops of each (sender, receiver) pair; ``one_way_s``, each pair's
-    one-way delay; ``stagger_s``, each replica's first-stage offset; ``block_s``, per-block
-    (forward, backward) seconds (default the experiment's); ``rendezvous_hold``: a grant holds its
-    link from both sides being ready to the data's arrival (FIFO grants). Returns (the iteration
-    time: the last worker's last compute or byte on a link, in s; the order in which transfers took
-    each link direction). Raises ValueError when the schedule cannot complete."""
-    S, R, M = exp.stages, exp.replicas, exp.microbatches
-    per_f, per_b = block_s or exp.block_s
-    f = [len(stage_layers(exp.model.n_layers, S, s)) * per_f for s in range(S)]
-    b = [len(stage_layers(exp.model.n_layers, S, s)) * per_b for s in range(S)]
-    rank = {(w.stage, w.replica): w.rank for w in workers}
-    where = {w.rank: (w.stage, w.replica) for w in workers}
-    actions = make_schedule(exp.schedule, S, M)
-    seq = itertools.count()
-    events: list[tuple[float, int, str, tuple]] = []
-    free = {(s, r): (stagger_s[r] if s == 0 else 0.0) for s in range(S) for r in range(R)}
-    pos = dict.fromkeys(free, 0)
-    arrived: dict[Transfer, float] = {}
-    posted: dict[Transfer, float] = {}
-    ready: dict[Transfer, float] = {}
-    link_free = dict.fromkeys(links, 0.0)
-    order: dict[Hop, list[Transfer]] = {h: [] for h in links}
-    end = 0.0
-
-    def push(t: float, kind: str, data: tuple) -> None:
-        heapq.heappush(events, (t, next(seq), kind, data))
-
-    def pair(t: Transfer) -> tuple[int, int]:
-        src = (t.stage, t.replica) if t.kind == "F" else (t.stage + 1, t.replica)
-        dst = (t.stage + 1, t.replica) if t.kind == "F" else (t.stage, t.replica)
-        return rank[src], rank[dst]
-
-    def eligible(t: Transfer) -> None:
-        if t in ready and t in posted:
-            key = pair(t)
-            if key not in paths:  # inside one DC: no WAN link, no rendezvous cost worth modelling
-                push(max(ready[t], posted[t]), "arrive", (t,))
-            elif rendezvous_hold:  # FIFO: the link is held from both sides ready, notice included
-                push(max(ready[t], posted[t]), "hop", (t, 0, None, one_way_s[key]))
-            else:
-                push(max(ready[t], posted[t] + one_way_s[key]), "hop", (t, 0, None, 0.0))
-
-    def needs(s: int, a: Action, r: int) -> Transfer | None:
-        if a.kind == "F":
-            return Transfer("F", s - 1, a.microbatch, r) if s > 0 else None
-        return Transfer("B", s, a.microbatch, r) if s < S - 1 else None
-
-    for s, r in free:
-        push(free[(s, r)], "try", (s, r))
-    while events:
-        now, _, kind, data = heapq.heappop(events)
-        if kind == "try":
-            s, r = data
-            if pos[(s, r)] == len(actions[s]):
-                continue
-            a = actions[s][pos[(s, r)]]
-            need = needs(s, a, r)
-            t_in = now
-            if need is not None:
-                if need not in posted:
-                    posted[need] = now
-                    eligible(need)
-                if need not in arrived:
-                    continue  # resumed by the arrival
-                t_in = max(now, arrived[need])
-            done = t_in + (f[s] if a.kind == "F" else b[s])
-            free[(s, r)] = done
-            pos[(s, r)] += 1
-            end = max(end, done)
-            out = None
-            if a.kind == "F" and s < S - 1:
-                out = Transfer("F", s, a.microbatch, r)
-            elif a.kind == "B" and s > 0:
-                out = Transfer("B", s - 1, a.microbatch, r)
-            if out is not None:
-                ready[out] = done
-                eligible(out)
-            push(done, "try", (s, r))
-        elif kind == "hop":
-            t, i, last_before, notice = data  # last_before: when the previous hop's last byte arrives
-            path = paths[pair(t)]
-            link = links[path[i]]
-            start = max(now, link_free[path[i]])
-            first = start + notice  # FIFO: the link waits for the notice to cross back
-            last = max(first + link.transfer_s, last_before if last_before is not None else 0.0)
-            link_free[path[i]] = last + (link.delay_s if notice else 0.0)  # FIFO: until the data arrived
-            order[path[i]].append(t)
-            end = max(end, last)
-            if i + 1 < len(path):
-                push(first + link.delay_s, "hop", (t, i + 1, last + link.delay_s, 0.0))
-            else:
-                push(last + link.delay_s, "arrive", (t,))
-        else:  # arrive
-            (t,) = data
-            arrived[t] = now
-            s, r = where[pair(t)[1]]
-            push(max(now, free[(s, r)]), "try", (s, r))
-    stuck = [(s, r) for (s, r), p in pos.items() if p < len(actions[s])]
-    if stuck:
-        s, r = stuck[0]
-        raise ValueError(f"the schedule does not complete: stage {s} replica {r} waits at {actions[s][pos[(s, r)]]}")
-    return end, order
-
-
 def plan_grants(
     exp: Experiment,
     topo: TopologySpec,
@@ -266,17 +112,19 @@ def plan_grants(
     connections: int,
     floor_share: float | None = None,
     block_s: tuple[float, float] | None = None,
+    stage_s: tuple[tuple[float, float], ...] | None = None,
 ) -> GrantPlan:
     """The grant plan of ``exp`` placed as ``workers`` on ``topo`` with ``connections`` per
     cross-DC transfer (see the module doc); ``floor_share`` of the held classes (default
-    ``held_floor_share(exp)``); ``block_s`` per-block compute seconds (default the experiment's).
+    ``held_floor_share(exp)``); ``block_s`` per-block compute seconds (default the experiment's);
+    ``stage_s`` each stage's profiled (forward, backward) seconds per microbatch (real compute).
     A layout without cross-DC boundaries has no hops."""
     floor = held_floor_share(exp) if floor_share is None else floor_share
     routes = RoutingTable(topo)
     paths = boundary_paths(workers, routes)
     by_rank = {w.rank: w for w in workers}
     nbytes = exp.activation_bytes
-    links: dict[Hop, _Link] = {}
+    links: dict[Hop, LinkTiming] = {}
     rates: dict[Hop, tuple[int, float]] = {}
     for (src, dst), path in paths.items():
         share = path_connection_share(exp, topo, workers, by_rank[src].dc, by_rank[dst].dc)
@@ -289,14 +137,14 @@ def plan_grants(
             )
             if h in rates and rates[h][1] <= g:
                 continue  # the slowest path through a hop decides its transfer time
-            links[h] = _Link(nbytes * 8 / (g * TCP_GOODPUT_FRACTION), link.delay_us / 1e6)
+            links[h] = LinkTiming(nbytes * 8 / (g * TCP_GOODPUT_FRACTION), link.delay_us / 1e6)
             rates[h] = (link.rate_bps, g)
     one_way = {k: routes.one_way_delay_us(by_rank[k[0]].dc, by_rank[k[1]].dc) / 1e6 for k in paths}
     longest = max((x.transfer_s for x in links.values()), default=0.0)
     tried = []
     for k in range(STAGGER_STEPS + 1) if links else [0]:
         stagger = tuple(r * k * longest / STAGGER_STEPS for r in range(exp.replicas))
-        tried.append((*simulate(exp, workers, links, paths, one_way, stagger, block_s), stagger))
+        tried.append((*simulate(exp, workers, links, paths, one_way, stagger, block_s, stage_s=stage_s), stagger))
     best_t = min(t for t, _, _ in tried)
     # the largest offset that costs the simulated iteration nothing: pipelines then take the link in
     # turn instead of queueing their bytes behind each other's grants at the floor rate
@@ -324,7 +172,7 @@ def simulate_fifo(
     routes = RoutingTable(topo)
     paths = boundary_paths(workers, routes)
     by_rank = {w.rank: w for w in workers}
-    links = {h.hop: _Link(h.transfer_s, h.delay_s) for h in plan.hops}
+    links = {h.hop: LinkTiming(h.transfer_s, h.delay_s) for h in plan.hops}
     one_way = {k: routes.one_way_delay_us(by_rank[k[0]].dc, by_rank[k[1]].dc) / 1e6 for k in paths}
     stagger = (0.0,) * exp.replicas
     return simulate(exp, workers, links, paths, one_way, stagger, block_s, rendezvous_hold=True)[0]

@@ -92,6 +92,9 @@ class WorkerConfig:
     #: planned grants: how long each replica's first stage waits after an iteration's optimizer
     #: step before it starts the next (``plan/grant_plan.py``'s stagger; empty: not at all)
     stagger_s: tuple[float, ...] = ()
+    #: planned grants under real compute: where the runner writes the stagger it planned from the
+    #: first iteration's profile (``write_stagger``); the first stages read it between iterations
+    stagger_file: str | None = None
 
     def worker(self, rank: int) -> WorkerSpec:
         return self.workers[rank]
@@ -109,6 +112,7 @@ def write_worker_config(path: Path, cfg: WorkerConfig) -> None:
         "control_socket": cfg.control_socket,
         "bubbletea": asdict(cfg.bubbletea) if cfg.bubbletea is not None else None,
         "stagger_s": list(cfg.stagger_s),
+        "stagger_file": cfg.stagger_file,
     }
     path.write_text(json.dumps(data))
 
@@ -129,4 +133,24 @@ def read_worker_config(path: Path | str) -> WorkerConfig:
         data.get("control_socket"),
         BubbleTeaConfig(**{**bt, "spec": bubbletea_from_dict(bt["spec"])}) if bt else None,
         tuple(data.get("stagger_s", ())),
+        data.get("stagger_file"),
     )
+
+
+def write_stagger(path: Path, stagger_s: tuple[float, ...]) -> None:
+    """Write each replica's offset (s) for ``read_stagger``, atomically (a reader never sees half)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(list(stagger_s)))
+    tmp.replace(path)
+
+
+def read_stagger(path: str) -> tuple[float, ...] | None:
+    """The offsets ``write_stagger`` wrote, or None while there are none (no file yet, or not a list
+    of numbers: workers never wait for it)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, list) or not all(isinstance(x, (int, float)) for x in data):
+        return None
+    return tuple(float(x) for x in data)

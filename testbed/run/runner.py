@@ -28,6 +28,7 @@ from testbed.run.backends import make_network, offers_live_shaping, runs_here
 from testbed.run.bubbletea_setup import prepare_bubbletea
 from testbed.run.fit import check_corpus, check_iteration_time, check_memory
 from testbed.run.launch import Launcher, start_workers
+from testbed.run.profile import replan_from_profile, unprofiled
 from testbed.run.records import check_fresh_out_dir, write_config, write_env
 from testbed.run.watch import LinkSampler, RunError, watch
 from testbed.spec.experiment import Experiment
@@ -206,9 +207,12 @@ def _train(
     n_conn = wan_connections(exp, exp.topology_spec, workers)
     controller = None
     grant_plan = None
+    profiling = exp.policy.sharing == "planned" and not exp.compute.padded  # plan from iteration 0
     if exp.policy.grants:
         grant_plan = plan_grants(exp, exp.topology_spec, workers, n_conn)
         (out_dir / "grant_plan.txt").write_text(format_grant_plan(grant_plan) + "\n")
+        if profiling:
+            grant_plan = unprofiled(grant_plan)
         # AF_UNIX paths are limited to 108 bytes: the socket lives beside the run registry
         controller = Controller(
             net,
@@ -235,6 +239,7 @@ def _train(
         str(controller.sock_path) if controller else None,
         bt,
         grant_plan.stagger_s if grant_plan is not None and exp.policy.sharing == "planned" else (),
+        f"{net.host_out_dir}/stagger.json" if profiling else None,
     )
     write_worker_config(out_dir / "worker_config.json", cfg)
     cfg_arg = net.share_file(out_dir / "worker_config.json")
@@ -258,7 +263,12 @@ def _train(
     sampler = LinkSampler(net, out_dir / "link_counters.jsonl")
     sampler.start()
     try:
-        watch(net, exp, workers, procs, out_dir, hang_s, progress, t_start, controller)
+        profile = (
+            replan_from_profile(exp, workers, n_conn, controller, out_dir, out_dir / "stagger.json", progress)
+            if profiling and controller is not None
+            else None
+        )
+        watch(net, exp, workers, procs, out_dir, hang_s, progress, t_start, controller, profile)
     finally:
         sampler.stop()
         if controller is not None:

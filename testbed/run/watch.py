@@ -15,6 +15,7 @@ from testbed.atlas.controller import Controller
 from testbed.errors import TestbedError
 from testbed.net.network import Network, Process
 from testbed.plan.placement import WorkerSpec
+from testbed.run.profile import FirstIterationProfile
 from testbed.spec.experiment import Experiment
 from testbed.trace import schema as T
 from testbed.trace.clock import now_ns
@@ -87,10 +88,12 @@ def watch(
     progress: Callable[[str], Any],
     t_start: float,
     controller: Controller | None = None,
+    profile: FirstIterationProfile | None = None,
 ) -> None:
     """Return when every worker has exited 0. Raises RunError when one exits non-zero or none
     writes an event for ``hang_s`` seconds (plus STARTUP_S before the first), DelayElementError
-    when the delay mechanism dies; reports a dead controller (links fall back to fair sharing)."""
+    when the delay mechanism dies; reports a dead controller (links fall back to fair sharing);
+    polls ``profile`` (planned grants under real compute) until it has made its plan."""
     events = out_dir / "events"
     last_size, last_change, shown, offset = -1, time.monotonic(), -1, 0
     last_stage = [w for w in workers if w.stage == exp.stages - 1 and w.replica == 0][0]
@@ -115,6 +118,8 @@ def watch(
             )
         if all(code == 0 for code in codes.values()):
             return
+        if profile is not None:
+            profile.poll()
         size = sum(p.stat().st_size for p in events.glob("*.jsonl")) if events.exists() else 0
         now = time.monotonic()
         if size != last_size:

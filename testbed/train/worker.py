@@ -31,7 +31,7 @@ from testbed.bubbletea.prefill import PrefillServer
 from testbed.model.gpt import GPT, Stage, build_model, lm_loss
 from testbed.plan.placement import rank_of
 from testbed.plan.schedule import make_schedule
-from testbed.plan.worker_config import WorkerConfig, read_worker_config
+from testbed.plan.worker_config import WorkerConfig, read_stagger, read_worker_config
 from testbed.spec.model import activation_bytes, activation_shape
 from testbed.trace import schema as T
 from testbed.trace.clock import now_ns
@@ -222,6 +222,8 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     last_opt_end = None
     stagger_ns = int(cfg.stagger_s[replica] * 1e9) if first and cfg.stagger_s else 0
     for it in range(exp.iterations):
+        if first and not stagger_ns and cfg.stagger_file and (planned := read_stagger(cfg.stagger_file)):
+            stagger_ns = int(planned[replica] * 1e9)  # planned from the first iteration's profile
         if stagger_ns:  # planned grants: this pipeline starts its iteration after the ones before it,
             # counted from the end of the last optimizer step (the stage's replicas leave the
             # all-reduce together), so that offsets do not add up over iterations

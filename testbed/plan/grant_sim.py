@@ -1,0 +1,194 @@
+"""One iteration of every data-parallel pipeline, simulated from the schedule tables for Atlas's grant
+plan (``grant_plan.py``): the link directions a stage boundary crosses (``Hop``), one boundary
+transfer (``Transfer``) and the list-schedule simulation (``simulate``).
+
+``simulate`` plays one iteration of every pipeline as a list schedule in continuous time (an
+action starts when its worker is free and its input has arrived; gloo moves a tensor only once the
+receive is posted and the receiver's ready notice has crossed back, one one-way delay), each link
+direction given to one transfer at a time, earliest ready first (``sharing="fifo"`` holds it for
+the whole rendezvous: the notice, the bytes and their flight). On a path of several links a hop's
+last byte cannot leave before the previous hop's last byte has arrived.
+
+Pure: no kernel, no processes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+
+from testbed.plan.schedule import Action, make_schedule
+from testbed.plan.workers import WorkerSpec
+from testbed.spec.experiment import Experiment
+from testbed.spec.model import stage_layers
+from testbed.spec.routing import RoutingTable
+
+
+@dataclass(frozen=True, order=True)
+class Hop:
+    """One WAN egress (router of ``src`` towards neighbour ``dst``) crossed by a boundary's flows."""
+
+    src: str
+    dst: str
+
+    def __str__(self) -> str:
+        return f"{self.src}->{self.dst}"
+
+
+@dataclass(frozen=True, order=True)
+class Transfer:
+    """One stage-boundary transfer of an iteration: pipeline ``replica``'s activations (``F``,
+    stage ``stage`` to ``stage + 1``) or activation gradients (``B``, ``stage + 1`` to ``stage``)
+    of ``microbatch``."""
+
+    kind: str
+    stage: int
+    microbatch: int
+    replica: int
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.microbatch}r{self.replica}"
+
+
+def boundary_paths(workers: list[WorkerSpec], routes: RoutingTable) -> dict[tuple[int, int], list[Hop]]:
+    """For each (sender rank, receiver rank) pair of neighbouring stages in different DCs (both
+    directions), the WAN egresses its packets cross, in order."""
+    by = {(w.stage, w.replica): w for w in workers}
+    out = {}
+    for w in workers:
+        nxt = by.get((w.stage + 1, w.replica))
+        if nxt is None or nxt.dc == w.dc:
+            continue
+        for a, b in ((w, nxt), (nxt, w)):
+            dcs = routes.route(a.dc, b.dc).dcs
+            out[(a.rank, b.rank)] = [Hop(x, y) for x, y in zip(dcs, dcs[1:])]
+    return out
+
+
+@dataclass(frozen=True)
+class LinkTiming:
+    """What the simulation needs of one crossed link direction: one transfer's time on it when
+    granted and the link's one-way delay (s)."""
+
+    transfer_s: float
+    delay_s: float
+
+
+def simulate(
+    exp: Experiment,
+    workers: list[WorkerSpec],
+    links: dict[Hop, LinkTiming],
+    paths: dict[tuple[int, int], list[Hop]],
+    one_way_s: dict[tuple[int, int], float],
+    stagger_s: tuple[float, ...],
+    block_s: tuple[float, float] | None = None,
+    rendezvous_hold: bool = False,
+    stage_s: tuple[tuple[float, float], ...] | None = None,
+) -> tuple[float, dict[Hop, list[Transfer]]]:
+    """One iteration of every pipeline (see the module doc): ``links``, each crossed hop's transfer
+    time and delay; ``paths``, the hops of each (sender, receiver) pair; ``one_way_s``, each pair's
+    one-way delay; ``stagger_s``, each replica's first-stage offset; ``block_s``, per-block
+    (forward, backward) seconds (default the experiment's); ``stage_s``, each stage's own (forward,
+    backward) seconds on one microbatch (a profile; overrides ``block_s``); ``rendezvous_hold``: a grant holds its
+    link from both sides being ready to the data's arrival (FIFO grants). Returns (the iteration
+    time: the last worker's last compute or byte on a link, in s; the order in which transfers took
+    each link direction). Raises ValueError when the schedule cannot complete."""
+    S, R, M = exp.stages, exp.replicas, exp.microbatches
+    per_f, per_b = block_s or exp.block_s
+    f = [len(stage_layers(exp.model.n_layers, S, s)) * per_f for s in range(S)]
+    b = [len(stage_layers(exp.model.n_layers, S, s)) * per_b for s in range(S)]
+    if stage_s is not None:
+        f, b = [x[0] for x in stage_s], [x[1] for x in stage_s]
+    rank = {(w.stage, w.replica): w.rank for w in workers}
+    where = {w.rank: (w.stage, w.replica) for w in workers}
+    actions = make_schedule(exp.schedule, S, M)
+    seq = itertools.count()
+    events: list[tuple[float, int, str, tuple]] = []
+    free = {(s, r): (stagger_s[r] if s == 0 else 0.0) for s in range(S) for r in range(R)}
+    pos = dict.fromkeys(free, 0)
+    arrived: dict[Transfer, float] = {}
+    posted: dict[Transfer, float] = {}
+    ready: dict[Transfer, float] = {}
+    link_free = dict.fromkeys(links, 0.0)
+    order: dict[Hop, list[Transfer]] = {h: [] for h in links}
+    end = 0.0
+
+    def push(t: float, kind: str, data: tuple) -> None:
+        heapq.heappush(events, (t, next(seq), kind, data))
+
+    def pair(t: Transfer) -> tuple[int, int]:
+        src = (t.stage, t.replica) if t.kind == "F" else (t.stage + 1, t.replica)
+        dst = (t.stage + 1, t.replica) if t.kind == "F" else (t.stage, t.replica)
+        return rank[src], rank[dst]
+
+    def eligible(t: Transfer) -> None:
+        if t in ready and t in posted:
+            key = pair(t)
+            if key not in paths:  # inside one DC: no WAN link, no rendezvous cost worth modelling
+                push(max(ready[t], posted[t]), "arrive", (t,))
+            elif rendezvous_hold:  # FIFO: the link is held from both sides ready, notice included
+                push(max(ready[t], posted[t]), "hop", (t, 0, None, one_way_s[key]))
+            else:
+                push(max(ready[t], posted[t] + one_way_s[key]), "hop", (t, 0, None, 0.0))
+
+    def needs(s: int, a: Action, r: int) -> Transfer | None:
+        if a.kind == "F":
+            return Transfer("F", s - 1, a.microbatch, r) if s > 0 else None
+        return Transfer("B", s, a.microbatch, r) if s < S - 1 else None
+
+    for s, r in free:
+        push(free[(s, r)], "try", (s, r))
+    while events:
+        now, _, kind, data = heapq.heappop(events)
+        if kind == "try":
+            s, r = data
+            if pos[(s, r)] == len(actions[s]):
+                continue
+            a = actions[s][pos[(s, r)]]
+            need = needs(s, a, r)
+            t_in = now
+            if need is not None:
+                if need not in posted:
+                    posted[need] = now
+                    eligible(need)
+                if need not in arrived:
+                    continue  # resumed by the arrival
+                t_in = max(now, arrived[need])
+            done = t_in + (f[s] if a.kind == "F" else b[s])
+            free[(s, r)] = done
+            pos[(s, r)] += 1
+            end = max(end, done)
+            out = None
+            if a.kind == "F" and s < S - 1:
+                out = Transfer("F", s, a.microbatch, r)
+            elif a.kind == "B" and s > 0:
+                out = Transfer("B", s - 1, a.microbatch, r)
+            if out is not None:
+                ready[out] = done
+                eligible(out)
+            push(done, "try", (s, r))
+        elif kind == "hop":
+            t, i, last_before, notice = data  # last_before: when the previous hop's last byte arrives
+            path = paths[pair(t)]
+            link = links[path[i]]
+            start = max(now, link_free[path[i]])
+            first = start + notice  # FIFO: the link waits for the notice to cross back
+            last = max(first + link.transfer_s, last_before if last_before is not None else 0.0)
+            link_free[path[i]] = last + (link.delay_s if notice else 0.0)  # FIFO: until the data arrived
+            order[path[i]].append(t)
+            end = max(end, last)
+            if i + 1 < len(path):
+                push(first + link.delay_s, "hop", (t, i + 1, last + link.delay_s, 0.0))
+            else:
+                push(last + link.delay_s, "arrive", (t,))
+        else:  # arrive
+            (t,) = data
+            arrived[t] = now
+            s, r = where[pair(t)[1]]
+            push(max(now, free[(s, r)]), "try", (s, r))
+    stuck = [(s, r) for (s, r), p in pos.items() if p < len(actions[s])]
+    if stuck:
+        s, r = stuck[0]
+        raise ValueError(f"the schedule does not complete: stage {s} replica {r} waits at {actions[s][pos[(s, r)]]}")
+    return end, order

@@ -1,0 +1,106 @@
+"""The first iteration's compute, profiled, for Atlas's grant plan under real compute (the Atlas
+issue, item 1): with padded compute the plan is made before the run from the padding targets;
+with ``compute.mode: real`` those targets say nothing of how long an operation takes, so the
+controller grants earliest ready first during iteration 0, and once every worker has finished it
+the runner reads each stage's forward and backward times from the workers' traces, makes the plan
+from them and hands it to the controller (``Controller.replan``) and the stagger to the first
+stages (``worker_config.write_stagger``), which apply it from their next iteration on."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from testbed.atlas.controller import Controller
+from testbed.plan.grant_plan import GrantPlan, format_grant_plan, plan_grants
+from testbed.plan.worker_config import write_stagger
+from testbed.plan.workers import WorkerSpec
+from testbed.spec.experiment import Experiment
+from testbed.trace import schema as T
+from testbed.trace.jsonl import read_jsonl
+
+#: the profiled iteration
+PROFILED_ITERATION = 0
+
+
+def stage_times_s(
+    events_dir: Path, workers: list[WorkerSpec], stages: int, iteration: int = PROFILED_ITERATION
+) -> tuple[tuple[float, float], ...] | None:
+    """Each stage's (forward, backward) seconds on one microbatch in ``iteration``: the median of
+    every forward and backward its replicas traced (``padded_ns``: the real time under real
+    compute). None until every worker has traced that iteration's optimizer step."""
+    ops: dict[int, dict[str, list[int]]] = {s: {T.FORWARD: [], T.BACKWARD: []} for s in range(stages)}
+    for w in workers:
+        rows = [r for r in read_jsonl(events_dir / f"w{w.rank}.jsonl") if r.get(T.ITERATION) == iteration]
+        if not any(r.get(T.KIND) == T.OPTIMIZER for r in rows):
+            return None
+        for r in rows:
+            if r.get(T.KIND) in (T.FORWARD, T.BACKWARD) and isinstance(r.get(T.PADDED_NS), int):
+                ops[w.stage][r[T.KIND]].append(r[T.PADDED_NS])
+    if any(not v for op in ops.values() for v in op.values()):
+        return None
+    return tuple(
+        (statistics.median(ops[s][T.FORWARD]) / 1e9, statistics.median(ops[s][T.BACKWARD]) / 1e9) for s in range(stages)
+    )
+
+
+class FirstIterationProfile:
+    """Polled by the run's watch loop: once the first iteration is profiled, calls ``replan`` with
+    each stage's (forward, backward) seconds, once."""
+
+    def __init__(
+        self,
+        events_dir: Path,
+        workers: list[WorkerSpec],
+        stages: int,
+        replan: Callable[[tuple[tuple[float, float], ...]], None],
+    ) -> None:
+        self.events_dir, self.workers, self.stages, self.replan = events_dir, workers, stages, replan
+        self.done = False
+
+    def poll(self) -> None:
+        if self.done:
+            return
+        times = stage_times_s(self.events_dir, self.workers, self.stages)
+        if times is not None:
+            self.done = True
+            self.replan(times)
+
+
+def unprofiled(plan: GrantPlan) -> GrantPlan:
+    """``plan`` before the profile: no order (earliest ready first) and no offsets; its deadlines,
+    which depend on the bytes and the links only, stay."""
+    return replace(plan, hops=tuple(replace(h, order=()) for h in plan.hops), stagger_s=(0.0,) * len(plan.stagger_s))
+
+
+def replan_from_profile(
+    exp: Experiment,
+    workers: list[WorkerSpec],
+    connections: int,
+    controller: Controller,
+    out_dir: Path,
+    stagger_path: Path,
+    progress: Callable[[str], object],
+) -> FirstIterationProfile:
+    """The profile of a run under planned grants and real compute: once iteration 0 is traced, the
+    plan made from its stage times goes to the controller and its stagger to the workers; both are
+    recorded in ``grant_plan_profiled.txt``."""
+
+    def replan(stage_s: tuple[tuple[float, float], ...]) -> None:
+        plan = plan_grants(exp, exp.topology_spec, workers, connections, stage_s=stage_s)
+        controller.replan(plan)
+        write_stagger(stagger_path, plan.stagger_s)
+        profile = ", ".join(f"stage {s} {f * 1e3:.1f}/{b * 1e3:.1f} ms" for s, (f, b) in enumerate(stage_s))
+        (out_dir / "grant_plan_profiled.txt").write_text(
+            f"profiled in iteration {PROFILED_ITERATION} (forward/backward per microbatch): {profile}\n"
+            + format_grant_plan(plan)
+            + "\n"
+        )
+        progress(
+            f"grant plan made from iteration {PROFILED_ITERATION}'s compute ({profile}): pipeline offsets "
+            + ", ".join(f"{x * 1e3:.1f} ms" for x in plan.stagger_s)
+        )
+
+    return FirstIterationProfile(out_dir / "events", workers, exp.stages, replan)
