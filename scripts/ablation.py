@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testbed.run.compare import compare
+from testbed.run.interrupts import tears_down_on_signals
 from testbed.spec.experiment_file import load_experiment
 from testbed.spec.policy import ABLATION
 from testbed.trace import metrics as M
@@ -80,4 +81,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with tears_down_on_signals():  # SIGTERM, SIGHUP and Ctrl-C tear the network down
+        main()

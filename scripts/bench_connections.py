@@ -19,6 +19,7 @@ from pathlib import Path
 from testbed.net.iperf import iperf
 from testbed.plan.connections import buffer_for_share, connections_for
 from testbed.run.backends import make_network
+from testbed.run.interrupts import tears_down_on_signals
 from testbed.spec.topology_file import parse_topology
 from testbed.spec.units import parse_rate_bps
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
@@ -60,4 +61,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with tears_down_on_signals():  # SIGTERM, SIGHUP and Ctrl-C tear the network down
+        main()

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from testbed.net.fidelity import RTT_TOLERANCE_FRACTION, RTT_TOLERANCE_MS, parse_ping_ms, rtt_within
 from testbed.plan.memory import largest_worker
 from testbed.run.fit import available_memory_bytes
+from testbed.run.interrupts import tears_down_on_signals
 from testbed.spec.experiment_file import load_experiment
 from testbed.spec.routing import RoutingTable
 from testbed.spec.topology_file import load_topology
@@ -214,4 +215,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with tears_down_on_signals():  # SIGTERM, SIGHUP and Ctrl-C tear the network down
+        main()

@@ -71,6 +71,7 @@ from testbed.net.registry import RunRecord
 from testbed.net.shaping import DEFAULT_CLASS_MINOR, LINK_CLASS_MINOR, HtbClass
 from testbed.net.shaping_text import tc_class_argv
 from testbed.run.backends import make_network
+from testbed.run.interrupts import tears_down_on_signals
 from testbed.spec.addressing import new_run_prefix
 from testbed.spec.topology_file import parse_topology
 
@@ -433,4 +434,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with tears_down_on_signals():  # SIGTERM, SIGHUP and Ctrl-C tear the network down
+        main()

@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testbed.results.analysis import startup_phases
+from testbed.run.interrupts import tears_down_on_signals
 from testbed.trace.events import read_events
 from testbed.trace.jsonl import read_jsonl
 from testbed.trace.startup import STARTUP_LOG, STARTUP_PHASES
@@ -56,4 +57,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with tears_down_on_signals():  # SIGTERM, SIGHUP and Ctrl-C tear the network down
+        main()

@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from testbed.run.interrupts import tears_down_on_signals
 from testbed.spec.experiment_file import load_experiment
 from testbed.trace import schema as T
 from testbed.trace.clock import now_ns
@@ -82,4 +83,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with tears_down_on_signals():  # SIGTERM, SIGHUP and Ctrl-C tear the network down
+        main()

@@ -44,6 +44,7 @@ from testbed.net.features import default_congestion
 from testbed.net.fidelity import jitter_rtt_sd_ms, parse_ping_ms, path_queue_drops
 from testbed.net.iperf import iperf
 from testbed.run.backends import make_network
+from testbed.run.interrupts import tears_down_on_signals
 from testbed.spec.topology_file import parse_topology
 from testbed.spec.wire import TCP_GOODPUT_FRACTION, bdp_packets
 
@@ -207,4 +208,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with tears_down_on_signals():  # SIGTERM, SIGHUP and Ctrl-C tear the network down
+        main()

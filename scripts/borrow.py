@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testbed.results.compare import aggregate
+from testbed.run.interrupts import tears_down_on_signals
 from testbed.run.launch import Launcher
 from testbed.run.runner import run_experiment
 from testbed.spec.experiment_file import load_experiment
@@ -91,4 +92,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with tears_down_on_signals():  # SIGTERM, SIGHUP and Ctrl-C tear the network down
+        main()

@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testbed.errors import SpecError
+from testbed.run.interrupts import tears_down_on_signals
 from testbed.run.runner import run_experiment
 from testbed.spec.experiment_file import load_experiment
 from testbed.trace import metrics as M
@@ -50,4 +51,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with tears_down_on_signals():  # SIGTERM, SIGHUP and Ctrl-C tear the network down
+        main()

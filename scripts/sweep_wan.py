@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from testbed.run.interrupts import tears_down_on_signals
 from testbed.run.runner import run_experiment
 from testbed.spec.experiment_file import load_experiment
 from testbed.spec.units import parse_duration_us, parse_rate_bps
@@ -94,4 +95,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with tears_down_on_signals():  # SIGTERM, SIGHUP and Ctrl-C tear the network down
+        main()

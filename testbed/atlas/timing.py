@@ -49,7 +49,9 @@ def timing_to_json(timing: dict[Hop, HopTiming]) -> list[dict]:
             "deadline_ns": t.deadline_ns,
             "wire_bytes": t.wire_bytes,
             "rate_bps": t.rate_bps,
-            "order": [[x.kind, x.stage, x.microbatch, x.replica] for x in sorted(t.position, key=t.position.get)],
+            "order": [
+                [x.kind, x.stage, x.microbatch, x.replica] for x in sorted(t.position, key=lambda x: t.position[x])
+            ],
         }
         for h, t in timing.items()
     ]

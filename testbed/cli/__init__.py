@@ -4,7 +4,6 @@ commands: ``topo.py``, ``train.py``, ``machine.py``). ``python -m testbed.cli`` 
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import warnings
 from pathlib import Path
@@ -14,15 +13,14 @@ from testbed.cli.common import (
     bubbletea_options,
     err,
     number,
-    on_sigterm,
     policy_name,
-    tear_down_left_behind,
 )
 from testbed.cli.machine import cmd_clean, cmd_doctor
 from testbed.cli.topo import cmd_topo_check, cmd_topo_show, cmd_topo_up
 from testbed.cli.train import cmd_analyze, cmd_compare, cmd_plan, cmd_run, cmd_schedule
 from testbed.errors import SpecError, TestbedError, TestbedWarning
 from testbed.net.features import DELAY_MECHANISMS
+from testbed.run.interrupts import tears_down_on_signals
 from testbed.spec.policy import ABLATION, POLICIES
 from testbed.spec.topology_file import DEFAULT_TOPOLOGY
 
@@ -171,17 +169,10 @@ def show_warning(message, category, filename, lineno, file=None, line=None) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGTERM, on_sigterm)
-    signal.signal(signal.SIGHUP, on_sigterm)
-    # a shell starting a command with & ignores SIGINT in it, and Python keeps an ignored SIGINT;
-    # Ctrl-C (or kill -INT) must always tear down
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    args = build_parser().parse_args(argv)
-    warnings.showwarning = show_warning
-    try:
+    with tears_down_on_signals():
+        args = build_parser().parse_args(argv)
+        warnings.showwarning = show_warning
         return _command(args)
-    finally:
-        tear_down_left_behind()
 
 
 def _command(args: argparse.Namespace) -> int:

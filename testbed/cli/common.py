@@ -1,10 +1,8 @@
-"""What every command shares: messages, signals, the root preamble, the backend and BubbleTea options."""
+"""What every command shares: messages, the root preamble, the backend and BubbleTea options."""
 
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -12,7 +10,7 @@ from typing import Any
 
 from testbed.errors import SpecError
 from testbed.net.features import require_root
-from testbed.net.network import BACKENDS, Network, tear_down_unfinished
+from testbed.net.network import BACKENDS, Network
 from testbed.net.registry import warn_stale_runs
 from testbed.spec.experiment import Experiment
 from testbed.spec.policy import UnknownPolicy, parse_policy
@@ -21,26 +19,6 @@ from testbed.spec.topology import TopologySpec
 
 def err(msg: str) -> None:
     print(f"testbed: {msg}", file=sys.stderr, flush=True)
-
-
-def on_sigterm(signum: int, frame: object) -> None:
-    # os.write, not print: the main thread may be inside a print to stderr (a reentrant call fails)
-    os.write(2, f"testbed: {signal.Signals(signum).name}: tearing down\n".encode())
-    raise SystemExit(128 + signum)
-
-
-def tear_down_left_behind() -> None:
-    """A command's last resort before it exits: tear down any network of this process whose own
-    teardown an interruption or an error cut short (``net.network.tear_down_unfinished``)."""
-    try:
-        prefixes = tear_down_unfinished()
-    except (KeyboardInterrupt, SystemExit):  # a signal held back during that teardown: ending anyway
-        return
-    except Exception as e:  # noqa: BLE001 - said, with the fix; the command's own outcome stands
-        err(f"error: a teardown failed ({e}); run 'sudo testbed clean' to remove what is left")
-        return
-    if prefixes:
-        err(f"tore down run {', '.join(prefixes)}, which an interruption had left up")
 
 
 def root_preamble(what: str) -> None:

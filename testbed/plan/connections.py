@@ -78,6 +78,31 @@ def path_connection_share(
     return min(1.0, cap / RCVBUF_PER_WINDOW / bdp_bytes)
 
 
+def connection_window_bytes(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> float | None:
+    """The window one TCP connection may have in flight under the hosts' socket-buffer cap
+    (``socket_buffer_cap`` / ``RCVBUF_PER_WINDOW``), or None when no share is modelled."""
+    cap = socket_buffer_cap(exp, topo, workers)
+    return None if cap is None else cap / RCVBUF_PER_WINDOW
+
+
+def transfer_time_s(
+    nbytes: float, rate_bps: float, rtt_s: float, window_bytes: float | None, connections: int
+) -> float:
+    """Seconds from a transfer's first byte on the wire to its last, alone on a link whose
+    payload carries ``rate_bps`` (the line rate times TCP's goodput share), striped over
+    ``connections`` TCP connections of at most ``window_bytes`` in flight each (None: no limit).
+    Where the windows cover the bandwidth-delay product the link is the limit (``nbytes / rate``);
+    else the transfer goes in rounds of ``connections x window`` bytes, one RTT apart (each round
+    waits for the ACKs of the one before; slow start does not restart, ``tcp_slow_start_after_idle
+    = 0``): k = ceil(nbytes / round) rounds take (k - 1) RTT plus the last round's bytes at the
+    link rate. A transfer smaller than one round is never window-limited."""
+    if window_bytes is None or connections * window_bytes * 8 / rtt_s >= rate_bps:
+        return nbytes * 8 / rate_bps
+    per_round = connections * window_bytes
+    k = math.ceil(nbytes / per_round - 1e-9)
+    return (k - 1) * rtt_s + (nbytes - (k - 1) * per_round) * 8 / rate_bps
+
+
 def transfer_rate_bps(link_bps: float, share: float | None, connections: int, flows: int = 1) -> float:
     """Rate one of ``flows`` concurrent transfers gets on a link of ``link_bps`` (fair sharing), each
     striped over ``connections`` TCP connections that fill ``share`` of the link each (None: no cap)."""

@@ -1,42 +1,46 @@
 """A cost model of one training iteration (the plans Atlas weighs: ``what_if.py``, ``placement.select_dcs``).
 
 Pure functions. For a placement of ``stages`` x ``replicas`` workers it predicts the iteration time
-of a pipeline schedule with ``microbatches`` microbatches (Narayanan et al. 2021, section 2.2: the
-pipeline fill and drain plus (M - 1) times the slowest step), extended with WAN terms:
+of a pipeline schedule with ``microbatches`` microbatches:
 
-  T = sum_s (f_s + b_s) + 2 sum_k x_k + (M - 1) max(max_s (f_s + b_s), max_k 2 w_k) + A + O
+  T = P + A + O
 
-- f_s, b_s: padded forward and backward time of stage s on one microbatch: its blocks times the
-  emulated GPU's time per block (``Experiment.block_s``: the targets over the largest stage's
-  blocks), so that plans with other stage counts scale;
-- x_k: one transfer across boundary k: bytes / r + 2 x one-way delay (gloo's rendezvous: the
-  receiver's ready notice, then the data); 0 inside a DC. r = ``connections.transfer_rate_bps`` x
-  TCP's share of the wire: the R data-parallel pipelines share the link, and each transfer's
-  connections carry at most their modelled share of it on that path (one connection under pp-fair
-  and dp-wan, n striped ones under atlas; ``path_connection_share``). w_k = bytes / r is
-  the time a boundary is busy per microbatch and direction;
+- P, the pipeline: when no stage boundary crosses the WAN, the fill and drain plus (M - 1) times
+  the slowest step (Narayanan et al. 2021, section 2.2), sum_s (f_s + b_s) + (M - 1) max_s (f_s +
+  b_s), with f_s, b_s the padded forward and backward time of stage s on one microbatch (its blocks
+  times the emulated GPU's time per block, ``Experiment.block_s``, so that plans with other stage
+  counts scale). When one does, the list-schedule simulation of the schedule tables
+  (``grant_sim.simulate``): every action starts when its worker is free and its input has arrived;
+  a transfer moves once its receive is posted and the receiver's ready notice has crossed back
+  (gloo's rendezvous); its time alone on a link is ``connections.transfer_time_s`` (the link's
+  TCP payload rate, or rounds of the connections' windows one RTT apart where the hosts'
+  socket-buffer cap keeps them below the path's bandwidth-delay product), and the link is shared
+  as the policy shares it: as TCP does among the transfers on it (``tcp``), one transfer at a time
+  for the whole rendezvous (``fifo``), or in the grant plan's order with its pipeline offsets
+  (``planned``). Above 2 x ``SIM_MICROBATCHES`` microbatches the simulation is extrapolated.
 - A: the gradient all-reduce: 0 inside a DC; across the WAN (dp-wan), a ring all-reduce of every
-  stage's gradients over the shared link, 2 (R - 1) / R x bytes / rate + 2 (R - 1) x delay;
+  stage's gradients over the shared link, 2 (R - 1) / R x bytes / rate + 2 (R - 1) x delay, each
+  stage's connection filling at most its modelled share of the path;
 - O: the optimizer step (taken as one forward target, an upper bound for a small stage).
-
-Under Atlas's grants (``fifo`` or ``planned`` sharing) the fill, steady state and WAN terms come
-instead from the grant plan's list-schedule simulation of one iteration, each link given to one
-transfer at a time (``grant_sim.simulate``; ``fifo``: all pipelines starting together,
-``planned``: with the plan's offsets); A and O are added as above.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from testbed.plan.connections import path_connection_share, transfer_rate_bps, wan_connections
-from testbed.plan.grant_plan import plan_grants, simulate_fifo
+from testbed.plan.grant_plan import plan_grants, simulate_fair, simulate_fifo
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import stage_layers, stage_param_bytes
 from testbed.spec.routing import RoutingTable
 from testbed.spec.topology import TopologySpec
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
+
+#: above twice this many microbatches an iteration is simulated with this many and twice as many,
+#: and extrapolated (``_pipelined_s``)
+SIM_MICROBATCHES = 64
 
 
 @dataclass(frozen=True)
@@ -66,25 +70,20 @@ def predict(
     layers = [len(stage_layers(exp.model.n_layers, S, s)) for s in range(S)]
     step = [n * (per_layer_f + per_layer_b) for n in layers]
     dc_of = {(w.stage, w.replica): w.dc for w in workers}
-    act_bits = exp.activation_bytes * 8
-    fill, busy = sum(step), []
-    for s in range(S - 1):
-        a, b = dc_of[(s, 0)], dc_of[(s + 1, 0)]
-        if a == b:
-            continue
-        rate_bps = routes.wan_rate_bps(a, b)
-        delay_s = routes.one_way_delay_us(a, b) / 1e6
-        share = path_connection_share(exp, topo, workers, a, b)
-        wire_s = act_bits / (transfer_rate_bps(rate_bps, share, connections, R) * TCP_GOODPUT_FRACTION)
-        fill += 2 * (wire_s + 2 * delay_s)
-        busy.append(2 * wire_s)
-    steady = (M - 1) * max(max(step), max(busy, default=0.0))
-    if exp.policy.grants and busy:
-        plan = plan_grants(exp, topo, workers, connections, block_s=block_s)
-        if exp.policy.sharing == "planned":
-            fill = plan.iteration_s
+    fill, steady = sum(step), (M - 1) * max(step)
+    if any(dc_of[(s, 0)] != dc_of[(s + 1, 0)] for s in range(S - 1)):
+        # the pipeline crosses the WAN: the list-schedule simulation of the schedule tables
+        if not exp.policy.grants:
+            fill = _pipelined_s(exp, lambda e: simulate_fair(e, topo, workers, connections, block_s))
+        elif exp.policy.sharing == "planned":
+            fill = _pipelined_s(exp, lambda e: plan_grants(e, topo, workers, connections, block_s=block_s).iteration_s)
         else:
-            fill = simulate_fifo(exp, topo, workers, plan, block_s)
+            fill = _pipelined_s(
+                exp,
+                lambda e: simulate_fifo(
+                    e, topo, workers, plan_grants(e, topo, workers, connections, block_s=block_s), block_s
+                ),
+            )
         steady = 0.0
     allreduce = 0.0
     if R > 1:
@@ -103,3 +102,14 @@ def predict(
             allreduce = max(allreduce, 2 * (R - 1) / R * bits / eff_bps + 2 * (R - 1) * delay_s)
     opt = per_layer_f * max(layers)
     return Prediction(fill + steady + allreduce + opt, fill, steady, allreduce, len({w.dc for w in workers}))
+
+
+def _pipelined_s(exp: Experiment, simulated_s: Callable[[Experiment], float]) -> float:
+    """``simulated_s(exp)``; for more than 2 x ``SIM_MICROBATCHES`` microbatches its linear
+    extrapolation from K and 2K of them (K = ``SIM_MICROBATCHES``): once the pipeline is full each
+    further microbatch adds the same steady step, so the cost of a prediction stays bounded."""
+    M, k = exp.microbatches, SIM_MICROBATCHES
+    if M <= 2 * k:
+        return simulated_s(exp)
+    t1, t2 = simulated_s(exp.with_overrides(microbatches=k)), simulated_s(exp.with_overrides(microbatches=2 * k))
+    return t2 + (M - 2 * k) * (t2 - t1) / k

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from testbed.plan.connections import path_connection_share, transfer_rate_bps
+from testbed.plan.connections import connection_window_bytes, transfer_time_s
 from testbed.plan.grant_sim import Hop, LinkTiming, Transfer, boundary_paths, simulate
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
@@ -43,6 +43,7 @@ __all__ = [
     "granted_class_bps",
     "held_floor_share",
     "plan_grants",
+    "simulate_fair",
     "simulate_fifo",
 ]
 
@@ -59,11 +60,12 @@ STAGGER_TOLERANCE = 1e-3
 @dataclass(frozen=True)
 class HopPlan:
     """One link direction's part of the plan. ``rate_bps``: the link's rate; ``granted_bps``: what a
-    granted transfer gets (the link less the held classes' floors, at most what its connections
-    carry on the path); ``transfer_s``: its bytes at that rate; ``delay_s``: the link's one-way
-    delay (a transfer's grant on the next hop of its path comes that much after this one's);
-    ``rtt_s``: the longest round trip of the paths through it; ``order``: the transfers of one
-    iteration in the order they take the link."""
+    granted transfer gets on average (the link less the held classes' floors, less where its
+    connections' windows cannot cover the path's bandwidth-delay product:
+    ``connections.transfer_time_s``); ``transfer_s``: its bytes at that rate; ``delay_s``: the
+    link's one-way delay (a transfer's grant on the next hop of its path comes that much after this
+    one's); ``rtt_s``: the longest round trip of the paths through it; ``order``: the transfers of
+    one iteration in the order they take the link."""
 
     hop: Hop
     rate_bps: int
@@ -124,21 +126,20 @@ def plan_grants(
     paths = boundary_paths(workers, routes)
     by_rank = {w.rank: w for w in workers}
     nbytes = exp.activation_bytes
+    window = connection_window_bytes(exp, topo, workers)
     links: dict[Hop, LinkTiming] = {}
     rates: dict[Hop, tuple[int, float]] = {}
     for (src, dst), path in paths.items():
-        share = path_connection_share(exp, topo, workers, by_rank[src].dc, by_rank[dst].dc)
+        rtt_s = routes.rtt_us(by_rank[src].dc, by_rank[dst].dc) / 1e6
         for h in path:
             link = topo.link_between(h.src, h.dst)
             assert link is not None  # a routed hop is a link
-            g = min(
-                granted_class_bps(link.rate_bps, exp.replicas, floor),
-                transfer_rate_bps(link.rate_bps, share, connections),
-            )
-            if h in rates and rates[h][1] <= g:
+            granted = granted_class_bps(link.rate_bps, exp.replicas, floor)
+            t = transfer_time_s(nbytes, granted * TCP_GOODPUT_FRACTION, rtt_s, window, connections)
+            if h in links and links[h].transfer_s >= t:
                 continue  # the slowest path through a hop decides its transfer time
-            links[h] = LinkTiming(nbytes * 8 / (g * TCP_GOODPUT_FRACTION), link.delay_us / 1e6)
-            rates[h] = (link.rate_bps, g)
+            links[h] = LinkTiming(t, link.delay_us / 1e6)
+            rates[h] = (link.rate_bps, nbytes * 8 / (t * TCP_GOODPUT_FRACTION))
     one_way = {k: routes.one_way_delay_us(by_rank[k[0]].dc, by_rank[k[1]].dc) / 1e6 for k in paths}
     longest = max((x.transfer_s for x in links.values()), default=0.0)
     tried = []
@@ -176,6 +177,38 @@ def simulate_fifo(
     one_way = {k: routes.one_way_delay_us(by_rank[k[0]].dc, by_rank[k[1]].dc) / 1e6 for k in paths}
     stagger = (0.0,) * exp.replicas
     return simulate(exp, workers, links, paths, one_way, stagger, block_s, rendezvous_hold=True)[0]
+
+
+def simulate_fair(
+    exp: Experiment,
+    topo: TopologySpec,
+    workers: list[WorkerSpec],
+    connections: int,
+    block_s: tuple[float, float] | None = None,
+) -> float:
+    """The simulated iteration without grants: the transfers on each link direction share it as
+    TCP does, each striped over ``connections`` whose windows the hosts' socket-buffer cap limits
+    (``connections.transfer_time_s`` on the path's RTT; the slowest path through a hop decides),
+    all pipelines starting together (s)."""
+    routes = RoutingTable(topo)
+    paths = boundary_paths(workers, routes)
+    by_rank = {w.rank: w for w in workers}
+    window = connection_window_bytes(exp, topo, workers)
+    nbytes = exp.activation_bytes
+    links: dict[Hop, LinkTiming] = {}
+    for (src, dst), path in paths.items():
+        rtt_s = routes.rtt_us(by_rank[src].dc, by_rank[dst].dc) / 1e6
+        for h in path:
+            link = topo.link_between(h.src, h.dst)
+            assert link is not None  # a routed hop is a link
+            payload_bps = link.rate_bps * TCP_GOODPUT_FRACTION
+            alone_s = transfer_time_s(nbytes, payload_bps, rtt_s, window, connections)
+            # the link carries this many such transfers at once before each slows down
+            timing = LinkTiming(alone_s, link.delay_us / 1e6, max(1.0, alone_s / (nbytes * 8 / payload_bps)))
+            if h not in links or links[h].transfer_s < timing.transfer_s:
+                links[h] = timing
+    one_way = {k: routes.one_way_delay_us(by_rank[k[0]].dc, by_rank[k[1]].dc) / 1e6 for k in paths}
+    return simulate(exp, workers, links, paths, one_way, (0.0,) * exp.replicas, block_s, fair=True)[0]
 
 
 def format_grant_plan(plan: GrantPlan) -> str:

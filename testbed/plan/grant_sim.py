@@ -69,10 +69,13 @@ def boundary_paths(workers: list[WorkerSpec], routes: RoutingTable) -> dict[tupl
 @dataclass(frozen=True)
 class LinkTiming:
     """What the simulation needs of one crossed link direction: one transfer's time on it when
-    granted and the link's one-way delay (s)."""
+    granted, or alone (s), the link's one-way delay (s) and, for fair sharing, how many transfers
+    it carries at once before they slow down (``concurrency``: the link's rate over what one
+    transfer's connections fill of it, at least 1)."""
 
     transfer_s: float
     delay_s: float
+    concurrency: float = 1.0
 
 
 def simulate(
@@ -85,13 +88,16 @@ def simulate(
     block_s: tuple[float, float] | None = None,
     rendezvous_hold: bool = False,
     stage_s: tuple[tuple[float, float], ...] | None = None,
+    fair: bool = False,
 ) -> tuple[float, dict[Hop, list[Transfer]]]:
     """One iteration of every pipeline (see the module doc): ``links``, each crossed hop's transfer
     time and delay; ``paths``, the hops of each (sender, receiver) pair; ``one_way_s``, each pair's
     one-way delay; ``stagger_s``, each replica's first-stage offset; ``block_s``, per-block
     (forward, backward) seconds (default the experiment's); ``stage_s``, each stage's own (forward,
-    backward) seconds on one microbatch (a profile; overrides ``block_s``); ``rendezvous_hold``: a grant holds its
-    link from both sides being ready to the data's arrival (FIFO grants). Returns (the iteration
+    backward) seconds on one microbatch (a profile; overrides ``block_s``); ``rendezvous_hold``: a
+    grant holds its link from both sides being ready to the data's arrival (FIFO grants); ``fair``:
+    no grants, the transfers on a link share it as TCP does (each of n gets ``min(1, concurrency /
+    n)`` of its rate alone, recomputed whenever one starts or ends). Returns (the iteration
     time: the last worker's last compute or byte on a link, in s; the order in which transfers took
     each link direction). Raises ValueError when the schedule cannot complete."""
     S, R, M = exp.stages, exp.replicas, exp.microbatches
@@ -113,6 +119,12 @@ def simulate(
     link_free = dict.fromkeys(links, 0.0)
     order: dict[Hop, list[Transfer]] = {h: [] for h in links}
     end = 0.0
+    # fair sharing: per hop, the transfers on it (their work left, in transfers-alone: 1 at the
+    # start; the path index and when the previous hop's last byte arrives), when that was counted,
+    # and a version that outdates the completion event pushed before the last change
+    active: dict[Hop, dict[Transfer, list]] = {h: {} for h in links}
+    counted = dict.fromkeys(links, 0.0)
+    version = dict.fromkeys(links, 0)
 
     def push(t: float, kind: str, data: tuple) -> None:
         heapq.heappush(events, (t, next(seq), kind, data))
@@ -136,6 +148,34 @@ def simulate(
         if a.kind == "F":
             return Transfer("F", s - 1, a.microbatch, r) if s > 0 else None
         return Transfer("B", s, a.microbatch, r) if s < S - 1 else None
+
+    def speed(h: Hop) -> float:
+        """Work per second of each transfer on ``h`` (1 / its time alone at full speed)."""
+        link = links[h]
+        return min(1.0, link.concurrency / len(active[h])) / link.transfer_s
+
+    def reshare(h: Hop, now: float) -> None:
+        """Count the work done on ``h`` since the last change and push its next completion."""
+        if active[h]:
+            v = speed(h) if now > counted[h] else 0.0
+            for x in active[h].values():
+                x[0] -= (now - counted[h]) * v
+        counted[h] = now
+        version[h] += 1
+        if active[h]:
+            t, x = min(active[h].items(), key=lambda kv: kv[1][0])
+            push(now + max(x[0], 0.0) / speed(h), "fair_done", (h, version[h], t))
+
+    def leave(t: Transfer, i: int, last: float, first: float) -> None:
+        """``t``'s last byte left hop ``i`` of its path at ``last`` (its first at ``first``)."""
+        nonlocal end
+        path = paths[pair(t)]
+        link = links[path[i]]
+        end = max(end, last)
+        if i + 1 < len(path):
+            push(first + link.delay_s, "hop", (t, i + 1, last + link.delay_s, 0.0))
+        else:
+            push(last + link.delay_s, "arrive", (t,))
 
     for s, r in free:
         push(free[(s, r)], "try", (s, r))
@@ -168,6 +208,21 @@ def simulate(
                 ready[out] = done
                 eligible(out)
             push(done, "try", (s, r))
+        elif kind == "hop" and fair:
+            t, i, last_before, _ = data
+            h = paths[pair(t)][i]
+            order[h].append(t)
+            reshare(h, now)
+            active[h][t] = [1.0, i, last_before, now]
+            reshare(h, now)
+        elif kind == "fair_done":
+            h, v, t = data
+            if v != version[h]:
+                continue  # outdated by a later start or end on the link
+            reshare(h, now)
+            _, i, last_before, first = active[h].pop(t)
+            reshare(h, now)
+            leave(t, i, max(now, last_before if last_before is not None else 0.0), first)
         elif kind == "hop":
             t, i, last_before, notice = data  # last_before: when the previous hop's last byte arrives
             path = paths[pair(t)]
@@ -177,11 +232,7 @@ def simulate(
             last = max(first + link.transfer_s, last_before if last_before is not None else 0.0)
             link_free[path[i]] = last + (link.delay_s if notice else 0.0)  # FIFO: until the data arrived
             order[path[i]].append(t)
-            end = max(end, last)
-            if i + 1 < len(path):
-                push(first + link.delay_s, "hop", (t, i + 1, last + link.delay_s, 0.0))
-            else:
-                push(last + link.delay_s, "arrive", (t,))
+            leave(t, i, last, first)
         else:  # arrive
             (t,) = data
             arrived[t] = now

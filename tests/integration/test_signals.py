@@ -28,10 +28,11 @@ RUNS = Path("/run/testbed/runs")
 class Run:
     """``testbed run default`` in a session of its own (its processes are found by session)."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, argv: list[str] | None = None) -> None:
+        """``argv``: another command whose run folder is ``out`` (default ``testbed run default``)."""
         self.out = out
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "testbed.cli", "run", "default", "--out", str(out)],
+            [sys.executable, *(argv or ["-m", "testbed.cli", "run", "default", "--out", str(out)])],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -238,3 +239,18 @@ def test_a_background_failure_during_teardown_does_not_cut_it_short(tmp_path):
 
             net.processes.stop_all = stop_all_after_a_failure
     assert left_behind(before, net.prefix) == {}
+
+
+def test_sigterm_to_a_script_while_it_trains(tmp_path):
+    """The scripts that run experiments (here ``prediction_error.py``) end on SIGTERM as the
+    command does: the network comes down, nothing is left for ``testbed clean``."""
+    before = machine_state()
+    out = tmp_path / "two_dc-pp-fair"
+    argv = [str(REPO / "scripts" / "prediction_error.py"), "--experiments", "two_dc", "--policies", "pp-fair"]
+    run = Run(out, [*argv, "--iterations", "30", "--out", str(tmp_path)])
+    run.wait_for("training", lambda: _training(run))
+    run.proc.send_signal(signal.SIGTERM)
+    code, err = run.finish()
+    assert code == 128 + signal.SIGTERM, err
+    assert "SIGTERM: tearing down" in err and "Traceback" not in err, err
+    assert left_behind(before, run.record["prefix"], run) == {}

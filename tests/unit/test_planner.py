@@ -6,7 +6,9 @@ import pytest
 from experiments import exp, topo
 
 from testbed.errors import SpecError
+from testbed.plan.connections import transfer_time_s
 from testbed.plan.cost_model import predict
+from testbed.plan.grant_sim import Hop, Transfer
 from testbed.plan.placement import atlas_dc_order, place, place_dp_wan, place_pipeline
 from testbed.plan.what_if import alternatives, what_if
 from testbed.spec.model import ModelConfig, stage_param_bytes
@@ -45,12 +47,27 @@ def test_prediction_single_dc_is_the_pipeline_formula():
 
 
 def test_prediction_adds_transfers_across_a_wan_boundary():
-    e = exp()
+    """GPipe, 2 stages in DCs a and b, 2 replicas, 4 microbatches, 40/80 ms per stage, 10 ms one
+    way; w: one transfer alone. By hand: both replicas' transfers go at once, so each takes 2w.
+    Stage 1 posts each receive when it reaches its forward; the bytes go once the sender is done
+    and the notice (10 ms) has crossed: F0 arrives at 40 + 2w + 10, and each later one 10 + 2w + 10
+    after the previous forward ends, so stage 1's forwards end at 270 + 8w; the gradients go back
+    the same way (stage 0 posts each receive after the backward before): B0 ends at 740 + 16w."""
+    e = exp(schedule="gpipe")
     t = topo({"a": 2, "b": 2}, rate="100mbit", delay="10ms")
     p = predict(e, t, place(e, t))
-    w = 2 * e.activation_bytes * 8 / (100e6 * TCP_GOODPUT_FRACTION)  # two pipelines share the link's TCP payload
-    assert p.fill_s == pytest.approx(2 * 0.120 + 2 * (w + 2 * 0.010))
-    assert p.steady_s == pytest.approx(3 * max(0.120, 2 * w))
+    w = e.activation_bytes * 8 / (100e6 * TCP_GOODPUT_FRACTION)
+    assert p.fill_s == pytest.approx(0.740 + 16 * w)
+    assert p.steady_s == 0 and p.iteration_s == pytest.approx(p.fill_s + 0.040)  # + optimizer
+
+
+def test_a_long_iteration_is_extrapolated_from_two_short_ones():
+    e = exp(schedule="gpipe")
+    t = topo({"a": 2, "b": 2}, rate="100mbit", delay="10ms")
+    by_k = {m: predict(exp(schedule="gpipe", microbatches=m), t, place(e, t)).fill_s for m in (64, 128, 129, 1000)}
+    step = (by_k[128] - by_k[64]) / 64
+    assert by_k[1000] == pytest.approx(by_k[128] + (1000 - 128) * step)
+    assert by_k[129] == pytest.approx(by_k[128] + step, rel=1e-3)  # simulated, on the same line
 
 
 def test_prediction_of_dp_wan_pays_the_all_reduce_over_the_wan():
@@ -128,3 +145,34 @@ def test_dc_selection_weighs_orders_of_dc_sets_and_their_links():
     workers = place(e, t, parse_policy("atlas"))
     assert "small" not in {w.dc for w in workers}
     assert "small" in {w.dc for w in place(e, t, parse_policy("pp-fair"))}  # file order starts there
+
+
+def test_a_transfer_alone_is_link_or_window_limited():
+    # windows covering the bandwidth-delay product (100 Mbit/s x 40 ms = 500 kB): the link decides
+    assert transfer_time_s(65536, 100e6, 0.040, 600_000, 1) == pytest.approx(65536 * 8 / 100e6)
+    assert transfer_time_s(65536, 100e6, 0.040, None, 1) == pytest.approx(65536 * 8 / 100e6)
+    # a window of 100 kB: a 64 KiB transfer fits in one round, so it is not slowed
+    assert transfer_time_s(65536, 100e6, 0.040, 100_000, 1) == pytest.approx(65536 * 8 / 100e6)
+    # 1 MB in rounds of 2 x 100 kB: 5 rounds, 4 RTTs and the last 200 kB at the link rate
+    assert transfer_time_s(1_000_000, 100e6, 0.040, 100_000, 2) == pytest.approx(4 * 0.040 + 200_000 * 8 / 100e6)
+
+
+def test_fair_sharing_slows_overlapping_transfers_only_while_they_overlap():
+    """Two pipelines whose transfers overlap for part of their time: processor sharing, by hand."""
+    from testbed.plan.grant_sim import LinkTiming, simulate
+
+    e, workers = (lambda x: (x, place(x)))(exp(schedule="gpipe", microbatches=1, stages=2, replicas=2))
+    hop = Hop("a", "b")
+    back = Hop("b", "a")
+    by = {(w.stage, w.replica): w.rank for w in workers}
+    paths = {(by[(0, r)], by[(1, r)]): [hop] for r in (0, 1)} | {(by[(1, r)], by[(0, r)]): [back] for r in (0, 1)}
+    one_way = dict.fromkeys(paths, 0.010)
+    links = {hop: LinkTiming(0.020, 0.010), back: LinkTiming(0.020, 0.010)}
+    # replica 1 starts 10 ms later: its activations are ready at 50 ms, replica 0's at 40 ms. Alone
+    # 10 ms, then both at half speed: replica 0's last 10 ms of work take 20 ms (done at 70), then
+    # replica 1 alone finishes its remaining 10 ms at 80. Arrivals 80 and 90; stage 1's forward and
+    # backward (120 ms) end at 200 and 210; the gradients: 200-210 alone, 210-230 shared (0 done at
+    # 230), 230-240 (1 done at 240); arrivals 240 and 250; stage 0's backward ends at 330.
+    end, order = simulate(e, workers, links, paths, one_way, (0.0, 0.010), fair=True)
+    assert end == pytest.approx(0.330)
+    assert order[hop] == [Transfer("F", 0, 0, 0), Transfer("F", 0, 0, 1)]

@@ -1,0 +1,54 @@
+"""How a command or a script that builds networks ends when it is interrupted: SIGTERM and SIGHUP
+become ``SystemExit`` (so every ``with`` block tears its network down, as Ctrl-C does), SIGINT
+raises ``KeyboardInterrupt`` even in a process started with ``&`` (a shell leaves SIGINT ignored
+there, and Python keeps an ignored SIGINT), and on the way out any network of this process whose
+own teardown an interruption cut short is torn down. ``testbed``'s commands and the scripts in
+``scripts/`` that run experiments all go through ``tears_down_on_signals``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from testbed.net.network import tear_down_unfinished
+
+
+def _err(msg: str) -> None:
+    print(f"testbed: {msg}", file=sys.stderr, flush=True)
+
+
+def on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM or SIGHUP: say so and end as ``SystemExit(128 + signum)``, tearing down on the way."""
+    # os.write, not print: the main thread may be inside a print to stderr (a reentrant call fails)
+    os.write(2, f"testbed: {signal.Signals(signum).name}: tearing down\n".encode())
+    raise SystemExit(128 + signum)
+
+
+def tear_down_left_behind() -> None:
+    """A command's last resort before it exits: tear down any network of this process whose own
+    teardown an interruption or an error cut short (``net.network.tear_down_unfinished``)."""
+    try:
+        prefixes = tear_down_unfinished()
+    except (KeyboardInterrupt, SystemExit):  # a signal held back during that teardown: ending anyway
+        return
+    except Exception as e:  # noqa: BLE001 - said, with the fix; the command's own outcome stands
+        _err(f"error: a teardown failed ({e}); run 'sudo testbed clean' to remove what is left")
+        return
+    if prefixes:
+        _err(f"tore down run {', '.join(prefixes)}, which an interruption had left up")
+
+
+@contextmanager
+def tears_down_on_signals() -> Iterator[None]:
+    """Install the handlers above for the ``with`` block (the main thread only), then tear down
+    what was left up."""
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGHUP, on_sigterm)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        tear_down_left_behind()
