@@ -5,8 +5,8 @@ Per cross-DC transfer (sender rank ``src``, receiver rank ``dst``, iteration ``i
 ``mb``) the sender says ``ready`` when it starts the send, the receiver ``recv`` when it posts the
 receive (gloo moves data only once both are there) and ``done`` when the data has arrived.
 Workers never wait for the controller: a message that cannot be sent is dropped. The runner ends
-the controller with ``stop``, and with ``replan`` (``path``: a file of ``atlas/timing.py``'s JSON
-form) hands it the plan made from the first iteration's profiled compute (real compute only).
+the controller with ``stop``, and with ``replan`` tells it to read the plan made from the first
+iteration's profiled compute (real compute only) from ``REPLAN_FILE`` beside its log.
 This module imports nothing of the kernel-facing code: workers use it.
 """
 
@@ -18,27 +18,25 @@ import time
 from typing import Any
 
 READY, RECV, DONE, STOP, REPLAN = "ready", "recv", "done", "stop", "replan"
+#: where the runner writes a new plan for ``replan`` (beside the controller's log)
+REPLAN_FILE = "controller_replan.json"
 #: (sender rank, receiver rank, iteration, microbatch): one transfer
 TransferKey = tuple[int, int, int, int]
 #: largest datagram the controller reads
 MAX_MESSAGE_BYTES = 512
 
 
-def encode_message(
-    ev: str, src: int = -1, dst: int = -1, it: int = -1, mb: int = -1, t: int | None = None, path: str | None = None
-) -> bytes:
+def encode_message(ev: str, src: int = -1, dst: int = -1, it: int = -1, mb: int = -1, t: int | None = None) -> bytes:
     """One control datagram; ``t``: when it was sent (CLOCK_MONOTONIC ns; the controller, on the
-    same machine, uses it instead of when it read the datagram); ``path``: a file (``replan``)."""
+    same machine, uses it instead of when it read the datagram)."""
     msg: dict[str, Any] = {"ev": ev, "src": src, "dst": dst, "it": it, "mb": mb}
     if t is not None:
         msg["t"] = t
-    if path is not None:
-        msg["path"] = path
     return json.dumps(msg).encode()
 
 
 def parse_message(data: bytes) -> dict[str, Any]:
-    """A datagram back as ``{"ev", "src", "dst", "it", "mb"[, "t"][, "path"]}``. Raises ValueError for
+    """A datagram back as ``{"ev", "src", "dst", "it", "mb"[, "t"]}``. Raises ValueError for
     anything else (not JSON, no event, a field that is not an integer)."""
     msg = json.loads(data)
     if not isinstance(msg, dict) or not isinstance(msg.get("ev"), str):
@@ -46,8 +44,6 @@ def parse_message(data: bytes) -> dict[str, Any]:
     for k in ("src", "dst", "it", "mb", *(("t",) if "t" in msg else ())):
         if not isinstance(msg.get(k), int):
             raise ValueError(f"control message field {k!r} is not an integer: {data[:100]!r}")
-    if "path" in msg and not isinstance(msg["path"], str):
-        raise ValueError(f"control message field 'path' is not a string: {data[:100]!r}")
     return msg
 
 

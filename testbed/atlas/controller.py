@@ -25,14 +25,15 @@ Parts: ``grants.py`` (the pure grant logic), ``channel.py`` (the workers' messag
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from testbed.atlas.channel import REPLAN, STOP, encode_message
-from testbed.atlas.grants import CLASS_BASE, FLOOR_SHARE, Hop, boundary_paths, floor_bps
+from testbed.atlas.channel import REPLAN, REPLAN_FILE, STOP, encode_message
+from testbed.atlas.grants import CLASS_BASE, FLOOR_SHARE, NEVER, Hop, boundary_paths, floor_bps
 from testbed.atlas.switch import GrantSwitch
 from testbed.atlas.timing import HopTiming, timing_to_json
 from testbed.net.network import Network, require_live_shaping
@@ -128,7 +129,7 @@ class Controller:
             "shaping_log": str(self.shaping.shaping_log_path),
             "error_file": str(self.error_file),
             "sharing": self.sharing,
-            "iteration_ns": int(self.grant_plan.iteration_s * 1e9) if self.grant_plan else 2**62,
+            "iteration_ns": _iteration_ns(self.grant_plan) if self.grant_plan else NEVER,
             "replica_of": {str(r): w.replica for r, w in self.workers.items()},
             "stage_of": {str(r): w.stage for r, w in self.workers.items()},
             "hops": [{"src": s, "dst": d, "hops": [[h.src, h.dst] for h in hs]} for (s, d), hs in self.hops.items()],
@@ -151,18 +152,19 @@ class Controller:
                 env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
             )
 
-    def replan(self, plan: GrantPlan) -> Path:
-        """Hand the running controller a new grant plan (the first iteration's profiled compute);
-        it follows it from the next transfer that becomes ready. Returns the file it reads it from."""
-        path = self.log_path.with_name("controller_replan.json")
+    def replan(self, plan: GrantPlan) -> None:
+        """Hand the running controller a new grant plan (the first iteration's profiled compute):
+        written to ``REPLAN_FILE`` beside its log, then announced; it follows it from the next
+        transfer that becomes ready."""
         timing = HopTiming.from_plan(plan, TCP_GOODPUT_FRACTION)
-        path.write_text(json.dumps({"timing": timing_to_json(timing), "iteration_ns": int(plan.iteration_s * 1e9)}))
+        self.log_path.with_name(REPLAN_FILE).write_text(
+            json.dumps({"timing": timing_to_json(timing), "iteration_ns": _iteration_ns(plan)})
+        )
         self.grant_plan = plan
         try:
-            self._sock.sendto(encode_message(REPLAN, path=str(path)), str(self.sock_path))
+            self._sock.sendto(encode_message(REPLAN), str(self.sock_path))
         except OSError:  # a dead controller is reported by poll_failure
             pass
-        return path
 
     def poll_failure(self) -> str | None:
         """If the controller process has died during the run, open every class (fair sharing; the
@@ -195,3 +197,8 @@ class Controller:
         if self._sock is not None:
             self._sock.close()
         self.sock_path.unlink(missing_ok=True)
+
+
+def _iteration_ns(plan: GrantPlan) -> int:
+    """The plan's iteration in ns; NEVER when it is not known (before the profile, real compute)."""
+    return int(plan.iteration_s * 1e9) if math.isfinite(plan.iteration_s) else NEVER

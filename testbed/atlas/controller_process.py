@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from testbed.atlas.channel import MAX_MESSAGE_BYTES, REPLAN, STOP, parse_message
+from testbed.atlas.channel import MAX_MESSAGE_BYTES, REPLAN, REPLAN_FILE, STOP, parse_message
 from testbed.atlas.grants import NEVER, GrantLoop, Hop
 from testbed.atlas.switch import GrantSwitch
 from testbed.atlas.timing import timing_from_json
@@ -30,11 +30,12 @@ def serve_messages(
     loop: GrantLoop,
     recv: Callable[[int, float | None], bytes | None],
     clock: Callable[[], int] = time.monotonic_ns,
+    replan_path: Path | None = None,
 ) -> int:
     """Feed ``loop`` every datagram ``recv(size, timeout_s)`` returns (None: the timeout passed),
     each stamped with ``clock`` as it arrives, and let it act on its timers (``loop.tick``) when they
-    are due, until a ``stop`` message; a ``replan`` message swaps in the plan in its file; returns
-    how many messages were handled. Raises what a bad
+    are due, until a ``stop`` message; a ``replan`` message swaps in the plan in ``replan_path``;
+    returns how many messages were handled. Raises what a bad
     message raises (ValueError, KeyError): the caller falls back to fair sharing."""
     handled = 0
     while True:
@@ -46,8 +47,8 @@ def serve_messages(
             msg = parse_message(data)
             if msg["ev"] == STOP:
                 return handled
-            if msg["ev"] == REPLAN:
-                replan = json.loads(Path(msg["path"]).read_text())
+            if msg["ev"] == REPLAN and replan_path is not None:
+                replan = json.loads(replan_path.read_text())
                 loop.replan(timing_from_json(replan["timing"]), replan["iteration_ns"])
             else:
                 loop.handle(msg, t)
@@ -85,7 +86,7 @@ def serve(plan_path: str) -> None:
     loop = grant_loop_from_plan(plan, switch)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM, fileno=plan["fd"])  # bound by the runner
     try:
-        serve_messages(loop, socket_recv(sock))
+        serve_messages(loop, socket_recv(sock), replan_path=Path(plan["log"]).with_name(REPLAN_FILE))
     except BaseException as e:  # noqa: BLE001 - any failure must fall back, never deadlock
         Path(plan["error_file"]).write_text(repr(e))
         for hop in switch.batches:

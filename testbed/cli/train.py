@@ -133,10 +133,10 @@ def cmd_plan(args) -> int:
             continue
         p = predict(exp.with_overrides(policy=policy), topo, workers)
         where = ", ".join(f"s{w.stage}r{w.replica}@{w.host}" for w in workers)
-        print(
-            f"  {policy}: predicted {p.iteration_s:.3f} s (fill {p.fill_s:.3f}, steady {p.steady_s:.3f}, "
-            f"all-reduce {p.allreduce_s:.3f}); {where}"
+        pipeline = (
+            f"pipeline {p.fill_s:.3f} simulated" if p.steady_s == 0 else f"fill {p.fill_s:.3f}, steady {p.steady_s:.3f}"
         )
+        print(f"  {policy}: predicted {p.iteration_s:.3f} s ({pipeline}, all-reduce {p.allreduce_s:.3f}); {where}")
     own = exp.policy if exp.policy.pipeline_across_dcs else parse_policy("pp-fair")
     for pol in dict.fromkeys([own, parse_policy("atlas")]):  # the experiment's, then Atlas's striping
         try:

@@ -96,18 +96,18 @@ def transfer_time_s(
     waits for the ACKs of the one before; slow start does not restart, ``tcp_slow_start_after_idle
     = 0``): k = ceil(nbytes / round) rounds take (k - 1) RTT plus the last round's bytes at the
     link rate. A transfer smaller than one round is never window-limited."""
-    if window_bytes is None or connections * window_bytes * 8 / rtt_s >= rate_bps:
-        return nbytes * 8 / rate_bps
+    if window_bytes is None or rtt_s <= 0 or connections * window_bytes * 8 >= rate_bps * rtt_s:
+        return nbytes * 8 / rate_bps  # (a path without delay is never window-limited)
     per_round = connections * window_bytes
     k = math.ceil(nbytes / per_round - 1e-9)
     return (k - 1) * rtt_s + (nbytes - (k - 1) * per_round) * 8 / rate_bps
 
 
-def transfer_rate_bps(link_bps: float, share: float | None, connections: int, flows: int = 1) -> float:
-    """Rate one of ``flows`` concurrent transfers gets on a link of ``link_bps`` (fair sharing), each
-    striped over ``connections`` TCP connections that fill ``share`` of the link each (None: no cap)."""
-    fair = link_bps / flows
-    return fair if share is None else min(fair, connections * share * link_bps)
+def transfer_rate_bps(link_bps: float, share: float | None, connections: int) -> float:
+    """Steady rate of a long transfer (many windows: the gradient all-reduce) on a link of
+    ``link_bps`` over ``connections`` TCP connections that fill ``share`` of the link each (None: no
+    cap); ``transfer_time_s`` gives a transfer of a few windows (the pipeline's activations)."""
+    return link_bps if share is None else min(link_bps, connections * share * link_bps)
 
 
 def socket_buffer_cap(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> int | None:

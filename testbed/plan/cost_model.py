@@ -45,6 +45,11 @@ SIM_MICROBATCHES = 64
 
 @dataclass(frozen=True)
 class Prediction:
+    """A predicted iteration (s): ``fill_s`` the pipeline (when it crosses the WAN, the whole
+    simulated pipeline, and ``steady_s`` 0; else its fill and drain, and ``steady_s`` the (M - 1)
+    slowest steps), ``allreduce_s`` the gradient all-reduce, ``iteration_s`` all of it with the
+    optimizer step; ``dcs_used`` the DCs the placement uses."""
+
     iteration_s: float
     fill_s: float
     steady_s: float
@@ -78,12 +83,7 @@ def predict(
         elif exp.policy.sharing == "planned":
             fill = _pipelined_s(exp, lambda e: plan_grants(e, topo, workers, connections, block_s=block_s).iteration_s)
         else:
-            fill = _pipelined_s(
-                exp,
-                lambda e: simulate_fifo(
-                    e, topo, workers, plan_grants(e, topo, workers, connections, block_s=block_s), block_s
-                ),
-            )
+            fill = _pipelined_s(exp, lambda e: simulate_fifo(e, topo, workers, connections, block_s))
         steady = 0.0
     allreduce = 0.0
     if R > 1:

@@ -21,6 +21,7 @@ Pure: no kernel, no processes. ``testbed plan --grants`` prints it (``format_gra
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from testbed.plan.connections import connection_window_bytes, transfer_time_s
@@ -45,6 +46,7 @@ __all__ = [
     "plan_grants",
     "simulate_fair",
     "simulate_fifo",
+    "wan_links",
 ]
 
 #: the share of a link a held (not granted) pipeline's class keeps (DESIGN.md section 1, item 4)
@@ -107,6 +109,53 @@ def granted_class_bps(link_bps: int, replicas: int, floor_share: float) -> float
     return link_bps - (replicas - 1) * floor_share * link_bps
 
 
+@dataclass(frozen=True)
+class WanLinks:
+    """What ``simulate`` needs of the WAN a placement's boundaries cross: each crossed link
+    direction's timing, the hops of each (sender, receiver) pair, each pair's one-way delay (s),
+    and per hop the link's line rate (bit/s) and the longest RTT of the paths through it (s)."""
+
+    links: dict[Hop, LinkTiming]
+    paths: dict[tuple[int, int], list[Hop]]
+    one_way_s: dict[tuple[int, int], float]
+    rate_bps: dict[Hop, int]
+    rtt_s: dict[Hop, float]
+
+
+def wan_links(
+    exp: Experiment,
+    topo: TopologySpec,
+    workers: list[WorkerSpec],
+    connections: int,
+    usable_bps: Callable[[int], float],
+) -> WanLinks:
+    """The WAN of ``workers`` on ``topo`` for ``simulate``: one boundary transfer's time alone on
+    each crossed link (``connections.transfer_time_s`` at ``usable_bps(line rate)`` times TCP's
+    payload share, over ``connections`` whose windows the hosts' socket-buffer cap limits on the
+    path's RTT; the slowest path through a hop decides) and how many such transfers the link
+    carries at once before each slows down (that time over the bytes' time at the line rate)."""
+    routes = RoutingTable(topo)
+    paths = boundary_paths(workers, routes)
+    dc = {w.rank: w.dc for w in workers}
+    window = connection_window_bytes(exp, topo, workers)
+    nbytes = exp.activation_bytes
+    links: dict[Hop, LinkTiming] = {}
+    rates: dict[Hop, int] = {}
+    rtts: dict[Hop, float] = {}
+    for (src, dst), path in paths.items():
+        rtt_s = routes.rtt_us(dc[src], dc[dst]) / 1e6
+        for h in path:
+            link = topo.link_between(h.src, h.dst)
+            assert link is not None  # a routed hop is a link
+            line_s = nbytes * 8 / (link.rate_bps * TCP_GOODPUT_FRACTION)
+            t = transfer_time_s(nbytes, usable_bps(link.rate_bps) * TCP_GOODPUT_FRACTION, rtt_s, window, connections)
+            rates[h], rtts[h] = link.rate_bps, max(rtts.get(h, 0.0), rtt_s)
+            if h not in links or links[h].transfer_s < t:
+                links[h] = LinkTiming(t, link.delay_us / 1e6, max(1.0, t / line_s))
+    one_way = {k: routes.one_way_delay_us(dc[k[0]], dc[k[1]]) / 1e6 for k in paths}
+    return WanLinks(links, paths, one_way, rates, rtts)
+
+
 def plan_grants(
     exp: Experiment,
     topo: TopologySpec,
@@ -120,43 +169,34 @@ def plan_grants(
     cross-DC transfer (see the module doc); ``floor_share`` of the held classes (default
     ``held_floor_share(exp)``); ``block_s`` per-block compute seconds (default the experiment's);
     ``stage_s`` each stage's profiled (forward, backward) seconds per microbatch (real compute).
-    A layout without cross-DC boundaries has no hops."""
+    A layout without cross-DC boundaries has no hops. Raises ValueError when ``stage_s`` does not
+    give every stage."""
+    if stage_s is not None and len(stage_s) != exp.stages:
+        raise ValueError(f"stage_s gives {len(stage_s)} stages' times for {exp.stages} stages")
     floor = held_floor_share(exp) if floor_share is None else floor_share
-    routes = RoutingTable(topo)
-    paths = boundary_paths(workers, routes)
-    by_rank = {w.rank: w for w in workers}
-    nbytes = exp.activation_bytes
-    window = connection_window_bytes(exp, topo, workers)
-    links: dict[Hop, LinkTiming] = {}
-    rates: dict[Hop, tuple[int, float]] = {}
-    for (src, dst), path in paths.items():
-        rtt_s = routes.rtt_us(by_rank[src].dc, by_rank[dst].dc) / 1e6
-        for h in path:
-            link = topo.link_between(h.src, h.dst)
-            assert link is not None  # a routed hop is a link
-            granted = granted_class_bps(link.rate_bps, exp.replicas, floor)
-            t = transfer_time_s(nbytes, granted * TCP_GOODPUT_FRACTION, rtt_s, window, connections)
-            if h in links and links[h].transfer_s >= t:
-                continue  # the slowest path through a hop decides its transfer time
-            links[h] = LinkTiming(t, link.delay_us / 1e6)
-            rates[h] = (link.rate_bps, nbytes * 8 / (t * TCP_GOODPUT_FRACTION))
-    one_way = {k: routes.one_way_delay_us(by_rank[k[0]].dc, by_rank[k[1]].dc) / 1e6 for k in paths}
-    longest = max((x.transfer_s for x in links.values()), default=0.0)
+    wan = wan_links(exp, topo, workers, connections, lambda bps: granted_class_bps(bps, exp.replicas, floor))
+    longest = max((x.transfer_s for x in wan.links.values()), default=0.0)
     tried = []
-    for k in range(STAGGER_STEPS + 1) if links else [0]:
+    for k in range(STAGGER_STEPS + 1) if wan.links else [0]:
         stagger = tuple(r * k * longest / STAGGER_STEPS for r in range(exp.replicas))
-        tried.append((*simulate(exp, workers, links, paths, one_way, stagger, block_s, stage_s=stage_s), stagger))
+        sim = simulate(exp, workers, wan.links, wan.paths, wan.one_way_s, stagger, block_s, stage_s=stage_s)
+        tried.append((*sim, stagger))
     best_t = min(t for t, _, _ in tried)
     # the largest offset that costs the simulated iteration nothing: pipelines then take the link in
     # turn instead of queueing their bytes behind each other's grants at the floor rate
     t, order, stagger = max((x for x in tried if x[0] <= best_t * (1 + STAGGER_TOLERANCE)), key=lambda x: x[2])
-    rtts: dict[Hop, float] = {}
-    for key, path in paths.items():
-        for h in path:
-            rtts[h] = max(rtts.get(h, 0.0), 2 * one_way[key])
+    nbytes = exp.activation_bytes
     hops = tuple(
-        HopPlan(h, rates[h][0], rates[h][1], links[h].transfer_s, links[h].delay_s, rtts[h], tuple(order[h]))
-        for h in sorted(links)
+        HopPlan(
+            h,
+            wan.rate_bps[h],
+            nbytes * 8 / (x.transfer_s * TCP_GOODPUT_FRACTION),
+            x.transfer_s,
+            x.delay_s,
+            wan.rtt_s[h],
+            tuple(order[h]),
+        )
+        for h, x in sorted(wan.links.items())
     )
     return GrantPlan(hops, stagger, t, tried[0][0], nbytes)
 
@@ -165,18 +205,15 @@ def simulate_fifo(
     exp: Experiment,
     topo: TopologySpec,
     workers: list[WorkerSpec],
-    plan: GrantPlan,
+    connections: int,
     block_s: tuple[float, float] | None = None,
 ) -> float:
     """The simulated iteration under FIFO grants (no offsets; each grant held for the rendezvous:
-    the ready notice, the bytes and their flight), on ``plan``'s links (s)."""
-    routes = RoutingTable(topo)
-    paths = boundary_paths(workers, routes)
-    by_rank = {w.rank: w for w in workers}
-    links = {h.hop: LinkTiming(h.transfer_s, h.delay_s) for h in plan.hops}
-    one_way = {k: routes.one_way_delay_us(by_rank[k[0]].dc, by_rank[k[1]].dc) / 1e6 for k in paths}
+    the ready notice, the bytes and their flight), on the links a grant plan uses (s)."""
+    floor = held_floor_share(exp)
+    wan = wan_links(exp, topo, workers, connections, lambda bps: granted_class_bps(bps, exp.replicas, floor))
     stagger = (0.0,) * exp.replicas
-    return simulate(exp, workers, links, paths, one_way, stagger, block_s, rendezvous_hold=True)[0]
+    return simulate(exp, workers, wan.links, wan.paths, wan.one_way_s, stagger, block_s, sharing="fifo")[0]
 
 
 def simulate_fair(
@@ -186,29 +223,11 @@ def simulate_fair(
     connections: int,
     block_s: tuple[float, float] | None = None,
 ) -> float:
-    """The simulated iteration without grants: the transfers on each link direction share it as
-    TCP does, each striped over ``connections`` whose windows the hosts' socket-buffer cap limits
-    (``connections.transfer_time_s`` on the path's RTT; the slowest path through a hop decides),
-    all pipelines starting together (s)."""
-    routes = RoutingTable(topo)
-    paths = boundary_paths(workers, routes)
-    by_rank = {w.rank: w for w in workers}
-    window = connection_window_bytes(exp, topo, workers)
-    nbytes = exp.activation_bytes
-    links: dict[Hop, LinkTiming] = {}
-    for (src, dst), path in paths.items():
-        rtt_s = routes.rtt_us(by_rank[src].dc, by_rank[dst].dc) / 1e6
-        for h in path:
-            link = topo.link_between(h.src, h.dst)
-            assert link is not None  # a routed hop is a link
-            payload_bps = link.rate_bps * TCP_GOODPUT_FRACTION
-            alone_s = transfer_time_s(nbytes, payload_bps, rtt_s, window, connections)
-            # the link carries this many such transfers at once before each slows down
-            timing = LinkTiming(alone_s, link.delay_us / 1e6, max(1.0, alone_s / (nbytes * 8 / payload_bps)))
-            if h not in links or links[h].transfer_s < timing.transfer_s:
-                links[h] = timing
-    one_way = {k: routes.one_way_delay_us(by_rank[k[0]].dc, by_rank[k[1]].dc) / 1e6 for k in paths}
-    return simulate(exp, workers, links, paths, one_way, (0.0,) * exp.replicas, block_s, fair=True)[0]
+    """The simulated iteration without grants: the transfers share each link as TCP's flows do
+    (``simulate``'s ``tcp``), all pipelines starting together (s)."""
+    wan = wan_links(exp, topo, workers, connections, float)
+    stagger = (0.0,) * exp.replicas
+    return simulate(exp, workers, wan.links, wan.paths, wan.one_way_s, stagger, block_s, sharing="tcp")[0]
 
 
 def format_grant_plan(plan: GrantPlan) -> str:

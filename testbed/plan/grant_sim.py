@@ -5,9 +5,10 @@ transfer (``Transfer``) and the list-schedule simulation (``simulate``).
 ``simulate`` plays one iteration of every pipeline as a list schedule in continuous time (an
 action starts when its worker is free and its input has arrived; gloo moves a tensor only once the
 receive is posted and the receiver's ready notice has crossed back, one one-way delay), each link
-direction given to one transfer at a time, earliest ready first (``sharing="fifo"`` holds it for
-the whole rendezvous: the notice, the bytes and their flight). On a path of several links a hop's
-last byte cannot leave before the previous hop's last byte has arrived.
+direction shared as the policy shares it: one transfer at a time, earliest ready first, under
+grants (``fifo`` holds it for the whole rendezvous: the notice, the bytes and their flight; on a
+path of several links a hop's last byte cannot leave before the previous hop's last byte has
+arrived), or, without grants (``tcp``), among the transfers on it as TCP's flows share it.
 
 Pure: no kernel, no processes.
 """
@@ -78,6 +79,10 @@ class LinkTiming:
     concurrency: float = 1.0
 
 
+#: how ``simulate`` shares a link direction among the transfers that cross it
+SHARING = ("planned", "fifo", "tcp")
+
+
 def simulate(
     exp: Experiment,
     workers: list[WorkerSpec],
@@ -86,20 +91,25 @@ def simulate(
     one_way_s: dict[tuple[int, int], float],
     stagger_s: tuple[float, ...],
     block_s: tuple[float, float] | None = None,
-    rendezvous_hold: bool = False,
+    sharing: str = "planned",
     stage_s: tuple[tuple[float, float], ...] | None = None,
-    fair: bool = False,
 ) -> tuple[float, dict[Hop, list[Transfer]]]:
     """One iteration of every pipeline (see the module doc): ``links``, each crossed hop's transfer
     time and delay; ``paths``, the hops of each (sender, receiver) pair; ``one_way_s``, each pair's
     one-way delay; ``stagger_s``, each replica's first-stage offset; ``block_s``, per-block
     (forward, backward) seconds (default the experiment's); ``stage_s``, each stage's own (forward,
-    backward) seconds on one microbatch (a profile; overrides ``block_s``); ``rendezvous_hold``: a
-    grant holds its link from both sides being ready to the data's arrival (FIFO grants); ``fair``:
-    no grants, the transfers on a link share it as TCP does (each of n gets ``min(1, concurrency /
-    n)`` of its rate alone, recomputed whenever one starts or ends). Returns (the iteration
-    time: the last worker's last compute or byte on a link, in s; the order in which transfers took
-    each link direction). Raises ValueError when the schedule cannot complete."""
+    backward) seconds on one microbatch (a profile; overrides ``block_s``); ``sharing``, how a link
+    direction is shared (``SHARING``): ``planned``, one transfer at a time from when its bytes can
+    go to when they have passed; ``fifo``, one at a time for the whole rendezvous (the notice, the
+    bytes and their flight); ``tcp``, no grants: each transfer is one flow over its whole path, at
+    the speed its slowest link gives it (a link carries ``concurrency`` transfers at their speed
+    alone, and n > ``concurrency`` at ``concurrency / n`` of it each), recomputed whenever a
+    transfer starts or ends. Returns (the iteration time: the last worker's last compute or byte on a link,
+    in s; the order in which transfers took each link direction). Raises ValueError when the
+    schedule cannot complete or ``sharing`` is unknown."""
+    if sharing not in SHARING:
+        raise ValueError(f"unknown sharing {sharing!r}: use one of {', '.join(SHARING)}")
+    rendezvous_hold, fair = sharing == "fifo", sharing == "tcp"
     S, R, M = exp.stages, exp.replicas, exp.microbatches
     per_f, per_b = block_s or exp.block_s
     f = [len(stage_layers(exp.model.n_layers, S, s)) * per_f for s in range(S)]
@@ -119,12 +129,11 @@ def simulate(
     link_free = dict.fromkeys(links, 0.0)
     order: dict[Hop, list[Transfer]] = {h: [] for h in links}
     end = 0.0
-    # fair sharing: per hop, the transfers on it (their work left, in transfers-alone: 1 at the
-    # start; the path index and when the previous hop's last byte arrives), when that was counted,
-    # and a version that outdates the completion event pushed before the last change
-    active: dict[Hop, dict[Transfer, list]] = {h: {} for h in links}
-    counted = dict.fromkeys(links, 0.0)
-    version = dict.fromkeys(links, 0)
+    # tcp: the transfers under way (their work left, 1 at the start, in units of the transfer alone
+    # on its slowest link), when that was counted, and a version that outdates the completion
+    # event pushed before the last change
+    flowing: dict[Transfer, float] = {}
+    counted, version = 0.0, 0
 
     def push(t: float, kind: str, data: tuple) -> None:
         heapq.heappush(events, (t, next(seq), kind, data))
@@ -149,22 +158,22 @@ def simulate(
             return Transfer("F", s - 1, a.microbatch, r) if s > 0 else None
         return Transfer("B", s, a.microbatch, r) if s < S - 1 else None
 
-    def speed(h: Hop) -> float:
-        """Work per second of each transfer on ``h`` (1 / its time alone at full speed)."""
-        link = links[h]
-        return min(1.0, link.concurrency / len(active[h])) / link.transfer_s
+    def speed(t: Transfer) -> float:
+        """Share of ``t`` done per second: on each link of its path its share of the link over its
+        time alone there; the slowest link decides."""
+        on = {h: sum(1 for x in flowing if h in paths[pair(x)]) for h in paths[pair(t)]}
+        return min(min(1.0, links[h].concurrency / n) / links[h].transfer_s for h, n in on.items())
 
-    def reshare(h: Hop, now: float) -> None:
-        """Count the work done on ``h`` since the last change and push its next completion."""
-        if active[h]:
-            v = speed(h) if now > counted[h] else 0.0
-            for x in active[h].values():
-                x[0] -= (now - counted[h]) * v
-        counted[h] = now
-        version[h] += 1
-        if active[h]:
-            t, x = min(active[h].items(), key=lambda kv: kv[1][0])
-            push(now + max(x[0], 0.0) / speed(h), "fair_done", (h, version[h], t))
+    def reshare(now: float) -> None:
+        """Count the work done since the last change and push the next completion."""
+        nonlocal counted, version
+        speeds = {t: speed(t) for t in flowing}
+        for t in flowing:
+            flowing[t] -= (now - counted) * speeds[t]
+        counted, version = now, version + 1
+        if flowing:
+            t = min(flowing, key=lambda x: flowing[x] / speeds[x])
+            push(now + max(flowing[t], 0.0) / speeds[t], "flow_done", (version, t))
 
     def leave(t: Transfer, i: int, last: float, first: float) -> None:
         """``t``'s last byte left hop ``i`` of its path at ``last`` (its first at ``first``)."""
@@ -208,21 +217,22 @@ def simulate(
                 ready[out] = done
                 eligible(out)
             push(done, "try", (s, r))
-        elif kind == "hop" and fair:
-            t, i, last_before, _ = data
-            h = paths[pair(t)][i]
-            order[h].append(t)
-            reshare(h, now)
-            active[h][t] = [1.0, i, last_before, now]
-            reshare(h, now)
-        elif kind == "fair_done":
-            h, v, t = data
-            if v != version[h]:
-                continue  # outdated by a later start or end on the link
-            reshare(h, now)
-            _, i, last_before, first = active[h].pop(t)
-            reshare(h, now)
-            leave(t, i, max(now, last_before if last_before is not None else 0.0), first)
+        elif kind == "hop" and fair:  # a flow starts on every link of its path at once
+            (t, *_) = data
+            for h in paths[pair(t)]:
+                order[h].append(t)
+            reshare(now)
+            flowing[t] = 1.0
+            reshare(now)
+        elif kind == "flow_done":
+            v, t = data
+            if v != version:
+                continue  # outdated by a later start or end
+            reshare(now)
+            del flowing[t]
+            reshare(now)
+            end = max(end, now)
+            push(now + one_way_s[pair(t)], "arrive", (t,))
         elif kind == "hop":
             t, i, last_before, notice = data  # last_before: when the previous hop's last byte arrives
             path = paths[pair(t)]

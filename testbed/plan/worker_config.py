@@ -137,6 +137,10 @@ def read_worker_config(path: Path | str) -> WorkerConfig:
     )
 
 
+#: the stagger file's name in the run folder (``WorkerConfig.stagger_file``)
+STAGGER_FILE = "stagger.json"
+
+
 def write_stagger(path: Path, stagger_s: tuple[float, ...]) -> None:
     """Write each replica's offset (s) for ``read_stagger``, atomically (a reader never sees half)."""
     tmp = path.with_name(path.name + ".tmp")

@@ -44,7 +44,8 @@ def tear_down_left_behind() -> None:
 @contextmanager
 def tears_down_on_signals() -> Iterator[None]:
     """Install the handlers above for the ``with`` block (the main thread only), then tear down
-    what was left up."""
+    what was left up and put the previous handlers back."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGHUP, on_sigterm)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -52,3 +53,5 @@ def tears_down_on_signals() -> Iterator[None]:
         yield
     finally:
         tear_down_left_behind()
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -8,6 +8,7 @@ stages (``worker_config.write_stagger``), which apply it from their next iterati
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import replace
@@ -70,9 +71,16 @@ class FirstIterationProfile:
 
 
 def unprofiled(plan: GrantPlan) -> GrantPlan:
-    """``plan`` before the profile: no order (earliest ready first) and no offsets; its deadlines,
-    which depend on the bytes and the links only, stay."""
-    return replace(plan, hops=tuple(replace(h, order=()) for h in plan.hops), stagger_s=(0.0,) * len(plan.stagger_s))
+    """``plan`` before the profile: no order (earliest ready first), no offsets and no known
+    iteration time (a half-reported transfer waits for its other side as long as it takes); its
+    deadlines, which depend on the bytes and the links only, stay."""
+    return replace(
+        plan,
+        hops=tuple(replace(h, order=()) for h in plan.hops),
+        stagger_s=(0.0,) * len(plan.stagger_s),
+        iteration_s=math.inf,
+        iteration_unstaggered_s=math.inf,
+    )
 
 
 def replan_from_profile(
@@ -91,7 +99,7 @@ def replan_from_profile(
     def replan(stage_s: tuple[tuple[float, float], ...]) -> None:
         plan = plan_grants(exp, exp.topology_spec, workers, connections, stage_s=stage_s)
         controller.replan(plan)
-        write_stagger(stagger_path, plan.stagger_s)
+        write_stagger(stagger_path, plan.stagger_s)  # after the controller has the order
         profile = ", ".join(f"stage {s} {f * 1e3:.1f}/{b * 1e3:.1f} ms" for s, (f, b) in enumerate(stage_s))
         (out_dir / "grant_plan_profiled.txt").write_text(
             f"profiled in iteration {PROFILED_ITERATION} (forward/backward per microbatch): {profile}\n"

@@ -22,7 +22,7 @@ from testbed.plan.cost_model import predict
 from testbed.plan.grant_plan import format_grant_plan, plan_grants
 from testbed.plan.memory import gpu_shortfall
 from testbed.plan.placement import WorkerSpec, decode_hosts, place
-from testbed.plan.worker_config import TrainingConfig, WorkerConfig, write_worker_config
+from testbed.plan.worker_config import STAGGER_FILE, TrainingConfig, WorkerConfig, write_worker_config
 from testbed.results.report import finalize
 from testbed.run.backends import make_network, offers_live_shaping, runs_here
 from testbed.run.bubbletea_setup import prepare_bubbletea
@@ -239,7 +239,7 @@ def _train(
         str(controller.sock_path) if controller else None,
         bt,
         grant_plan.stagger_s if grant_plan is not None and exp.policy.sharing == "planned" else (),
-        f"{net.host_out_dir}/stagger.json" if profiling else None,
+        f"{net.host_out_dir}/{STAGGER_FILE}" if profiling else None,
     )
     write_worker_config(out_dir / "worker_config.json", cfg)
     cfg_arg = net.share_file(out_dir / "worker_config.json")
@@ -264,7 +264,7 @@ def _train(
     sampler.start()
     try:
         profile = (
-            replan_from_profile(exp, workers, n_conn, controller, out_dir, out_dir / "stagger.json", progress)
+            replan_from_profile(exp, workers, n_conn, controller, out_dir, out_dir / STAGGER_FILE, progress)
             if profiling and controller is not None
             else None
         )

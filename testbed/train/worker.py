@@ -221,9 +221,10 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
 
     last_opt_end = None
     stagger_ns = int(cfg.stagger_s[replica] * 1e9) if first and cfg.stagger_s else 0
+    stagger_pending = first and cfg.stagger_file is not None  # planned from the first iteration's profile
     for it in range(exp.iterations):
-        if first and not stagger_ns and cfg.stagger_file and (planned := read_stagger(cfg.stagger_file)):
-            stagger_ns = int(planned[replica] * 1e9)  # planned from the first iteration's profile
+        if stagger_pending and (planned := read_stagger(cfg.stagger_file)):
+            stagger_ns, stagger_pending = int(planned[replica] * 1e9), False
         if stagger_ns:  # planned grants: this pipeline starts its iteration after the ones before it,
             # counted from the end of the last optimizer step (the stage's replicas leave the
             # all-reduce together), so that offsets do not add up over iterations

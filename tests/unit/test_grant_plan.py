@@ -67,7 +67,8 @@ def test_a_connection_share_caps_the_granted_rate():
     plan = plan_grants(e, e.topology_spec, workers, connections=2, floor_share=0.05)
     granted = 10e6 * (1 - 3 * 0.05) * TCP_GOODPUT_FRACTION
     assert plan.hops[0].transfer_s == pytest.approx(6 * 0.010 + 1384 * 8 / granted)
-    assert plan.hops[0].granted_bps == pytest.approx(16384 * 8 / plan.hops[0].transfer_s / TCP_GOODPUT_FRACTION)
+    # two connections' windows carry 2 Mbit/s per round trip; the last round goes at the link's rate
+    assert 2e6 < plan.hops[0].granted_bps < 2.5e6
 
 
 def test_a_dc_local_layout_has_nothing_to_grant():

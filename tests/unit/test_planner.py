@@ -61,13 +61,17 @@ def test_prediction_adds_transfers_across_a_wan_boundary():
     assert p.steady_s == 0 and p.iteration_s == pytest.approx(p.fill_s + 0.040)  # + optimizer
 
 
-def test_a_long_iteration_is_extrapolated_from_two_short_ones():
-    e = exp(schedule="gpipe")
+def test_a_long_iteration_is_extrapolated_from_two_short_ones(monkeypatch):
+    """200 microbatches extrapolated from 64 and 128 give what simulating all 200 gives."""
+    from testbed.plan import cost_model
+
+    e = exp(schedule="gpipe", microbatches=200)
     t = topo({"a": 2, "b": 2}, rate="100mbit", delay="10ms")
-    by_k = {m: predict(exp(schedule="gpipe", microbatches=m), t, place(e, t)).fill_s for m in (64, 128, 129, 1000)}
-    step = (by_k[128] - by_k[64]) / 64
-    assert by_k[1000] == pytest.approx(by_k[128] + (1000 - 128) * step)
-    assert by_k[129] == pytest.approx(by_k[128] + step, rel=1e-3)  # simulated, on the same line
+    extrapolated = predict(e, t, place(e, t)).fill_s
+    monkeypatch.setattr(cost_model, "SIM_MICROBATCHES", 1000)
+    simulated = predict(e, t, place(e, t)).fill_s
+    assert extrapolated == pytest.approx(simulated, rel=1e-9)
+    assert simulated > predict(exp(schedule="gpipe", microbatches=128), t, place(e, t)).fill_s
 
 
 def test_prediction_of_dp_wan_pays_the_all_reduce_over_the_wan():
@@ -173,6 +177,29 @@ def test_fair_sharing_slows_overlapping_transfers_only_while_they_overlap():
     # replica 1 alone finishes its remaining 10 ms at 80. Arrivals 80 and 90; stage 1's forward and
     # backward (120 ms) end at 200 and 210; the gradients: 200-210 alone, 210-230 shared (0 done at
     # 230), 230-240 (1 done at 240); arrivals 240 and 250; stage 0's backward ends at 330.
-    end, order = simulate(e, workers, links, paths, one_way, (0.0, 0.010), fair=True)
+    end, order = simulate(e, workers, links, paths, one_way, (0.0, 0.010), sharing="tcp")
     assert end == pytest.approx(0.330)
     assert order[hop] == [Transfer("F", 0, 0, 0), Transfer("F", 0, 0, 1)]
+
+
+def test_fair_sharing_over_two_links_goes_at_the_slowest_links_pace():
+    """Stage 0 in a, stage 1 in c, routed a -> b -> c (5 ms each): one flow per transfer on both
+    links at once. a->b takes 20 ms alone, b->c 10 ms, each carries one transfer at full speed: two
+    at once get half of each, 25 and 50 transfers/s, so a->b decides: 40 ms each, by hand. The
+    activations go at 40 ms and arrive at 90; stage 1's 120 ms end at 210; the gradients likewise
+    arrive at 260; stage 0's backward ends at 340."""
+    from testbed.plan.grant_sim import LinkTiming, simulate
+
+    e = exp(schedule="gpipe", microbatches=1, stages=2, replicas=2)
+    workers = place(e)
+    by = {(w.stage, w.replica): w.rank for w in workers}
+    ab, bc, cb, ba = Hop("a", "b"), Hop("b", "c"), Hop("c", "b"), Hop("b", "a")
+    paths = {(by[(0, r)], by[(1, r)]): [ab, bc] for r in (0, 1)} | {(by[(1, r)], by[(0, r)]): [cb, ba] for r in (0, 1)}
+    one_way = dict.fromkeys(paths, 0.010)
+    links = {ab: LinkTiming(0.020, 0.005), bc: LinkTiming(0.010, 0.005), cb: LinkTiming(0.010, 0.005)}
+    links[ba] = LinkTiming(0.020, 0.005)
+    end, order = simulate(e, workers, links, paths, one_way, (0.0, 0.0), sharing="tcp")
+    assert end == pytest.approx(0.340)
+    assert order[bc] == order[ab] == [Transfer("F", 0, 0, 0), Transfer("F", 0, 0, 1)]
+    with pytest.raises(ValueError, match="unknown sharing"):
+        simulate(e, workers, links, paths, one_way, (0.0, 0.0), sharing="fair")

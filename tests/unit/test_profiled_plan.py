@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from testbed.atlas.channel import STOP, encode_message, parse_message
+from testbed.atlas.channel import STOP, encode_message
 from testbed.atlas.controller_process import serve_messages
 from testbed.atlas.grants import GrantLoop, HopTiming, boundary_paths
 from testbed.atlas.timing import timing_from_json, timing_to_json
@@ -69,8 +69,11 @@ def test_the_profile_changes_the_plan():
     assert same.iteration_s == pytest.approx(targets.iteration_s)
     slow = plan_grants(e, e.topology_spec, workers, 1, floor_share=0.05, stage_s=((0.010, 0.010), (0.060, 0.010)))
     assert slow.iteration_s == pytest.approx(targets.iteration_s + 0.050)
+    with pytest.raises(ValueError, match="1 stages' times for 2 stages"):
+        plan_grants(e, e.topology_spec, workers, 1, stage_s=((0.010, 0.010),))
     before = unprofiled(targets)
     assert all(h.order == () for h in before.hops) and before.stagger_s == (0.0,) * 4
+    assert before.iteration_s == float("inf")  # not known before the profile: no half-pair expiry
     assert [h.deadline_s for h in before.hops] == [h.deadline_s for h in targets.hops]
 
 
@@ -117,10 +120,8 @@ def test_replan_swaps_the_order_from_readiness_to_the_profiled_plan(tmp_path):
     path = tmp_path / "controller_replan.json"
     timing = HopTiming.from_plan(plan, TCP_GOODPUT_FRACTION)
     path.write_text(json.dumps({"timing": timing_to_json(timing), "iteration_ns": 123_000_000}))
-    message = encode_message("replan", path=str(path))
-    assert parse_message(message)["path"] == str(path)
-    feed = [message, encode_message(STOP)]
-    assert serve_messages(loop, lambda n, timeout: feed.pop(0), clock=lambda: 500_000_000) == 1
+    feed = [encode_message("replan"), encode_message(STOP)]
+    assert serve_messages(loop, lambda n, timeout: feed.pop(0), clock=lambda: 500_000_000, replan_path=path) == 1
     assert loop.timing == timing and loop.iteration_ns == 123_000_000
     assert _granted_after_three_ready(loop, sent, rank, 1, 1_000_000_000) == [0, 1, 2]
 

@@ -30,7 +30,7 @@ def test_the_sharing_experiment_is_sharing_bound_but_not_saturated():
     # bytes at the link rate); four at once are no slower than the link shared four ways
     (one,) = boundary_loads(exp, exp.topology_spec, workers, 1)
     assert one.transfer_s == pytest.approx(2 * 0.040 + 15536 * 8 / (25e6 * TCP_GOODPUT_FRACTION))
-    assert one.fair_transfer_s == pytest.approx(max(one.transfer_s, 4 * alone))
+    assert one.fair_transfer_s == pytest.approx(4 * alone)  # 87.7 ms, over the 85.1 of one alone
     # 20% per connection of this path: a buffer cap for the 40 ms RTT of one 25 Mbit/s link
     assert load.connection_share == pytest.approx(0.2)
     assert "4 pipelines" in format_loads([load], 1.0)
