@@ -85,29 +85,25 @@ def connection_window_bytes(exp: Experiment, topo: TopologySpec, workers: list[W
     return None if cap is None else cap / RCVBUF_PER_WINDOW
 
 
+def connection_rate_bps(rate_bps: float, rtt_s: float, window_bytes: float | None, connections: int) -> float:
+    """What ``connections`` TCP connections carry on a path whose link gives ``rate_bps``: each at
+    most one window per round trip (``window_bytes`` / ``rtt_s``: the share of the link the hosts'
+    socket-buffer cap reproduces, as ``scripts/bench_connections.py`` measures it), together at
+    most the link (None: no window modelled; a path without delay is never window-limited)."""
+    if window_bytes is None or rtt_s <= 0:
+        return rate_bps
+    return min(rate_bps, connections * window_bytes * 8 / rtt_s)
+
+
 def transfer_time_s(
     nbytes: float, rate_bps: float, rtt_s: float, window_bytes: float | None, connections: int
 ) -> float:
-    """Seconds from a transfer's first byte on the wire to its last, alone on a link whose
-    payload carries ``rate_bps`` (the line rate times TCP's goodput share), striped over
-    ``connections`` TCP connections of at most ``window_bytes`` in flight each (None: no limit).
-    Where the windows cover the bandwidth-delay product the link is the limit (``nbytes / rate``);
-    else the transfer goes in rounds of ``connections x window`` bytes, one RTT apart (each round
-    waits for the ACKs of the one before; slow start does not restart, ``tcp_slow_start_after_idle
-    = 0``): k = ceil(nbytes / round) rounds take (k - 1) RTT plus the last round's bytes at the
-    link rate. A transfer smaller than one round is never window-limited."""
-    if window_bytes is None or rtt_s <= 0 or connections * window_bytes * 8 >= rate_bps * rtt_s:
-        return nbytes * 8 / rate_bps  # (a path without delay is never window-limited)
-    per_round = connections * window_bytes
-    k = math.ceil(nbytes / per_round - 1e-9)
-    return (k - 1) * rtt_s + (nbytes - (k - 1) * per_round) * 8 / rate_bps
-
-
-def transfer_rate_bps(link_bps: float, share: float | None, connections: int) -> float:
-    """Steady rate of a long transfer (many windows: the gradient all-reduce) on a link of
-    ``link_bps`` over ``connections`` TCP connections that fill ``share`` of the link each (None: no
-    cap); ``transfer_time_s`` gives a transfer of a few windows (the pipeline's activations)."""
-    return link_bps if share is None else min(link_bps, connections * share * link_bps)
+    """Seconds from a transfer's first byte on the wire to its last, alone on a link whose payload
+    carries ``rate_bps`` (the line rate times TCP's goodput share), over ``connections`` of at most
+    ``window_bytes`` in flight each: its bytes at ``connection_rate_bps``. (A window-by-window
+    model, rounds one RTT apart, predicted the default experiment's pp-fair layouts in the wrong
+    order: see the README's prediction table.)"""
+    return nbytes * 8 / connection_rate_bps(rate_bps, rtt_s, window_bytes, connections)
 
 
 def socket_buffer_cap(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> int | None:

@@ -12,9 +12,9 @@ of a pipeline schedule with ``microbatches`` microbatches:
   counts scale). When one does, the list-schedule simulation of the schedule tables
   (``grant_sim.simulate``): every action starts when its worker is free and its input has arrived;
   a transfer moves once its receive is posted and the receiver's ready notice has crossed back
-  (gloo's rendezvous); its time alone on a link is ``connections.transfer_time_s`` (the link's
-  TCP payload rate, or rounds of the connections' windows one RTT apart where the hosts'
-  socket-buffer cap keeps them below the path's bandwidth-delay product), and the link is shared
+  (gloo's rendezvous); its time alone on a link is its bytes at what its connections carry on the
+  path (``connections.transfer_time_s``: the link's TCP payload rate, or one window per round trip
+  per connection where the hosts' socket-buffer cap holds them below it), and the link is shared
   as the policy shares it: as TCP does among the transfers on it (``tcp``), one transfer at a time
   for the whole rendezvous (``fifo``), or in the grant plan's order with its pipeline offsets
   (``planned``). Above 2 x ``SIM_MICROBATCHES`` microbatches the simulation is extrapolated.
@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from testbed.plan.connections import path_connection_share, transfer_rate_bps, wan_connections
+from testbed.plan.connections import connection_rate_bps, connection_window_bytes, wan_connections
 from testbed.plan.grant_plan import plan_grants, simulate_fair, simulate_fifo
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
@@ -92,13 +92,12 @@ def predict(
             dcs = sorted({dc_of[(s, r)] for r in range(R)})
             for a, b in zip(dcs, dcs[1:]):
                 per_link[(a, b)] = per_link.get((a, b), 0.0) + stage_param_bytes(exp.model, S, s) * 8
+        window = connection_window_bytes(exp, topo, workers)
         for (a, b), bits in per_link.items():
             rate_bps = routes.wan_rate_bps(a, b)
             delay_s = routes.one_way_delay_us(a, b) / 1e6
-            # every stage's all-reduce runs at once, one connection each: the link's share is bounded
-            # by the per-connection share on that path times the stages that cross it
-            share = path_connection_share(exp, topo, workers, a, b)
-            eff_bps = transfer_rate_bps(rate_bps, share, S) * TCP_GOODPUT_FRACTION
+            # every stage's all-reduce runs at once, one connection each, over the same path
+            eff_bps = connection_rate_bps(rate_bps, routes.rtt_us(a, b) / 1e6, window, S) * TCP_GOODPUT_FRACTION
             allreduce = max(allreduce, 2 * (R - 1) / R * bits / eff_bps + 2 * (R - 1) * delay_s)
     opt = per_layer_f * max(layers)
     return Prediction(fill + steady + allreduce + opt, fill, steady, allreduce, len({w.dc for w in workers}))
