@@ -93,6 +93,7 @@ def simulate(
     block_s: tuple[float, float] | None = None,
     sharing: str = "planned",
     stage_s: tuple[tuple[float, float], ...] | None = None,
+    timeline: list[tuple[int, int, Action, float, float]] | None = None,
 ) -> tuple[float, dict[Hop, list[Transfer]]]:
     """One iteration of every pipeline (see the module doc): ``links``, each crossed hop's transfer
     time and delay; ``paths``, the hops of each (sender, receiver) pair; ``one_way_s``, each pair's
@@ -104,9 +105,11 @@ def simulate(
     bytes and their flight); ``tcp``, no grants: each transfer is one flow over its whole path, at
     the speed its slowest link gives it (a link carries ``concurrency`` transfers at their speed
     alone, and n > ``concurrency`` at ``concurrency / n`` of it each), recomputed whenever a
-    transfer starts or ends. Returns (the iteration time: the last worker's last compute or byte on a link,
-    in s; the order in which transfers took each link direction). Raises ValueError when the
-    schedule cannot complete or ``sharing`` is unknown."""
+    transfer starts or ends. ``timeline``, when given, receives every compute action as (stage,
+    replica, action, start s, end s) in the order they start. Returns (the iteration time: the
+    last worker's last compute or byte on a link, in s; the order in which transfers took each
+    link direction). Raises ValueError when the schedule cannot complete or ``sharing`` is
+    unknown."""
     if sharing not in SHARING:
         raise ValueError(f"unknown sharing {sharing!r}: use one of {', '.join(SHARING)}")
     rendezvous_hold, fair = sharing == "fifo", sharing == "tcp"
@@ -205,6 +208,8 @@ def simulate(
                     continue  # resumed by the arrival
                 t_in = max(now, arrived[need])
             done = t_in + (f[s] if a.kind == "F" else b[s])
+            if timeline is not None:
+                timeline.append((s, r, a, t_in, done))
             free[(s, r)] = done
             pos[(s, r)] += 1
             end = max(end, done)
