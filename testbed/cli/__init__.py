@@ -16,6 +16,7 @@ from testbed.cli.common import (
     policy_name,
 )
 from testbed.cli.machine import cmd_clean, cmd_doctor
+from testbed.cli.sim import add_sim_parser
 from testbed.cli.topo import cmd_topo_check, cmd_topo_show, cmd_topo_up
 from testbed.cli.train import cmd_analyze, cmd_compare, cmd_plan, cmd_run, cmd_schedule
 from testbed.errors import SpecError, TestbedError, TestbedWarning
@@ -134,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         "their times and deadlines, and the pipelines' offsets",
     )
     sp.set_defaults(func=cmd_plan)
+    add_sim_parser(sub)
     sp = sub.add_parser("schedule", help="print an experiment's pipeline schedule as a table (no root needed)")
     sp.add_argument("experiment", nargs="?", default=None)
     sp.add_argument("--microbatches", type=number(1, 1024, int))

@@ -71,9 +71,7 @@ def predict(
         connections = wan_connections(exp, topo, workers)
     routes = RoutingTable(topo)
     S, R, M = exp.stages, exp.replicas, exp.microbatches
-    per_layer_f, per_layer_b = block_s or exp.block_s
-    layers = [len(stage_layers(exp.model.n_layers, S, s)) for s in range(S)]
-    step = [n * (per_layer_f + per_layer_b) for n in layers]
+    step = stage_compute_s(exp, block_s)
     dc_of = {(w.stage, w.replica): w.dc for w in workers}
     fill, steady = sum(step), (M - 1) * max(step)
     if any(dc_of[(s, 0)] != dc_of[(s + 1, 0)] for s in range(S - 1)):
@@ -99,8 +97,22 @@ def predict(
             # every stage's all-reduce runs at once, one connection each, over the same path
             eff_bps = connection_rate_bps(rate_bps, routes.rtt_us(a, b) / 1e6, window, S) * TCP_GOODPUT_FRACTION
             allreduce = max(allreduce, 2 * (R - 1) / R * bits / eff_bps + 2 * (R - 1) * delay_s)
-    opt = per_layer_f * max(layers)
+    opt = optimizer_s(exp, block_s)
     return Prediction(fill + steady + allreduce + opt, fill, steady, allreduce, len({w.dc for w in workers}))
+
+
+def stage_compute_s(exp: Experiment, block_s: tuple[float, float] | None = None) -> list[float]:
+    """Each stage's forward plus backward on one microbatch (s): its blocks times the per-block
+    targets (``Experiment.block_s``)."""
+    per_f, per_b = block_s or exp.block_s
+    return [len(stage_layers(exp.model.n_layers, exp.stages, s)) * (per_f + per_b) for s in range(exp.stages)]
+
+
+def optimizer_s(exp: Experiment, block_s: tuple[float, float] | None = None) -> float:
+    """The optimizer step (s), taken as the largest stage's forward target: an upper bound for a
+    small stage (the step itself runs at CPU speed, unpadded)."""
+    per_f, _ = block_s or exp.block_s
+    return per_f * max(len(stage_layers(exp.model.n_layers, exp.stages, s)) for s in range(exp.stages))
 
 
 def _pipelined_s(exp: Experiment, simulated_s: Callable[[Experiment], float]) -> float:

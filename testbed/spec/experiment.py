@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
 from testbed.errors import SpecError
-from testbed.spec.bubbletea import BubbleTeaSpec, check_bubbletea, check_model_size
-from testbed.spec.compute import ComputeModel, resolve_compute
+from testbed.spec.bubbletea import BubbleTeaSpec, bubbletea_from_dict, check_bubbletea, check_model_size
+from testbed.spec.compute import ComputeModel, DeviceModel, resolve_compute
 from testbed.spec.model import ModelConfig, activation_bytes, stage_layers
 from testbed.spec.policy import DEFAULT_POLICY, Policy, UnknownPolicy, parse_policy
 from testbed.spec.topology import TopologySpec
@@ -128,6 +128,26 @@ class Experiment:
                 value = asdict(value)  # type: ignore[arg-type]
             out[f.name] = value
         return out
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Experiment:
+        """``to_dict``'s record back (a run folder's ``config.json``; keys it does not know, such
+        as the placement, are ignored). Raises KeyError, TypeError or ValueError for data of
+        another form."""
+        known = {f.name for f in fields(Experiment)}
+        compute = dict(d["compute"])
+        if compute.get("device") is not None:
+            compute["device"] = DeviceModel(**compute["device"])
+        return Experiment(
+            **{
+                **{k: v for k, v in d.items() if k in known},
+                "topology_spec": TopologySpec.from_dict(d["topology_spec"]),
+                "model": ModelConfig(**d["model"]),
+                "compute": ComputeModel(**compute),
+                "policy": parse_policy(d["policy"]),
+                "bubbletea": bubbletea_from_dict(d["bubbletea"]),
+            }
+        )
 
     def with_overrides(self, **kw: Any) -> Experiment:
         """The experiment with main fields replaced (None values ignored), re-validated. A new

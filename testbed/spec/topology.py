@@ -119,6 +119,22 @@ class TopologySpec:
             "tcp_congestion": self.tcp_congestion,
         }
 
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> TopologySpec:
+        """``to_dict``'s record back (a run folder's ``config.json``). Raises KeyError or TypeError
+        for data of another form."""
+        a = d["addressing"]
+        return TopologySpec(
+            d["name"],
+            tuple(DCSpec(**x) for x in d["dcs"]),
+            tuple(LinkSpec(**x) for x in d["links"]),
+            source=d.get("source", "<memory>"),
+            dc_pool=ipaddress.IPv4Network(a["dc_pool"]),
+            dc_prefix_len=a["dc_prefix_len"],
+            wan_pool=ipaddress.IPv4Network(a["wan_pool"]),
+            tcp_congestion=d.get("tcp_congestion"),
+        )
+
     def to_file_dict(self) -> dict[str, Any]:
         """The topology in the file format (``topology_file.parse_topology(spec.to_file_dict(), spec.source)``
         gives it back), e.g. to ship it to another machine."""

@@ -254,3 +254,18 @@ def test_dead_controller_falls_back_to_fair_sharing(tmp_path, clean_machine):
         last[(e["netns"], e["ifname"], e["classid"])] = e["rate_bps"]
     pipeline_classes = {k: v for k, v in last.items() if k[2] in ("1:20", "1:21")}
     assert pipeline_classes and all(v == 100_000_000 for v in pipeline_classes.values())  # all open again
+
+
+def test_the_simulator_validates_a_fresh_run(tmp_path, clean_machine):
+    """``testbed sim --validate`` on a fresh run of the default experiment under atlas: iteration
+    time within 10% and utilization within 0.05 (the Paper-scale issue's tolerance). Under pp-fair
+    the cost model is 22% off on this experiment (README, "Measured here"): not within it yet."""
+    out = tmp_path / "run"
+    exp = load_experiment().with_overrides(policy="atlas", iterations=5, warmup_iterations=1)
+    run_experiment(exp, out, progress=lambda line: None)
+    got = run_cli("sim", "--validate", str(out), "--json")
+    assert got.returncode == 0, got.stderr
+    figures = json.loads(got.stdout)["figures"]
+    assert abs(figures["iteration_time_s"]["error"]) <= 0.10, figures
+    assert abs(figures["gpu_utilization"]["error"]) <= 0.05, figures
+    assert abs(figures["bubble_fraction"]["error"]) <= 0.05, figures

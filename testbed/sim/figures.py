@@ -1,0 +1,117 @@
+"""The simulator's figures of a training iteration, without root and without a network
+(``testbed sim``): per policy the iteration time, tokens per second, the training GPU utilization,
+the bubble fraction of each stage and the utilization of each WAN link direction, all from the
+same list-schedule simulation of the same schedule tables, placement and grant plan that the cost
+model uses (``plan/cost_model.py``); names as in a run's ``summary.json`` (``trace/metrics.py``).
+
+Definitions, as the run's analysis counts them (``results/analysis.py``): a worker is busy during
+its padded forwards and backwards and its optimizer step; utilization is busy over the iteration,
+averaged over the workers; a stage's bubble fraction is one minus its replicas' utilization; a
+link direction's utilization is the bits it carries in an iteration on the wire (the payload over
+TCP's share of a frame) over its rate and the iteration, averaged over the directions that carry
+any. Pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from testbed.plan.cost_model import optimizer_s, predict, stage_compute_s
+from testbed.plan.placement import place
+from testbed.plan.workers import WorkerSpec
+from testbed.spec.experiment import Experiment
+from testbed.spec.model import stage_param_bytes
+from testbed.spec.routing import RoutingTable
+from testbed.spec.wire import TCP_GOODPUT_FRACTION
+from testbed.trace import metrics as M
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One policy's simulated iteration: ``iteration_time_s`` (s), ``tokens_per_s``,
+    ``gpu_utilization`` and ``bubble_fraction`` (0-1, over the training workers),
+    ``bubble_fraction_per_stage``, ``wan_utilization`` per link direction (``"a->b"``: 0-1)."""
+
+    policy: str
+    iteration_time_s: float
+    tokens_per_s: float
+    gpu_utilization: float
+    bubble_fraction: float
+    bubble_fraction_per_stage: tuple[float, ...]
+    wan_utilization: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def wan_utilization_mean(self) -> float | None:
+        """The mean over the link directions that carry traffic (None: none does)."""
+        used = [u for u in self.wan_utilization.values() if u > 0]
+        return sum(used) / len(used) if used else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The figures under the names a run's ``summary.json`` uses."""
+        return {
+            M.POLICY: self.policy,
+            M.ITERATION_TIME_S: self.iteration_time_s,
+            M.TOKENS_PER_S: self.tokens_per_s,
+            M.GPU_UTILIZATION: self.gpu_utilization,
+            M.BUBBLE_FRACTION: self.bubble_fraction,
+            M.BUBBLE_FRACTION_PER_STAGE: list(self.bubble_fraction_per_stage),
+            M.WAN_UTILIZATION_MEAN: self.wan_utilization_mean,
+            "wan_utilization": dict(self.wan_utilization),
+        }
+
+
+def wan_bits(exp: Experiment, workers: list[WorkerSpec]) -> dict[str, float]:
+    """Bits on the wire per iteration on each WAN link direction (``"a->b"``) of a placement: every
+    cross-DC boundary transfer along its routed path (activations one way, their gradients back,
+    ``microbatches`` of each per pipeline), and the gradient all-reduce of each stage whose replicas
+    sit in several DCs (a ring over its replicas: 2 (R - 1) / R of the stage's parameters each
+    way between neighbours on the ring)."""
+    routes = RoutingTable(exp.topology_spec)
+    at = {(w.stage, w.replica): w.dc for w in workers}
+    bits: dict[str, float] = {}
+
+    def carry(a: str, b: str, nbytes: float) -> None:
+        if a == b:
+            return
+        dcs = routes.route(a, b).dcs
+        for x, y in zip(dcs, dcs[1:]):
+            bits[f"{x}->{y}"] = bits.get(f"{x}->{y}", 0.0) + nbytes * 8 / TCP_GOODPUT_FRACTION
+
+    S, R, M_ = exp.stages, exp.replicas, exp.microbatches
+    for r in range(R):
+        for s in range(S - 1):
+            carry(at[(s, r)], at[(s + 1, r)], M_ * exp.activation_bytes)
+            carry(at[(s + 1, r)], at[(s, r)], M_ * exp.activation_bytes)
+    for s in range(S):
+        ring = [at[(s, r)] for r in range(R)]
+        if R > 1 and len(set(ring)) > 1:
+            share = 2 * (R - 1) / R * stage_param_bytes(exp.model, S, s)
+            for r in range(R):
+                carry(ring[r], ring[(r + 1) % R], share)
+    return bits
+
+
+def simulate_policy(exp: Experiment, policy: str | None = None, workers: list[WorkerSpec] | None = None) -> Figures:
+    """The figures of ``exp`` under ``policy`` (default its own), placed as ``workers`` (default
+    as the policy places it). Raises SpecError when the policy cannot place the experiment and
+    ValueError when its schedule cannot complete."""
+    if policy is not None:
+        exp = exp.with_overrides(policy=policy)
+    if workers is None:
+        workers = place(exp)
+    t = predict(exp, exp.topology_spec, workers).iteration_s
+    busy = [exp.microbatches * c + optimizer_s(exp) for c in stage_compute_s(exp)]
+    util = [min(1.0, b / t) for b in busy]
+    rates = {f"{link.a}->{link.b}": link.rate_bps for link in exp.topology_spec.links}
+    rates.update({f"{link.b}->{link.a}": link.rate_bps for link in exp.topology_spec.links})
+    wan = {k: v / (rates[k] * t) for k, v in sorted(wan_bits(exp, workers).items())}
+    return Figures(
+        exp.policy.name,
+        t,
+        exp.tokens_per_iteration / t,
+        sum(util) / len(util),  # every stage has the same number of replicas
+        1 - sum(util) / len(util),
+        tuple(1 - u for u in util),
+        wan,
+    )

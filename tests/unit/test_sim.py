@@ -1,0 +1,92 @@
+"""The simulator's figures (``testbed sim``): a layout inside one DC and the WAN's bits per link
+by hand, a run's record read back, and a measured run set beside its simulation
+(tests/integration/test_training.py validates a real run)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+
+import pytest
+from experiments import exp, topo
+
+from testbed.errors import SpecError
+from testbed.plan.placement import place
+from testbed.sim.figures import simulate_policy, wan_bits
+from testbed.sim.validate import validate_run
+from testbed.spec.experiment import Experiment
+from testbed.spec.experiment_file import load_experiment
+from testbed.spec.model import stage_param_bytes
+from testbed.spec.wire import TCP_GOODPUT_FRACTION
+
+
+def test_inside_one_dc_by_hand():
+    """2 stages x 2 replicas, 4 microbatches of 40 + 80 ms per stage, no WAN: the iteration is the
+    fill and drain (2 x 0.12) plus 3 steady steps plus the optimizer (0.04): 0.64 s; each worker
+    is busy 4 x 0.12 + 0.04 = 0.52 s of it."""
+    e = exp(topology_spec=topo({"a": 8}))
+    f = simulate_policy(e, "pp-fair")
+    assert f.iteration_time_s == pytest.approx(0.64)
+    assert f.gpu_utilization == pytest.approx(0.52 / 0.64)
+    assert f.bubble_fraction_per_stage == pytest.approx((0.12 / 0.64, 0.12 / 0.64))
+    assert f.tokens_per_s == pytest.approx(2 * 4 * 4 * 128 / 0.64)
+    assert f.wan_utilization == {} and f.wan_utilization_mean is None
+
+
+def test_the_wan_carries_the_boundary_transfers_and_the_all_reduce():
+    e = exp()  # stages in DCs a and b, 2 replicas, 4 microbatches
+    per_direction = 2 * 4 * e.activation_bytes * 8 / TCP_GOODPUT_FRACTION
+    assert wan_bits(e, place(e)) == pytest.approx({"a->b": per_direction, "b->a": per_direction})
+    dp = e.with_overrides(policy="dp-wan")  # each replica's pipeline in one DC: the all-reduce crosses
+    grads = sum(stage_param_bytes(e.model, 2, s) for s in range(2)) * 8 / TCP_GOODPUT_FRACTION  # ring of 2
+    assert wan_bits(dp, place(dp)) == pytest.approx({"a->b": grads, "b->a": grads})
+    f = simulate_policy(dp)
+    assert f.wan_utilization["a->b"] == pytest.approx(grads / (100e6 * f.iteration_time_s))
+
+
+def test_a_runs_record_reads_back():
+    for name in ("default", "four_dc", "sharing", "two_dc"):
+        e = load_experiment(name)
+        assert Experiment.from_dict(json.loads(json.dumps(e.to_dict()))).to_dict() == e.to_dict()
+
+
+def _fake_run(tmp_path, e, measured):
+    workers = place(e)
+    (tmp_path / "config.json").write_text(json.dumps({**e.to_dict(), "workers": [asdict(w) for w in workers]}))
+    (tmp_path / "summary.json").write_text(json.dumps(measured))
+    return tmp_path
+
+
+def test_validation_sets_measured_beside_predicted(tmp_path):
+    e = load_experiment("two_dc")
+    f = simulate_policy(e)
+    run = _fake_run(tmp_path, e, {"iteration_time_s": 2 * f.iteration_time_s, "gpu_utilization": 0.25})
+    got = validate_run(run)["figures"]
+    assert got["iteration_time_s"] == {
+        "predicted": f.iteration_time_s,
+        "measured": 2 * f.iteration_time_s,
+        "error": pytest.approx(0.5),  # (measured - predicted) / measured
+    }
+    assert got["gpu_utilization"]["error"] == pytest.approx(0.25 - f.gpu_utilization)  # a difference
+    assert got["tokens_per_s"]["error"] is None  # not measured
+
+
+def test_validation_of_something_else_is_refused(tmp_path):
+    with pytest.raises(SpecError, match="config.json"):
+        validate_run(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "summary.json").write_text("{}")
+    with pytest.raises(SpecError, match="not a run's record"):
+        validate_run(tmp_path)
+
+
+def test_the_command_prints_json_and_refuses_an_unknown_policy():
+    cli = [sys.executable, "-m", "testbed.cli", "sim", "two_dc"]
+    out = subprocess.run([*cli, "--json", "--policies", "pp-fair,atlas"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert set(data) == {"pp-fair", "atlas"} and data["atlas"]["iteration_time_s"] > 0
+    bad = subprocess.run([*cli, "--policies", "atlas,nope"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "'nope'" in bad.stderr
