@@ -20,7 +20,7 @@ from testbed.run.records import check_fresh_out_dir, discard_unused_out
 from testbed.spec.experiment_file import load_experiment
 from testbed.spec.model import stage_layers
 from testbed.spec.policy import ABLATION, POLICIES, UnknownPolicy, parse_policy
-from testbed.trace.clock import process_start_ns
+from testbed.trace.clock import command_start_ns
 
 # run/ and results/ (pandas, matplotlib) are imported by the commands that use them: a training run
 # starts its worker launcher first, so that the launcher's torch import overlaps the runner's.
@@ -62,7 +62,7 @@ def cmd_run(args) -> int:
             progress=lambda line: print(line, flush=True),
             launcher=launcher,
             plan_note=plan_note,
-            t_command_ns=process_start_ns(),  # start-up is counted from the command
+            t_command_ns=command_start_ns(),  # start-up is counted from the command
             force=args.force,
             **backend(args),
         )

@@ -116,7 +116,7 @@ def resolve_spec_path(name_or_path: str | Path, folder: Path, what: str) -> Path
         "(file)",
         str(name_or_path),
         "does not exist",
-        f"give a path to a {what} file or one of the shipped names: {known}",
+        f"give a path to {'an' if what[0] in 'aeiou' else 'a'} {what} file or one of the shipped names: {known}",
     )
 
 

@@ -425,3 +425,21 @@ def test_grant_intervals_pair_grants_with_their_releases():
     g = grant_intervals(log)
     assert g[["replica", "start_ns", "end_ns"]].values.tolist() == [[0, 10, 30], [1, 32, 41], [0, 41, 50]]
     assert g["sent_bytes"].tolist()[0] == 65000
+
+
+def test_a_wrapper_that_execs_the_command_names_its_start(monkeypatch):
+    """scripts/go sets up, then execs ``testbed run`` in its own process: the run's start-up is
+    counted from the exec, not from the script's start; a value outside the process's life is
+    ignored."""
+    import time as _time
+
+    from testbed.trace.clock import COMMAND_START_ENV, command_start_ns, now_ns, process_start_ns
+
+    monkeypatch.delenv(COMMAND_START_ENV, raising=False)
+    assert command_start_ns() == pytest.approx(process_start_ns(), abs=1_000_000)
+    monkeypatch.setenv(COMMAND_START_ENV, str(_time.time_ns() - 10_000_000))  # 10 ms ago
+    assert now_ns() - command_start_ns() == pytest.approx(10_000_000, abs=5_000_000)
+    monkeypatch.setenv(COMMAND_START_ENV, str(_time.time_ns() + 10**12))  # in the future: ignored
+    assert command_start_ns() == pytest.approx(process_start_ns(), abs=1_000_000)
+    monkeypatch.setenv(COMMAND_START_ENV, "yesterday")
+    assert command_start_ns() == pytest.approx(process_start_ns(), abs=1_000_000)
