@@ -14,8 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from testbed.plan.connections import wan_connections
-from testbed.plan.grant_plan import granted_class_bps, held_floor_share, plan_grants, wan_links
-from testbed.plan.grant_sim import simulate
+from testbed.plan.grant_plan import simulated_iteration
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import TopologySpec
@@ -50,19 +49,8 @@ def bubble_timeline(
     Raises ValueError when the schedule cannot complete."""
     if connections is None:
         connections = wan_connections(exp, topo, workers)
-    stagger = (0.0,) * exp.replicas
-    if not exp.policy.grants:
-        wan, sharing = wan_links(exp, topo, workers, connections, float), "tcp"
-    else:
-        floor = held_floor_share(exp)
-        wan = wan_links(exp, topo, workers, connections, lambda bps: granted_class_bps(bps, exp.replicas, floor))
-        sharing = exp.policy.sharing
-        if sharing == "planned":
-            stagger = plan_grants(exp, topo, workers, connections, block_s=block_s).stagger_s
     timeline: list = []
-    end, _ = simulate(
-        exp, workers, wan.links, wan.paths, wan.one_way_s, stagger, block_s, sharing=sharing, timeline=timeline
-    )
+    end = simulated_iteration(exp, topo, workers, connections, block_s, timeline)
     bubbles = []
     for w in sorted(workers, key=lambda x: (x.stage, x.replica)):
         mine = sorted((x for x in timeline if (x[0], x[1]) == (w.stage, w.replica)), key=lambda x: x[3])

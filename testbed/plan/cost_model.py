@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from testbed.plan.connections import connection_rate_bps, connection_window_bytes, wan_connections
-from testbed.plan.grant_plan import plan_grants, simulate_fair, simulate_fifo
+from testbed.plan.grant_plan import simulated_iteration
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import stage_layers, stage_param_bytes
@@ -76,12 +76,7 @@ def predict(
     fill, steady = sum(step), (M - 1) * max(step)
     if any(dc_of[(s, 0)] != dc_of[(s + 1, 0)] for s in range(S - 1)):
         # the pipeline crosses the WAN: the list-schedule simulation of the schedule tables
-        if not exp.policy.grants:
-            fill = _pipelined_s(exp, lambda e: simulate_fair(e, topo, workers, connections, block_s))
-        elif exp.policy.sharing == "planned":
-            fill = _pipelined_s(exp, lambda e: plan_grants(e, topo, workers, connections, block_s=block_s).iteration_s)
-        else:
-            fill = _pipelined_s(exp, lambda e: simulate_fifo(e, topo, workers, connections, block_s))
+        fill = _pipelined_s(exp, lambda e: simulated_iteration(e, topo, workers, connections, block_s))
         steady = 0.0
     allreduce = 0.0
     if R > 1:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from testbed.plan.connections import connection_window_bytes, transfer_time_s
 from testbed.plan.grant_sim import Hop, LinkTiming, Transfer, boundary_paths, simulate
+from testbed.plan.schedule import Action
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.routing import RoutingTable
@@ -44,8 +45,7 @@ __all__ = [
     "granted_class_bps",
     "held_floor_share",
     "plan_grants",
-    "simulate_fair",
-    "simulate_fifo",
+    "simulated_iteration",
     "wan_links",
 ]
 
@@ -201,33 +201,33 @@ def plan_grants(
     return GrantPlan(hops, stagger, t, tried[0][0], nbytes)
 
 
-def simulate_fifo(
+def simulated_iteration(
     exp: Experiment,
     topo: TopologySpec,
     workers: list[WorkerSpec],
     connections: int,
     block_s: tuple[float, float] | None = None,
+    timeline: list[tuple[int, int, Action, float, float]] | None = None,
 ) -> float:
-    """The simulated iteration under FIFO grants (no offsets; each grant held for the rendezvous:
-    the ready notice, the bytes and their flight), on the links a grant plan uses (s)."""
-    floor = held_floor_share(exp)
-    wan = wan_links(exp, topo, workers, connections, lambda bps: granted_class_bps(bps, exp.replicas, floor))
-    stagger = (0.0,) * exp.replicas
-    return simulate(exp, workers, wan.links, wan.paths, wan.one_way_s, stagger, block_s, sharing="fifo")[0]
-
-
-def simulate_fair(
-    exp: Experiment,
-    topo: TopologySpec,
-    workers: list[WorkerSpec],
-    connections: int,
-    block_s: tuple[float, float] | None = None,
-) -> float:
-    """The simulated iteration without grants: the transfers share each link as TCP's flows do
-    (``simulate``'s ``tcp``), all pipelines starting together (s)."""
-    wan = wan_links(exp, topo, workers, connections, float)
-    stagger = (0.0,) * exp.replicas
-    return simulate(exp, workers, wan.links, wan.paths, wan.one_way_s, stagger, block_s, sharing="tcp")[0]
+    """One iteration of ``exp`` placed as ``workers`` with its links shared as its policy shares
+    them (``simulate``): without grants as TCP's flows do, all pipelines starting together; under
+    FIFO grants each held for the rendezvous, likewise; under planned grants at the grant plan's
+    offsets (``plan_grants``). Returns the iteration (s); ``timeline`` as ``simulate``'s."""
+    stagger, sharing = (0.0,) * exp.replicas, exp.policy.sharing if exp.policy.grants else "tcp"
+    if sharing == "tcp":
+        wan = wan_links(exp, topo, workers, connections, float)
+    else:
+        floor = held_floor_share(exp)
+        wan = wan_links(exp, topo, workers, connections, lambda bps: granted_class_bps(bps, exp.replicas, floor))
+        if sharing == "planned":
+            plan = plan_grants(exp, topo, workers, connections, block_s=block_s)
+            if timeline is None:
+                return plan.iteration_s  # the plan's own simulation at its offsets
+            stagger = plan.stagger_s
+    sim = simulate(
+        exp, workers, wan.links, wan.paths, wan.one_way_s, stagger, block_s, sharing=sharing, timeline=timeline
+    )
+    return sim[0]
 
 
 def format_grant_plan(plan: GrantPlan) -> str:
