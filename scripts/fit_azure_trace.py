@@ -20,7 +20,8 @@ from statistics import NormalDist
 import numpy as np
 
 from testbed.bubbletea.azure_trace import fit_trace, load_azure_trace
-from testbed.bubbletea.requests import QUANTILE_PROBS, requests_to_frame, synthetic_requests, tokens_from_quantiles
+from testbed.bubbletea.request_table import requests_to_frame
+from testbed.bubbletea.requests import QUANTILE_PROBS, synthetic_requests, tokens_from_quantiles
 
 CHECK_PROBS = (0.025, 0.075, 0.10, 0.25, 0.375, 0.425, 0.50, 0.625, 0.75, 0.875, 0.90, 0.975, 0.99, 0.997)
 SAMPLES = 1_000_000

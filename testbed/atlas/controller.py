@@ -33,7 +33,8 @@ import sys
 from pathlib import Path
 
 from testbed.atlas.channel import REPLAN, REPLAN_FILE, STOP, encode_message
-from testbed.atlas.grants import CLASS_BASE, FLOOR_SHARE, NEVER, Hop, boundary_paths, floor_bps
+from testbed.atlas.classes import CLASS_BASE, floor_bps
+from testbed.atlas.grants import FLOOR_SHARE, NEVER, Hop, boundary_paths
 from testbed.atlas.switch import GrantSwitch
 from testbed.atlas.timing import HopTiming, timing_to_json
 from testbed.net.network import Network, require_live_shaping

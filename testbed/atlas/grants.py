@@ -34,15 +34,14 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from testbed.atlas.channel import DONE, READY, RECV, TransferKey, transfer_key
+from testbed.atlas.classes import CLASS_BASE, Switch, floor_bps
 from testbed.atlas.fifo import GrantQueue
 from testbed.atlas.timing import HopTiming
 from testbed.plan.grant_plan import FLOOR_SHARE, Hop, Transfer, boundary_paths
 
 __all__ = ["CLASS_BASE", "FLOOR_SHARE", "GrantLoop", "GrantQueue", "Hop", "HopTiming", "boundary_paths", "floor_bps"]
-CLASS_BASE = 0x20
 #: how often, at most, a granted class's byte counter is looked at while its bytes pass (ns)
 MIN_CHECK_NS = 500_000
 #: a grant's bytes have passed once the class sent this share of the transfer's expected wire bytes
@@ -50,31 +49,6 @@ BYTES_PASSED_SHARE = 0.97
 #: transfers remembered as done, so that a late or repeated message about one is ignored
 DONE_MEMORY = 4096
 NEVER = 2**62
-
-
-def floor_bps(link_rate_bps: int, share: float = FLOOR_SHARE) -> int:
-    """Rate a held class keeps: ``share`` of the link, at least 8 kbit/s (HTB needs a rate)."""
-    return max(int(link_rate_bps * share), 8000)
-
-
-class Switch(Protocol):
-    """What applies the grant loop's decisions (``switch.GrantSwitch``; a recorder in tests)."""
-
-    def apply(self, hop: Hop, replica: int | str, t_ready_ns: int | None = None, event: str = "grant") -> int: ...
-
-    def keep(self, hop: Hop, replica: int, t_ready_ns: int) -> None: ...
-
-    def release(
-        self,
-        hop: Hop,
-        replica: int,
-        t_ns: int,
-        handover: bool,
-        reason: str = DONE,
-        held_ns: int | None = None,
-        sent_bytes: int | None = None,
-        rate_bps: int | None = None,
-    ) -> None: ...
 
 
 @dataclass

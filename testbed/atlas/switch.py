@@ -8,9 +8,10 @@ import socket
 import time
 from pathlib import Path
 
-from testbed.atlas.grants import CLASS_BASE, Hop
+from testbed.atlas.classes import CLASS_BASE
 from testbed.net import rtnl_raw
 from testbed.net.shaping import ROOT_HANDLE
+from testbed.plan.grant_plan import Hop
 from testbed.trace.jsonl import open_jsonl, write_row
 from testbed.trace.shaping_log import class_minor, shaping_record
 

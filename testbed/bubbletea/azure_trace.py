@@ -13,15 +13,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from testbed.bubbletea.requests import (
-    AZURE_COLUMNS,
-    QUANTILE_PROBS,
-    Request,
-    TraceFit,
-    check_count,
-    check_positive,
-    requests_to_frame,
-)
+from testbed.bubbletea.request_table import Request, check_count, check_positive, requests_to_frame
+from testbed.bubbletea.requests import AZURE_COLUMNS, QUANTILE_PROBS, TraceFit
 from testbed.errors import SpecError
 
 _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(\.\d{1,9})?")

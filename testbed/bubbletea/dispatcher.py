@@ -19,7 +19,7 @@ from collections import deque
 from pathlib import Path
 
 from testbed.bubbletea.decisions import MIN_CHUNK_TOKENS, WorkerLoad, choose_worker, prefill_seconds
-from testbed.bubbletea.requests import Request
+from testbed.bubbletea.request_table import Request
 from testbed.spec.bubbletea import BubbleTeaSpec
 from testbed.trace.clock import now_ns
 

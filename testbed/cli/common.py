@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -12,13 +11,10 @@ from testbed.errors import SpecError
 from testbed.net.features import require_root
 from testbed.net.network import BACKENDS, Network
 from testbed.net.registry import warn_stale_runs
+from testbed.run.interrupts import err
 from testbed.spec.experiment import Experiment
 from testbed.spec.policy import UnknownPolicy, parse_policy
 from testbed.spec.topology import TopologySpec
-
-
-def err(msg: str) -> None:
-    print(f"testbed: {msg}", file=sys.stderr, flush=True)
 
 
 def root_preamble(what: str) -> None:

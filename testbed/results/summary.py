@@ -12,6 +12,7 @@ import pandas as pd
 from testbed.bubbletea import windows as B
 from testbed.bubbletea.profile import prediction_error_stats, prediction_errors
 from testbed.results import analysis as A
+from testbed.results import link_counters as L
 from testbed.spec.experiment import tokens_per_iteration
 from testbed.spec.policy import DEFAULT_POLICY, UnknownPolicy, parse_policy
 from testbed.trace import metrics as M
@@ -50,8 +51,8 @@ def summarize(
     tokens = tokens_per_iteration(
         config["replicas"], config["microbatches"], config["microbatch_size"], config["model"]["seq_len"]
     )
-    lu = A.link_utilization(counters)
-    drops = A.queue_drops(counters)
+    lu = L.link_utilization(counters)
+    drops = L.queue_drops(counters)
     return {
         M.POLICY: config.get("policy", DEFAULT_POLICY),
         M.PLAN: config.get("plan", "the experiment's own layout"),
@@ -80,13 +81,13 @@ def summarize(
             A.compute_headroom(ev, targets, warmup) if compute["mode"] == "padded" and not ev.empty else None
         ),
         M.WAN_UTILIZATION_MEAN: (
-            A.wan_utilization_mean(lu, int(it[T.START_NS].min()), int(it[T.END_NS].max()))
+            L.wan_utilization_mean(lu, int(it[T.START_NS].min()), int(it[T.END_NS].max()))
             if not lu.empty and not it.empty
             else None
         ),
         M.WAN_QUEUE_DROPS: sum(drops.values()) if drops is not None else None,
         M.WAN_QUEUE_DROPS_BY_LINK: {link: n for link, n in (drops or {}).items() if n},
-        M.WAN_QUEUE_BACKLOG_MAX_BYTES: A.queue_backlog_max_bytes(counters),
+        M.WAN_QUEUE_BACKLOG_MAX_BYTES: L.queue_backlog_max_bytes(counters),
         M.PREDICTED_ITERATION_TIME_S: config.get("predicted_iteration_time_s"),
         M.PREDICTION_ERROR: (
             (stats["mean"] - config["predicted_iteration_time_s"]) / stats["mean"]

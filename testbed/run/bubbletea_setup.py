@@ -8,7 +8,8 @@ from pathlib import Path
 from testbed.bubbletea.azure_trace import load_azure_trace
 from testbed.bubbletea.decisions import seconds_per_flop
 from testbed.bubbletea.dispatcher import Dispatcher
-from testbed.bubbletea.requests import requests_to_frame, synthetic_requests
+from testbed.bubbletea.request_table import requests_to_frame
+from testbed.bubbletea.requests import synthetic_requests
 from testbed.net.network import Network
 from testbed.net.registry import control_dir
 from testbed.plan.placement import WorkerSpec, decode_hosts

@@ -16,7 +16,8 @@ from contextlib import contextmanager
 from testbed.net.network import tear_down_unfinished
 
 
-def _err(msg: str) -> None:
+def err(msg: str) -> None:
+    """One ``testbed: ...`` line on stderr (the command line's messages use it too)."""
     print(f"testbed: {msg}", file=sys.stderr, flush=True)
 
 
@@ -35,10 +36,10 @@ def tear_down_left_behind() -> None:
     except (KeyboardInterrupt, SystemExit):  # a signal held back during that teardown: ending anyway
         return
     except Exception as e:  # noqa: BLE001 - said, with the fix; the command's own outcome stands
-        _err(f"error: a teardown failed ({e}); run 'sudo testbed clean' to remove what is left")
+        err(f"error: a teardown failed ({e}); run 'sudo testbed clean' to remove what is left")
         return
     if prefixes:
-        _err(f"tore down run {', '.join(prefixes)}, which an interruption had left up")
+        err(f"tore down run {', '.join(prefixes)}, which an interruption had left up")
 
 
 @contextmanager

@@ -97,7 +97,7 @@ def serve(parent_pid: int | None = None) -> None:
         return
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints go to stderr; the protocol owns the original stdout
-    from testbed.train.worker import warm_up  # torch, once, while the runner builds the network
+    from testbed.train.preload import warm_up  # torch, once, while the runner builds the network
 
     warm_up()
     cfg = pre = None
@@ -126,7 +126,7 @@ def serve(parent_pid: int | None = None) -> None:
             try:
                 if req["op"] == "prepare":
                     from testbed.plan.worker_config import read_worker_config
-                    from testbed.train.worker import preload
+                    from testbed.train.preload import preload
 
                     cfg = read_worker_config(req["config"])
                     pre = preload(cfg)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import torch.distributed as dist
 
 from testbed.atlas.channel import DONE, READY, RECV, ControlClient
 from testbed.bubbletea.prefill import PrefillServer
-from testbed.model.gpt import GPT, Stage, build_model, lm_loss
+from testbed.model.gpt import Stage, lm_loss
 from testbed.plan.placement import rank_of
 from testbed.plan.schedule import make_schedule
 from testbed.plan.worker_config import WorkerConfig, read_stagger, read_worker_config
@@ -37,7 +36,8 @@ from testbed.trace import schema as T
 from testbed.trace.clock import now_ns
 from testbed.trace.events import EventWriter
 from testbed.trace.startup import mark_startup
-from testbed.train.data import batch, load_corpus, split
+from testbed.train.data import batch
+from testbed.train.preload import Preloaded, preload
 
 
 class Padder:
@@ -68,35 +68,6 @@ def send_striped(t: torch.Tensor, dst: int, tag: int, n: int) -> list:
 def post_recv_striped(buf: torch.Tensor, src: int, tag: int, n: int) -> list:
     """Post the receives into ``buf`` of the ``n`` chunks sent by ``send_striped``; returns them."""
     return [dist.irecv(c, src=src, tag=tag * 64 + i) for i, c in enumerate(buf.view(-1).chunk(n))]
-
-
-@dataclass
-class Preloaded:
-    """What every worker of a run needs before its rank is known: the seeded full model (each
-    worker keeps its stage of it) and the training split of the corpus. The launcher
-    (``launcher.py``) makes it once and forks the workers from it."""
-
-    full_model: GPT
-    train_tokens: torch.Tensor
-
-
-def warm_up() -> None:
-    """Pay, once, what a worker's first step would: the optimizer's first construction imports about
-    a second of modules, and the first forward and backward initialise their kernels."""
-    torch.set_num_threads(1)
-    scratch = torch.nn.Linear(2, 2)
-    opt = torch.optim.AdamW(scratch.parameters(), lr=1e-3, weight_decay=0.0)
-    scratch(torch.zeros(1, 2)).sum().backward()
-    opt.step()
-
-
-def preload(cfg: WorkerConfig) -> Preloaded:
-    """Load and build, once per run, what does not depend on the rank."""
-    exp = cfg.training
-    torch.set_num_threads(1)
-    corpus, _ = load_corpus(Path(exp.data) if exp.data else None)
-    train, _ = split(corpus)
-    return Preloaded(build_model(exp.model, exp.seed), train)
 
 
 def startup_mark(cfg: WorkerConfig, rank: int, phase: str) -> None:

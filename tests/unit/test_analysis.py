@@ -8,6 +8,7 @@ import pytest
 from eventrows import event_row
 
 from testbed.results import analysis as A
+from testbed.results import link_counters as L
 from testbed.trace import schema as T
 
 MS = 1_000_000
@@ -313,7 +314,7 @@ def test_link_utilization_from_class_1_1_byte_deltas():
         (150 * MS, "west->east", "1:1", 1000 + 312_500, 50_000_000),
     ]
     counters = pd.DataFrame(rows, columns=[T.T_NS, T.LINK, T.CLASSID, T.TX_BYTES, T.RATE_BPS])
-    lu = A.link_utilization(counters)
+    lu = L.link_utilization(counters)
     got = {(r[T.LINK], round(r["t_s"], 6)): (r["bps"], r["utilization"]) for _, r in lu.iterrows()}
     assert set(got) == {("east->west", 0.1), ("east->west", 0.3), ("west->east", 0.15)}
     assert got[("east->west", 0.1)] == pytest.approx((100e6, 1.0))
@@ -323,8 +324,8 @@ def test_link_utilization_from_class_1_1_byte_deltas():
 
 def test_link_utilization_empty_without_class_1_1():
     counters = pd.DataFrame([(0, "a->b", "1:10", 0, 1)], columns=[T.T_NS, T.LINK, T.CLASSID, T.TX_BYTES, T.RATE_BPS])
-    assert A.link_utilization(counters).empty
-    assert list(A.link_utilization(counters).columns) == [T.LINK, T.T_NS, "t_s", "bps", "utilization"]
+    assert L.link_utilization(counters).empty
+    assert list(L.link_utilization(counters).columns) == [T.LINK, T.T_NS, "t_s", "bps", "utilization"]
 
 
 def test_mean_wan_utilization_covers_the_measured_window_and_used_directions():
@@ -337,9 +338,9 @@ def test_mean_wan_utilization_covers_the_measured_window_and_used_directions():
         (200 * MS, "b->a", "1:1", 0, 1000),
         (300 * MS, "b->a", "1:1", 0, 1000),
     ]
-    lu = A.link_utilization(pd.DataFrame(rows, columns=[T.T_NS, T.LINK, T.CLASSID, T.TX_BYTES, T.RATE_BPS]))
-    assert A.wan_utilization_mean(lu, 150 * MS, 300 * MS) == pytest.approx(0.6)
-    assert A.wan_utilization_mean(lu, 400 * MS, 500 * MS) is None
+    lu = L.link_utilization(pd.DataFrame(rows, columns=[T.T_NS, T.LINK, T.CLASSID, T.TX_BYTES, T.RATE_BPS]))
+    assert L.wan_utilization_mean(lu, 150 * MS, 300 * MS) == pytest.approx(0.6)
+    assert L.wan_utilization_mean(lu, 400 * MS, 500 * MS) is None
 
 
 def test_nan_to_none():
@@ -402,14 +403,14 @@ def test_queue_drops_are_the_rise_of_each_class_counter_summed_per_link():
         (1, "b->a", "1:10", 0, 0),
     ]
     counters = pd.DataFrame(rows, columns=cols)
-    assert A.queue_drops(counters) == {"a->b": 10, "b->a": 0}
-    assert A.queue_backlog_max_bytes(counters) == 30_000
+    assert L.queue_drops(counters) == {"a->b": 10, "b->a": 0}
+    assert L.queue_backlog_max_bytes(counters) == 30_000
 
 
 def test_queue_drops_unknown_for_counters_that_never_sampled_them():
     old = pd.DataFrame([(0, "a->b", "1:1", 0, 1)], columns=[T.T_NS, T.LINK, T.CLASSID, T.TX_BYTES, T.RATE_BPS])
-    assert A.queue_drops(old) is None and A.queue_backlog_max_bytes(old) is None
-    assert A.queue_drops(pd.DataFrame(old, columns=T.LINK_COUNTER_COLUMNS)) is None  # read back: NaN columns
+    assert L.queue_drops(old) is None and L.queue_backlog_max_bytes(old) is None
+    assert L.queue_drops(pd.DataFrame(old, columns=T.LINK_COUNTER_COLUMNS)) is None  # read back: NaN columns
 
 
 def test_grant_intervals_pair_grants_with_their_releases():

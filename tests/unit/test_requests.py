@@ -11,14 +11,11 @@ import pandas as pd
 import pytest
 
 from testbed.bubbletea.azure_trace import fit_trace, load_azure_trace
+from testbed.bubbletea.request_table import COLUMNS, Request, requests_from_frame, requests_to_frame
 from testbed.bubbletea.requests import (
     AZURE_CONV_2023,
-    COLUMNS,
     QUANTILE_PROBS,
-    Request,
     TraceFit,
-    requests_from_frame,
-    requests_to_frame,
     synthetic_requests,
     tokens_from_quantiles,
 )
