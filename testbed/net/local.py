@@ -21,7 +21,6 @@ its live changes (``wan_shaper.WanShaper``: the ``shaping`` capability) and the 
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,7 +38,8 @@ from testbed.net.features import (
     require_root,
     require_tools,
 )
-from testbed.net.hostproc import HostProcesses, local_process_env
+from testbed.net.hostproc import HostProcesses
+from testbed.net.local_files import LocalFiles
 from testbed.net.namespaces import NamespaceHandles
 from testbed.net.netns import NetnsRealiser, RealiseContext, Realiser, pin_wan_neighbours, tcp_buffer_bytes
 from testbed.net.network import ManagedNetwork
@@ -52,7 +52,7 @@ from testbed.spec.routing import RoutingTable
 from testbed.spec.topology import DCSpec, TopologySpec
 
 
-class LocalNetwork(ManagedNetwork):
+class LocalNetwork(LocalFiles, ManagedNetwork):
     """A topology realised on this machine (see the module docstring); a context manager that
     always tears it down.
 
@@ -278,36 +278,6 @@ class LocalNetwork(ManagedNetwork):
     def _require_built(self) -> None:
         if self.record is None:
             raise BuildError("the network is not built: use it in a with statement (or call build() first)")
-
-    def python(self, host: str) -> str:
-        """The Python interpreter processes in ``host`` run with (this one)."""
-        return sys.executable
-
-    def process_env(self, extra: dict[str, str]) -> dict[str, str]:
-        """The environment of a testbed process (worker, decode host) in a host: this one's, with
-        the package on PYTHONPATH, plus ``extra``."""
-        return local_process_env(extra)
-
-    @property
-    def local_files(self) -> bool:
-        """Processes in the hosts see this machine's files."""
-        return True
-
-    def share_file(self, path: Path) -> str:
-        """``path`` as the hosts' processes name it: here the same path."""
-        return str(path)
-
-    def share_bytes(self, name: str, data: bytes) -> str:
-        """``data`` as a file the hosts' processes can read (``shared/<name>`` in the run folder)."""
-        path = self.out_dir / "shared" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        return str(path)
-
-    @property
-    def host_out_dir(self) -> str:
-        """The run folder as the hosts' processes see it (they write their events and logs there)."""
-        return str(self.out_dir)
 
     # ----------------------------------------------------------------- links
     def wan_counters(self) -> dict[tuple[str, str], dict[int, dict[str, int]]]:
