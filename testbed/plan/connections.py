@@ -109,9 +109,12 @@ def transfer_time_s(
 def socket_buffer_cap(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> int | None:
     """Socket buffer cap reproducing ``exp.wan_connection_share`` on the WAN path (of those training
     traffic crosses, ``wan_pairs``) that needs the smallest buffer for it (``buffer_for_share``), or
-    None when no share is modelled. One cap holds every socket of a host, so on paths with a larger
+    None when no share is modelled (with ``exp.wan_window_bytes``: the buffer for that window on
+    every path). One cap holds every socket of a host, so on paths with a larger
     bandwidth-delay product one connection fills less than the share: ``wan_load.BoundaryLoad``
     states the share of each path (``testbed plan`` prints it)."""
+    if exp.wan_window_bytes is not None:
+        return RCVBUF_PER_WINDOW * exp.wan_window_bytes
     if exp.wan_connection_share is None:
         return None
     routes = RoutingTable(topo)

@@ -18,9 +18,10 @@ of a pipeline schedule with ``microbatches`` microbatches:
   as the policy shares it: as TCP does among the transfers on it (``tcp``), one transfer at a time
   for the whole rendezvous (``fifo``), or in the grant plan's order with its pipeline offsets
   (``planned``). Above 2 x ``SIM_MICROBATCHES`` microbatches the simulation is extrapolated.
-- A: the gradient all-reduce: 0 inside a DC; across the WAN (dp-wan), a ring all-reduce of every
-  stage's gradients over the shared link, 2 (R - 1) / R x bytes / rate + 2 (R - 1) x delay, each
-  stage's connection filling at most its modelled share of the path;
+- A: the gradient all-reduce (``allreduce_s``): a hierarchical ring, inside each DC over its access
+  links (free where they are unshaped, as in the emulator) and across the DCs that hold replicas
+  of a stage (dp-wan) over the shared WAN path, each ring's connection filling at most its
+  modelled share of the path;
 - O: the optimizer step (taken as one forward target, an upper bound for a small stage).
 """
 
@@ -29,14 +30,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from testbed.plan.connections import connection_rate_bps, connection_window_bytes, wan_connections
+from testbed.plan.allreduce import allreduce_s
+from testbed.plan.connections import wan_connections
 from testbed.plan.grant_plan import simulated_iteration
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
-from testbed.spec.model import stage_layers, stage_param_bytes
-from testbed.spec.routing import RoutingTable
+from testbed.spec.model import stage_layers
 from testbed.spec.topology import TopologySpec
-from testbed.spec.wire import TCP_GOODPUT_FRACTION
 
 #: above twice this many microbatches an iteration is simulated with this many and twice as many,
 #: and extrapolated (``_pipelined_s``)
@@ -69,8 +69,7 @@ def predict(
     ``connections`` per cross-DC pipeline transfer, by default ``wan_connections`` of the policy."""
     if connections is None:
         connections = wan_connections(exp, topo, workers)
-    routes = RoutingTable(topo)
-    S, R, M = exp.stages, exp.replicas, exp.microbatches
+    S, M = exp.stages, exp.microbatches
     step = stage_compute_s(exp, block_s)
     dc_of = {(w.stage, w.replica): w.dc for w in workers}
     fill, steady = sum(step), (M - 1) * max(step)
@@ -78,20 +77,7 @@ def predict(
         # the pipeline crosses the WAN: the list-schedule simulation of the schedule tables
         fill = _pipelined_s(exp, lambda e: simulated_iteration(e, topo, workers, connections, block_s))
         steady = 0.0
-    allreduce = 0.0
-    if R > 1:
-        per_link: dict[tuple[str, str], float] = {}
-        for s in range(S):
-            dcs = sorted({dc_of[(s, r)] for r in range(R)})
-            for a, b in zip(dcs, dcs[1:]):
-                per_link[(a, b)] = per_link.get((a, b), 0.0) + stage_param_bytes(exp.model, S, s) * 8
-        window = connection_window_bytes(exp, topo, workers)
-        for (a, b), bits in per_link.items():
-            rate_bps = routes.wan_rate_bps(a, b)
-            delay_s = routes.one_way_delay_us(a, b) / 1e6
-            # every stage's all-reduce runs at once, one connection each, over the same path
-            eff_bps = connection_rate_bps(rate_bps, routes.rtt_us(a, b) / 1e6, window, S) * TCP_GOODPUT_FRACTION
-            allreduce = max(allreduce, 2 * (R - 1) / R * bits / eff_bps + 2 * (R - 1) * delay_s)
+    allreduce = allreduce_s(exp, topo, workers)
     opt = optimizer_s(exp, block_s)
     return Prediction(fill + steady + allreduce + opt, fill, steady, allreduce, len({w.dc for w in workers}))
 

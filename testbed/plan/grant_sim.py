@@ -19,6 +19,7 @@ import heapq
 import itertools
 from dataclasses import dataclass
 
+from testbed.plan.fair_share import FairShare
 from testbed.plan.schedule import Action, make_schedule
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
@@ -102,11 +103,12 @@ def simulate(
     backward) seconds on one microbatch (a profile; overrides ``block_s``); ``sharing``, how a link
     direction is shared (``SHARING``): ``planned``, one transfer at a time from when its bytes can
     go to when they have passed; ``fifo``, one at a time for the whole rendezvous (the notice, the
-    bytes and their flight); ``tcp``, no grants: each transfer is one flow over its whole path, at
-    the speed its slowest link gives it (a link carries ``concurrency`` transfers at their speed
-    alone, and n > ``concurrency`` at ``concurrency / n`` of it each), recomputed whenever a
-    transfer starts or ends. ``timeline``, when given, receives every compute action as (stage,
-    replica, action, start s, end s) in the order they start. Returns (the iteration time: the
+    bytes and their flight); ``tcp``, no grants: each transfer is one flow over its whole path, the
+    flows sharing the links max-min fairly (``fair_share.FairShare``: a link carries
+    ``concurrency`` transfers at their speed alone; a flow goes at most at its speed alone on the
+    slowest link of its path), recomputed whenever a transfer starts or ends. ``timeline``, when
+    given, receives every compute action as (stage, replica, action, start s, end s) in the order
+    they start. Returns (the iteration time: the
     last worker's last compute or byte on a link, in s; the order in which transfers took each
     link direction). Raises ValueError when the schedule cannot complete or ``sharing`` is
     unknown."""
@@ -132,11 +134,10 @@ def simulate(
     link_free = dict.fromkeys(links, 0.0)
     order: dict[Hop, list[Transfer]] = {h: [] for h in links}
     end = 0.0
-    # tcp: the transfers under way (their work left, 1 at the start, in units of the transfer alone
-    # on its slowest link), when that was counted, and a version that outdates the completion
-    # event pushed before the last change
-    flowing: dict[Transfer, float] = {}
-    counted, version = 0.0, 0
+    # tcp: the transfers under way, shared max-min fairly (capacities in transfers per second), and a
+    # version that outdates the completion event pushed before the last change
+    fluid = FairShare({h: x.concurrency / x.transfer_s for h, x in links.items()})
+    version = 0
 
     def push(t: float, kind: str, data: tuple) -> None:
         heapq.heappush(events, (t, next(seq), kind, data))
@@ -161,22 +162,13 @@ def simulate(
             return Transfer("F", s - 1, a.microbatch, r) if s > 0 else None
         return Transfer("B", s, a.microbatch, r) if s < S - 1 else None
 
-    def speed(t: Transfer) -> float:
-        """Share of ``t`` done per second: on each link of its path its share of the link over its
-        time alone there; the slowest link decides."""
-        on = {h: sum(1 for x in flowing if h in paths[pair(x)]) for h in paths[pair(t)]}
-        return min(min(1.0, links[h].concurrency / n) / links[h].transfer_s for h, n in on.items())
-
-    def reshare(now: float) -> None:
-        """Count the work done since the last change and push the next completion."""
-        nonlocal counted, version
-        speeds = {t: speed(t) for t in flowing}
-        for t in flowing:
-            flowing[t] -= (now - counted) * speeds[t]
-        counted, version = now, version + 1
-        if flowing:
-            t = min(flowing, key=lambda x: flowing[x] / speeds[x])
-            push(now + max(flowing[t], 0.0) / speeds[t], "flow_done", (version, t))
+    def reshare() -> None:
+        """Push the next completion under the new shares, outdating the previous one."""
+        nonlocal version
+        version += 1
+        nxt = fluid.next_done()
+        if nxt is not None:
+            push(nxt[0], "flow_done", (version, nxt[1]))
 
     def leave(t: Transfer, i: int, last: float, first: float) -> None:
         """``t``'s last byte left hop ``i`` of its path at ``last`` (its first at ``first``)."""
@@ -224,18 +216,17 @@ def simulate(
             push(done, "try", (s, r))
         elif kind == "hop" and fair:  # a flow starts on every link of its path at once
             (t, *_) = data
-            for h in paths[pair(t)]:
+            path = tuple(paths[pair(t)])
+            for h in path:
                 order[h].append(t)
-            reshare(now)
-            flowing[t] = 1.0
-            reshare(now)
+            fluid.add(now, t, path, min(1 / links[h].transfer_s for h in path))
+            reshare()
         elif kind == "flow_done":
             v, t = data
             if v != version:
                 continue  # outdated by a later start or end
-            reshare(now)
-            del flowing[t]
-            reshare(now)
+            fluid.remove(now, t)
+            reshare()
             end = max(end, now)
             push(now + one_way_s[pair(t)], "arrive", (t,))
         elif kind == "hop":

@@ -7,9 +7,10 @@ Per worker (fp32 throughout, 4 bytes a value):
   parameter of the model;
 - its stage's gradients and AdamW's two moment buffers: three times the stage's parameters;
 - activations kept for the backward pass: per block and microbatch, the block's saved tensors,
-  34 x s x b x h values plus 5 x a x s^2 x b for attention (Korthikanti et al. 2022, "Reducing
+  34 x s x b x h bytes plus 5 x a x s^2 x b for attention (Korthikanti et al. 2022, "Reducing
   Activation Recomputation in Large Transformer Models", section 4.1, counted there in bytes of
-  16-bit values; here 4-byte values, so twice their figure), times the microbatches in flight:
+  16-bit values; here 4-byte values, so twice their figure: ``block_activation_bytes``), times the
+  microbatches in flight:
   GPipe keeps all M, 1F1B at most S - s on stage s (Narayanan et al. 2021, section 2.2);
 - the transfers' buffers: a received activation or gradient per microbatch in flight;
 - with BubbleTea: the inference model (every parameter) and the KV cache of each queued request
@@ -24,6 +25,7 @@ held once (``LAUNCHER_BYTES``) and each worker adds only the pages it writes (``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from testbed.spec.experiment import Experiment
@@ -67,11 +69,43 @@ class WorkerMemory:
         return max(parts, key=lambda k: parts[k])
 
 
-def block_activation_values(cfg: ModelConfig, microbatch_size: int) -> int:
-    """Values one block saves for its backward pass on one microbatch: 34 s b h + 5 a s^2 b
-    (Korthikanti et al. 2022, section 4.1; s sequence, b microbatch, h width, a heads)."""
-    s, b, h, a = cfg.seq_len, microbatch_size, cfg.d_model, cfg.n_heads
-    return 34 * s * b * h + 5 * a * s * s * b
+def block_activation_bytes(
+    cfg: ModelConfig, microbatch_size: int, tensor_parallel: int = 1, recompute: bool = False
+) -> int:
+    """Bytes one block saves for its backward pass on one microbatch, on one of ``tensor_parallel``
+    devices that split it (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+    Transformer Models", table 2: s b h (10 + 24 / t) + 5 a s^2 b / t bytes of 16-bit values, 34 s b
+    h + 5 a s^2 b at t = 1; with full recomputation only the block's input, 2 s b h; s sequence, b
+    microbatch, h width, a heads), scaled to ``cfg.value_bytes`` (fp32: twice their figure)."""
+    s, b, h, a, t = cfg.seq_len, microbatch_size, cfg.d_model, cfg.n_heads, tensor_parallel
+    sixteen_bit = 2 * s * b * h if recompute else s * b * h * (10 + 24 / t) + 5 * a * s * s * b / t
+    return math.ceil(sixteen_bit * cfg.value_bytes / 2)
+
+
+#: bytes of training state per parameter with Adam: fp32 weights, gradients and two moments (4 x 4),
+#: or mixed precision's 16-bit weights and gradients and fp32 master weights and moments (2 + 2 +
+#: 12; Rajbhandari et al. 2020, "ZeRO", section 3.1): 16 either way
+STATE_BYTES_PER_PARAM = 16
+
+
+def stage_device_bytes(
+    cfg: ModelConfig,
+    stages: int,
+    stage: int,
+    microbatch_size: int,
+    held: int,
+    tensor_parallel: int = 1,
+    recompute: bool = False,
+) -> int:
+    """What one device of ``stage`` holds for training, split ``tensor_parallel`` ways: its share of
+    the stage's weights, gradients and optimizer state (``STATE_BYTES_PER_PARAM``), and for each of
+    the ``held`` microbatches in flight its blocks' saved activations and one received boundary
+    tensor (its share of it)."""
+    blocks = len(stage_layers(cfg.n_layers, stages, stage))
+    state = STATE_BYTES_PER_PARAM * stage_params(cfg, stages, stage) / tensor_parallel
+    per_microbatch = blocks * block_activation_bytes(cfg, microbatch_size, tensor_parallel, recompute)
+    per_microbatch += activation_bytes(cfg, microbatch_size) / tensor_parallel
+    return math.ceil(state + held * per_microbatch)
 
 
 def in_flight(exp: Experiment, stage: int) -> int:
@@ -87,8 +121,7 @@ def worker_memory(exp: Experiment, stage: int) -> WorkerMemory:
     blocks = len(stage_layers(cfg.n_layers, exp.stages, stage))
     held = in_flight(exp, stage)
     acts = held * (
-        blocks * block_activation_values(cfg, exp.microbatch_size) * FP32_BYTES
-        + activation_bytes(cfg, exp.microbatch_size)
+        blocks * block_activation_bytes(cfg, exp.microbatch_size) + activation_bytes(cfg, exp.microbatch_size)
     )
     bt = 0
     if exp.policy.bubbletea:
@@ -102,11 +135,11 @@ def worker_memory(exp: Experiment, stage: int) -> WorkerMemory:
 
 def gpu_bytes(exp: Experiment, stage: int) -> int:
     """What one emulated GPU of ``stage`` would hold (the per-GPU budget ``gpu_memory_mb`` is
-    checked against it): its stage's weights, gradients and AdamW moments (4 x the stage's
-    parameters), the activations in flight and, with BubbleTea, the inference model and KV caches;
-    not the host-side copy of the full model nor the interpreter (``worker_memory``)."""
-    m = worker_memory(exp, stage)
-    return 4 * stage_params(exp.model, exp.stages, stage) * FP32_BYTES + m.activation_bytes + m.bubbletea_bytes
+    checked against it): ``stage_device_bytes`` (its stage's training state, the activations in
+    flight) and, with BubbleTea, the inference model and KV caches; not the host-side copy of the
+    full model nor the interpreter (``worker_memory``)."""
+    train = stage_device_bytes(exp.model, exp.stages, stage, exp.microbatch_size, in_flight(exp, stage))
+    return train + worker_memory(exp, stage).bubbletea_bytes
 
 
 def gpu_shortfall(exp: Experiment) -> str | None:

@@ -65,19 +65,29 @@ def place_pipeline(exp: Experiment, topo: TopologySpec, order: list[DCSpec] | No
 
 
 def place_dp_wan(exp: Experiment, topo: TopologySpec) -> list[WorkerSpec]:
-    """Replica r's whole pipeline in the r-th DC (file order) that has ``stages`` hosts."""
+    """Data parallelism across DCs: replica r's whole pipeline in the DC r mod n of the n DCs (file
+    order) that hold a pipeline of ``stages`` hosts, so each replica has its own DC while there
+    are DCs enough; more replicas than DCs go round again, as many to a DC as its hosts hold
+    (at the paper's scale, several pipelines in each DC). Raises SpecError naming the shortfall."""
     dcs = [dc for dc in topo.dcs if dc.training_hosts >= exp.stages]
-    if len(dcs) < exp.replicas:
-        raise SpecError(
-            exp.source,
-            "replicas",
-            exp.replicas,
-            f"do not fit topology {topo.name} under dp-wan: only "
-            f"{len(dcs)} DCs hold a whole pipeline of {exp.stages} stages",
-            "use fewer replicas or stages, or a topology with larger DCs",
-        )
+    room = {dc.name: dc.training_hosts // exp.stages for dc in dcs}
+    held: dict[str, int] = dict.fromkeys(room, 0)
+    home = []
+    for r in range(exp.replicas):
+        free = [dc for dc in dcs[r % len(dcs) :] + dcs[: r % len(dcs)] if held[dc.name] < room[dc.name]] if dcs else []
+        if not free:
+            raise SpecError(
+                exp.source,
+                "replicas",
+                exp.replicas,
+                f"do not fit topology {topo.name} under dp-wan: its DCs hold only "
+                f"{sum(room.values())} whole pipelines of {exp.stages} stages",
+                "use fewer replicas or stages, or a topology with larger DCs",
+            )
+        home.append((free[0].name, held[free[0].name]))
+        held[free[0].name] += 1
     return [
-        WorkerSpec(rank_of(s, r, exp.replicas), s, r, host_name(dcs[r].name, s), dcs[r].name)
+        WorkerSpec(rank_of(s, r, exp.replicas), s, r, host_name(home[r][0], home[r][1] * exp.stages + s), home[r][0])
         for s in range(exp.stages)
         for r in range(exp.replicas)
     ]

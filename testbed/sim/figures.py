@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from testbed.plan.allreduce import wan_allreduce_bits
 from testbed.plan.cost_model import optimizer_s, predict, stage_compute_s
 from testbed.plan.placement import place
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
-from testbed.spec.model import stage_param_bytes
 from testbed.spec.routing import RoutingTable
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
 from testbed.trace import metrics as M
@@ -65,8 +65,7 @@ def wan_bits(exp: Experiment, workers: list[WorkerSpec]) -> dict[str, float]:
     """Bits on the wire per iteration on each WAN link direction (``"a->b"``) of a placement: every
     cross-DC boundary transfer along its routed path (activations one way, their gradients back,
     ``microbatches`` of each per pipeline), and the gradient all-reduce of each stage whose replicas
-    sit in several DCs (a ring over its replicas: 2 (R - 1) / R of the stage's parameters each
-    way between neighbours on the ring)."""
+    sit in several DCs (``allreduce.wan_allreduce_bits``)."""
     routes = RoutingTable(exp.topology_spec)
     at = {(w.stage, w.replica): w.dc for w in workers}
     bits: dict[str, float] = {}
@@ -78,17 +77,12 @@ def wan_bits(exp: Experiment, workers: list[WorkerSpec]) -> dict[str, float]:
         for x, y in zip(dcs, dcs[1:]):
             bits[f"{x}->{y}"] = bits.get(f"{x}->{y}", 0.0) + nbytes * 8 / TCP_GOODPUT_FRACTION
 
-    S, R, M_ = exp.stages, exp.replicas, exp.microbatches
-    for r in range(R):
-        for s in range(S - 1):
-            carry(at[(s, r)], at[(s + 1, r)], M_ * exp.activation_bytes)
-            carry(at[(s + 1, r)], at[(s, r)], M_ * exp.activation_bytes)
-    for s in range(S):
-        ring = [at[(s, r)] for r in range(R)]
-        if R > 1 and len(set(ring)) > 1:
-            share = 2 * (R - 1) / R * stage_param_bytes(exp.model, S, s)
-            for r in range(R):
-                carry(ring[r], ring[(r + 1) % R], share)
+    for r in range(exp.replicas):
+        for s in range(exp.stages - 1):
+            carry(at[(s, r)], at[(s + 1, r)], exp.microbatches * exp.activation_bytes)
+            carry(at[(s + 1, r)], at[(s, r)], exp.microbatches * exp.activation_bytes)
+    for (a, b), payload in wan_allreduce_bits(exp, exp.topology_spec, workers).items():
+        bits[f"{a}->{b}"] = bits.get(f"{a}->{b}", 0.0) + payload / TCP_GOODPUT_FRACTION
     return bits
 
 

@@ -69,6 +69,10 @@ class Experiment:
     #: share of a WAN link one TCP connection fills on the real link modelled (None: no cap, one
     #: connection can fill the emulated link); the hosts' socket buffers are capped to reproduce it
     wan_connection_share: float | None = None
+    #: instead of ``wan_connection_share``: the most bytes one TCP connection keeps in flight on the
+    #: WAN (its window), so that it carries at most window / RTT on every path (the simulator's
+    #: scenarios, ``scenario.py``); None: from ``wan_connection_share``
+    wan_window_bytes: int | None = None
     #: under Atlas's grants, the share of a link a pipeline's class keeps while another holds the
     #: grant (0 starves it: its TCP flow then backs off; see atlas/controller.py)
     atlas_floor_share: float = 0.05
@@ -220,6 +224,8 @@ def check_experiment(e: Experiment) -> None:
             "is not in (0, 1]",
             "give the share of a link one connection fills, e.g. 0.1",
         )
+    if e.wan_window_bytes is not None and e.wan_window_bytes < 1:
+        raise bad("wan_window_bytes", e.wan_window_bytes, "is not a positive window", "give e.g. 16 MiB in bytes")
     if not (math.isfinite(e.atlas_floor_share) and 0 <= e.atlas_floor_share < 1 / max(e.replicas, 1)):
         raise bad(
             "atlas_floor_share",

@@ -23,6 +23,9 @@ class ModelConfig:
     n_heads: int = 4
     seq_len: int = 128
     vocab: int = 256
+    #: bytes of one activation, gradient or parameter value at a stage boundary and in the gradient
+    #: all-reduce: 4 (fp32) in the emulator's workers, 2 (bf16) in the simulator's scenarios
+    value_bytes: int = FP32_BYTES
 
     @property
     def block_params(self) -> int:
@@ -78,8 +81,9 @@ def stage_params(cfg: ModelConfig, n_stages: int, stage: int) -> int:
 
 
 def stage_param_bytes(cfg: ModelConfig, n_stages: int, stage: int) -> int:
-    """fp32 bytes of one stage's parameters: what its gradient all-reduce moves per iteration."""
-    return FP32_BYTES * stage_params(cfg, n_stages, stage)
+    """Bytes of one stage's parameters (``value_bytes`` each): what its gradient all-reduce moves
+    per iteration."""
+    return cfg.value_bytes * stage_params(cfg, n_stages, stage)
 
 
 def activation_shape(cfg: ModelConfig, microbatch_size: int) -> tuple[int, int, int]:
@@ -88,9 +92,10 @@ def activation_shape(cfg: ModelConfig, microbatch_size: int) -> tuple[int, int, 
 
 
 def activation_bytes(cfg: ModelConfig, microbatch_size: int) -> int:
-    """fp32 bytes of one microbatch's activations (or their gradients) at a stage boundary."""
+    """Bytes of one microbatch's activations (or their gradients) at a stage boundary (``value_bytes``
+    each)."""
     b, t, d = activation_shape(cfg, microbatch_size)
-    return FP32_BYTES * b * t * d
+    return cfg.value_bytes * b * t * d
 
 
 def prefill_flops(cfg: ModelConfig, start: int, chunk: int) -> float:

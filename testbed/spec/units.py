@@ -2,7 +2,8 @@
 
 Rates are SI bits per second as in tc(8): ``kbit`` = 10^3 bit/s, ``mbit`` = 10^6, ``gbit`` = 10^9.
 tc's byte-rate suffixes (``mbps`` = megabytes per second) are refused because they are a common
-source of 8x mistakes. Times take ``us``, ``ms`` or ``s``; loss takes ``%``.
+source of 8x mistakes. Times take ``us``, ``ms`` or ``s``; sizes ``B``, ``kB``/``MB``/``GB`` (SI) or
+``KiB``/``MiB``/``GiB`` (binary); loss takes ``%``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 _NUM = r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
 _RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 _TIME_UNITS_US = {"us": 1, "ms": 1_000, "s": 1_000_000}
+_SIZE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
 class UnitError(ValueError):
@@ -57,6 +59,12 @@ def parse_duration_us(text: object) -> int:
     """Parse a duration such as ``25ms`` into microseconds (int). Raises UnitError."""
     number, unit = _split(text, "duration", _TIME_UNITS_US, "25ms")
     return _whole(number * _TIME_UNITS_US[unit], "1us", "microseconds")
+
+
+def parse_bytes(text: object) -> int:
+    """Parse a size such as ``64MiB`` (binary) or ``80GB`` (SI) into bytes (int). Raises UnitError."""
+    number, unit = _split(text, "size", _SIZE_UNITS, "64MiB")
+    return _whole(number * _SIZE_UNITS[unit], "1B", "bytes")
 
 
 def parse_percent(text: object) -> float:

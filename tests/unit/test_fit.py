@@ -7,7 +7,7 @@ import pytest
 from experiments import exp
 
 from testbed.errors import SpecError
-from testbed.plan.memory import RUNTIME_BYTES, block_activation_values, in_flight, largest_worker, worker_memory
+from testbed.plan.memory import RUNTIME_BYTES, block_activation_bytes, in_flight, largest_worker, worker_memory
 from testbed.plan.placement import place
 from testbed.run.fit import GIB, MAX_ITERATION_S, check_corpus, check_iteration_time, check_memory
 from testbed.spec.experiment_file import load_experiment
@@ -16,8 +16,14 @@ from testbed.spec.model import ModelConfig
 
 def test_block_activations_follow_korthikanti():
     cfg = ModelConfig(n_layers=2, d_model=8, n_heads=2, seq_len=4)
-    # 34 s b h + 5 a s^2 b with s=4, b=3, h=8, a=2
-    assert block_activation_values(cfg, 3) == 34 * 4 * 3 * 8 + 5 * 2 * 16 * 3 == 3744
+    # 34 s b h + 5 a s^2 b bytes of 16-bit values with s=4, b=3, h=8, a=2; fp32 doubles them
+    assert block_activation_bytes(cfg, 3) == 2 * (34 * 4 * 3 * 8 + 5 * 2 * 16 * 3) == 2 * 3744
+    bf16 = ModelConfig(n_layers=2, d_model=8, n_heads=2, seq_len=4, value_bytes=2)
+    assert block_activation_bytes(bf16, 3) == 3744
+    # tensor parallel over t = 2: s b h (10 + 24 / 2) + 5 a s^2 b / 2
+    assert block_activation_bytes(bf16, 3, tensor_parallel=2) == 96 * 22 + 480 // 2 * 1 * 1 == 2352
+    # full recomputation keeps only the block's input: 2 s b h
+    assert block_activation_bytes(bf16, 3, tensor_parallel=2, recompute=True) == 2 * 96
 
 
 def test_microbatches_in_flight_depend_on_the_schedule():
@@ -37,7 +43,7 @@ def test_worker_memory_by_part():
     assert m.optimizer_bytes == 3 * 4 * (2 * cfg.block_params + cfg.embedding_params)
     boundary = 4 * 4 * 128 * 64  # one microbatch's activations at the stage boundary, fp32
     # 1F1B: stage 0 of 2 holds 2 microbatches, each 2 blocks' saved values plus a received boundary
-    assert m.activation_bytes == 2 * (2 * block_activation_values(cfg, 4) * 4 + boundary)
+    assert m.activation_bytes == 2 * (2 * block_activation_bytes(cfg, 4) + boundary)
     assert worker_memory(e.with_overrides(schedule="gpipe"), 0).activation_bytes == 2 * m.activation_bytes
     assert m.bubbletea_bytes == 0
     assert m.total_bytes == m.model_bytes + m.optimizer_bytes + m.activation_bytes + RUNTIME_BYTES
