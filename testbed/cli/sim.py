@@ -9,9 +9,11 @@ from pathlib import Path
 from testbed.cli.common import err
 from testbed.errors import SpecError
 from testbed.sim.figures import simulate_policy
+from testbed.sim.scenario import simulate_scenario
 from testbed.sim.validate import ABSOLUTE, validate_run
 from testbed.spec.experiment_file import load_experiment
 from testbed.spec.policy import UnknownPolicy, parse_policy
+from testbed.spec.scenario_file import load_scenario, names_scenario
 from testbed.trace import metrics as M
 
 
@@ -35,21 +37,35 @@ def cmd_sim(args) -> int:
         except UnknownPolicy as e:
             err(f"--policies: {policy!r}: {e}")
             return 2
-    exp = load_experiment(args.experiment)
-    out, lines = {}, [f"{exp.name} on {exp.topology_spec.name} (simulated, {exp.microbatches} microbatches)"]
+    if args.experiment is not None and names_scenario(args.experiment):
+        sc = load_scenario(args.experiment)
+        run = lambda policy: simulate_scenario(sc, policy)  # noqa: E731
+        header = (
+            f"{sc.name}: {sc.model_name} on {sc.gpus} {sc.device.model.name} GPUs in {len(sc.dcs)} DCs, tensor "
+            f"parallel {sc.tensor_parallel}, {sc.stages} stages x {sc.replicas} replicas, {sc.microbatches} "
+            f"microbatches of {sc.microbatch_size} (simulated)"
+        )
+    else:
+        exp = load_experiment(args.experiment)
+        run = lambda policy: simulate_policy(exp, policy)  # noqa: E731
+        header = f"{exp.name} on {exp.topology_spec.name} (simulated, {exp.microbatches} microbatches)"
+    out, lines = {}, [header]
     for policy in policies:
         try:
-            f = simulate_policy(exp, policy).to_dict()
+            f = run(policy).to_dict()
         except SpecError as e:
             out[policy] = {"infeasible": f"{e.field} {e.value} {e.problem}"}
             lines.append(f"  {policy}: infeasible: {e.field} {e.value} {e.problem}")
             continue
         out[policy] = f
         per_stage = ", ".join(f"{b:.2f}" for b in f[M.BUBBLE_FRACTION_PER_STAGE])
+        if len(f[M.BUBBLE_FRACTION_PER_STAGE]) > 8:
+            per_stage = f"{min(f[M.BUBBLE_FRACTION_PER_STAGE]):.2f}-{max(f[M.BUBBLE_FRACTION_PER_STAGE]):.2f}"
         links = ", ".join(f"{k} {u:.1%}" for k, u in f["wan_utilization"].items()) or "no WAN traffic"
+        memory = f", {f['device_memory_gb']:.1f} GB per GPU" if "device_memory_gb" in f else ""
         lines.append(
             f"  {policy}: iteration {f[M.ITERATION_TIME_S]:.3f} s, {f[M.TOKENS_PER_S]:.0f} tokens/s, GPU utilization "
-            f"{f[M.GPU_UTILIZATION]:.3f}, bubble fraction per stage {per_stage}; WAN {links}"
+            f"{f[M.GPU_UTILIZATION]:.3f}, bubble fraction per stage {per_stage}{memory}; WAN {links}"
         )
     print(json.dumps(out, indent=1) if args.json else "\n".join(lines))
     return 0
@@ -64,7 +80,9 @@ def add_sim_parser(sub) -> None:
     from testbed.spec.policy import POLICIES
 
     sp = sub.add_parser("sim", help="simulated iteration time, utilization, bubbles, WAN load per policy (no root)")
-    sp.add_argument("experiment", nargs="?", default=None)
+    sp.add_argument(
+        "experiment", nargs="?", default=None, help="an experiment or a scenario (workloads/scenarios), by name or path"
+    )
     sp.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated (default: {','.join(POLICIES)})")
     sp.add_argument("--validate", type=Path, metavar="RUN_DIR", help="a measured run beside its simulation")
     sp.add_argument("--json", action="store_true", help="print one JSON object")

@@ -31,7 +31,8 @@ from testbed.trace import metrics as M
 class Figures:
     """One policy's simulated iteration: ``iteration_time_s`` (s), ``tokens_per_s``,
     ``gpu_utilization`` and ``bubble_fraction`` (0-1, over the training workers),
-    ``bubble_fraction_per_stage``, ``wan_utilization`` per link direction (``"a->b"``: 0-1)."""
+    ``bubble_fraction_per_stage``, ``wan_utilization`` per link direction (``"a->b"``: 0-1),
+    ``device_memory_gb`` (scenarios)."""
 
     policy: str
     iteration_time_s: float
@@ -40,6 +41,8 @@ class Figures:
     bubble_fraction: float
     bubble_fraction_per_stage: tuple[float, ...]
     wan_utilization: dict[str, float] = field(default_factory=dict)
+    #: a scenario's largest stage on one GPU (GB; None for an experiment: ``plan/memory.py``)
+    device_memory_gb: float | None = None
 
     @property
     def wan_utilization_mean(self) -> float | None:
@@ -58,6 +61,7 @@ class Figures:
             M.BUBBLE_FRACTION_PER_STAGE: list(self.bubble_fraction_per_stage),
             M.WAN_UTILIZATION_MEAN: self.wan_utilization_mean,
             "wan_utilization": dict(self.wan_utilization),
+            **({"device_memory_gb": self.device_memory_gb} if self.device_memory_gb is not None else {}),
         }
 
 

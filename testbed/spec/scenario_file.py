@@ -184,3 +184,16 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
 def shipped_scenarios() -> list[str]:
     """The names of the scenarios in ``workloads/scenarios``."""
     return sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
+
+
+def names_scenario(name_or_path: str | Path) -> bool:
+    """Whether ``name_or_path`` is a scenario: a shipped scenario's name, or a file whose top level
+    names a ``device`` (an unreadable file is left to the experiment reader's errors)."""
+    p = Path(name_or_path)
+    if not p.exists():
+        return p.parent == Path(".") and (SCENARIO_DIR / (p.name if p.suffix else f"{p.name}.yaml")).exists()
+    try:
+        _, data = read_spec_file(p, SCENARIO_DIR, "scenario")
+    except SpecError:
+        return False
+    return is_scenario(data)
