@@ -60,6 +60,14 @@ def test_1f1b_inside_a_dc_matches_the_closed_form(p, m):
     assert stage_bubble_fractions(bubbles, t, p, 1) == pytest.approx([(p - 1) / (m + p - 1)] * p)
 
 
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (3, 6), (4, 8)])
+def test_gpipe_inside_a_dc_matches_the_closed_form(p, m):
+    e = _unit("gpipe", p, m)
+    t, bubbles = bubble_timeline(e, e.topology_spec, _one_dc(p), connections=1)
+    assert t == pytest.approx(3.0 * (m + p - 1))
+    assert stage_bubble_fractions(bubbles, t, p, 1) == pytest.approx([(p - 1) / (m + p - 1)] * p)
+
+
 def test_across_the_wan_the_transfers_add_bubbles_and_planned_offsets_show():
     """Two DCs 10 ms apart: every stage waits longer than inside a DC; under planned grants the
     replicas' first stages start at the plan's offsets (a bubble before replica r's first forward)."""

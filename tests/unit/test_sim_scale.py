@@ -1,0 +1,148 @@
+"""The simulator at the paper's scale, by hand: the fluid link model (one flow, two flows sharing,
+window-limited, max-min over two links), the hierarchical ring all-reduce, a GPU's memory and the
+scenarios' validation errors (field, value, fix)."""
+
+from __future__ import annotations
+
+import pytest
+from experiments import exp, topo
+
+from testbed.errors import SpecError
+from testbed.plan.allreduce import allreduce_s, wan_allreduce_bits
+from testbed.plan.fair_share import FairShare, max_min_rates
+from testbed.plan.memory import STATE_BYTES_PER_PARAM, stage_device_bytes
+from testbed.plan.placement import place
+from testbed.sim.scenario import check_memory, simulate_scenario, stage_memory_gb
+from testbed.spec.model import stage_param_bytes, stage_params
+from testbed.spec.model_presets import MODELS
+from testbed.spec.scenario_file import load_scenario, names_scenario, parse_scenario, shipped_scenarios
+from testbed.spec.wire import TCP_GOODPUT_FRACTION
+
+
+def test_one_flow_alone_goes_at_its_cap_or_the_link():
+    assert max_min_rates({"l": 10.0}, [(("l",), 4.0, 1)]) == [4.0]  # window-limited
+    assert max_min_rates({"l": 10.0}, [(("l",), 40.0, 1)]) == [10.0]  # the link
+
+
+def test_flows_share_a_link_equally_unless_their_cap_is_lower():
+    assert max_min_rates({"l": 10.0}, [(("l",), 40.0, 2)]) == [5.0]
+    # a window-limited class takes its cap; the others share what it leaves
+    assert max_min_rates({"l": 10.0}, [(("l",), 2.0, 2), (("l",), 40.0, 2)]) == [2.0, 3.0]
+
+
+def test_max_min_over_two_links():
+    """A crosses link 1, B crosses 1 and 2, C crosses 2; link 1 carries 1, link 2 carries 2:
+    link 1 fills first at 0.5 each (A, B), C takes the 1.5 that B leaves on link 2."""
+    rates = max_min_rates({1: 1.0, 2: 2.0}, [((1,), 9.0, 1), ((1, 2), 9.0, 1), ((2,), 9.0, 1)])
+    assert rates == pytest.approx([0.5, 0.5, 1.5])
+
+
+def test_a_flow_that_joins_slows_the_first_and_ends_later():
+    """Link of 1 transfer/s: flow x alone does 0.5 by t = 0.5; then both at 0.5: x ends at 1.5,
+    y has done 0.5 by then and ends alone at 2.0."""
+    fs = FairShare({"l": 1.0})
+    fs.add(0.0, "x", ("l",), 5.0)
+    assert fs.next_done() == (pytest.approx(1.0), "x")
+    fs.add(0.5, "y", ("l",), 5.0)
+    assert fs.next_done() == (pytest.approx(1.5), "x")
+    fs.remove(1.5, "x")
+    assert fs.next_done() == (pytest.approx(2.0), "y") and len(fs) == 1
+    with pytest.raises(KeyError):
+        fs.remove(2.0, "x")
+
+
+def test_ring_all_reduce_inside_one_dc_and_across_two():
+    """2 stages x 4 replicas. pp-fair: each stage's 4 replicas in one DC whose 1 Gbit/s access links
+    carry a ring of 2 (k - 1) / k = 1.5 x the stage's bits, plus 2 (k - 1) round trips of 4 x 1 ms.
+    dp-wan on two DCs of 4 hosts: 2 pipelines per DC, 2 rings of half the gradients each across
+    the WAN (2 (n - 1) / n = 1 x the bits), over 4 connections."""
+    t = topo({"a": 8, "b": 8})
+    t = type(t)(t.name, tuple(type(d)(d.name, d.hosts, 10**9, 1000) for d in t.dcs), t.links, source=t.source)
+    e = exp(topology_spec=t, replicas=4)
+    bits = max(stage_param_bytes(e.model, 2, s) * 8 for s in range(2))
+    expected = 1.5 * bits / (10**9 * TCP_GOODPUT_FRACTION) + 6 * 0.004
+    assert allreduce_s(e, t, place(e)) == pytest.approx(expected)
+    dp = e.with_overrides(policy="dp-wan", topology_spec=topo({"a": 4, "b": 4}))
+    workers = place(dp)
+    assert sorted({(w.replica, w.dc) for w in workers}) == [(0, "a"), (1, "b"), (2, "a"), (3, "b")]
+    total = sum(stage_param_bytes(e.model, 2, s) * 8 for s in range(2))
+    assert wan_allreduce_bits(dp, dp.topology_spec, workers) == {
+        ("a", "b"): pytest.approx(total),
+        ("b", "a"): pytest.approx(total),
+    }
+    assert allreduce_s(dp, dp.topology_spec, workers) == pytest.approx(total / (100e6 * TCP_GOODPUT_FRACTION) + 0.02)
+
+
+def test_a_gpus_memory_by_hand():
+    cfg = MODELS["gpt3-175b"][0]
+    # stage 0 of 16 under 1F1B with recomputation: 6 blocks and the embeddings at 16 bytes a
+    # parameter over 8 GPUs, 16 microbatches in flight of 6 inputs 2 s b h and a boundary s b h x 2 / 8
+    s, h = 2048, 12288
+    per_mb = 6 * 2 * s * h + 2 * s * h / 8
+    expected = STATE_BYTES_PER_PARAM * stage_params(cfg, 16, 0) / 8 + 16 * per_mb
+    assert stage_device_bytes(cfg, 16, 0, 1, 16, tensor_parallel=8, recompute=True) == pytest.approx(expected, abs=1)
+    sc = load_scenario("gpt3_175b_2dc")
+    assert stage_memory_gb(sc)[0] == pytest.approx(expected / 1e9)
+    assert check_memory(sc) == max(stage_memory_gb(sc)) < 80
+
+
+def test_a_scenario_that_does_not_fit_is_infeasible_with_the_figure():
+    sc = load_scenario("gpt3_175b_2dc")
+    from dataclasses import replace
+
+    without = replace(sc, recompute=False, microbatch_size=2)
+    with pytest.raises(SpecError, match=r"gpu_memory.*stage 0 needs on one GPU \(\d+\.\d GB") as e:
+        simulate_scenario(without, "pp-fair")
+    assert "recompute: true" in e.value.fix
+
+
+def test_every_shipped_scenario_loads_and_is_recognised():
+    names = shipped_scenarios()
+    assert {"gpt3_175b_2dc", "gpt_70b_3dc", "gpt3_175b_4dc", "gpt_7b_5dc"} <= set(names)
+    for name in names:
+        sc = load_scenario(name)
+        assert names_scenario(name) and sc.replicas * sc.stages * sc.tensor_parallel == sc.gpus
+        assert sc.microbatches * sc.replicas * sc.microbatch_size == sc.global_batch
+    assert not names_scenario("default")  # an experiment
+
+
+def _scenario(**kw):
+    base = {
+        "model": "gpt-7b",
+        "device": "h100",
+        "tensor_parallel": 4,
+        "stages": 2,
+        "global_batch": 64,
+        "dcs": [{"name": "a", "gpus": 16}, {"name": "b", "gpus": 16}],
+        "links": [{"between": ["a", "b"], "rate": "100gbit", "delay": "10ms"}],
+    }
+    base.update(kw)
+    return base
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "fix"),
+    [
+        ({"model": "gpt-4"}, "model", "gpt3-175b"),
+        ({"device": "tpu"}, "device", "a100"),
+        ({"tensor_parallel": 3}, "tensor_parallel", "divisor of n_heads"),
+        ({"stages": 3}, "stages", "divides them"),
+        ({"global_batch": 62}, "global_batch", "multiple of 4"),
+        ({"dcs": [{"name": "a", "gpus": 18}, {"name": "b", "gpus": 16}]}, "dcs[0].gpus", "multiple of 4"),
+        ({"tcp_window": "64"}, "tcp_window", "64MiB"),
+        ({"links": [{"between": ["a", "c"], "rate": "1gbit", "delay": "1ms"}]}, "links[0].between", "known DCs"),
+        ({"shedule": "1f1b"}, "shedule", "schedule"),
+    ],
+)
+def test_scenario_errors_name_field_value_and_fix(change, field, fix):
+    with pytest.raises(SpecError) as e:
+        parse_scenario(_scenario(**change), "s.yaml")
+    assert e.value.field == field and fix in e.value.fix
+
+
+def test_a_scenario_is_simulated_under_each_policy():
+    sc = parse_scenario(_scenario(), "s.yaml")
+    assert (sc.replicas, sc.microbatches) == (4, 16)
+    pp, atlas = simulate_scenario(sc, "pp-fair"), simulate_scenario(sc, "atlas")
+    assert 0 < pp.gpu_utilization <= 1 and atlas.iteration_time_s <= pp.iteration_time_s * 1.001
+    assert pp.device_memory_gb == pytest.approx(max(stage_memory_gb(sc)))
