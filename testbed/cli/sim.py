@@ -39,7 +39,7 @@ def cmd_sim(args) -> int:
             return 2
     if args.experiment is not None and names_scenario(args.experiment):
         sc = load_scenario(args.experiment)
-        run = lambda policy: simulate_scenario(sc, policy)  # noqa: E731
+        run = lambda policy: simulate_scenario(sc, policy)
         header = (
             f"{sc.name}: {sc.model_name} on {sc.gpus} {sc.device.model.name} GPUs in {len(sc.dcs)} DCs, tensor "
             f"parallel {sc.tensor_parallel}, {sc.stages} stages x {sc.replicas} replicas, {sc.microbatches} "
@@ -47,7 +47,7 @@ def cmd_sim(args) -> int:
         )
     else:
         exp = load_experiment(args.experiment)
-        run = lambda policy: simulate_policy(exp, policy)  # noqa: E731
+        run = lambda policy: simulate_policy(exp, policy)
         header = f"{exp.name} on {exp.topology_spec.name} (simulated, {exp.microbatches} microbatches)"
     out, lines = {}, [header]
     for policy in policies:

@@ -2,8 +2,10 @@
 plan (``grant_plan.py``): the link directions a stage boundary crosses (``Hop``), one boundary
 transfer (``Transfer``) and the list-schedule simulation (``simulate``).
 
-``simulate`` plays one iteration of every pipeline as a list schedule in continuous time (an
-action starts when its worker is free and its input has arrived; gloo moves a tensor only once the
+``simulate`` plays one iteration of every pipeline as a list schedule in continuous time, a
+discrete-event simulation on SimPy (each worker a process running its schedule table; each
+transfer's steps events ordered by time, then by when they were made) (an action starts when its
+worker is free and its input has arrived; gloo moves a tensor only once the
 receive is posted and the receiver's ready notice has crossed back, one one-way delay), each link
 direction shared as the policy shares it: one transfer at a time, earliest ready first, under
 grants (``fifo`` holds it for the whole rendezvous: the notice, the bytes and their flight; on a
@@ -15,9 +17,11 @@ Pure: no kernel, no processes.
 
 from __future__ import annotations
 
-import heapq
-import itertools
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from typing import Any
+
+import simpy
 
 from testbed.plan.fair_share import FairShare
 from testbed.plan.schedule import Action, make_schedule
@@ -122,25 +126,24 @@ def simulate(
     if stage_s is not None:
         f, b = [x[0] for x in stage_s], [x[1] for x in stage_s]
     rank = {(w.stage, w.replica): w.rank for w in workers}
-    where = {w.rank: (w.stage, w.replica) for w in workers}
     actions = make_schedule(exp.schedule, S, M)
-    seq = itertools.count()
-    events: list[tuple[float, int, str, tuple]] = []
-    free = {(s, r): (stagger_s[r] if s == 0 else 0.0) for s in range(S) for r in range(R)}
-    pos = dict.fromkeys(free, 0)
+    env = simpy.Environment()
+    pos = {(s, r): 0 for s in range(S) for r in range(R)}
     arrived: dict[Transfer, float] = {}
+    arrival: dict[Transfer, simpy.Event] = {}
     posted: dict[Transfer, float] = {}
     ready: dict[Transfer, float] = {}
     link_free = dict.fromkeys(links, 0.0)
     order: dict[Hop, list[Transfer]] = {h: [] for h in links}
     end = 0.0
     # tcp: the transfers under way, shared max-min fairly (capacities in transfers per second), and a
-    # version that outdates the completion event pushed before the last change
+    # version that outdates the completion scheduled before the last change
     fluid = FairShare({h: x.concurrency / x.transfer_s for h, x in links.items()})
     version = 0
 
-    def push(t: float, kind: str, data: tuple) -> None:
-        heapq.heappush(events, (t, next(seq), kind, data))
+    def at(t: float, act: Callable[..., None], *args: Any) -> None:
+        """``act(*args)`` at time ``t`` (SimPy orders events by time, then by when they were made)."""
+        env.timeout(max(0.0, t - env.now)).callbacks.append(lambda _: act(*args))
 
     def pair(t: Transfer) -> tuple[int, int]:
         src = (t.stage, t.replica) if t.kind == "F" else (t.stage + 1, t.replica)
@@ -151,11 +154,13 @@ def simulate(
         if t in ready and t in posted:
             key = pair(t)
             if key not in paths:  # inside one DC: no WAN link, no rendezvous cost worth modelling
-                push(max(ready[t], posted[t]), "arrive", (t,))
+                at(max(ready[t], posted[t]), arrive, t)
             elif rendezvous_hold:  # FIFO: the link is held from both sides ready, notice included
-                push(max(ready[t], posted[t]), "hop", (t, 0, None, one_way_s[key]))
+                at(max(ready[t], posted[t]), hop, t, 0, None, one_way_s[key])
+            elif fair:
+                at(max(ready[t], posted[t] + one_way_s[key]), flow_start, t)
             else:
-                push(max(ready[t], posted[t] + one_way_s[key]), "hop", (t, 0, None, 0.0))
+                at(max(ready[t], posted[t] + one_way_s[key]), hop, t, 0, None, 0.0)
 
     def needs(s: int, a: Action, r: int) -> Transfer | None:
         if a.kind == "F":
@@ -163,47 +168,69 @@ def simulate(
         return Transfer("B", s, a.microbatch, r) if s < S - 1 else None
 
     def reshare() -> None:
-        """Push the next completion under the new shares, outdating the previous one."""
+        """Schedule the next completion under the new shares, outdating the previous one."""
         nonlocal version
         version += 1
         nxt = fluid.next_done()
         if nxt is not None:
-            push(nxt[0], "flow_done", (version, nxt[1]))
+            at(nxt[0], flow_done, version, nxt[1])
 
-    def leave(t: Transfer, i: int, last: float, first: float) -> None:
-        """``t``'s last byte left hop ``i`` of its path at ``last`` (its first at ``first``)."""
+    def flow_start(t: Transfer) -> None:
+        """A flow starts on every link of its path at once."""
+        crossed = tuple(paths[pair(t)])
+        for h in crossed:
+            order[h].append(t)
+        fluid.add(env.now, t, crossed, min(1 / links[h].transfer_s for h in crossed))
+        reshare()
+
+    def flow_done(v: int, t: Transfer) -> None:
+        nonlocal end
+        if v != version:
+            return  # outdated by a later start or end
+        fluid.remove(env.now, t)
+        reshare()
+        end = max(end, env.now)
+        at(env.now + one_way_s[pair(t)], arrive, t)
+
+    def hop(t: Transfer, i: int, last_before: float | None, notice: float) -> None:
+        """``t`` may take hop ``i`` of its path; ``last_before``: when the previous hop's last byte
+        arrives; ``notice``: FIFO's wait for the ready notice to cross back."""
         nonlocal end
         path = paths[pair(t)]
         link = links[path[i]]
+        start = max(env.now, link_free[path[i]])
+        first = start + notice
+        last = max(first + link.transfer_s, last_before if last_before is not None else 0.0)
+        link_free[path[i]] = last + (link.delay_s if notice else 0.0)  # FIFO: until the data arrived
+        order[path[i]].append(t)
         end = max(end, last)
         if i + 1 < len(path):
-            push(first + link.delay_s, "hop", (t, i + 1, last + link.delay_s, 0.0))
+            at(first + link.delay_s, hop, t, i + 1, last + link.delay_s, 0.0)
         else:
-            push(last + link.delay_s, "arrive", (t,))
+            at(last + link.delay_s, arrive, t)
 
-    for s, r in free:
-        push(free[(s, r)], "try", (s, r))
-    while events:
-        now, _, kind, data = heapq.heappop(events)
-        if kind == "try":
-            s, r = data
-            if pos[(s, r)] == len(actions[s]):
-                continue
-            a = actions[s][pos[(s, r)]]
+    def arrive(t: Transfer) -> None:
+        arrived[t] = env.now
+        if t in arrival:
+            arrival[t].succeed()
+
+    def worker(s: int, r: int) -> Generator[simpy.Event, Any, None]:
+        nonlocal end
+        if s == 0 and stagger_s[r] > 0:
+            yield env.timeout(stagger_s[r])
+        for a in actions[s]:
             need = needs(s, a, r)
-            t_in = now
             if need is not None:
                 if need not in posted:
-                    posted[need] = now
+                    posted[need] = env.now
                     eligible(need)
                 if need not in arrived:
-                    continue  # resumed by the arrival
-                t_in = max(now, arrived[need])
-            done = t_in + (f[s] if a.kind == "F" else b[s])
+                    arrival[need] = env.event()
+                    yield arrival[need]  # resumed by the arrival
+            start = env.now
+            done = start + (f[s] if a.kind == "F" else b[s])
             if timeline is not None:
-                timeline.append((s, r, a, t_in, done))
-            free[(s, r)] = done
-            pos[(s, r)] += 1
+                timeline.append((s, r, a, start, done))
             end = max(end, done)
             out = None
             if a.kind == "F" and s < S - 1:
@@ -213,37 +240,12 @@ def simulate(
             if out is not None:
                 ready[out] = done
                 eligible(out)
-            push(done, "try", (s, r))
-        elif kind == "hop" and fair:  # a flow starts on every link of its path at once
-            (t, *_) = data
-            path = tuple(paths[pair(t)])
-            for h in path:
-                order[h].append(t)
-            fluid.add(now, t, path, min(1 / links[h].transfer_s for h in path))
-            reshare()
-        elif kind == "flow_done":
-            v, t = data
-            if v != version:
-                continue  # outdated by a later start or end
-            fluid.remove(now, t)
-            reshare()
-            end = max(end, now)
-            push(now + one_way_s[pair(t)], "arrive", (t,))
-        elif kind == "hop":
-            t, i, last_before, notice = data  # last_before: when the previous hop's last byte arrives
-            path = paths[pair(t)]
-            link = links[path[i]]
-            start = max(now, link_free[path[i]])
-            first = start + notice  # FIFO: the link waits for the notice to cross back
-            last = max(first + link.transfer_s, last_before if last_before is not None else 0.0)
-            link_free[path[i]] = last + (link.delay_s if notice else 0.0)  # FIFO: until the data arrived
-            order[path[i]].append(t)
-            leave(t, i, last, first)
-        else:  # arrive
-            (t,) = data
-            arrived[t] = now
-            s, r = where[pair(t)[1]]
-            push(max(now, free[(s, r)]), "try", (s, r))
+            yield env.timeout(done - start)
+            pos[(s, r)] += 1
+
+    for s, r in pos:
+        env.process(worker(s, r))
+    env.run()
     stuck = [(s, r) for (s, r), p in pos.items() if p < len(actions[s])]
     if stuck:
         s, r = stuck[0]

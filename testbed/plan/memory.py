@@ -103,8 +103,8 @@ def stage_device_bytes(
     tensor (its share of it)."""
     blocks = len(stage_layers(cfg.n_layers, stages, stage))
     state = STATE_BYTES_PER_PARAM * stage_params(cfg, stages, stage) / tensor_parallel
-    per_microbatch = blocks * block_activation_bytes(cfg, microbatch_size, tensor_parallel, recompute)
-    per_microbatch += activation_bytes(cfg, microbatch_size) / tensor_parallel
+    saved = blocks * block_activation_bytes(cfg, microbatch_size, tensor_parallel, recompute)
+    per_microbatch = saved + activation_bytes(cfg, microbatch_size) / tensor_parallel
     return math.ceil(state + held * per_microbatch)
 
 
