@@ -10,11 +10,13 @@ from testbed.cli.common import err
 from testbed.errors import SpecError
 from testbed.sim.figures import simulate_policy
 from testbed.sim.scenario import simulate_scenario
+from testbed.sim.timeline import PLOTTED_REPLICAS, simulated_events
 from testbed.sim.validate import ABSOLUTE, validate_run
 from testbed.spec.experiment_file import load_experiment
 from testbed.spec.policy import UnknownPolicy, parse_policy
 from testbed.spec.scenario_file import load_scenario, names_scenario
 from testbed.trace import metrics as M
+from testbed.trace import schema as T
 
 
 def cmd_sim(args) -> int:
@@ -40,6 +42,7 @@ def cmd_sim(args) -> int:
     if args.experiment is not None and names_scenario(args.experiment):
         sc = load_scenario(args.experiment)
         run = lambda policy: simulate_scenario(sc, policy)
+        experiment_of = sc.experiment
         header = (
             f"{sc.name}: {sc.model_name} on {sc.gpus} {sc.device.model.name} GPUs in {len(sc.dcs)} DCs, tensor "
             f"parallel {sc.tensor_parallel}, {sc.stages} stages x {sc.replicas} replicas, {sc.microbatches} "
@@ -48,6 +51,7 @@ def cmd_sim(args) -> int:
     else:
         exp = load_experiment(args.experiment)
         run = lambda policy: simulate_policy(exp, policy)
+        experiment_of = lambda policy: exp.with_overrides(policy=policy)
         header = f"{exp.name} on {exp.topology_spec.name} (simulated, {exp.microbatches} microbatches)"
     out, lines = {}, [header]
     for policy in policies:
@@ -58,6 +62,9 @@ def cmd_sim(args) -> int:
             lines.append(f"  {policy}: infeasible: {e.field} {e.value} {e.problem}")
             continue
         out[policy] = f
+        if args.timeline is not None:
+            folder = write_timeline(experiment_of(policy), args.timeline / policy)
+            lines.append(f"  {policy}: timeline in {folder} (trace.json, timeline.png)")
         per_stage = ", ".join(f"{b:.2f}" for b in f[M.BUBBLE_FRACTION_PER_STAGE])
         if len(f[M.BUBBLE_FRACTION_PER_STAGE]) > 8:
             per_stage = f"{min(f[M.BUBBLE_FRACTION_PER_STAGE]):.2f}-{max(f[M.BUBBLE_FRACTION_PER_STAGE]):.2f}"
@@ -69,6 +76,22 @@ def cmd_sim(args) -> int:
         )
     print(json.dumps(out, indent=1) if args.json else "\n".join(lines))
     return 0
+
+
+def write_timeline(exp, folder: Path) -> Path:
+    """One simulated iteration of ``exp`` as a run folder's ``trace.json`` and ``timeline.png``
+    (the plot shows at most ``PLOTTED_REPLICAS`` replicas of each stage) in ``folder``."""
+    import pandas as pd
+
+    from testbed.plan.placement import place
+    from testbed.results.chrome_trace import chrome_trace
+    from testbed.results.plots import plot_timeline
+
+    ev = pd.DataFrame(simulated_events(exp, place(exp)), columns=T.COLUMNS)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "trace.json").write_text(json.dumps(chrome_trace(ev)))
+    plot_timeline(ev[ev[T.REPLICA] < PLOTTED_REPLICAS], folder / "timeline.png", 0)
+    return folder
 
 
 def _num(x: float | None) -> str:
@@ -86,4 +109,7 @@ def add_sim_parser(sub) -> None:
     sp.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated (default: {','.join(POLICIES)})")
     sp.add_argument("--validate", type=Path, metavar="RUN_DIR", help="a measured run beside its simulation")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.add_argument(
+        "--timeline", type=Path, metavar="DIR", help="write DIR/POLICY/trace.json and timeline.png of one iteration"
+    )
     sp.set_defaults(func=cmd_sim)

@@ -146,3 +146,22 @@ def test_a_scenario_is_simulated_under_each_policy():
     pp, atlas = simulate_scenario(sc, "pp-fair"), simulate_scenario(sc, "atlas")
     assert 0 < pp.gpu_utilization <= 1 and atlas.iteration_time_s <= pp.iteration_time_s * 1.001
     assert pp.device_memory_gb == pytest.approx(max(stage_memory_gb(sc)))
+
+
+def test_the_timeline_is_a_runs_events(tmp_path):
+    """Every forward and backward of one simulated iteration, then each worker's optimizer step,
+    written as a run folder's trace.json and timeline.png."""
+    from testbed.cli.sim import write_timeline
+    from testbed.sim.timeline import simulated_events
+    from testbed.trace import schema as T
+
+    e = exp()
+    rows = simulated_events(e, place(e))
+    kinds = [r[T.KIND] for r in rows]
+    assert kinds.count(T.FORWARD) == kinds.count(T.BACKWARD) == 2 * 2 * 4  # stages x replicas x microbatches
+    assert kinds.count(T.OPTIMIZER) == 4 and T.ALLREDUCE not in kinds  # replicas in one DC, unshaped
+    assert all(set(r) == set(T.COLUMNS) and r[T.END_NS] > r[T.START_NS] for r in rows)
+    folder = write_timeline(e, tmp_path / "atlas")
+    trace = __import__("json").loads((folder / "trace.json").read_text())
+    assert sum(1 for x in trace["traceEvents"] if x.get("ph") == "X") == len(rows)
+    assert (folder / "timeline.png").stat().st_size > 0

@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Benchmark of the simulator's speed (goal: one iteration of the shipped 1,024-GPU scenario,
+gpt3_175b_4dc, in under 5 s on this 2-core machine, imports excluded), and the curve of its cost
+against the GPU count (128 to 8,192: the same scenario with 32 to 2,048 GPUs per DC, 64
+microbatches per replica). Per size: the events' worth of one simulated iteration under pp-fair
+(TCP sharing) and under atlas's planned grants (its grant plan included; the placement given), and, for the shipped size,
+``testbed sim``'s whole work per policy (atlas's DC selection and grant plan included). Figures
+printed (best of --repeats), nothing asserted.
+
+Run: .venv/bin/python scripts/bench_sim.py [--repeats 3] [--largest 8192]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from testbed.plan.connections import wan_connections
+from testbed.plan.grant_plan import simulated_iteration
+from testbed.plan.placement import place_pipeline
+from testbed.sim.scenario import simulate_scenario
+from testbed.spec.scenario_file import load_scenario
+
+GOAL_S = 5.0
+SCENARIO = "gpt3_175b_4dc"
+MICROBATCHES = 64
+
+
+def best_of(repeats: int, fn) -> tuple[float, object]:
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), out
+
+
+def one_iteration_s(sc, policy: str, repeats: int) -> tuple[float, float]:
+    """(seconds to simulate one iteration of ``sc`` under ``policy``, placed in the file's DC order
+    (atlas's DC selection, 24 such simulations on 4 DCs, left out); the simulated iteration in s)."""
+    exp = sc.experiment(policy)
+    workers = place_pipeline(exp, exp.topology_spec)
+    connections = wan_connections(exp, exp.topology_spec, workers)
+    secs, t = best_of(repeats, lambda: simulated_iteration(exp, exp.topology_spec, workers, connections))
+    return secs, t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3, help="runs per figure; the best is printed (default 3)")
+    ap.add_argument("--largest", type=int, default=8192, help="largest GPU count of the curve (default 8192)")
+    args = ap.parse_args()
+    base = load_scenario(SCENARIO)
+    print(
+        f"{SCENARIO}: {base.gpus} GPUs, {base.stages} stages x {base.replicas} replicas, "
+        f"{base.microbatches} microbatches"
+    )
+    for policy in ("pp-fair", "atlas"):
+        secs, t = one_iteration_s(base, policy, args.repeats)
+        print(f"  {policy}: one iteration simulated in {secs:.2f} s (goal < {GOAL_S:g} s); simulated: {t:.2f} s")
+    for policy in ("pp-fair", "dp-wan", "atlas"):
+        secs, _ = best_of(1, lambda p=policy: simulate_scenario(base, p))
+        print(f"  {policy}: testbed sim's whole work (placement, DC selection, grant plan, figures) {secs:.2f} s")
+    print("cost against GPU count (one simulated iteration, placement given):")
+    print(f"  {'GPUs':>6} {'replicas':>8} {'pp-fair s':>10} {'atlas s':>10}")
+    per_dc = 32
+    while per_dc * len(base.dcs) <= args.largest:
+        sc = replace(base, dcs=tuple((name, per_dc) for name, _ in base.dcs))
+        replicas = sc.gpus // sc.tensor_parallel // sc.stages
+        sc = replace(sc, global_batch=replicas * MICROBATCHES * sc.microbatch_size)
+        row = [one_iteration_s(sc, p, 1 if sc.gpus > 2048 else args.repeats)[0] for p in ("pp-fair", "atlas")]
+        print(f"  {sc.gpus:>6} {replicas:>8} {row[0]:>10.2f} {row[1]:>10.2f}")
+        per_dc *= 2
+
+
+if __name__ == "__main__":
+    main()
