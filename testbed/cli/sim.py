@@ -74,6 +74,14 @@ def cmd_sim(args) -> int:
             f"  {policy}: iteration {f[M.ITERATION_TIME_S]:.3f} s, {f[M.TOKENS_PER_S]:.0f} tokens/s, GPU utilization "
             f"{f[M.GPU_UTILIZATION]:.3f}, bubble fraction per stage {per_stage}{memory}; WAN {links}"
         )
+        if M.PREFILL_TOKENS_PER_S in f:
+            lines.append(
+                f"    BubbleTea: training alone {f[M.TRAINING_GPU_UTILIZATION]:.3f}, with prefill "
+                f"{f[M.GPU_UTILIZATION]:.3f}; {f[M.PREFILL_TOKENS_PER_S]:.0f} prompt tokens/s "
+                f"({f['prefill_share_of_prefill_alone']:.1%} of the same GPUs serving prefill alone), "
+                f"{f[M.REQUESTS_COMPLETED]} of {f['requests']} requests prefilled, TTFT p50 {_num(f[M.TTFT_P50_S])} s "
+                f"p99 {_num(f[M.TTFT_P99_S])} s (arrival to the end of the prompt's prefill)"
+            )
     print(json.dumps(out, indent=1) if args.json else "\n".join(lines))
     return 0
 

@@ -88,6 +88,14 @@ def block_activation_bytes(
 STATE_BYTES_PER_PARAM = 16
 
 
+def inference_bytes(cfg: ModelConfig, tensor_parallel: int = 1, queued: int = QUEUED_REQUESTS) -> int:
+    """What BubbleTea's inference model takes on one of ``tensor_parallel`` devices: its weights and
+    the KV caches of ``queued`` prompts at full context (2 x n_layers x seq_len x d_model values),
+    ``cfg.value_bytes`` a value."""
+    kv = 2 * cfg.n_layers * cfg.seq_len * cfg.d_model
+    return math.ceil((cfg.params() + queued * kv) * cfg.value_bytes / tensor_parallel)
+
+
 def stage_device_bytes(
     cfg: ModelConfig,
     stages: int,
@@ -123,11 +131,7 @@ def worker_memory(exp: Experiment, stage: int) -> WorkerMemory:
     acts = held * (
         blocks * block_activation_bytes(cfg, exp.microbatch_size) + activation_bytes(cfg, exp.microbatch_size)
     )
-    bt = 0
-    if exp.policy.bubbletea:
-        inf = exp.bubbletea.model
-        kv = 2 * inf.n_layers * inf.seq_len * inf.d_model * FP32_BYTES
-        bt = inf.params() * FP32_BYTES + QUEUED_REQUESTS * kv
+    bt = inference_bytes(exp.bubbletea.model) if exp.policy.bubbletea else 0
     return WorkerMemory(
         stage, cfg.params() * FP32_BYTES, 3 * stage_params(cfg, exp.stages, stage) * FP32_BYTES, acts, bt
     )

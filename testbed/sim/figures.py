@@ -21,6 +21,7 @@ from testbed.plan.allreduce import wan_allreduce_bits
 from testbed.plan.cost_model import optimizer_s, predict, stage_compute_s
 from testbed.plan.placement import place
 from testbed.plan.workers import WorkerSpec
+from testbed.sim.bubbletea import PrefillFigures, prefill_in_bubbles
 from testbed.spec.experiment import Experiment
 from testbed.spec.routing import RoutingTable
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
@@ -30,7 +31,8 @@ from testbed.trace import metrics as M
 @dataclass(frozen=True)
 class Figures:
     """One policy's simulated iteration: ``iteration_time_s`` (s), ``tokens_per_s``,
-    ``gpu_utilization`` and ``bubble_fraction`` (0-1, over the training workers),
+    ``gpu_utilization`` (with prefill under BubbleTea) and ``bubble_fraction`` (0-1, over the
+    training workers, training alone),
     ``bubble_fraction_per_stage``, ``wan_utilization`` per link direction (``"a->b"``: 0-1),
     ``device_memory_gb`` (scenarios)."""
 
@@ -43,6 +45,10 @@ class Figures:
     wan_utilization: dict[str, float] = field(default_factory=dict)
     #: a scenario's largest stage on one GPU (GB; None for an experiment: ``plan/memory.py``)
     device_memory_gb: float | None = None
+    #: under BubbleTea, its prefill figures (``gpu_utilization`` then counts prefill busy too)
+    prefill: PrefillFigures | None = None
+    #: the training workers' utilization from training alone
+    training_gpu_utilization: float | None = None
 
     @property
     def wan_utilization_mean(self) -> float | None:
@@ -61,7 +67,20 @@ class Figures:
             M.BUBBLE_FRACTION_PER_STAGE: list(self.bubble_fraction_per_stage),
             M.WAN_UTILIZATION_MEAN: self.wan_utilization_mean,
             "wan_utilization": dict(self.wan_utilization),
+            M.TRAINING_GPU_UTILIZATION: self.training_gpu_utilization,
             **({"device_memory_gb": self.device_memory_gb} if self.device_memory_gb is not None else {}),
+            **(
+                {
+                    M.PREFILL_TOKENS_PER_S: self.prefill.prefill_tokens_per_s,
+                    M.TTFT_P50_S: self.prefill.ttft_p50_s,
+                    M.TTFT_P99_S: self.prefill.ttft_p99_s,
+                    M.REQUESTS_COMPLETED: self.prefill.served,
+                    "requests": self.prefill.requests,
+                    "prefill_share_of_prefill_alone": self.prefill.share_of_prefill_alone,
+                }
+                if self.prefill is not None
+                else {}
+            ),
         }
 
 
@@ -104,12 +123,16 @@ def simulate_policy(exp: Experiment, policy: str | None = None, workers: list[Wo
     rates = {f"{link.a}->{link.b}": link.rate_bps for link in exp.topology_spec.links}
     rates.update({f"{link.b}->{link.a}": link.rate_bps for link in exp.topology_spec.links})
     wan = {k: v / (rates[k] * t) for k, v in sorted(wan_bits(exp, workers).items())}
+    training = sum(util) / len(util)  # every stage has the same number of replicas
+    prefill = prefill_in_bubbles(exp, workers, t, sum(busy) / len(busy)) if exp.policy.bubbletea else None
     return Figures(
         exp.policy.name,
         t,
         exp.tokens_per_iteration / t,
-        sum(util) / len(util),  # every stage has the same number of replicas
-        1 - sum(util) / len(util),
+        prefill.gpu_utilization_with_prefill if prefill is not None else training,
+        1 - training,
         tuple(1 - u for u in util),
         wan,
+        prefill=prefill,
+        training_gpu_utilization=training,
     )

@@ -19,10 +19,12 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, replace
 
+from testbed.spec.bubbletea import BubbleTeaSpec
 from testbed.spec.compute import ComputeModel
 from testbed.spec.devices import DEVICES, Device
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import ModelConfig, stage_layers
+from testbed.spec.model_presets import MODELS
 from testbed.spec.policy import DEFAULT_POLICY
 from testbed.spec.topology import DCSpec, LinkSpec, TopologySpec
 
@@ -56,6 +58,11 @@ class Scenario:
     gpu_memory_gb: float | None = None
     gpu_nic_rate_bps: int = 200 * 10**9
     tcp_window_bytes: int | None = None
+    #: BubbleTea (``<policy>+bubbletea``): the model served in the bubbles, a copy on every device
+    #: (split over its tensor-parallel GPUs), and the requests per second (Azure-fitted stream)
+    inference_model: ModelConfig = MODELS["gpt-7b"][0]
+    inference_model_name: str = "gpt-7b"
+    request_rate: float = 100.0
     description: str = ""
     source: str = "<memory>"
 
@@ -113,7 +120,7 @@ class Scenario:
             topology=self.name,
             topology_spec=self.topology(),
             schedule=self.schedule,
-            iterations=1,
+            iterations=BubbleTeaSpec().profile_iterations + 2,  # not simulated: BubbleTea's checks need them
             warmup_iterations=0,
             stages=self.stages,
             replicas=self.replicas,
@@ -123,6 +130,7 @@ class Scenario:
             compute=ComputeModel(forward_ms=fwd_ms, backward_ms=fwd_ms * self.backward_factor()),
             policy=policy,  # type: ignore[arg-type]  # resolved in __post_init__
             wan_window_bytes=self.tcp_window_bytes,
+            bubbletea=BubbleTeaSpec(model=self.inference_model, request_rate=self.request_rate),
             source=self.source,
         )
 

@@ -16,6 +16,8 @@ File format (YAML)::
     gpu_memory: 80GB          # optional (the device's memory)
     gpu_nic_rate: 200gbit     # optional (200gbit): each GPU's link to its DC's fabric
     tcp_window: 64MiB         # optional (none): one TCP connection's most bytes in flight
+    inference_model: gpt-7b   # optional (gpt-7b): what BubbleTea serves in the bubbles
+    request_rate: 100         # optional (100): BubbleTea's requests per second
     dcs:
       - {name: east, gpus: 768}
     links:                    # or a matrix, as in topology files
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.errors import SpecError
-from testbed.spec.bubbletea import check_model_size
+from testbed.spec.bubbletea import MAX_REQUEST_RATE, check_model_size
 from testbed.spec.devices import DEVICES
 from testbed.spec.experiment import SCHEDULES
 from testbed.spec.model import ModelConfig
@@ -56,6 +58,8 @@ KEYS = (
     "gpu_memory",
     "gpu_nic_rate",
     "tcp_window",
+    "inference_model",
+    "request_rate",
     "dcs",
     "links",
     "matrix",
@@ -67,18 +71,15 @@ def is_scenario(data: Any) -> bool:
     return isinstance(data, dict) and "device" in data
 
 
-def _model(source: str, raw: Any) -> tuple[ModelConfig, str]:
+def _model(source: str, raw: Any, where: str = "model") -> tuple[ModelConfig, str]:
+    """A model named (``model_presets.MODELS``) or given as a mapping (16-bit values), and its name."""
     if isinstance(raw, str):
         if raw not in MODELS:
-            raise SpecError(
-                source, "model", raw, "is not a known model", f"use one of {', '.join(MODELS)} or a mapping"
-            )
+            raise SpecError(source, where, raw, "is not a known model", f"use one of {', '.join(MODELS)} or a mapping")
         return MODELS[raw][0], raw
-    m = FieldReader(
-        source, raw, "model", ("n_layers", "d_model", "n_heads", "seq_len", "vocab"), ("n_layers", "d_model")
-    )
+    m = FieldReader(source, raw, where, ("n_layers", "d_model", "n_heads", "seq_len", "vocab"), ("n_layers", "d_model"))
     cfg = ModelConfig(**{k: m.get(k, positive_int, REQUIRED) for k in m.data}, value_bytes=2)
-    check_model_size(source, "model", cfg)
+    check_model_size(source, where, cfg)
     return cfg, "custom"
 
 
@@ -152,6 +153,20 @@ def parse_scenario(data: Any, source: str = "<memory>") -> Scenario:
     window = r.get("tcp_window", parse_bytes)
     if window is not None and window < 1:
         raise r.fail("tcp_window", "is not a positive size", "write e.g. 64MiB, or omit it for no per-connection limit")
+    inference, inference_name = _model(source, data.get("inference_model", "gpt-7b"), "inference_model")
+    if inference.n_heads % t:
+        raise r.fail(
+            "inference_model",
+            f"has {inference.n_heads} heads, which tensor_parallel {t} does not divide",
+            "serve a model whose heads tensor_parallel divides",
+        )
+    rate = data.get("request_rate", 100.0)
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= MAX_REQUEST_RATE:
+        raise r.fail(
+            "request_rate",
+            f"is not a rate in (0, {MAX_REQUEST_RATE:g}] requests per second",
+            "give e.g. request_rate: 100",
+        )
     if memory is not None and memory <= 0:
         raise r.fail("gpu_memory", "is not a positive size", "write e.g. 80GB")
     return Scenario(
@@ -170,6 +185,9 @@ def parse_scenario(data: Any, source: str = "<memory>") -> Scenario:
         gpu_memory_gb=memory / 1e9 if memory is not None else DEVICES[device].memory_gb,
         gpu_nic_rate_bps=nic,
         tcp_window_bytes=window,
+        inference_model=inference,
+        inference_model_name=inference_name,
+        request_rate=float(rate),
         description=str(data.get("description") or ""),
         source=source,
     )

@@ -165,3 +165,24 @@ def test_the_timeline_is_a_runs_events(tmp_path):
     trace = __import__("json").loads((folder / "trace.json").read_text())
     assert sum(1 for x in trace["traceEvents"] if x.get("ph") == "X") == len(rows)
     assert (folder / "timeline.png").stat().st_size > 0
+
+
+def test_prefill_fills_the_bubbles_only_and_grows_with_the_request_rate():
+    """The default experiment under atlas+bubbletea: prefill adds busy time only inside the
+    bubbles (with prefill, utilization stays at or below training plus its bubbles), every served
+    request's TTFT is positive, and a higher request rate prefills more tokens."""
+    from dataclasses import replace
+
+    from testbed.sim.figures import simulate_policy
+    from testbed.spec.experiment_file import load_experiment
+
+    e = load_experiment().with_overrides(policy="atlas+bubbletea")
+    low = simulate_policy(e)
+    high = simulate_policy(replace(e, bubbletea=replace(e.bubbletea, request_rate=16.0)))
+    for f in (low, high):
+        p = f.prefill
+        assert f.training_gpu_utilization < f.gpu_utilization <= 1.0
+        assert 0 < p.served <= p.requests and p.ttft_p50_s > 0 and p.ttft_p99_s >= p.ttft_p50_s
+        assert 0 < p.share_of_prefill_alone < 1
+    assert high.prefill.prefill_tokens_per_s > low.prefill.prefill_tokens_per_s
+    assert high.training_gpu_utilization == low.training_gpu_utilization  # training is not slowed

@@ -1,0 +1,133 @@
+"""BubbleTea in the simulator: prefill of inference requests placed in the predicted bubbles of a
+simulated iteration, with BubbleTea's own decisions (``bubbletea/decisions.py``: the emulated
+GPU's seconds per FLOP, the chunk that fits a window less the guard, the worker a request goes to)
+and its request stream (``bubbletea/requests.synthetic_requests``, fitted to the Azure 2023 trace).
+
+The windows: each training worker's bubbles over the iteration (``plan/bubble_timeline.py``) and
+the gradient all-reduce after the pipeline (the GPU waits on the network then), the same every
+iteration. Requests arrive over ``iterations`` iterations; each goes, when it arrives, to the worker
+that would finish its queued prefill soonest (``choose_worker``), and its chunks fill that worker's
+windows in order, a chunk only where it ends ``guard_ms`` before the window does. Prefill starts
+only at a window's start or after the previous chunk (a request arriving inside a window waits
+for the next one: a small pessimism for TTFT). TTFT here: arrival to the end of the prompt's
+prefill (the hand-off and the first decode step are not modelled).
+
+Pure (numpy through the request stream).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from testbed.bubbletea.decisions import WorkerLoad, choose_worker, chunk_that_fits, prefill_seconds, seconds_per_flop
+from testbed.bubbletea.requests import synthetic_requests
+from testbed.plan.allreduce import allreduce_s
+from testbed.plan.bubble_timeline import bubble_timeline
+from testbed.plan.workers import WorkerSpec
+from testbed.spec.bubbletea import MIN_CHUNK_TOKENS
+from testbed.spec.experiment import Experiment
+
+#: a figure is made over this many iterations of requests at most (the first one's requests find
+#: empty queues), fewer when they would bring more than ``REQUESTS`` requests, but never under
+#: ``MIN_ITERATIONS``
+ITERATIONS, MIN_ITERATIONS, REQUESTS = 20, 3, 20_000
+
+
+@dataclass(frozen=True)
+class PrefillFigures:
+    """BubbleTea's figures over the simulated iterations: requests that arrived and whose prefill
+    ended, prompt tokens prefilled per second, the training workers' utilization with prefill
+    counted busy, TTFT p50 and p99 (s; None when no request was served), and the prefill throughput
+    as a share of what the same GPUs give serving prefill alone (no training)."""
+
+    requests: int
+    served: int
+    prefill_tokens_per_s: float
+    gpu_utilization_with_prefill: float
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    share_of_prefill_alone: float
+
+
+def prefill_in_bubbles(
+    exp: Experiment, workers: list[WorkerSpec], iteration_s: float, busy_s: float, iterations: int | None = None
+) -> PrefillFigures:
+    """BubbleTea's figures for ``exp`` placed as ``workers`` (see the module doc): ``iteration_s``
+    the simulated iteration (s), ``busy_s`` a training worker's busy seconds in it (mean),
+    ``iterations`` of requests (default: see ``ITERATIONS``)."""
+    bt = exp.bubbletea
+    if iterations is None:
+        iterations = max(MIN_ITERATIONS, min(ITERATIONS, math.ceil(REQUESTS / (bt.request_rate * iteration_s))))
+    cfg, guard_s, spf = bt.model, bt.guard_ms / 1000, seconds_per_flop(exp)
+    pipe_s, bubbles = bubble_timeline(exp, exp.topology_spec, workers)
+    smallest = prefill_seconds(cfg, 0, MIN_CHUNK_TOKENS, spf)
+    windows: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for b in bubbles:
+        windows.setdefault((b.stage, b.replica), []).append((b.start_s, b.start_s + b.duration_s))
+    reduce_s = allreduce_s(exp, exp.topology_spec, workers)
+    for w in workers:
+        mine = windows.setdefault((w.stage, w.replica), [])
+        if reduce_s > 0:  # the GPU waits on the network during the all-reduce
+            if mine and abs(mine[-1][1] - pipe_s) < 1e-12:
+                mine[-1] = (mine[-1][0], pipe_s + reduce_s)
+            else:
+                mine.append((pipe_s, pipe_s + reduce_s))
+        windows[(w.stage, w.replica)] = [x for x in mine if x[1] - x[0] >= smallest + guard_s]
+    keys = sorted(windows)
+    load = {
+        k: WorkerLoad(sum(b - a for a, b in windows[k]), max((b - a for a, b in windows[k]), default=0.0), iteration_s)
+        for k in keys
+    }
+    rank = {k: i for i, k in enumerate(keys)}
+    requests = synthetic_requests(
+        bt.request_rate,
+        iterations * iteration_s,
+        exp.seed,
+        max_prompt_tokens=min(bt.max_prompt_tokens, cfg.seq_len - 1),
+    )
+    queue: dict[tuple[int, int], list[list]] = {k: [] for k in keys}  # [arrival s, tokens, done tokens]
+    slots = sorted(
+        (i * iteration_s + a, i * iteration_s + b, k) for i in range(iterations) for k in keys for a, b in windows[k]
+    )
+    ttft: list[float] = []
+    prefilled, prefill_busy_s, next_req = 0, 0.0, 0
+    by_rank = {i: k for k, i in rank.items()}
+    for start, end, k in slots:
+        while next_req < len(requests) and requests[next_req].arrival_s <= start:
+            r = requests[next_req]
+            next_req += 1
+            chosen = choose_worker({rank[x]: load[x] for x in keys}, smallest, guard_s)
+            if chosen is None:
+                continue
+            queue[by_rank[chosen]].append([r.arrival_s, r.prompt_tokens, 0])
+            load[by_rank[chosen]].backlog_s += prefill_seconds(cfg, 0, r.prompt_tokens, spf)
+        t = start
+        while queue[k]:
+            arrival, tokens, done = queue[k][0]
+            n = chunk_that_fits(cfg, done, tokens - done, bt.max_chunk_tokens, end - t - guard_s, spf)
+            if n == 0:
+                break
+            secs = prefill_seconds(cfg, done, n, spf)
+            t += secs
+            prefilled += n
+            prefill_busy_s += secs
+            load[k].backlog_s = max(0.0, load[k].backlog_s - secs)
+            queue[k][0][2] += n
+            if done + n == tokens:
+                ttft.append(t - arrival)
+                queue[k].pop(0)
+    span = iterations * iteration_s
+    mean_prompt = max(1, round(statistics.fmean(r.prompt_tokens for r in requests))) if requests else 1
+    alone = len(keys) * mean_prompt / prefill_seconds(cfg, 0, mean_prompt, spf)  # prefill only, every GPU
+    q = sorted(ttft)
+    return PrefillFigures(
+        len(requests),
+        len(ttft),
+        prefilled / span,
+        min(1.0, (busy_s * iterations + prefill_busy_s / len(keys)) / span),
+        q[len(q) // 2] if q else None,
+        q[min(len(q) - 1, int(0.99 * len(q)))] if q else None,
+        prefilled / span / alone,
+    )
