@@ -10,6 +10,7 @@ from testbed.cli.common import err
 from testbed.errors import SpecError
 from testbed.sim.figures import simulate_policy
 from testbed.sim.scenario import simulate_scenario
+from testbed.sim.sweep import parse_sweep, sweep
 from testbed.sim.timeline import PLOTTED_REPLICAS, simulated_events
 from testbed.sim.validate import ABSOLUTE, validate_run
 from testbed.spec.experiment_file import load_experiment
@@ -39,6 +40,8 @@ def cmd_sim(args) -> int:
         except UnknownPolicy as e:
             err(f"--policies: {policy!r}: {e}")
             return 2
+    if args.sweep is not None:
+        return _sweep(args)
     if args.experiment is not None and names_scenario(args.experiment):
         sc = load_scenario(args.experiment)
         run = lambda policy: simulate_scenario(sc, policy)
@@ -86,6 +89,39 @@ def cmd_sim(args) -> int:
     return 0
 
 
+def _sweep(args) -> int:
+    """``--sweep``: the table (``sweep.csv``) and plots in ``--out`` (default ``sim-sweep-<name>``)."""
+    import pandas as pd
+
+    from testbed.results.sweep_plots import plot_sweep
+
+    if args.experiment is None or not names_scenario(args.experiment):
+        err("--sweep: give a scenario (workloads/scenarios), e.g. testbed sim gpt3_175b_2dc --sweep delay=5ms,50ms")
+        return 2
+    sc = load_scenario(args.experiment)
+    rows = pd.DataFrame(sweep(sc, parse_sweep(args.sweep)))
+    folder = args.out or Path(f"sim-sweep-{sc.name}")
+    folder.mkdir(parents=True, exist_ok=True)
+    rows.to_csv(folder / "sweep.csv", index=False)
+    plots = plot_sweep(rows, folder, sc.name)
+    if args.json:
+        print(rows.to_json(orient="records", indent=1))
+        return 0
+    shown = rows[rows["policy"] == "atlas"].copy()
+    print(f"{sc.name}: atlas's speed-up per WAN rate and one-way delay (table: {folder / 'sweep.csv'})")
+    for _, r in shown.iterrows():
+        ups = ", ".join(
+            f"{c.removeprefix('speedup_over_')} {r[c]:.2f}x"
+            for c in shown.columns
+            if c.startswith("speedup_over_") and r[c] == r[c]
+        )
+        print(
+            f"  {r['wan_rate_bps'] / 1e9:g} Gbit/s, {r['delay_us'] / 1e3:g} ms: over {ups or '(baselines infeasible)'}"
+        )
+    print("plots: " + ", ".join(str(p) for p in plots))
+    return 0
+
+
 def write_timeline(exp, folder: Path) -> Path:
     """One simulated iteration of ``exp`` as a run folder's ``trace.json`` and ``timeline.png``
     (the plot shows at most ``PLOTTED_REPLICAS`` replicas of each stage) in ``folder``."""
@@ -117,6 +153,12 @@ def add_sim_parser(sub) -> None:
     sp.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated (default: {','.join(POLICIES)})")
     sp.add_argument("--validate", type=Path, metavar="RUN_DIR", help="a measured run beside its simulation")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.add_argument(
+        "--sweep",
+        metavar="GRID",
+        help="a scenario over WAN rates and one-way delays on all cores, e.g. wan_rate=100gbit,400gbit,delay=5ms,50ms",
+    )
+    sp.add_argument("--out", type=Path, metavar="DIR", help="--sweep's folder (default sim-sweep-<scenario>)")
     sp.add_argument(
         "--timeline", type=Path, metavar="DIR", help="write DIR/POLICY/trace.json and timeline.png of one iteration"
     )

@@ -186,3 +186,41 @@ def test_prefill_fills_the_bubbles_only_and_grows_with_the_request_rate():
         assert 0 < p.share_of_prefill_alone < 1
     assert high.prefill.prefill_tokens_per_s > low.prefill.prefill_tokens_per_s
     assert high.training_gpu_utilization == low.training_gpu_utilization  # training is not slowed
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "fix"),
+    [
+        ("rate=1gbit", "--sweep", "wan_rate and delay"),
+        ("1gbit", "--sweep", "wan_rate=100gbit"),
+        ("wan_rate=1gbit,delay=5", "--sweep delay", "25ms"),
+        ("wan_rate=0gbit", "--sweep wan_rate", "above 0"),
+        ("delay=5ms,delay=6ms", "--sweep", "one name"),
+    ],
+)
+def test_sweep_grid_errors_name_the_value_and_fix(text, field, fix):
+    from testbed.sim.sweep import parse_sweep
+
+    with pytest.raises(SpecError) as e:
+        parse_sweep(text)
+    assert e.value.field == field and fix in e.value.fix
+
+
+def test_a_sweep_gives_every_point_and_atlas_speedups(tmp_path):
+    from testbed.sim.sweep import parse_sweep, sweep
+
+    sc = parse_scenario(_scenario(), "s.yaml")
+    grid = parse_sweep("wan_rate=10gbit,100gbit,delay=1ms,20ms")
+    assert grid == {"wan_rate": [10**10, 10**11], "delay": [1000, 20000]}
+    rows = sweep(sc, grid, ("pp-fair", "dp-wan", "atlas"), workers=2)
+    assert len(rows) == 4 * 3
+    for row in (r for r in rows if r["policy"] == "atlas"):
+        pp = next(
+            x
+            for x in rows
+            if x["policy"] == "pp-fair" and (x["wan_rate_bps"], x["delay_us"]) == (row["wan_rate_bps"], row["delay_us"])
+        )
+        assert row["speedup_over_pp-fair"] == pytest.approx(pp["iteration_time_s"] / row["iteration_time_s"])
+    # a longer delay never makes pp-fair faster
+    pp = {(r["wan_rate_bps"], r["delay_us"]): r["iteration_time_s"] for r in rows if r["policy"] == "pp-fair"}
+    assert pp[(10**10, 20000)] >= pp[(10**10, 1000)]

@@ -1,0 +1,102 @@
+"""A scenario swept over WAN rate and one-way delay (``testbed sim SCENARIO --sweep``): every grid
+point's figures per policy, simulated in parallel on all cores, as rows of one table; and the
+speed-up of ``atlas`` over each baseline at each point (the plots: ``results/sweep_plots.py``).
+
+Pure, apart from the worker processes (``concurrent.futures``).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from testbed.errors import SpecError
+from testbed.sim.scenario import simulate_scenario
+from testbed.spec.scenario import Scenario
+from testbed.spec.units import UnitError, parse_duration_us, parse_rate_bps
+from testbed.trace import metrics as M
+
+#: what ``--sweep`` may vary: name -> (parser, the Scenario.with_wan argument it sets)
+SWEPT = {"wan_rate": (parse_rate_bps, "rate_bps"), "delay": (parse_duration_us, "delay_us")}
+#: the policies a sweep simulates; speed-ups are atlas's over the first two
+SWEEP_POLICIES = ("pp-fair", "dp-wan", "atlas", "atlas+bubbletea")
+
+
+def parse_sweep(text: str) -> dict[str, list[int]]:
+    """``wan_rate=100gbit,400gbit,delay=5ms,50ms`` -> {"wan_rate": [bit/s...], "delay": [us...]}:
+    a name starts each parameter, the values after it up to the next name are its values. Raises
+    SpecError naming ``--sweep``, the value and the fix."""
+    out: dict[str, list[int]] = {}
+    current = None
+    for token in (t.strip() for t in text.split(",")):
+        if "=" in token:
+            current, _, token = token.partition("=")
+            current = current.strip()
+            if current not in SWEPT:
+                raise SpecError("--sweep", "--sweep", current, "is not a swept parameter", f"use {' and '.join(SWEPT)}")
+            if current in out:
+                raise SpecError("--sweep", "--sweep", current, "is given twice", "list all its values after one name")
+            out[current] = []
+        if current is None:
+            raise SpecError("--sweep", "--sweep", token, "has no parameter name", "write e.g. wan_rate=100gbit,400gbit")
+        try:
+            out[current].append(SWEPT[current][0](token))
+        except UnitError as e:
+            raise SpecError("--sweep", f"--sweep {current}", token, *str(e).partition("; ")[::2]) from None
+    if not out:
+        raise SpecError("--sweep", "--sweep", text, "names no parameter", "write e.g. wan_rate=100gbit,400gbit")
+    if any(v <= 0 for v in out.get("wan_rate", [])):
+        raise SpecError("--sweep", "--sweep wan_rate", out["wan_rate"], "holds a rate of 0", "give rates above 0")
+    return out
+
+
+def _point(args: tuple[Scenario, int | None, int | None, tuple[str, ...]]) -> list[dict[str, Any]]:
+    sc, rate_bps, delay_us, policies = args
+    point = sc.with_wan(rate_bps, delay_us)
+    rows = []
+    for policy in policies:
+        row: dict[str, Any] = {
+            "wan_rate_bps": point.links[0].rate_bps,
+            "delay_us": point.links[0].delay_us,
+            "policy": policy,
+        }
+        try:
+            f = simulate_scenario(point, policy).to_dict()
+            row.update({k: f.get(k) for k in (M.ITERATION_TIME_S, M.GPU_UTILIZATION, M.TRAINING_GPU_UTILIZATION)})
+            row.update({k: f.get(k) for k in (M.PREFILL_TOKENS_PER_S, M.TTFT_P50_S, M.TTFT_P99_S)})
+        except SpecError as e:
+            row["infeasible"] = f"{e.field} {e.value} {e.problem}"
+        rows.append(row)
+    return rows
+
+
+def sweep(
+    sc: Scenario, grid: dict[str, list[int]], policies: tuple[str, ...] = SWEEP_POLICIES, workers: int | None = None
+) -> list[dict[str, Any]]:
+    """One row per grid point and policy: the point's WAN rate (bit/s) and one-way delay (us) on
+    every link, the policy, its iteration time, utilization (with prefill, and training alone),
+    BubbleTea's prefill figures, or why it is infeasible; ``speedup_over_<baseline>`` on atlas's
+    rows. A parameter left out of ``grid`` keeps the scenario's links. ``workers`` processes
+    (default every core)."""
+    rates = grid.get("wan_rate") or [None]
+    delays = grid.get("delay") or [None]
+    points = [(sc, r, d, policies) for r in rates for d in delays]
+    with ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+        rows = [row for point in pool.map(_point, points) for row in point]
+    for row in rows:
+        if row["policy"] != "atlas" or M.ITERATION_TIME_S not in row:
+            continue
+        for base in policies[:2]:
+            other = next(
+                (
+                    x
+                    for x in rows
+                    if x["policy"] == base
+                    and (x["wan_rate_bps"], x["delay_us"]) == (row["wan_rate_bps"], row["delay_us"])
+                ),
+                None,
+            )
+            if other is not None and other.get(M.ITERATION_TIME_S):
+                row[f"speedup_over_{base}"] = other[M.ITERATION_TIME_S] / row[M.ITERATION_TIME_S]
+    return rows
