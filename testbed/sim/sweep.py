@@ -79,8 +79,8 @@ def sweep(
     BubbleTea's prefill figures, or why it is infeasible; ``speedup_over_<baseline>`` on atlas's
     rows. A parameter left out of ``grid`` keeps the scenario's links. ``workers`` processes
     (default every core)."""
-    rates = grid.get("wan_rate") or [None]
-    delays = grid.get("delay") or [None]
+    rates: list[int | None] = [*grid.get("wan_rate", [])] or [None]
+    delays: list[int | None] = [*grid.get("delay", [])] or [None]
     points = [(sc, r, d, policies) for r in rates for d in delays]
     with ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
         rows = [row for point in pool.map(_point, points) for row in point]
