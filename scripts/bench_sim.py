@@ -2,9 +2,9 @@
 """Benchmark of the simulator's speed (goal: one iteration of the shipped 1,024-GPU scenario,
 gpt3_175b_4dc, in under 5 s on this 2-core machine, imports excluded), and the curve of its cost
 against the GPU count (128 to 8,192: the same scenario with 32 to 2,048 GPUs per DC, 64
-microbatches per replica). Per size: the events' worth of one simulated iteration under pp-fair
-(TCP sharing) and under atlas's planned grants (its grant plan included; the placement given), and, for the shipped size,
-``testbed sim``'s whole work per policy (atlas's DC selection and grant plan included). Figures
+microbatches per replica). Per size: one simulated iteration under pp-fair (TCP sharing) and
+under atlas's planned grants (its grant plan included; the placement given), and, for the shipped
+size, ``testbed sim``'s whole work per policy (atlas's DC selection and grant plan included). Figures
 printed (best of --repeats), nothing asserted.
 
 Run: .venv/bin/python scripts/bench_sim.py [--repeats 3] [--largest 8192]
