@@ -168,7 +168,9 @@ class InferenceModel(nn.Module):
                 f"or clip the prompt to its last {self.max_context} tokens"
             )
 
-    def forward(self, tokens: torch.Tensor, cache: KVCache | None) -> tuple[KVCache, torch.Tensor]:
+    def embed(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """The chunk's input to the first block, (1, chunk, d_model), after checking the tokens, the
+        cache's shape and the context (``InferenceError``)."""
         cfg = self.cfg
         if tokens.dim() != 1 or tokens.numel() == 0 or tokens.dtype != torch.long:
             raise InferenceError(
@@ -177,7 +179,6 @@ class InferenceModel(nn.Module):
             )
         if int(tokens.min()) < 0 or int(tokens.max()) >= cfg.vocab:
             raise InferenceError(f"tokens: ids outside 0..{cfg.vocab - 1}")
-        cache = KVCache.empty(cfg) if cache is None else cache
         if (cache.n_layers, cache.n_heads, cache.head_dim) != (cfg.n_layers, cfg.n_heads, cfg.d_model // cfg.n_heads):
             raise InferenceError(
                 f"cache: (n_layers, n_heads, head_dim) = {(cache.n_layers, cache.n_heads, cache.head_dim)}, "
@@ -185,10 +186,13 @@ class InferenceModel(nn.Module):
             )
         past, t = cache.length, tokens.numel()
         self.check_context(past + t)
-        gpt = self.gpt
-        x = (gpt.tok(tokens) + gpt.pos(torch.arange(past, past + t)))[None]
+        return (self.gpt.tok(tokens) + self.gpt.pos(torch.arange(past, past + t)))[None]
+
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None) -> tuple[KVCache, torch.Tensor]:
+        cache = KVCache.empty(self.cfg) if cache is None else cache
+        x = self.embed(tokens, cache)
         keys, values = [], []
-        for i, blk in enumerate(gpt.blocks):
+        for i, blk in enumerate(self.gpt.blocks):
             x, (k, v) = blk.forward_cached(x, (cache.keys[i][None], cache.values[i][None]))
             keys.append(k[0])
             values.append(v[0])
@@ -208,6 +212,56 @@ def prefill_chunk(model: InferenceModel, tokens: torch.Tensor, cache: KVCache | 
     with torch.inference_mode():
         cache, x = model(tokens, cache)
         return cache, model.gpt.head(model.gpt.ln_f(x[-1]))
+
+
+class LayerwisePrefill:
+    """One chunk's prefill run a block at a time, so that it can stop at a layer boundary and resume
+    later with nothing lost (BubbleTea's yielding prefill: training's data arrived).
+
+    ``tokens``: LongTensor (chunk,) at positions cache.length..; ``cache``: the request's cache
+    before the chunk (None: the prompt's start). ``layers_done`` blocks have run; ``step()`` runs
+    the next one; when ``done``, ``result()`` gives what ``prefill_chunk`` gives: the cache extended
+    by the chunk and the logits (vocab,) at its last position, equal to a straight run. Raises
+    ``InferenceError`` as ``InferenceModel`` does, and on ``result()`` before the last block.
+    """
+
+    def __init__(self, model: InferenceModel, tokens: torch.Tensor, cache: KVCache | None) -> None:
+        self.model = model
+        self.past = KVCache.empty(model.cfg) if cache is None else cache
+        with torch.inference_mode():
+            # the same checks and embedding as the straight run: an empty run of 0 blocks
+            self._x = model.embed(tokens, self.past)
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    @property
+    def layers_done(self) -> int:
+        return len(self.keys)
+
+    @property
+    def done(self) -> bool:
+        return self.layers_done == self.model.cfg.n_layers
+
+    def step(self) -> None:
+        """Run the next block (a no-op when done)."""
+        if self.done:
+            return
+        i = self.layers_done
+        with torch.inference_mode():
+            blk = self.model.gpt.blocks[i]
+            self._x, (k, v) = blk.forward_cached(self._x, (self.past.keys[i][None], self.past.values[i][None]))
+        self.keys.append(k[0])
+        self.values.append(v[0])
+
+    def result(self) -> tuple[KVCache, torch.Tensor]:
+        if not self.done:
+            raise InferenceError(
+                f"the chunk's prefill stopped after {self.layers_done} of {self.model.cfg.n_layers} blocks; "
+                "run step() until done before taking its result"
+            )
+        with torch.inference_mode():
+            logits = self.model.gpt.head(self.model.gpt.ln_f(self._x[0, -1]))
+        return KVCache(tuple(self.keys), tuple(self.values)), logits
 
 
 def decode_step(model: InferenceModel, token: int, cache: KVCache) -> tuple[KVCache, torch.Tensor]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from testbed.bubbletea.decisions import SlotPredictor, chunk_that_fits, may_start, prefill_seconds
-from testbed.bubbletea.inference import InferenceModel, KVCache, prefill_chunk, prompt_tokens_for
+from testbed.bubbletea.inference import InferenceModel, KVCache, LayerwisePrefill, prompt_tokens_for
 from testbed.spec.bubbletea import BubbleTeaSpec
 from testbed.trace import schema as T
 from testbed.trace.clock import now_ns
@@ -52,6 +52,10 @@ class Job:
     cache: KVCache | None = None
     logits: torch.Tensor | None = None
     first_start_ns: int | None = None
+    #: a chunk stopped at a layer boundary (training's data arrived), its tokens and padded target
+    partial: LayerwisePrefill | None = None
+    partial_tokens: int = 0
+    partial_target_s: float = 0.0
 
 
 class PrefillServer:
@@ -116,13 +120,20 @@ class PrefillServer:
         while self.jobs and predicted is not None and not arrived():
             job = self.jobs[0]
             elapsed = (now_ns() - prev_end_ns) / 1e9
-            room = predicted - elapsed - self.guard_s
-            n = chunk_that_fits(self.cfg, job.pos, job.tokens.numel() - job.pos, self.max_chunk, room, self.s_per_flop)
-            if n == 0:
-                break
-            target_s = prefill_seconds(self.cfg, job.pos, n, self.s_per_flop)
-            if not may_start(predicted, elapsed, target_s, self.guard_s):
-                break
+            if job.partial is not None:  # resume the chunk that stopped at a layer boundary
+                n, target_s = job.partial_tokens, job.partial_target_s
+                left_s = target_s * (1 - job.partial.layers_done / self.cfg.n_layers)
+                if not may_start(predicted, elapsed, left_s, self.guard_s):
+                    break
+            else:
+                room = predicted - elapsed - self.guard_s
+                left = job.tokens.numel() - job.pos
+                n = chunk_that_fits(self.cfg, job.pos, left, self.max_chunk, room, self.s_per_flop)
+                if n == 0:
+                    break
+                target_s = prefill_seconds(self.cfg, job.pos, n, self.s_per_flop)
+                if not may_start(predicted, elapsed, target_s, self.guard_s):
+                    break
             ready_ns = self._run_chunk(job, n, target_s, arrived)
             if job.pos == job.tokens.numel():
                 self.jobs.popleft()
@@ -132,19 +143,31 @@ class PrefillServer:
         return ready_ns
 
     def _run_chunk(self, job: Job, n: int, target_s: float, arrived: Callable[[], bool]) -> int | None:
+        """Run (or resume) a chunk of ``n`` tokens, one block at a time, each padded to its share of
+        ``target_s``; between blocks, stop if training's data has arrived (the chunk's state is kept
+        in ``job.partial`` for a later bubble). Returns when the data arrived, if it did."""
         t0 = now_ns()
         job.first_start_ns = job.first_start_ns or t0
-        job.cache, job.logits = prefill_chunk(self.model, job.tokens[job.pos : job.pos + n], job.cache)
-        real = now_ns() - t0
-        ready_ns = None
-        if self.padded:
-            end = t0 + int(target_s * 1e9)
-            while (left := end - now_ns()) > 0:
-                if ready_ns is None and arrived():
-                    ready_ns = now_ns()
-                time.sleep(min(left / 1e9, POLL_S))
-        if ready_ns is None and arrived():
-            ready_ns = now_ns()
+        if job.partial is None:
+            job.partial = LayerwisePrefill(self.model, job.tokens[job.pos : job.pos + n], job.cache)
+            job.partial_tokens, job.partial_target_s = n, target_s
+        part, per_block_s = job.partial, target_s / self.cfg.n_layers
+        ready_ns, real, start_block = None, 0, part.layers_done
+        while not part.done:
+            t_block = now_ns()
+            part.step()
+            real += now_ns() - t_block
+            if self.padded:
+                end = t0 + int(per_block_s * (part.layers_done - start_block) * 1e9)
+                while (left := end - now_ns()) > 0:
+                    if ready_ns is None and arrived():
+                        ready_ns = now_ns()
+                    time.sleep(min(left / 1e9, POLL_S))
+            if ready_ns is None and arrived():
+                ready_ns = now_ns()
+            if ready_ns is not None:
+                break  # at a layer boundary: training goes first
+        done = part.done
         t1 = now_ns()
         self.ev.write(
             T.PREFILL,
@@ -155,9 +178,12 @@ class PrefillServer:
             padded_ns=t1 - t0,
             rid=job.rid,
             chunk_start=job.pos,
-            tokens=n,
+            tokens=n if done else 0,  # a chunk's tokens count once, on the slice that completes it
         )
-        job.pos += n
+        if done:
+            job.cache, job.logits = part.result()
+            job.partial = None
+            job.pos += n
         return ready_ns
 
     def observe(self, slot: str, bubble_s: float) -> None:

@@ -1,13 +1,12 @@
-"""The gradient all-reduce after the pipeline: which DCs each stage's replicas sit in, the bytes
-its rings put on each WAN link direction, and how long it takes.
-
-A hierarchical ring (each step a ring: Patarasuk and Yuan 2009, "Bandwidth optimal all-reduce
-algorithms for clusters of workstations": n members send 2 (n - 1) / n of the data each): the k
-replicas of a stage inside one DC reduce-scatter over their access links, k rings of 1 / k of the
-gradients each then all-reduce across the n DCs that hold the stage (each DC sending 2 (n - 1) / n
-of them to the next DC of the ring, over the routed WAN path), and the DC's replicas all-gather.
-With one replica per DC (the emulator's dp-wan) this is the flat ring over the WAN that gloo runs;
-with every replica in one DC (the pipeline policies) no byte crosses the WAN.
+"""The gradient all-reduce after the pipeline, as the workers run it: each stage's replicas form
+one ring in replica order (gloo's ring all-reduce over the stage's process group: 2 (R - 1) steps,
+a reduce-scatter then an all-gather, each member sending 1 / R of the gradients to the next member
+per step; Patarasuk and Yuan 2009, "Bandwidth optimal all-reduce algorithms for clusters of
+workstations"), every stage's ring at once. A ring edge between two DCs crosses the routed WAN
+path on one TCP connection; an edge inside a DC crosses the access links. With the pipeline
+policies a stage's replicas share a DC and no byte crosses the WAN; under dp-wan the placement
+keeps consecutive replicas together (``placement.place_dp_wan``), so the ring crosses each DC
+boundary once.
 
 Pure functions of an experiment, its topology and its placement.
 """
@@ -27,88 +26,82 @@ from testbed.spec.wire import TCP_GOODPUT_FRACTION
 
 @dataclass(frozen=True)
 class StageRing:
-    """One stage's all-reduce: its gradients' bits, its replicas per DC (DC -> how many), and the
-    ring's DCs in order (sorted by name)."""
+    """One stage's all-reduce: its gradients' bits and the DC of each replica, in ring order."""
 
     stage: int
     bits: float
-    per_dc: dict[str, int]
+    members: tuple[str, ...]
 
-    @property
-    def dcs(self) -> list[str]:
-        return sorted(self.per_dc)
+    def edges(self) -> list[tuple[str, str]]:
+        """(from DC, to DC) of each member's sends to the next member."""
+        n = len(self.members)
+        return [(self.members[i], self.members[(i + 1) % n]) for i in range(n)]
 
-    @property
-    def rings(self) -> int:
-        """Parallel rings across the DCs: the most replicas of the stage in one DC."""
-        return max(self.per_dc.values())
-
-    def wan_sends(self) -> list[tuple[str, str, float]]:
-        """(from DC, to DC, bits) of the ring across the DCs: each DC sends 2 (n - 1) / n of the
-        gradients to the next; none with the stage in one DC."""
-        dcs, n = self.dcs, len(self.per_dc)
-        if n < 2:
-            return []
-        return [(dcs[i], dcs[(i + 1) % n], 2 * (n - 1) / n * self.bits) for i in range(n)]
+    def sent_bits(self) -> float:
+        """What each member sends to the next over the all-reduce: 2 (R - 1) / R of the gradients."""
+        n = len(self.members)
+        return 2 * (n - 1) / n * self.bits
 
 
 def stage_rings(exp: Experiment, workers: list[WorkerSpec]) -> list[StageRing]:
     """Every stage's all-reduce ring (none with one replica)."""
     if exp.replicas == 1:
         return []
-    out = []
-    for s in range(exp.stages):
-        per_dc: dict[str, int] = {}
-        for w in workers:
-            if w.stage == s:
-                per_dc[w.dc] = per_dc.get(w.dc, 0) + 1
-        out.append(StageRing(s, stage_param_bytes(exp.model, exp.stages, s) * 8, per_dc))
-    return out
+    dc = {(w.stage, w.replica): w.dc for w in workers}
+    return [
+        StageRing(s, stage_param_bytes(exp.model, exp.stages, s) * 8, tuple(dc[(s, r)] for r in range(exp.replicas)))
+        for s in range(exp.stages)
+    ]
 
 
 def wan_allreduce_bits(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> dict[tuple[str, str], float]:
     """Payload bits per iteration the all-reduce puts on each WAN link direction (from DC, to DC):
-    every stage ring's sends along their routed paths."""
+    every ring edge between two DCs along its routed path."""
     routes = RoutingTable(topo)
     out: dict[tuple[str, str], float] = {}
     for ring in stage_rings(exp, workers):
-        for a, b, bits in ring.wan_sends():
+        for a, b in ring.edges():
+            if a == b:
+                continue
             dcs = routes.route(a, b).dcs
             for x, y in zip(dcs, dcs[1:]):
-                out[(x, y)] = out.get((x, y), 0.0) + bits
+                out[(x, y)] = out.get((x, y), 0.0) + ring.sent_bits()
     return out
 
 
 def allreduce_s(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> float:
     """The all-reduce's time (s; the workers start it once their last backward is done and do not
-    overlap it), every stage's at once: inside the DCs, 2 (k - 1) / k x a stage's bits over the
-    access link's payload rate (0 where access links are unshaped, as the emulator's are) plus
-    2 (k - 1) round trips inside the DC, for the reduce-scatter and all-gather together; across the
-    DCs, on the busiest link direction, its bits (``wan_allreduce_bits``) over what the rings'
-    connections carry on the path (``connection_rate_bps``, one connection per ring and stage) plus
-    2 (n - 1) one-way delays of the longest ring step."""
+    overlap it): the slowest stage's ring, 2 (R - 1) steps of its slowest edge's one-way delay plus
+    the time its edges need to move 2 (R - 1) / R of the gradients: on a WAN edge, at most what its
+    one connection carries on the path (``connection_rate_bps``), and no faster than every link it
+    crosses carries all the rings' bits on it (``wan_allreduce_bits``); on an edge inside a DC, at
+    the access link's payload rate (no time where access links are unshaped, as the emulator's
+    are), two access-link delays a step."""
     rings = stage_rings(exp, workers)
     if not rings:
         return 0.0
-    inside = 0.0
-    for ring in rings:
-        for name, k in ring.per_dc.items():
-            dc = topo.dc(name)
-            if k > 1 and dc.intra_rate_bps:
-                rtt_s = 4 * dc.intra_delay_us / 1e6
-                t = 2 * (k - 1) / k * ring.bits / (dc.intra_rate_bps * TCP_GOODPUT_FRACTION) + 2 * (k - 1) * rtt_s
-                inside = max(inside, t)
     routes = RoutingTable(topo)
     window = connection_window_bytes(exp, topo, workers)
     load = wan_allreduce_bits(exp, topo, workers)
-    across = 0.0
+    slowest = 0.0
     for ring in rings:
-        n = len(ring.per_dc)
-        for a, b, _ in ring.wan_sends():
-            path = routes.route(a, b).dcs
+        steps = 2 * (len(ring.members) - 1)
+        delay_s, move_s = 0.0, 0.0
+        for a, b in ring.edges():
+            if a == b:
+                dc = topo.dc(a)
+                if dc.intra_rate_bps:
+                    delay_s = max(delay_s, 2 * dc.intra_delay_us / 1e6)
+                    move_s = max(move_s, ring.sent_bits() / (dc.intra_rate_bps * TCP_GOODPUT_FRACTION))
+                continue
+            dcs = routes.route(a, b).dcs
             rtt_s = routes.rtt_us(a, b) / 1e6
-            connections = sum(r.rings for r in rings if len(r.per_dc) > 1)
-            rate = connection_rate_bps(routes.wan_rate_bps(a, b), rtt_s, window, connections) * TCP_GOODPUT_FRACTION
-            bits = max(load[(x, y)] for x, y in zip(path, path[1:]))
-            across = max(across, bits / rate + 2 * (n - 1) * routes.one_way_delay_us(a, b) / 1e6)
-    return inside + across
+            one = connection_rate_bps(routes.wan_rate_bps(a, b), rtt_s, window, 1) * TCP_GOODPUT_FRACTION
+            links = [topo.link_between(x, y) for x, y in zip(dcs, dcs[1:])]
+            shared = max(
+                load[(x, y)] / (k.rate_bps * TCP_GOODPUT_FRACTION) for (x, y), k in zip(zip(dcs, dcs[1:]), links) if k
+            )
+            delay_s = max(delay_s, routes.one_way_delay_us(a, b) / 1e6)
+            move_s = max(move_s, ring.sent_bits() / one, shared)
+        slowest = max(slowest, steps * delay_s + move_s)
+    return slowest

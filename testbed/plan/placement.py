@@ -65,27 +65,30 @@ def place_pipeline(exp: Experiment, topo: TopologySpec, order: list[DCSpec] | No
 
 
 def place_dp_wan(exp: Experiment, topo: TopologySpec) -> list[WorkerSpec]:
-    """Data parallelism across DCs: replica r's whole pipeline in the DC r mod n of the n DCs (file
-    order) that hold a pipeline of ``stages`` hosts, so each replica has its own DC while there
-    are DCs enough; more replicas than DCs go round again, as many to a DC as its hosts hold
-    (at the paper's scale, several pipelines in each DC). Raises SpecError naming the shortfall."""
+    """Data parallelism across DCs: whole pipelines in the DCs (file order) that hold ``stages``
+    hosts, the replicas spread over them in consecutive blocks as evenly as their hosts allow
+    (replica r in its own DC while there are DCs enough; at the paper's scale several pipelines in
+    each DC), so that the gradient all-reduce's ring, which runs in replica order
+    (``allreduce.py``), crosses each DC boundary once. Raises SpecError naming the shortfall."""
     dcs = [dc for dc in topo.dcs if dc.training_hosts >= exp.stages]
-    room = {dc.name: dc.training_hosts // exp.stages for dc in dcs}
-    held: dict[str, int] = dict.fromkeys(room, 0)
-    home = []
-    for r in range(exp.replicas):
-        free = [dc for dc in dcs[r % len(dcs) :] + dcs[: r % len(dcs)] if held[dc.name] < room[dc.name]] if dcs else []
-        if not free:
-            raise SpecError(
-                exp.source,
-                "replicas",
-                exp.replicas,
-                f"do not fit topology {topo.name} under dp-wan: its DCs hold only "
-                f"{sum(room.values())} whole pipelines of {exp.stages} stages",
-                "use fewer replicas or stages, or a topology with larger DCs",
-            )
-        home.append((free[0].name, held[free[0].name]))
-        held[free[0].name] += 1
+    room = [dc.training_hosts // exp.stages for dc in dcs]
+    if sum(room) < exp.replicas:
+        raise SpecError(
+            exp.source,
+            "replicas",
+            exp.replicas,
+            f"do not fit topology {topo.name} under dp-wan: its DCs hold only "
+            f"{sum(room)} whole pipelines of {exp.stages} stages",
+            "use fewer replicas or stages, or a topology with larger DCs",
+        )
+    home: list[tuple[str, int]] = []  # (DC, pipeline slot in it) of each replica
+    left = exp.replicas
+    for i, dc in enumerate(dcs):
+        share = min(room[i], -(-left // (len(dcs) - i)), left)  # an even share of what is left
+        short = left - share - sum(room[i + 1 :])  # take more where the later DCs cannot hold the rest
+        share += max(0, short)
+        home += [(dc.name, k) for k in range(share)]
+        left -= share
     return [
         WorkerSpec(rank_of(s, r, exp.replicas), s, r, host_name(home[r][0], home[r][1] * exp.stages + s), home[r][0])
         for s in range(exp.stages)

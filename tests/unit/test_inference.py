@@ -327,3 +327,29 @@ def test_whole_prompt_flops_versus_model_formula():
 def test_prefill_flops_bad_input(start, chunk):
     with pytest.raises(ValueError, match="is not an integer"):
         prefill_flops(BIG, start, chunk)
+
+
+@pytest.mark.parametrize("stop_after", [0, 1, 2])
+def test_a_prefill_stopped_at_a_layer_boundary_resumes_exactly(stop_after):
+    """A chunk stopped after ``stop_after`` of 3 blocks, another request's chunk run in between,
+    then resumed: the same cache and logits, bit for bit, as the chunk run straight through; and the
+    next chunk after it too."""
+    from testbed.bubbletea.inference import InferenceModel, LayerwisePrefill, prefill_chunk
+
+    model = InferenceModel(ModelConfig(n_layers=3, d_model=32, n_heads=4, seq_len=64), seed=5)
+    prompt = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1))
+    first, _ = prefill_chunk(model, prompt[:16], None)
+    straight, logits = prefill_chunk(model, prompt[16:32], first)
+    part = LayerwisePrefill(model, prompt[16:32], first)
+    for _ in range(stop_after):
+        part.step()
+    assert part.layers_done == stop_after and not part.done
+    with pytest.raises(InferenceError, match=f"after {stop_after} of 3 blocks"):
+        part.result()
+    prefill_chunk(model, prompt[:8], None)  # another request in between
+    while not part.done:
+        part.step()
+    cache, got = part.result()
+    assert torch.equal(got, logits)
+    assert all(torch.equal(a, b) for a, b in zip(cache.keys + cache.values, straight.keys + straight.values))
+    assert torch.equal(prefill_chunk(model, prompt[32:], cache)[1], prefill_chunk(model, prompt[32:], straight)[1])

@@ -204,16 +204,18 @@ def test_fair_sharing_over_two_links_goes_at_the_slowest_links_pace():
         simulate(e, workers, links, paths, one_way, (0.0, 0.0), sharing="fair")
 
 
-def test_dp_wan_with_more_replicas_than_dcs_goes_round_again():
-    # 3 replicas of 2 stages on two DCs of 4 hosts: replicas 0 and 2 in a, replica 1 in b
+def test_dp_wan_with_more_replicas_than_dcs_puts_consecutive_replicas_together():
+    # 3 replicas of 2 stages on two DCs of 4 hosts: replicas 0 and 1 in a, replica 2 in b
     w = place_dp_wan(exp(replicas=3), topo({"a": 4, "b": 4}))
     assert [(x.stage, x.replica, x.host) for x in w] == [
         (0, 0, "a-h0"),
-        (0, 1, "b-h0"),
-        (0, 2, "a-h2"),
+        (0, 1, "a-h2"),
+        (0, 2, "b-h0"),
         (1, 0, "a-h1"),
-        (1, 1, "b-h1"),
-        (1, 2, "a-h3"),
+        (1, 1, "a-h3"),
+        (1, 2, "b-h1"),
     ]
+    # a small first DC: the rest goes where there is room
+    assert [x.dc for x in place_dp_wan(exp(replicas=3), topo({"a": 2, "b": 6})) if x.stage == 0] == ["a", "b", "b"]
     with pytest.raises(SpecError, match="hold only 2 whole pipelines"):
         place_dp_wan(exp(replicas=3), topo({"a": 2, "b": 3}))
