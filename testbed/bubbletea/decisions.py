@@ -50,28 +50,44 @@ def chunk_that_fits(
 
 class SlotPredictor:
     """A worker's bubble profile, kept as it runs: for each slot (the schedule action a wait
-    precedes), the minimum of its last ``window`` observed bubbles, the same statistic as
-    ``profile.bubble_profile`` (a bubble predicted too long delays training; too short only wastes
-    some of it). Durations in seconds."""
+    precedes, ``F2``/``B0``), the minimum of its last ``window`` observed bubbles (a bubble
+    predicted too long delays training; too short only wastes some of it); before the slot has
+    been seen, its ``prior`` (the schedule's predicted bubble, ``plan/bubble_timeline.py``), so
+    that prefill can start in a run's first iteration, refined from the first observation on.
+    Without a prior a slot is predicted only once seen ``window`` times. Durations in seconds."""
 
-    def __init__(self, window: int) -> None:
+    def __init__(self, window: int, prior: dict[str, float] | None = None) -> None:
         self.window = window
+        self.prior = dict(prior or {})
         self.seen: dict[object, deque[float]] = defaultdict(lambda: deque(maxlen=window))
 
     def observe(self, slot: object, bubble_s: float) -> None:
         self.seen[slot].append(max(0.0, bubble_s))
 
     def predict(self, slot: object) -> float | None:
-        """None until the slot has been seen ``window`` times."""
+        """The slot's predicted bubble (s), or None while it has neither a prior nor ``window``
+        observations."""
         s = self.seen.get(slot)
-        return min(s) if s is not None and len(s) == self.window else None
+        if s and (slot in self.prior or len(s) == self.window):
+            return min(s)
+        if not s and isinstance(slot, str) and slot in self.prior:
+            return self.prior[slot]
+        return None
+
+    def _slots(self) -> set[object]:
+        return set(self.seen) | set(self.prior)
 
     def per_iteration_s(self) -> float:
         """Predicted bubble time per iteration over every known slot."""
-        return sum(p for slot in self.seen if (p := self.predict(slot)) is not None)
+        return sum(p for slot in self._slots() if (p := self.predict(slot)) is not None)
 
     def largest_s(self) -> float:
-        return max((p for slot in self.seen if (p := self.predict(slot)) is not None), default=0.0)
+        return max((p for slot in self._slots() if (p := self.predict(slot)) is not None), default=0.0)
+
+    @property
+    def ready(self) -> bool:
+        """Whether it predicts any slot (a prior, or ``window`` observations of one)."""
+        return any(self.predict(slot) is not None for slot in self._slots())
 
 
 def may_start(predicted_s: float | None, elapsed_s: float, chunk_s: float, guard_s: float) -> bool:

@@ -2,8 +2,9 @@
 
 A thread of the runner. Workers report their bubble profile after every iteration (predicted
 bubble seconds per iteration, largest bubble, iteration time, queued prefill) over a Unix datagram
-socket outside the emulated network. The stream starts once every worker has a full profile
-(``profile_iterations`` iterations seen) and every decode host listens (it says so with a
+socket outside the emulated network. The stream starts once every worker's profile predicts a bubble
+(at the start, from the schedule's prediction; without one, after ``profile_iterations``
+iterations seen) and every decode host listens (it says so with a
 ``decode_ready`` datagram); each request, at its arrival time, goes to the worker
 ``decisions.choose_worker`` picks, or waits in the dispatcher until one has room. Every
 assignment is a line of ``requests/dispatch.jsonl`` (arrival and assignment times, worker).
@@ -39,7 +40,7 @@ class Dispatcher(threading.Thread):
         super().__init__(name="bubbletea-dispatcher", daemon=True)
         self.spec, self.requests, self.s_per_flop = spec, requests, s_per_flop
         self.loads = {r: WorkerLoad() for r in ranks}
-        self.iterations_seen = dict.fromkeys(ranks, -1)
+        self.ready_ranks: set[int] = set()  # workers whose profile predicts a bubble
         self.decode_waiting = set(decode_dcs)  # decode hosts not yet listening
         self.sock_path, self.inbox_template = Path(sock_path), inbox_template
         (out_dir / "requests").mkdir(parents=True, exist_ok=True)
@@ -67,12 +68,11 @@ class Dispatcher(threading.Thread):
             w = self.loads[msg["rank"]]
             w.bubble_per_iteration_s, w.largest_bubble_s = msg["bubble_s"], msg["largest_s"]
             w.iteration_s, w.backlog_s = msg["iteration_s"], msg["backlog_s"]
-            self.iterations_seen[msg["rank"]] = msg["it"]
+            if msg.get("ready"):
+                self.ready_ranks.add(msg["rank"])
 
     def _ready(self) -> bool:
-        return not self.decode_waiting and all(
-            it + 1 >= self.spec.profile_iterations for it in self.iterations_seen.values()
-        )
+        return not self.decode_waiting and self.ready_ranks == set(self.loads)
 
     def run(self) -> None:
         try:

@@ -61,7 +61,8 @@ class Job:
 class PrefillServer:
     """A worker's prefill: ``spec`` the experiment's BubbleTea section, ``s_per_flop`` the emulated
     GPU's speed, ``inbox`` and ``dispatcher`` the Unix sockets requests come in on and profiles go
-    out to, ``decode_addr`` the decode host of the worker's DC (None: caches are not sent)."""
+    out to, ``decode_addr`` the decode host of the worker's DC (None: caches are not sent),
+    ``prior`` the schedule's predicted bubble of each slot (``SlotPredictor``)."""
 
     def __init__(
         self,
@@ -74,13 +75,14 @@ class PrefillServer:
         dispatcher: str,
         decode_addr: str | None,
         padded: bool,
+        prior: dict[str, float] | None = None,
     ) -> None:
         self.cfg = spec.model
         self.model = InferenceModel(self.cfg, seed)
         self.s_per_flop, self.seed, self.rank, self.ev, self.padded = s_per_flop, seed, rank, ev, padded
         self.guard_s = spec.guard_ms / 1000
         self.max_chunk = spec.max_chunk_tokens
-        self.predictor = SlotPredictor(spec.profile_iterations)
+        self.predictor = SlotPredictor(spec.profile_iterations, prior)
         self.jobs: deque[Job] = deque()
         self.inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.inbox.bind(inbox)
@@ -203,6 +205,7 @@ class PrefillServer:
             "largest_s": self.predictor.largest_s(),
             "iteration_s": iteration_s,
             "backlog_s": self.backlog_s(),
+            "ready": self.predictor.ready,
         }
         try:
             self.out.sendto(json.dumps(msg).encode(), self.dispatcher)

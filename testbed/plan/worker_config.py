@@ -9,7 +9,7 @@ transfers to Atlas's controller, and BubbleTea's part. Paths are as the hosts' p
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +72,17 @@ class BubbleTeaConfig:
     inbox: str
     dispatcher: str
     decode_hosts: dict[str, str]
+    #: each worker's predicted bubbles before any is observed (rank as a string -> slot -> s; empty:
+    #: none, as under real compute, whose times are not known before the run)
+    prior_s: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: the iteration the prior comes from (s; 0: none)
+    prior_iteration_s: float = 0.0
 
     def inbox_of(self, rank: int) -> str:
         return self.inbox.format(rank=rank)
+
+    def prior_of(self, rank: int) -> dict[str, float]:
+        return self.prior_s.get(str(rank), {})
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ from testbed.bubbletea.request_table import requests_to_frame
 from testbed.bubbletea.requests import synthetic_requests
 from testbed.net.network import Network
 from testbed.net.registry import control_dir
+from testbed.plan.bubble_timeline import END, bubble_timeline
+from testbed.plan.cost_model import optimizer_s
 from testbed.plan.placement import WorkerSpec, decode_hosts
 from testbed.plan.worker_config import BubbleTeaConfig
 from testbed.spec.experiment import Experiment
@@ -35,13 +37,32 @@ def prepare_bubbletea(
     hosts = decode_hosts(exp.topology_spec, workers)
     s_per_flop = seconds_per_flop(exp)
     control = control_dir()
+    prior, iteration_s = bubble_prior(exp, workers)
     cfg = BubbleTeaConfig(
         spec=bt,
         s_per_flop=s_per_flop,
         inbox=str(control / f"{net.prefix}-w{{rank}}.sock"),
         dispatcher=str(control / f"{net.prefix}-bt.sock"),
         decode_hosts={dc: str(net.host(h).ip) for dc, h in hosts.items()},
+        prior_s=prior,
+        prior_iteration_s=iteration_s,
     )
     ranks = [w.rank for w in workers]
     d = Dispatcher(bt, reqs, ranks, s_per_flop, Path(cfg.dispatcher), cfg.inbox, out_dir, tuple(hosts))
     return cfg, d, hosts
+
+
+def bubble_prior(exp: Experiment, workers: list[WorkerSpec]) -> tuple[dict[str, dict[str, float]], float]:
+    """Each worker's predicted bubbles before the run (rank as a string -> the action a bubble
+    precedes -> s) and the predicted iteration (s), from the schedule, the compute targets and the
+    WAN (``plan/bubble_timeline.py``), so that prefill starts in the first iteration; none under
+    real compute, whose times are not known before the run."""
+    if not exp.compute.padded:
+        return {}, 0.0
+    t, bubbles = bubble_timeline(exp, exp.topology_spec, workers)
+    rank = {(w.stage, w.replica): w.rank for w in workers}
+    prior: dict[str, dict[str, float]] = {}
+    for b in bubbles:
+        if b.before != END:
+            prior.setdefault(str(rank[(b.stage, b.replica)]), {})[b.before] = b.duration_s
+    return prior, t + optimizer_s(exp)

@@ -134,7 +134,10 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
             bt.dispatcher,
             bt.decode_hosts.get(me.dc),
             exp.padded,
+            bt.prior_of(rank),
         )
+        if server.predictor.ready:  # the schedule's prediction: the dispatcher may start at once
+            server.report(-1, bt.prior_iteration_s)
     prev_end = [now_ns()]  # end of this worker's latest compute: where a bubble starts
 
     def receive(src: int, n: int, it: int, m: int, slot: str) -> tuple[torch.Tensor, int, bool]:
@@ -265,7 +268,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         prev_end[0] = now_ns()
         ev.write(T.OPTIMIZER, t0, prev_end[0], **fields, loss=loss_value)
         if server is not None:
-            server.report(it, (prev_end[0] - last_opt_end) / 1e9 if last_opt_end else 0.0)
+            server.report(it, (prev_end[0] - last_opt_end) / 1e9 if last_opt_end else bt.prior_iteration_s)
         last_opt_end = prev_end[0]
     if server is not None:
         server.close()

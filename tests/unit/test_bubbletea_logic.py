@@ -165,3 +165,36 @@ def test_a_partial_bubbletea_model_keeps_the_inference_defaults(tmp_path):
 def test_profile_iterations_matter_only_under_bubbletea():
     exp = parse_experiment({"topology": "three_dc", "iterations": 3}, "x.yaml")
     assert exp.bubbletea.profile_iterations == 3 and not exp.policy.bubbletea
+
+
+def test_a_prior_predicts_before_any_bubble_is_seen_and_the_first_observation_refines_it():
+    p = SlotPredictor(3, prior={"F1": 0.05, "B0": 0.02})
+    assert p.ready and p.predict("F1") == 0.05 and p.predict("B2") is None
+    assert p.per_iteration_s() == pytest.approx(0.07) and p.largest_s() == 0.05
+    p.observe("F1", 0.03)  # shorter than predicted: taken at once (an over-predicted bubble delays training)
+    assert p.predict("F1") == 0.03
+    p.observe("F1", 0.06)
+    assert p.predict("F1") == 0.03  # the minimum of what was seen
+    # a slot without a prior waits for the full window, as before
+    for _ in range(2):
+        p.observe("B2", 0.01)
+    assert p.predict("B2") is None
+    p.observe("B2", 0.01)
+    assert p.predict("B2") == 0.01
+    assert not SlotPredictor(3).ready
+
+
+def test_the_prior_comes_from_the_schedule_for_every_worker():
+    from testbed.plan.placement import place
+    from testbed.run.bubbletea_setup import bubble_prior
+    from testbed.spec.experiment_file import load_experiment
+
+    e = load_experiment().with_overrides(policy="atlas+bubbletea")
+    prior, iteration_s = bubble_prior(e, place(e))
+    assert set(prior) == {str(w.rank) for w in place(e)}  # every worker waits somewhere
+    assert all(d > 0 for slots in prior.values() for d in slots.values())
+    assert 0.5 < iteration_s < 2.0
+    # stage 1 waits for its first input: a bubble before F0
+    assert prior["2"]["F0"] > 0
+    real = e.with_overrides(compute=type(e.compute)(mode="real"))
+    assert bubble_prior(real, place(real)) == ({}, 0.0)
