@@ -28,10 +28,8 @@ import pandas as pd
 from testbed.results.sweep_plots import plot_sweep
 from testbed.sim.scenario import simulate_scenario
 from testbed.sim.sweep import parse_sweep, sweep
+from testbed.spec.experiment import MAX_WAN_CONNECTIONS as MAX_CONNECTIONS
 from testbed.spec.scenario_file import load_scenario, shipped_scenarios
-
-#: the most connections a transfer is striped over (``spec/experiment.py``'s wan_connections bound)
-MAX_CONNECTIONS = 16
 
 
 def _x(v: float) -> str:

@@ -3,10 +3,12 @@ much of them prefill filled (their prediction: ``profile.py``).
 
 Pure functions, DataFrame in, DataFrame (or number, or dict) out. Definitions (once, here):
 
-- busy: a worker is busy while it runs a forward, backward, all-reduce or optimizer step
-  (``BUSY_KINDS``). A send only launches an asynchronous transfer (the worker moves on at once) and a
-  receive wait is waiting, so neither is busy; were a send busy, its launch would split the wait
-  before one action into two pieces. Derived ``idle`` rows (``analysis.idle_gaps``) are ignored.
+- busy: a worker is busy while it runs a forward, backward or optimizer step (``BUSY_KINDS``,
+  training's ``COMPUTE_KINDS``: the same definition as ``gpu_utilization``); the gradient
+  all-reduce is waiting on the network, so it is idle, and BubbleTea fills it. A send only
+  launches an asynchronous transfer (the worker moves on at once) and a receive wait is waiting,
+  so neither is busy; were a send busy, its launch would split the wait before one action into
+  two pieces. Derived ``idle`` rows (``analysis.idle_gaps``) are ignored.
 - a worker's iteration: its events of that iteration; it starts at the first one's start (any
   kind). Idle time between one iteration's last busy event and the next iteration's first event
   belongs to no iteration.
@@ -17,9 +19,9 @@ Pure functions, DataFrame in, DataFrame (or number, or dict) out. Definitions (o
   nothing and is no window.
 - slot: a window's identifier within an iteration, the same every iteration of a run: the index
   of the F/B action it precedes among the worker's forward and backward events of the iteration
-  (in start order, as in ``schedule``'s per-stage action list), or ``SLOT_ALLREDUCE`` (-1) before
-  the all-reduce and ``SLOT_OPTIMIZER`` (-2) before the optimizer step. ``before`` names it: "F3",
-  "B0", "allreduce", "optimizer".
+  (in start order, as in ``schedule``'s per-stage action list), or ``SLOT_OPTIMIZER`` (-2)
+  before the optimizer step (the send drain and the all-reduce). ``before`` names it: "F3", "B0",
+  "optimizer".
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ WINDOW_COLUMNS = [T.WORKER, T.STAGE, T.REPLICA, T.ITERATION, SLOT, BEFORE, T.STA
 PROFILE_COLUMNS = [T.WORKER, SLOT, BEFORE, PREDICTED_S, OFFSET_S, ITERATIONS]
 ERROR_COLUMNS = [T.WORKER, SLOT, T.ITERATION, PREDICTED_S, ACTUAL_S, ERROR_S]
 
-BUSY_KINDS = (T.FORWARD, T.BACKWARD, T.ALLREDUCE, T.OPTIMIZER)
-SLOT_ALLREDUCE, SLOT_OPTIMIZER = -1, -2
+BUSY_KINDS = T.COMPUTE_KINDS
+SLOT_OPTIMIZER = -2
 DEFAULT_MIN_S = 0.0005
 TOLERANCE_S = 1e-9  # float rounding allowance in fits (1 ns)
 
@@ -79,7 +81,7 @@ def bubble_windows(ev: pd.DataFrame, min_s: float = DEFAULT_MIN_S) -> pd.DataFra
                 slot, before = n_actions, f"{'F' if kind == T.FORWARD else 'B'}{int(mb)}"
                 n_actions += 1
             else:
-                slot, before = (SLOT_ALLREDUCE if kind == T.ALLREDUCE else SLOT_OPTIMIZER), kind
+                slot, before = SLOT_OPTIMIZER, kind
             if start > cur and (start - cur) / 1e9 >= min_s:
                 rows.append(
                     {

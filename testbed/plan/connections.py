@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from testbed.plan.workers import WorkerSpec
-from testbed.spec.experiment import Experiment
+from testbed.spec.experiment import MAX_WAN_CONNECTIONS, Experiment
 from testbed.spec.routing import RoutingTable
 from testbed.spec.topology import TopologySpec
 
@@ -18,7 +18,7 @@ from testbed.spec.topology import TopologySpec
 RCVBUF_PER_WINDOW = 2
 
 
-def connections_for(rate_bps: float, rtt_s: float, window_bytes: float, most: int = 16) -> int:
+def connections_for(rate_bps: float, rtt_s: float, window_bytes: float, most: int = MAX_WAN_CONNECTIONS) -> int:
     """TCP connections needed to fill a link: its bandwidth-delay product over one connection's
     window (one connection carries at most window / RTT), at least 1, at most ``most``."""
     bdp_bytes = rate_bps / 8 * rtt_s

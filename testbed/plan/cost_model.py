@@ -18,10 +18,9 @@ of a pipeline schedule with ``microbatches`` microbatches:
   as the policy shares it: as TCP does among the transfers on it (``tcp``), one transfer at a time
   for the whole rendezvous (``fifo``), or in the grant plan's order with its pipeline offsets
   (``planned``). Above 2 x ``SIM_MICROBATCHES`` microbatches the simulation is extrapolated.
-- A: the gradient all-reduce (``allreduce_s``): a hierarchical ring, inside each DC over its access
-  links (free where they are unshaped, as in the emulator) and across the DCs that hold replicas
-  of a stage (dp-wan) over the shared WAN path, each ring's connection filling at most its
-  modelled share of the path;
+- A: the gradient all-reduce (``allreduce.allreduce_s``): each stage's ring in replica order, as
+  the workers run it, its edges inside a DC over the access links (free where they are unshaped,
+  as in the emulator) and across DCs (dp-wan) over the shared WAN path, one connection an edge;
 - O: the optimizer step (taken as one forward target, an upper bound for a small stage).
 """
 

@@ -2,11 +2,11 @@
 plan (``grant_plan.py``): the link directions a stage boundary crosses (``Hop``), one boundary
 transfer (``Transfer``) and the list-schedule simulation (``simulate``).
 
-``simulate`` plays one iteration of every pipeline as a list schedule in continuous time, a
-discrete-event simulation on SimPy (each worker a process running its schedule table; each
-transfer's steps events ordered by time, then by when they were made) (an action starts when its
-worker is free and its input has arrived; gloo moves a tensor only once the
-receive is posted and the receiver's ready notice has crossed back, one one-way delay), each link
+``simulate`` plays one iteration of every pipeline as a list schedule in continuous time, as a
+discrete-event simulation on SimPy: each worker is a process running its schedule table, and
+each step of a transfer an event, ordered by time, then by when it was made. An action starts
+when its worker is free and its input has arrived; gloo moves a tensor only once the receive is
+posted and the receiver's ready notice has crossed back, one one-way delay. Each link
 direction shared as the policy shares it: one transfer at a time, earliest ready first, under
 grants (``fifo`` holds it for the whole rendezvous: the notice, the bytes and their flight; on a
 path of several links a hop's last byte cannot leave before the previous hop's last byte has

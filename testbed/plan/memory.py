@@ -1,7 +1,8 @@
 """How much memory a worker of an experiment needs, estimated before anything runs, so that a run
 the machine cannot hold is refused with the figure instead of ending in the allocator.
 
-Per worker (fp32 throughout, 4 bytes a value):
+Per worker of the emulator (fp32 throughout, 4 bytes a value; the simulator's scenarios use
+``stage_device_bytes`` with 16-bit values, ``ModelConfig.value_bytes``):
 
 - the seeded full model, built once and kept as the worker's stage (``train/worker.py``): every
   parameter of the model;

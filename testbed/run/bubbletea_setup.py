@@ -17,6 +17,7 @@ from testbed.plan.cost_model import optimizer_s
 from testbed.plan.placement import WorkerSpec, decode_hosts
 from testbed.plan.worker_config import BubbleTeaConfig
 from testbed.spec.experiment import Experiment
+from testbed.trace import schema as T
 
 #: how long a synthetic request stream lasts (s); a run stops reading it when it ends
 SYNTHETIC_STREAM_S = 3600.0
@@ -62,7 +63,7 @@ def bubble_prior(exp: Experiment, workers: list[WorkerSpec]) -> tuple[dict[str, 
     t, bubbles = bubble_timeline(exp, exp.topology_spec, workers)
     rank = {(w.stage, w.replica): w.rank for w in workers}
     prior: dict[str, dict[str, float]] = {}
-    for b in bubbles:
-        if b.before != END:
-            prior.setdefault(str(rank[(b.stage, b.replica)]), {})[b.before] = b.duration_s
+    for b in bubbles:  # the drain: the wait after the last compute (until the all-reduce can start)
+        slot = T.SEND_DRAIN_SLOT if b.before == END else b.before
+        prior.setdefault(str(rank[(b.stage, b.replica)]), {})[slot] = b.duration_s
     return prior, t + optimizer_s(exp)

@@ -18,7 +18,6 @@ Pure (numpy through the request stream).
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 
 from testbed.bubbletea.decisions import WorkerLoad, choose_worker, chunk_that_fits, prefill_seconds, seconds_per_flop
@@ -56,7 +55,8 @@ def prefill_in_bubbles(
 ) -> PrefillFigures:
     """BubbleTea's figures for ``exp`` placed as ``workers`` (see the module doc): ``iteration_s``
     the simulated iteration (s), ``busy_s`` a training worker's busy seconds in it (mean),
-    ``iterations`` of requests (default: see ``ITERATIONS``)."""
+    ``iterations`` of requests (default: see ``ITERATIONS``). Raises ValueError when the schedule
+    cannot complete (``bubble_timeline``) and SpecError for a request rate the stream refuses."""
     bt = exp.bubbletea
     if iterations is None:
         iterations = max(MIN_ITERATIONS, min(ITERATIONS, math.ceil(REQUESTS / (bt.request_rate * iteration_s))))
@@ -74,6 +74,8 @@ def prefill_in_bubbles(
                 mine[-1] = (mine[-1][0], pipe_s + reduce_s)
             else:
                 mine.append((pipe_s, pipe_s + reduce_s))
+        # within the iteration (the pipeline's end plus the all-reduce may pass an extrapolated one)
+        mine = [(a, min(b, iteration_s)) for a, b in mine if a < iteration_s]
         windows[(w.stage, w.replica)] = [x for x in mine if x[1] - x[0] >= smallest + guard_s]
     keys = sorted(windows)
     load = {
@@ -119,8 +121,9 @@ def prefill_in_bubbles(
                 ttft.append(t - arrival)
                 queue[k].pop(0)
     span = iterations * iteration_s
-    mean_prompt = max(1, round(statistics.fmean(r.prompt_tokens for r in requests))) if requests else 1
-    alone = len(keys) * mean_prompt / prefill_seconds(cfg, 0, mean_prompt, spf)  # prefill only, every GPU
+    # the same GPUs serving this stream's prompts alone, each in one pass: tokens over their seconds
+    alone_s = sum(prefill_seconds(cfg, 0, r.prompt_tokens, spf) for r in requests)
+    alone = len(keys) * sum(r.prompt_tokens for r in requests) / alone_s if alone_s else float("inf")
     q = sorted(ttft)
     return PrefillFigures(
         len(requests),

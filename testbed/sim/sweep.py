@@ -74,8 +74,9 @@ def _point(args: tuple[Scenario, int | None, int | None, tuple[str, ...]]) -> li
 def sweep(
     sc: Scenario, grid: dict[str, list[int]], policies: tuple[str, ...] = SWEEP_POLICIES, workers: int | None = None
 ) -> list[dict[str, Any]]:
-    """One row per grid point and policy: the point's WAN rate (bit/s) and one-way delay (us) on
-    every link, the policy, its iteration time, utilization (with prefill, and training alone),
+    """One row per grid point and policy: the point's WAN rate (bit/s) and one-way delay (us) (every
+    link is set to the swept values; a parameter not swept keeps each link's own, and the row then
+    names the first link's), the policy, its iteration time, utilization (with prefill, and training alone),
     BubbleTea's prefill figures, or why it is infeasible; ``speedup_over_<baseline>`` on atlas's
     rows. A parameter left out of ``grid`` keeps the scenario's links. ``workers`` processes
     (default every core)."""

@@ -1,7 +1,8 @@
 """The devices a scenario may train on (``scenario.py``): each GPU's dense 16-bit peak FLOP/s, the
-share of it a large training run reaches (model FLOP/s utilization, MFU) and its memory, with the
-source of every figure; and this emulator's own padded device, so that a scenario can be set beside
-the emulator's runs.
+share of it a large training run reaches on the FLOPs it executes (recomputation included:
+Megatron's 49% counts the recomputed forward, hardware FLOP/s utilization; Llama 3's 38-43% MFU is
+without recomputation, so the same measure) and its memory, with the source of every figure;
+and this emulator's own padded device, so that a scenario can be set beside the emulator's runs.
 
 Pure data.
 """

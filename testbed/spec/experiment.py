@@ -32,6 +32,8 @@ from testbed.spec.topology_file import load_topology
 
 #: pipeline schedules (``plan/schedule.py`` builds their action tables)
 SCHEDULES = ("gpipe", "1f1b")
+#: the most TCP connections a cross-DC transfer is striped over (concurrent gloo operations)
+MAX_WAN_CONNECTIONS = 16
 
 
 def tokens_per_iteration(replicas: int, microbatches: int, microbatch_size: int, seq_len: int) -> int:
@@ -208,12 +210,12 @@ def check_experiment(e: Experiment) -> None:
         raise bad("compute.mode", e.compute.mode, "is not padded or real", "use padded (emulated GPU) or real")
     if not (e.compute.forward_ms > 0 and e.compute.backward_ms > 0):
         raise bad("compute.forward_ms", e.compute.forward_ms, "is not positive", "give targets above 0 ms")
-    if not 0 <= e.wan_connections <= 16:
+    if not 0 <= e.wan_connections <= MAX_WAN_CONNECTIONS:
         raise bad(
             "wan_connections",
             e.wan_connections,
-            "is outside 0..16",
-            "stripe over 1 to 16 connections, or 0 to choose from the bandwidth-delay product",
+            f"is outside 0..{MAX_WAN_CONNECTIONS}",
+            f"stripe over 1 to {MAX_WAN_CONNECTIONS} connections, or 0 to choose from the bandwidth-delay product",
         )
     if e.gpu_memory_mb is not None and not (math.isfinite(e.gpu_memory_mb) and e.gpu_memory_mb > 0):
         raise bad("gpu_memory_mb", e.gpu_memory_mb, "is not a positive number of MiB", "give e.g. gpu_memory_mb: 512")

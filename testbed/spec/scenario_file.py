@@ -77,7 +77,8 @@ def _model(source: str, raw: Any, where: str = "model") -> tuple[ModelConfig, st
         if raw not in MODELS:
             raise SpecError(source, where, raw, "is not a known model", f"use one of {', '.join(MODELS)} or a mapping")
         return MODELS[raw][0], raw
-    m = FieldReader(source, raw, where, ("n_layers", "d_model", "n_heads", "seq_len", "vocab"), ("n_layers", "d_model"))
+    keys = ("n_layers", "d_model", "n_heads", "seq_len", "vocab")
+    m = FieldReader(source, raw, where, keys, keys)  # every one: the emulator's defaults are tiny
     cfg = ModelConfig(**{k: m.get(k, positive_int, REQUIRED) for k in m.data}, value_bytes=2)
     check_model_size(source, where, cfg)
     return cfg, "custom"

@@ -45,6 +45,10 @@ COLUMNS = [
 # event kinds
 FORWARD, BACKWARD, SEND, RECV_WAIT = "forward", "backward", "send", "recv_wait"
 ALLREDUCE, OPTIMIZER, IDLE, PREFILL = "allreduce", "optimizer", "idle", "prefill"
+#: the wait at an iteration's end for the pending sends to drain (before the all-reduce)
+SEND_WAIT = "send_wait"
+#: BubbleTea's slots besides the receive waits (``F2``/``B0``): the send drain and the all-reduce
+SEND_DRAIN_SLOT, ALLREDUCE_SLOT = "drain", "allreduce"
 #: what counts as a worker computing (training): padded forward, backward and the optimizer step
 COMPUTE_KINDS = (FORWARD, BACKWARD, OPTIMIZER)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -241,13 +242,24 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
                 computed(T.BACKWARD, t0, fields, ready, held)
                 if not first:
                     pending.extend(send(inp.grad, prev_rank, n_prev, it, m))
+        fields = {T.ITERATION: it, T.MICROBATCH: -1}
+        t0 = now_ns()
+        if server is not None:  # BubbleTea: fill the wait for the sends to drain
+            drained = fill_wait(server, T.SEND_DRAIN_SLOT, prev_end[0], all_completed(tuple(pending)))
         for w in pending:
             w.wait()
-        fields = {T.ITERATION: it, T.MICROBATCH: -1}
+        if server is not None:
+            server.observe(T.SEND_DRAIN_SLOT, ((drained or now_ns()) - prev_end[0]) / 1e9)
+        ev.write(T.SEND_WAIT, t0, now_ns(), **fields)
         if R > 1:
             t0 = now_ns()
             flat = torch.cat([p.grad.reshape(-1) for p in params])
-            dist.all_reduce(flat, group=my_dp)
+            work = dist.all_reduce(flat, group=my_dp, async_op=True)
+            if server is not None:  # BubbleTea: fill while the gradients travel (and the peers arrive)
+                reduced = fill_wait(server, T.ALLREDUCE_SLOT, t0, work.is_completed)
+            work.wait()
+            if server is not None:
+                server.observe(T.ALLREDUCE_SLOT, ((reduced or now_ns()) - t0) / 1e9)
             flat /= R
             offset = 0
             for p in params:
@@ -275,6 +287,24 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     leave_together(rank, len(cfg.workers), cfg.timeout_s)
     ev.close()
     dist.destroy_process_group()
+
+
+def all_completed(works: tuple) -> Callable[[], bool]:
+    """Whether every one of ``works`` (gloo operations) has completed, as a function to poll."""
+    return lambda: all(w.is_completed() for w in works)
+
+
+def fill_wait(server: PrefillServer, slot: str, since_ns: int, done: Callable[[], bool]) -> int | None:
+    """Run prefill in a wait that began at ``since_ns`` and ends when ``done()``; returns when it
+    ended if that was while a chunk ran (else None: the caller's wait measures it)."""
+    seen: list[int] = []
+
+    def arrived() -> bool:
+        if not seen and done():
+            seen.append(now_ns())
+        return bool(seen)
+
+    return server.fill(slot, since_ns, arrived)
 
 
 def leave_together(rank: int, world: int, timeout_s: float) -> None:

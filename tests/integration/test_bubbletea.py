@@ -1,5 +1,6 @@
-"""BubbleTea on real training: prefill chunks run only inside the receive waits they fill, requests
-reach the decode hosts, and training's math and pace do not change."""
+"""BubbleTea on real training: prefill chunks run only inside the waits they fill (receive waits,
+the send drain, the all-reduce; each at least once), requests reach the decode hosts, and
+training's math and pace do not change."""
 
 from __future__ import annotations
 
@@ -39,15 +40,20 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
     assert bt["training_ops_delayed_by_prefill"] == 0, bt
     assert bt["gpu_utilization"] > bt["training_gpu_utilization"] and 0 < bt["bubble_fill_fraction"] < 1
     assert "ttft_p50_s" not in plain
-    # every chunk ran inside a bubble its worker was waiting in: within one of its receive waits
+    # every chunk ran inside a bubble its worker was waiting in: a receive wait, the send drain or
+    # the all-reduce; and each kind of wait was filled at least once
     ev = pd.read_parquet(tmp_path / "atlas+bubbletea" / "events.parquet")
     pre = ev[ev[T.KIND] == T.PREFILL]
-    waits = ev[ev[T.KIND] == T.RECV_WAIT]
+    waits = ev[ev[T.KIND].isin([T.RECV_WAIT, T.SEND_WAIT, T.ALLREDUCE])]
     assert len(pre) >= 5
+    filled = set()
     for w, chunks in pre.groupby(T.WORKER):
         mine = waits[waits[T.WORKER] == w]
         for s, e in zip(chunks[T.START_NS], chunks[T.END_NS]):
-            assert ((mine[T.START_NS] <= s) & (mine[T.END_NS] >= e)).any(), f"worker {w}: a chunk outside its waits"
+            inside = mine[(mine[T.START_NS] <= s) & (mine[T.END_NS] >= e)]
+            assert len(inside), f"worker {w}: a chunk outside its waits"
+            filled.update(inside[T.KIND])
+    assert filled == {T.RECV_WAIT, T.SEND_WAIT, T.ALLREDUCE}, filled
     # each completed request's first token came from one worker's prefill of its whole (clipped) prompt
     rows = [
         json.loads(x)

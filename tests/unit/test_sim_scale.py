@@ -1,5 +1,5 @@
 """The simulator at the paper's scale, by hand: the fluid link model (one flow, two flows sharing,
-window-limited, max-min over two links), the hierarchical ring all-reduce, a GPU's memory and the
+window-limited, max-min over two links), the ring all-reduce in replica order, a GPU's memory and the
 scenarios' validation errors (field, value, fix)."""
 
 from __future__ import annotations
