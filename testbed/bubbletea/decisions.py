@@ -48,6 +48,44 @@ def chunk_that_fits(
     return 0
 
 
+@dataclass(frozen=True)
+class QueuedPrompt:
+    """A request queued on a worker, for ``choose_chunk``: its next position, the tokens left, and,
+    when a chunk of it stopped at a layer boundary, that chunk's (tokens, padded seconds, blocks
+    done)."""
+
+    pos: int
+    left: int
+    partial: tuple[int, float, int] | None = None
+
+
+def choose_chunk(
+    queued: list[QueuedPrompt],
+    cfg: ModelConfig,
+    predicted_s: float,
+    elapsed_s: float,
+    guard_s: float,
+    max_chunk: int,
+    s_per_flop: float,
+) -> tuple[int, int, float] | None:
+    """Which chunk a worker runs now, ``elapsed_s`` into a bubble predicted ``predicted_s`` long, as
+    (index in ``queued``, tokens, padded seconds): a chunk stopped at a layer boundary first, if
+    the rest of it ends ``guard_s`` before the bubble does; else the first request (queue order)
+    one of whose chunks (``chunk_that_fits``) does, not only the head; None when none fits."""
+    order = sorted(range(len(queued)), key=lambda i: queued[i].partial is None)  # stable: queue order
+    for i in order:
+        q = queued[i]
+        if q.partial is not None:
+            tokens, target_s, done = q.partial
+            if may_start(predicted_s, elapsed_s, target_s * (1 - done / cfg.n_layers), guard_s):
+                return i, tokens, target_s
+            continue
+        n = chunk_that_fits(cfg, q.pos, q.left, max_chunk, predicted_s - elapsed_s - guard_s, s_per_flop)
+        if n and may_start(predicted_s, elapsed_s, (t := prefill_seconds(cfg, q.pos, n, s_per_flop)), guard_s):
+            return i, n, t
+    return None
+
+
 class SlotPredictor:
     """A worker's bubble profile, kept as it runs: for each slot (the schedule action a wait
     precedes, ``F2``/``B0``), the minimum of its last ``window`` observed bubbles (a bubble

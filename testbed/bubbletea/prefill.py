@@ -27,7 +27,12 @@ from dataclasses import dataclass
 
 import torch
 
-from testbed.bubbletea.decisions import SlotPredictor, chunk_that_fits, may_start, prefill_seconds
+from testbed.bubbletea.decisions import (
+    QueuedPrompt,
+    SlotPredictor,
+    choose_chunk,
+    prefill_seconds,
+)
 from testbed.bubbletea.inference import InferenceModel, KVCache, LayerwisePrefill, prompt_tokens_for
 from testbed.spec.bubbletea import BubbleTeaSpec
 from testbed.trace import schema as T
@@ -120,29 +125,30 @@ class PrefillServer:
         predicted = self.predictor.predict(slot)
         ready_ns = None
         while self.jobs and predicted is not None and not arrived():
-            job = self.jobs[0]
-            elapsed = (now_ns() - prev_end_ns) / 1e9
-            if job.partial is not None:  # resume the chunk that stopped at a layer boundary
-                n, target_s = job.partial_tokens, job.partial_target_s
-                left_s = target_s * (1 - job.partial.layers_done / self.cfg.n_layers)
-                if not may_start(predicted, elapsed, left_s, self.guard_s):
-                    break
-            else:
-                room = predicted - elapsed - self.guard_s
-                left = job.tokens.numel() - job.pos
-                n = chunk_that_fits(self.cfg, job.pos, left, self.max_chunk, room, self.s_per_flop)
-                if n == 0:
-                    break
-                target_s = prefill_seconds(self.cfg, job.pos, n, self.s_per_flop)
-                if not may_start(predicted, elapsed, target_s, self.guard_s):
-                    break
+            pick = self._next_chunk(predicted, (now_ns() - prev_end_ns) / 1e9)
+            if pick is None:
+                break
+            job, n, target_s = pick
             ready_ns = self._run_chunk(job, n, target_s, arrived)
             if job.pos == job.tokens.numel():
-                self.jobs.popleft()
+                self.jobs.remove(job)
                 self._finish(job)
             if ready_ns is not None:
                 break
         return ready_ns
+
+    def _next_chunk(self, predicted_s: float, elapsed_s: float) -> tuple[Job, int, float] | None:
+        """The chunk to run now (``decisions.choose_chunk``) as (job, tokens, padded seconds)."""
+        queued = [
+            QueuedPrompt(
+                j.pos,
+                j.tokens.numel() - j.pos,
+                None if j.partial is None else (j.partial_tokens, j.partial_target_s, j.partial.layers_done),
+            )
+            for j in self.jobs
+        ]
+        pick = choose_chunk(queued, self.cfg, predicted_s, elapsed_s, self.guard_s, self.max_chunk, self.s_per_flop)
+        return None if pick is None else (self.jobs[pick[0]], pick[1], pick[2])
 
     def _run_chunk(self, job: Job, n: int, target_s: float, arrived: Callable[[], bool]) -> int | None:
         """Run (or resume) a chunk of ``n`` tokens, one block at a time, each padded to its share of

@@ -198,3 +198,24 @@ def test_the_prior_comes_from_the_schedule_for_every_worker():
     assert prior["2"]["F0"] > 0
     real = e.with_overrides(compute=type(e.compute)(mode="real"))
     assert bubble_prior(real, place(real)) == ({}, 0.0)
+
+
+def test_chunk_choice_takes_a_stopped_chunk_first_then_any_request_that_fits():
+    from testbed.bubbletea.decisions import QueuedPrompt, choose_chunk
+
+    spf = 1e-9
+    small = prefill_seconds(CFG, 0, 64, spf)  # a fresh request's whole 64-token prompt
+    # late in a long prompt even the smallest chunk (attention over 1,900 positions) costs more
+    late = prefill_seconds(CFG, 1900, MIN_CHUNK_TOKENS, spf)
+    assert late > small
+    room = (small + late) / 2 + 0.001  # the guard's 1 ms on top: room for the fresh one only
+    queue = [QueuedPrompt(1900, 64), QueuedPrompt(0, 64)]
+    assert choose_chunk(queue, CFG, room, 0.0, 0.001, 128, spf) == (1, 64, pytest.approx(small))
+    # the head when it fits
+    assert choose_chunk(queue, CFG, prefill_seconds(CFG, 1900, 64, spf) + 0.002, 0.0, 0.001, 128, spf)[:2] == (0, 64)
+    # a chunk stopped after 1 of the model's blocks goes first, if its rest fits
+    stopped = [QueuedPrompt(0, 64), QueuedPrompt(128, 64, partial=(64, 0.004, 1))]
+    rest = 0.004 * (1 - 1 / CFG.n_layers)
+    assert choose_chunk(stopped, CFG, rest + 0.0015, 0.0, 0.001, 128, spf) == (1, 64, 0.004)
+    # nothing fits: None
+    assert choose_chunk(queue, CFG, 0.0005, 0.0, 0.001, 128, spf) is None
