@@ -32,9 +32,16 @@ class _Deferral:
     note: str | None = None
 
 
+def _before(signum: int) -> Any:
+    """The handler in place before the outermost section began; where it was not one Python can
+    put back (set by C code, or a section's own left behind), Python's default: KeyboardInterrupt
+    for SIGINT, the default action for the others."""
+    return _Deferral.saved.get(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+
+
 def _deliver(signum: int) -> None:
     """Act on ``signum`` as the handler in place before the sections would."""
-    handler = _Deferral.saved.get(signum, signal.SIG_DFL)
+    handler = _before(signum)
     if callable(handler):
         handler(signum, None)
     elif handler == signal.SIG_DFL:
@@ -65,6 +72,7 @@ def deferred_signals(note: str | None = None) -> Iterator[None]:
     if note is not None and _Deferral.note is None:
         _Deferral.note = note
     if _Deferral.depth == 0:
+        _Deferral.saved = {}  # never an earlier section's: it may be long gone
         for sig in ENDING_SIGNALS:
             old = signal.signal(sig, _hold)
             if old is not _hold and old is not None:  # (None: a handler not set from Python)
@@ -78,8 +86,7 @@ def deferred_signals(note: str | None = None) -> Iterator[None]:
             pending, _Deferral.pending, _Deferral.note = _Deferral.pending, [], None
             # a signal from here on is delivered at once, by _hold until its handler is back
             for sig in ENDING_SIGNALS:
-                if sig in _Deferral.saved:
-                    signal.signal(sig, _Deferral.saved[sig])
+                signal.signal(sig, _before(sig))
             if pending:
                 _deliver(pending[0])
 

@@ -90,3 +90,23 @@ def test_a_launcher_whose_parent_is_gone_exits_at_once():
         proc.stdin.close()
         proc.stdout.close()
         proc.stderr.close()
+
+
+def test_a_section_never_delivers_to_an_earlier_sections_handler():
+    """A handler saved by an earlier section is not used again: a section that finds its own
+    holding handler left in place (as when the one before it could not be put back) delivers
+    SIGINT as Python's default does, KeyboardInterrupt."""
+    from testbed.net import signals as S
+
+    calls: list[int] = []
+    old = signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))
+    try:
+        with S.deferred_signals():
+            pass  # saves the recording handler and puts it back
+        signal.signal(signal.SIGINT, S._hold)  # a holding handler left behind
+        with pytest.raises(KeyboardInterrupt):
+            with S.deferred_signals():
+                signal.raise_signal(signal.SIGINT)
+        assert calls == [] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, old)
