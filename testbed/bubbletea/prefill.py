@@ -33,7 +33,8 @@ from testbed.bubbletea.decisions import (
     choose_chunk,
     prefill_seconds,
 )
-from testbed.bubbletea.inference import InferenceModel, KVCache, LayerwisePrefill, prompt_tokens_for
+from testbed.bubbletea.inference import InferenceModel, KVCache, prompt_tokens_for
+from testbed.bubbletea.layerwise import LayerwisePrefill
 from testbed.spec.bubbletea import BubbleTeaSpec
 from testbed.trace import schema as T
 from testbed.trace.clock import now_ns
@@ -136,6 +137,18 @@ class PrefillServer:
             if ready_ns is not None:
                 break
         return ready_ns
+
+    def fill_until(self, slot: str, since_ns: int, done: Callable[[], bool]) -> int | None:
+        """``fill`` a wait that began at ``since_ns`` and ends when ``done()`` (the send drain, the
+        all-reduce); returns when it ended if that was while a chunk ran (else None)."""
+        seen: list[int] = []
+
+        def ended() -> bool:
+            if not seen and done():
+                seen.append(now_ns())
+            return bool(seen)
+
+        return self.fill(slot, since_ns, ended)
 
     def _next_chunk(self, predicted_s: float, elapsed_s: float) -> tuple[Job, int, float] | None:
         """The chunk to run now (``decisions.choose_chunk``) as (job, tokens, padded seconds)."""

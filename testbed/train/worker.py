@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -245,7 +244,9 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         fields = {T.ITERATION: it, T.MICROBATCH: -1}
         t0 = now_ns()
         if server is not None:  # BubbleTea: fill the wait for the sends to drain
-            drained = fill_wait(server, T.SEND_DRAIN_SLOT, prev_end[0], all_completed(tuple(pending)))
+            drained = server.fill_until(
+                T.SEND_DRAIN_SLOT, prev_end[0], lambda sends=tuple(pending): all(w.is_completed() for w in sends)
+            )
         for w in pending:
             w.wait()
         if server is not None:
@@ -256,7 +257,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
             flat = torch.cat([p.grad.reshape(-1) for p in params])
             work = dist.all_reduce(flat, group=my_dp, async_op=True)
             if server is not None:  # BubbleTea: fill while the gradients travel (and the peers arrive)
-                reduced = fill_wait(server, T.ALLREDUCE_SLOT, t0, work.is_completed)
+                reduced = server.fill_until(T.ALLREDUCE_SLOT, t0, work.is_completed)
             work.wait()
             if server is not None:
                 server.observe(T.ALLREDUCE_SLOT, ((reduced or now_ns()) - t0) / 1e9)
@@ -287,24 +288,6 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     leave_together(rank, len(cfg.workers), cfg.timeout_s)
     ev.close()
     dist.destroy_process_group()
-
-
-def all_completed(works: tuple) -> Callable[[], bool]:
-    """Whether every one of ``works`` (gloo operations) has completed, as a function to poll."""
-    return lambda: all(w.is_completed() for w in works)
-
-
-def fill_wait(server: PrefillServer, slot: str, since_ns: int, done: Callable[[], bool]) -> int | None:
-    """Run prefill in a wait that began at ``since_ns`` and ends when ``done()``; returns when it
-    ended if that was while a chunk ran (else None: the caller's wait measures it)."""
-    seen: list[int] = []
-
-    def arrived() -> bool:
-        if not seen and done():
-            seen.append(now_ns())
-        return bool(seen)
-
-    return server.fill(slot, since_ns, arrived)
 
 
 def leave_together(rank: int, world: int, timeout_s: float) -> None:

@@ -334,7 +334,8 @@ def test_a_prefill_stopped_at_a_layer_boundary_resumes_exactly(stop_after):
     """A chunk stopped after ``stop_after`` of 3 blocks, another request's chunk run in between,
     then resumed: the same cache and logits, bit for bit, as the chunk run straight through; and the
     next chunk after it too."""
-    from testbed.bubbletea.inference import InferenceModel, LayerwisePrefill, prefill_chunk
+    from testbed.bubbletea.inference import InferenceModel, prefill_chunk
+    from testbed.bubbletea.layerwise import LayerwisePrefill
 
     model = InferenceModel(ModelConfig(n_layers=3, d_model=32, n_heads=4, seq_len=64), seed=5)
     prompt = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1))
