@@ -97,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--force", action="store_true", help="run even an iteration the cost model predicts to take over 10 minutes"
     )
+    sp.add_argument(
+        "--profile-wan",
+        action="store_true",
+        help="before training, measure one TCP connection on each WAN path training uses (about 5 s per path "
+        "direction) into wan_profile.json; testbed sim --validate then uses it in place of the modelled window",
+    )
     backend_options(sp)
     bubbletea_options(sp)
     sp.set_defaults(func=cmd_run)

@@ -22,11 +22,11 @@ from testbed.trace import schema as T
 
 def cmd_sim(args) -> int:
     if args.validate is not None:
-        result = validate_run(args.validate)
+        result = validate_run(args.validate, measured_links=not args.modelled_window)
         if args.json:
             print(json.dumps(result, indent=1))
             return 0
-        print(f"{result['run']} ({result['policy']}): predicted, measured, error")
+        print(f"{result['run']} ({result['policy']}; WAN connections: {result['links']}): predicted, measured, error")
         for name, f in result["figures"].items():
             unit = "" if name in ABSOLUTE else " (relative)"
             x, y, e = (f[k] for k in ("predicted", "measured", "error"))
@@ -152,6 +152,11 @@ def add_sim_parser(sub) -> None:
     )
     sp.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated (default: {','.join(POLICIES)})")
     sp.add_argument("--validate", type=Path, metavar="RUN_DIR", help="a measured run beside its simulation")
+    sp.add_argument(
+        "--modelled-window",
+        action="store_true",
+        help="with --validate: model each WAN connection's window even where the run measured its paths",
+    )
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.add_argument(
         "--sweep",

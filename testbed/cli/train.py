@@ -64,6 +64,7 @@ def cmd_run(args) -> int:
             plan_note=plan_note,
             t_command_ns=command_start_ns(),  # start-up is counted from the command
             force=args.force,
+            profile_wan=args.profile_wan,
             **backend(args),
         )
     except SpecError:

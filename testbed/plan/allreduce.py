@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from testbed.plan.connections import connection_rate_bps, connection_window_bytes
+from testbed.plan.connections import connection_rate_bps, one_connection_bps
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import stage_param_bytes
@@ -73,15 +73,14 @@ def allreduce_s(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) 
     """The all-reduce's time (s; the workers start it once their last backward is done and do not
     overlap it): the slowest stage's ring, 2 (R - 1) steps of its slowest edge's one-way delay plus
     the time its edges need to move 2 (R - 1) / R of the gradients: on a WAN edge, at most what its
-    one connection carries on the path (``connection_rate_bps``), and no faster than every link it
-    crosses carries all the rings' bits on it (``wan_allreduce_bits``); on an edge inside a DC, at
-    the access link's payload rate (no time where access links are unshaped, as the emulator's
-    are), two access-link delays a step."""
+    one connection carries on the path for one step's chunk (``one_connection_bps``), and no
+    faster than every link it crosses carries all the rings' bits on it (``wan_allreduce_bits``);
+    on an edge inside a DC, at the access link's payload rate (no time where access links are
+    unshaped, as the emulator's are), two access-link delays a step."""
     rings = stage_rings(exp, workers)
     if not rings:
         return 0.0
     routes = RoutingTable(topo)
-    window = connection_window_bytes(exp, topo, workers)
     load = wan_allreduce_bits(exp, topo, workers)
     slowest = 0.0
     for ring in rings:
@@ -95,8 +94,13 @@ def allreduce_s(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) 
                     move_s = max(move_s, ring.sent_bits() / (dc.intra_rate_bps * TCP_GOODPUT_FRACTION))
                 continue
             dcs = routes.route(a, b).dcs
-            rtt_s = routes.rtt_us(a, b) / 1e6
-            one = connection_rate_bps(routes.wan_rate_bps(a, b), rtt_s, window, 1) * TCP_GOODPUT_FRACTION
+            # each step sends one chunk (1 / R of the gradients) to the next member
+            chunk_bytes = ring.bits / 8 / len(ring.members)
+            one = connection_rate_bps(
+                routes.wan_rate_bps(a, b) * TCP_GOODPUT_FRACTION,
+                one_connection_bps(exp, topo, workers, a, b, chunk_bytes),
+                1,
+            )
             links = [topo.link_between(x, y) for x, y in zip(dcs, dcs[1:])]
             shared = max(
                 load[(x, y)] / (k.rate_bps * TCP_GOODPUT_FRACTION) for (x, y), k in zip(zip(dcs, dcs[1:]), links) if k

@@ -85,25 +85,43 @@ def connection_window_bytes(exp: Experiment, topo: TopologySpec, workers: list[W
     return None if cap is None else cap / RCVBUF_PER_WINDOW
 
 
-def connection_rate_bps(rate_bps: float, rtt_s: float, window_bytes: float | None, connections: int) -> float:
-    """What ``connections`` TCP connections carry on a path whose link gives ``rate_bps``: each at
-    most one window per round trip (``window_bytes`` / ``rtt_s``: the share of the link the hosts'
-    socket-buffer cap reproduces, as ``scripts/bench_connections.py`` measures it), together at
-    most the link (None: no window modelled; a path without delay is never window-limited)."""
+def window_rate_bps(window_bytes: float | None, rtt_s: float) -> float | None:
+    """What one connection carries with ``window_bytes`` in flight per round trip of ``rtt_s``
+    (payload bit/s), or None where it is not limited (no window modelled, or a path without
+    delay)."""
     if window_bytes is None or rtt_s <= 0:
+        return None
+    return window_bytes * 8 / rtt_s
+
+
+def one_connection_bps(
+    exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec], a: str, b: str, nbytes: float
+) -> float | None:
+    """What one TCP connection carries from DC ``a`` to DC ``b`` for a transfer of ``nbytes``
+    (payload bit/s), or None where it is not limited: measured, where the experiment carries a
+    profile of that path (``exp.wan_profile``, ``spec/wan_profile.py``), else one modelled window
+    per round trip (``connection_window_bytes``, ``window_rate_bps``)."""
+    measured = exp.wan_profile.path(a, b) if exp.wan_profile is not None else None
+    if measured is not None:
+        return measured.one_connection_bps(nbytes)
+    return window_rate_bps(connection_window_bytes(exp, topo, workers), RoutingTable(topo).rtt_us(a, b) / 1e6)
+
+
+def connection_rate_bps(rate_bps: float, one_bps: float | None, connections: int) -> float:
+    """What ``connections`` TCP connections carry on a path whose link gives ``rate_bps``: each at
+    most ``one_bps`` (``one_connection_bps``; None: not limited), together at most the link."""
+    if one_bps is None:
         return rate_bps
-    return min(rate_bps, connections * window_bytes * 8 / rtt_s)
+    return min(rate_bps, connections * one_bps)
 
 
-def transfer_time_s(
-    nbytes: float, rate_bps: float, rtt_s: float, window_bytes: float | None, connections: int
-) -> float:
+def transfer_time_s(nbytes: float, rate_bps: float, one_bps: float | None, connections: int) -> float:
     """Seconds from a transfer's first byte on the wire to its last, alone on a link whose payload
     carries ``rate_bps`` (the line rate times TCP's goodput share), over ``connections`` of at most
-    ``window_bytes`` in flight each: its bytes at ``connection_rate_bps``. (A window-by-window
-    model, rounds one RTT apart, predicted the default experiment's pp-fair layouts in the wrong
-    order: see the README's prediction table.)"""
-    return nbytes * 8 / connection_rate_bps(rate_bps, rtt_s, window_bytes, connections)
+    ``one_bps`` each: its bytes at ``connection_rate_bps``. (A window-by-window model, rounds one
+    RTT apart, predicted the default experiment's pp-fair layouts in the wrong order: see the
+    README's prediction table.)"""
+    return nbytes * 8 / connection_rate_bps(rate_bps, one_bps, connections)
 
 
 def socket_buffer_cap(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> int | None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from testbed.plan.connections import connection_window_bytes, transfer_time_s
+from testbed.plan.connections import one_connection_bps, transfer_time_s
 from testbed.plan.grant_sim import Hop, LinkTiming, Transfer, boundary_paths, simulate
 from testbed.plan.schedule import Action
 from testbed.plan.workers import WorkerSpec
@@ -131,24 +131,28 @@ def wan_links(
 ) -> WanLinks:
     """The WAN of ``workers`` on ``topo`` for ``simulate``: one boundary transfer's time alone on
     each crossed link (``connections.transfer_time_s`` at ``usable_bps(line rate)`` times TCP's
-    payload share, over ``connections`` whose windows the hosts' socket-buffer cap limits on the
-    path's RTT; the slowest path through a hop decides) and how many such transfers the link
-    carries at once before each slows down (that time over the bytes' time at the line rate)."""
+    payload share, over ``connections`` each carrying at most ``one_connection_bps`` on the path:
+    the modelled window per RTT, or as measured; the slowest path through a hop decides) and how
+    many such transfers the link carries at once before each slows down (that time over the bytes'
+    time at the line rate)."""
     routes = RoutingTable(topo)
     paths = boundary_paths(workers, routes)
     dc = {w.rank: w.dc for w in workers}
-    window = connection_window_bytes(exp, topo, workers)
     nbytes = exp.activation_bytes
+    one: dict[tuple[str, str], float | None] = {}
     links: dict[Hop, LinkTiming] = {}
     rates: dict[Hop, int] = {}
     rtts: dict[Hop, float] = {}
     for (src, dst), path in paths.items():
         rtt_s = routes.rtt_us(dc[src], dc[dst]) / 1e6
+        pair = (dc[src], dc[dst])
+        if pair not in one:
+            one[pair] = one_connection_bps(exp, topo, workers, *pair, nbytes)
         for h in path:
             link = topo.link_between(h.src, h.dst)
             assert link is not None  # a routed hop is a link
             line_s = nbytes * 8 / (link.rate_bps * TCP_GOODPUT_FRACTION)
-            t = transfer_time_s(nbytes, usable_bps(link.rate_bps) * TCP_GOODPUT_FRACTION, rtt_s, window, connections)
+            t = transfer_time_s(nbytes, usable_bps(link.rate_bps) * TCP_GOODPUT_FRACTION, one[pair], connections)
             rates[h], rtts[h] = link.rate_bps, max(rtts.get(h, 0.0), rtt_s)
             if h not in links or links[h].transfer_s < t:
                 links[h] = LinkTiming(t, link.delay_us / 1e6, max(1.0, t / line_s))

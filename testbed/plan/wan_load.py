@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from testbed.plan.connections import connection_window_bytes, path_connection_share, transfer_time_s
+from testbed.plan.connections import one_connection_bps, path_connection_share, transfer_time_s
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import stage_layers
@@ -57,9 +57,8 @@ def boundary_loads(
         rate = routes.wan_rate_bps(a, b)
         share = path_connection_share(exp, topo, workers, a, b)
         bits = exp.activation_bytes * 8 / TCP_GOODPUT_FRACTION
-        rtt_s = routes.rtt_us(a, b) / 1e6
-        window = connection_window_bytes(exp, topo, workers)
-        alone = transfer_time_s(exp.activation_bytes, rate * TCP_GOODPUT_FRACTION, rtt_s, window, connections)
+        one = one_connection_bps(exp, topo, workers, a, b, exp.activation_bytes)
+        alone = transfer_time_s(exp.activation_bytes, rate * TCP_GOODPUT_FRACTION, one, connections)
         # all at once: the link's rate shared R ways, or each still alone where its windows limit it
         together = max(alone, exp.replicas * bits / rate)
         out.append(

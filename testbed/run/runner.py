@@ -8,6 +8,7 @@ network is removed in every case and the traces written so far are kept and summ
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,8 @@ from testbed.atlas.controller import Controller
 from testbed.errors import SpecError, TestbedError
 from testbed.net.network import LocalHosts, Network
 from testbed.net.registry import control_dir
-from testbed.plan.connections import socket_buffer_cap, wan_connections
+from testbed.net.wan_probe import profile_wan
+from testbed.plan.connections import socket_buffer_cap, wan_connections, wan_pairs
 from testbed.plan.cost_model import predict
 from testbed.plan.grant_plan import format_grant_plan, plan_grants
 from testbed.plan.memory import gpu_shortfall
@@ -32,6 +34,7 @@ from testbed.run.profile import replan_from_profile, unprofiled
 from testbed.run.records import check_fresh_out_dir, write_config, write_env
 from testbed.run.watch import LinkSampler, RunError, watch
 from testbed.spec.experiment import Experiment
+from testbed.spec.wan_profile import WAN_PROFILE_FILE
 from testbed.trace.clock import now_ns
 from testbed.trace.startup import mark_startup
 from testbed.train.corpus import corpus_bytes, corpus_sha256
@@ -99,13 +102,16 @@ def run_experiment(
     t_command_ns: int | None = None,
     force: bool = False,
     plan_note: str | None = None,
+    profile_wan: bool = False,
 ) -> dict[str, Any]:
     """Run ``exp`` on ``backend`` (``backends.py``) and return its summary (also in
     ``out_dir/summary.json``). ``launcher``: a worker launcher to reuse (``compare``); without one,
     a run whose hosts are on this machine starts its own at once. ``t_command_ns``: when the
     command began (start-up is counted from there; default: now). ``force``: run even an iteration
     the cost model predicts to take longer than ``fit.MAX_ITERATION_S``; ``plan_note``: which plan the
-    planner chose and why (``what_if.best_plan``), recorded in config.json. Raises SpecError for a run
+    planner chose and why (``what_if.best_plan``), recorded in config.json. ``profile_wan``: before training,
+    measure one TCP connection on each WAN path training uses (``net/wan_probe.py``) into
+    ``wan_profile.json``, for ``testbed sim --validate``. Raises SpecError for a run
     refused before building (``check_runnable``), RunError when a worker fails; PrivilegeError,
     FeatureError, BuildError from the network."""
     t_begin_ns = t_command_ns or now_ns()
@@ -128,6 +134,7 @@ def run_experiment(
             own,
             t_begin_ns,
             plan_note,
+            profile_wan,
         )
     finally:
         if own is not None:
@@ -147,6 +154,7 @@ def _run(
     own_launcher: Launcher | None,
     t_begin_ns: int,
     plan_note: str | None = None,
+    profile_wan: bool = False,
 ) -> dict[str, Any]:
     topo = exp.topology_spec
     corpus_sha = corpus_sha256(corpus_bytes(Path(exp.data) if exp.data else None))
@@ -166,6 +174,9 @@ def _run(
         ) as net:
             write_env(out_dir, net, corpus_sha, t_begin_ns)
             mark_startup(out_dir, "network_built")
+            if profile_wan:
+                _profile_wan(net, exp, workers, out_dir, progress)
+                mark_startup(out_dir, "wan_profiled")
             if own_launcher is not None and isinstance(net, LocalHosts):
                 net.adopt(own_launcher.proc, "worker launcher")  # registered for testbed clean
             _train(net, exp, workers, out_dir, hang, progress, t_start, launcher if runs_here(backend) else None)
@@ -178,6 +189,30 @@ def _run(
         raise error
     progress(f"done in {time.monotonic() - t_start:.1f} s; traces in {out_dir}")
     return summary
+
+
+def _profile_wan(
+    net: Network, exp: Experiment, workers: list[WorkerSpec], out_dir: Path, progress: Callable[[str], Any]
+) -> None:
+    """Measure the WAN paths training uses, before any worker starts (``net/wan_probe.py``:
+    messages of the activations' size, one stage's forward apart), into ``wan_profile.json``."""
+    pairs = wan_pairs(workers)
+    t = time.monotonic()
+    prof = profile_wan(
+        net,
+        pairs,
+        exp.activation_bytes,
+        exp.compute.forward_ms / 1000,
+        socket_buffer_cap(exp, exp.topology_spec, workers),
+    )
+    (out_dir / WAN_PROFILE_FILE).write_text(json.dumps(prof.to_dict(), indent=1) + "\n")
+    progress(
+        f"WAN profile: {len(prof.paths)} path directions in {time.monotonic() - t:.1f} s: "
+        + "; ".join(
+            f"{p.src}->{p.dst} {p.message_bps / 1e6:.1f} Mbit/s per message, {p.bulk_bps / 1e6:.1f} bulk"
+            for p in prof.paths
+        )
+    )
 
 
 def _corpus_for_hosts(net: Network, exp: Experiment) -> str | None:

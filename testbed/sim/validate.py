@@ -1,11 +1,15 @@
 """A measured run against the simulator (``testbed sim --validate RUN_DIR``): the run's experiment
 and placement (its ``config.json``) simulated, each figure of its ``summary.json`` set beside the
 prediction. Error: (measured - predicted) / measured for times and rates, measured - predicted
-for fractions (utilization, bubble fraction). Pure (reads two JSON files)."""
+for fractions (utilization, bubble fraction). Where the run measured its WAN paths
+(``wan_profile.json``, ``testbed run --profile-wan``), one connection's rate on each is the
+measured one, not the modelled window's (``plan/connections.one_connection_bps``), unless
+``measured_links`` is False. Pure (reads the run's JSON files)."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +17,7 @@ from testbed.errors import SpecError
 from testbed.plan.workers import WorkerSpec
 from testbed.sim.figures import simulate_policy
 from testbed.spec.experiment import Experiment
+from testbed.spec.wan_profile import WAN_PROFILE_FILE, WanProfile
 from testbed.trace import metrics as M
 
 #: figures compared as relative errors, and as absolute differences
@@ -20,9 +25,14 @@ RELATIVE = (M.ITERATION_TIME_S, M.TOKENS_PER_S)
 ABSOLUTE = (M.GPU_UTILIZATION, M.BUBBLE_FRACTION, M.WAN_UTILIZATION_MEAN)
 
 
-def validate_run(run_dir: Path) -> dict[str, Any]:
-    """``{"run", "policy", "figures": {NAME: {"predicted", "measured", "error"}}}`` for ``run_dir``.
-    Raises SpecError naming the file when the folder is not a finished run's."""
+#: how the simulator took one connection's rate on the WAN paths
+MEASURED_LINKS, MODELLED_WINDOW = "measured (wan_profile.json)", "modelled window"
+
+
+def validate_run(run_dir: Path, measured_links: bool = True) -> dict[str, Any]:
+    """``{"run", "policy", "links", "figures": {NAME: {"predicted", "measured", "error"}}}`` for
+    ``run_dir``; ``links``: ``MEASURED_LINKS`` or ``MODELLED_WINDOW``. Raises SpecError naming the
+    file when the folder is not a finished run's, or when its ``wan_profile.json`` is unreadable."""
     files = {}
     for name in ("config.json", "summary.json"):
         path = run_dir / name
@@ -44,6 +54,20 @@ def validate_run(run_dir: Path) -> dict[str, Any]:
         raise SpecError(
             str(run_dir / "config.json"), "config.json", "(record)", f"is not a run's record ({e!r})", "rerun it"
         ) from e
+    links = MODELLED_WINDOW
+    profile_path = run_dir / WAN_PROFILE_FILE
+    if measured_links and profile_path.exists():
+        try:
+            exp = replace(exp, wan_profile=WanProfile.from_dict(json.loads(profile_path.read_text())))
+        except (OSError, KeyError, TypeError, ValueError) as e:
+            raise SpecError(
+                str(profile_path),
+                WAN_PROFILE_FILE,
+                "(profile)",
+                f"is not a WAN profile ({e!r})",
+                "rerun with --profile-wan, or delete the file to use the modelled window",
+            ) from e
+        links = MEASURED_LINKS
     predicted = simulate_policy(exp, workers=workers).to_dict()
     figures = {}
     for name in (*RELATIVE, *ABSOLUTE):
@@ -55,4 +79,4 @@ def validate_run(run_dir: Path) -> dict[str, Any]:
         else:
             error = y - x
         figures[name] = {"predicted": x, "measured": y, "error": error}
-    return {"run": str(run_dir), "policy": exp.policy.name, "figures": figures}
+    return {"run": str(run_dir), "policy": exp.policy.name, "links": links, "figures": figures}

@@ -29,6 +29,7 @@ from testbed.spec.model import ModelConfig, activation_bytes, stage_layers
 from testbed.spec.policy import DEFAULT_POLICY, Policy, UnknownPolicy, parse_policy
 from testbed.spec.topology import TopologySpec
 from testbed.spec.topology_file import load_topology
+from testbed.spec.wan_profile import WanProfile
 
 #: pipeline schedules (``plan/schedule.py`` builds their action tables)
 SCHEDULES = ("gpipe", "1f1b")
@@ -86,6 +87,10 @@ class Experiment:
     #: whose stage does not fit are infeasible (``plan/memory.py``'s ``gpu_bytes``); None: unchecked
     gpu_memory_mb: float | None = None
     bubbletea: BubbleTeaSpec = field(default_factory=BubbleTeaSpec)
+    #: what one TCP connection carried on each WAN path of a run, measured (``wan_profile.py``;
+    #: ``testbed run --profile-wan``): the simulator then uses it in place of the modelled window.
+    #: Not an experiment file's field: ``testbed sim --validate`` sets it from the run's record
+    wan_profile: WanProfile | None = None
     source: str = "<memory>"
 
     def __post_init__(self) -> None:
@@ -152,6 +157,7 @@ class Experiment:
                 "compute": ComputeModel(**compute),
                 "policy": parse_policy(d["policy"]),
                 "bubbletea": bubbletea_from_dict(d["bubbletea"]),
+                "wan_profile": WanProfile.from_dict(d["wan_profile"]) if d.get("wan_profile") else None,
             }
         )
 

@@ -12,12 +12,14 @@ from testbed.trace.jsonl import write_row
 
 #: a run's start-up phases, one line each: ``phase``, ``t_ns`` and ``worker`` (None for the runner's)
 STARTUP_LOG = "startup.jsonl"
-#: the phases, in order: the run began, its network was built, the launcher had preloaded the run,
+#: the phases, in order: the run began, its network was built (and, with ``--profile-wan``, its
+#: WAN paths measured: ``wan_profiled``, counted in the start-up), the launcher had preloaded the run,
 #: the workers were started; each worker was forked (or its interpreter had imported the package)
 #: and had joined the process group. Its first forward is in the events.
 STARTUP_PHASES = (
     "run_start",
     "network_built",
+    "wan_profiled",
     "launcher_ready",
     "workers_started",
     "forked",

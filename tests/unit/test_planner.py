@@ -6,7 +6,7 @@ import pytest
 from experiments import exp, topo
 
 from testbed.errors import SpecError
-from testbed.plan.connections import transfer_time_s
+from testbed.plan.connections import transfer_time_s, window_rate_bps
 from testbed.plan.cost_model import predict
 from testbed.plan.grant_sim import Hop, Transfer
 from testbed.plan.placement import atlas_dc_order, place, place_dp_wan, place_pipeline
@@ -153,11 +153,11 @@ def test_dc_selection_weighs_orders_of_dc_sets_and_their_links():
 
 def test_a_transfer_alone_is_link_or_window_limited():
     # windows covering the bandwidth-delay product (100 Mbit/s x 40 ms = 500 kB): the link decides
-    assert transfer_time_s(65536, 100e6, 0.040, 600_000, 1) == pytest.approx(65536 * 8 / 100e6)
-    assert transfer_time_s(65536, 100e6, 0.040, None, 1) == pytest.approx(65536 * 8 / 100e6)
-    assert transfer_time_s(65536, 100e6, 0.0, 1000, 1) == pytest.approx(65536 * 8 / 100e6)  # no delay
+    assert transfer_time_s(65536, 100e6, window_rate_bps(600_000, 0.040), 1) == pytest.approx(65536 * 8 / 100e6)
+    assert transfer_time_s(65536, 100e6, window_rate_bps(None, 0.040), 1) == pytest.approx(65536 * 8 / 100e6)
+    assert window_rate_bps(1000, 0.0) is None  # a path without delay is not window-limited
     # a window of 100 kB per 40 ms: 20 Mbit/s per connection, two of them 40 Mbit/s
-    assert transfer_time_s(1_000_000, 100e6, 0.040, 100_000, 2) == pytest.approx(1_000_000 * 8 / 40e6)
+    assert transfer_time_s(1_000_000, 100e6, window_rate_bps(100_000, 0.040), 2) == pytest.approx(1_000_000 * 8 / 40e6)
 
 
 def test_fair_sharing_slows_overlapping_transfers_only_while_they_overlap():
