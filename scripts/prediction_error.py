@@ -8,7 +8,8 @@ and the iteration time's error with the modelled window instead (``--modelled-wi
 part of the error the link model's assumption accounts for. Prints a markdown table with the
 median errors (and writes it to ``prediction_error.md`` in ``--out``); nothing asserted.
 
-Run as root: .venv/bin/python scripts/prediction_error.py [--policies pp-fair,dp-wan,atlas] [--iterations 8]
+Run as root: .venv/bin/python scripts/prediction_error.py [--policies pp-fair,dp-wan,atlas] [--ablation]
+[--iterations 8]; ``--ablation`` adds the steps between pp-fair and atlas (``compare --ablation``'s chain).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from testbed.run.interrupts import tears_down_on_signals
 from testbed.run.runner import run_experiment
 from testbed.sim.validate import validate_run
 from testbed.spec.experiment_file import load_experiment
+from testbed.spec.policy import ABLATION
 from testbed.trace import metrics as M
 
 EXPERIMENTS = ("default", "four_dc", "two_dc", "sharing")
@@ -34,7 +36,8 @@ EXPERIMENTS = ("default", "four_dc", "two_dc", "sharing")
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--experiments", default=",".join(EXPERIMENTS))
-    ap.add_argument("--policies", default="pp-fair,dp-wan,atlas")
+    ap.add_argument("--policies", default="pp-fair,dp-wan,atlas", help="comma-separated; may be empty")
+    ap.add_argument("--ablation", action="store_true", help="also the ablation chain's steps between pp-fair and atlas")
     ap.add_argument("--iterations", type=int, default=8)
     ap.add_argument("--out", type=Path, default=Path("results") / f"prediction-{time.strftime('%Y%m%d-%H%M%S')}")
     args = ap.parse_args()
@@ -45,10 +48,11 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     errors, modelled_errors = [], []
+    policies = [p for p in args.policies.split(",") if p] + (list(ABLATION[1:-1]) if args.ablation else [])
     for name in args.experiments.split(","):
-        for policy in args.policies.split(","):
+        for policy in policies:
             exp = load_experiment(name).with_overrides(iterations=args.iterations, policy=policy)
-            run_dir = args.out / f"{name}-{policy}"
+            run_dir = args.out / f"{name}-{policy.replace('/', '+')}"
             try:
                 run_experiment(exp, run_dir, progress=lambda line: None, profile_wan=True)
             except SpecError as e:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 from testbed.net.fidelity import check_direction, check_fidelity
+from testbed.net.wan_probe import profile_wan
 from testbed.run.backends import make_network
 from testbed.spec.topology_file import load_topology, parse_topology
+from testbed.spec.wire import TCP_GOODPUT_FRACTION
 
 from .conftest import run_cli
 
@@ -109,3 +111,28 @@ def test_a_shallow_queue_reports_its_drops_and_a_deep_one_none(tmp_path, clean_m
     assert "WAN queues dropped packets on a->b, b->a while measured" in proc.stdout, proc.stdout
     report = json.loads((tmp_path / "s" / "fidelity.json").read_text())
     assert all(link["queue_drops"] > 0 for link in report["links"])
+
+
+def test_the_wan_probe_measures_one_connection_under_a_socket_buffer_cap(tmp_path, clean_machine):
+    """``net/wan_probe.py`` on a 100 Mbit/s link of 10 ms each way, socket buffers capped at
+    100 kB (a fifth of the 250 kB bandwidth-delay product, doubled as the old kernels' rule
+    needs): the idle round trip is the link's, a 64 KiB message takes at least its time at the
+    line rate, and one connection's bulk goodput stays under the link yet carries at least half
+    of the cap per round trip (what any kernel advertises of a buffer: tcp_adv_win_scale's rule
+    or the later measured ratio)."""
+    spec = parse_topology(
+        {
+            "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
+            "links": [{"between": ["a", "b"], "rate": "100mbit", "delay": "10ms"}],
+        },
+        "probe",
+    )
+    cap = 100_000
+    with make_network(spec, out_dir=tmp_path, tcp_buffer_bytes=cap) as net:
+        prof = profile_wan(net, [("a", "b")], 65536, 0.02, cap, bulk_s=1.5)
+    assert [(p.src, p.dst) for p in prof.paths] == [("a", "b"), ("b", "a")]
+    assert prof.congestion and prof.socket_buffer_bytes == cap
+    for p in prof.paths:
+        assert 0.020 <= p.rtt_s <= 0.025, p
+        assert p.message_s >= 65536 * 8 / 100e6, p
+        assert 0.5 * cap * 8 / p.rtt_s * 0.9 <= p.bulk_bps <= 100e6 * TCP_GOODPUT_FRACTION * 1.02, p
