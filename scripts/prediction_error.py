@@ -9,7 +9,8 @@ part of the error the link model's assumption accounts for. Prints a markdown ta
 median errors (and writes it to ``prediction_error.md`` in ``--out``); nothing asserted.
 
 Run as root: .venv/bin/python scripts/prediction_error.py [--policies pp-fair,dp-wan,atlas] [--ablation]
-[--iterations 8]; ``--ablation`` adds the steps between pp-fair and atlas (``compare --ablation``'s chain).
+[--iterations 8] [--out DIR [--revalidate]]; ``--ablation`` adds the steps between pp-fair and atlas
+(``compare --ablation``'s chain); ``--revalidate`` runs nothing and validates the folders in ``--out``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ def main() -> None:
     ap.add_argument("--policies", default="pp-fair,dp-wan,atlas", help="comma-separated; may be empty")
     ap.add_argument("--ablation", action="store_true", help="also the ablation chain's steps between pp-fair and atlas")
     ap.add_argument("--iterations", type=int, default=8)
+    ap.add_argument(
+        "--revalidate",
+        action="store_true",
+        help="run nothing: validate the run folders already in --out (after a change to the simulator)",
+    )
     ap.add_argument("--out", type=Path, default=Path("results") / f"prediction-{time.strftime('%Y%m%d-%H%M%S')}")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -54,7 +60,10 @@ def main() -> None:
             exp = load_experiment(name).with_overrides(iterations=args.iterations, policy=policy)
             run_dir = args.out / f"{name}-{policy.replace('/', '+')}"
             try:
-                run_experiment(exp, run_dir, progress=lambda line: None, profile_wan=True)
+                if not args.revalidate:
+                    run_experiment(exp, run_dir, progress=lambda line: None, profile_wan=True)
+                elif not (run_dir / "summary.json").exists():
+                    continue
             except SpecError as e:
                 rows.append(f"| {name} | {policy} | - | - | infeasible: {e.problem} |" + " - |" * 7)
                 continue

@@ -8,7 +8,9 @@ each step of a transfer an event, ordered by time, then by when it was made. An 
 when its worker is free and its input has arrived; gloo moves a tensor only once the receive is
 posted and the receiver's ready notice has crossed back, one one-way delay. Each link
 direction shared as the policy shares it: one transfer at a time, earliest ready first, under
-grants (``fifo`` holds it for the whole rendezvous: the notice, the bytes and their flight; on a
+grants (``fifo`` holds it for the whole rendezvous, the notice, the bytes and their flight, where
+held classes may not borrow (``atlas_borrow`` false); with borrowing, the default, the others use
+what the notice and the flight leave idle, so a transfer holds it only while its bytes pass; on a
 path of several links a hop's last byte cannot leave before the previous hop's last byte has
 arrived), or, without grants (``tcp``), among the transfers on it as TCP's flows share it.
 
@@ -106,8 +108,9 @@ def simulate(
     (forward, backward) seconds (default the experiment's); ``stage_s``, each stage's own (forward,
     backward) seconds on one microbatch (a profile; overrides ``block_s``); ``sharing``, how a link
     direction is shared (``SHARING``): ``planned``, one transfer at a time from when its bytes can
-    go to when they have passed; ``fifo``, one at a time for the whole rendezvous (the notice, the
-    bytes and their flight); ``tcp``, no grants: each transfer is one flow over its whole path, the
+    go to when they have passed; ``fifo``, one at a time in the order they become ready, for the
+    whole rendezvous (the notice, the bytes and their flight) unless ``exp.atlas_borrow`` (then
+    while the bytes pass, as ``planned``); ``tcp``, no grants: each transfer is one flow over its whole path, the
     flows sharing the links max-min fairly (``fair_share.FairShare``: a link carries
     ``concurrency`` transfers at their speed alone; a flow goes at most at its speed alone on the
     slowest link of its path), recomputed whenever a transfer starts or ends. ``timeline``, when
@@ -118,7 +121,8 @@ def simulate(
     unknown."""
     if sharing not in SHARING:
         raise ValueError(f"unknown sharing {sharing!r}: use one of {', '.join(SHARING)}")
-    rendezvous_hold, fair = sharing == "fifo", sharing == "tcp"
+    # with borrowing, held classes fill what a FIFO rendezvous leaves idle (its notice, its flight)
+    rendezvous_hold, fair = sharing == "fifo" and not exp.atlas_borrow, sharing == "tcp"
     S, R, M = exp.stages, exp.replicas, exp.microbatches
     per_f, per_b = block_s or exp.block_s
     f = [len(stage_layers(exp.model.n_layers, S, s)) * per_f for s in range(S)]

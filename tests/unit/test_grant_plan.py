@@ -257,3 +257,27 @@ def test_the_simulation_of_1f1b_keeps_every_dependency():
     assert plan.iteration_s >= 4 * 4 * tau  # each direction carries 16 transfers, one at a time
     for h in plan.hops:
         assert sorted(h.order) == sorted(Transfer(h.order[0].kind, 0, m, r) for m in range(4) for r in range(4))
+
+
+def test_fifo_grants_leave_the_rendezvous_idle_only_where_held_classes_may_not_borrow():
+    """On the sharing experiment, FIFO grants without borrowing hold the link for each transfer's
+    notice, bytes and flight; with borrowing the held classes fill the notice and the flight, so
+    FIFO is the planned sharing's one transfer at a time with no offsets (the same simulation)."""
+    from testbed.plan.grant_plan import simulated_iteration
+    from testbed.spec.experiment_file import load_experiment
+
+    fifo = load_experiment("sharing").with_overrides(policy="pp-fair/placement=atlas/striping=on/sharing=fifo")
+    assert fifo.atlas_borrow
+    workers = place(fifo)
+    n = 4
+    borrowing = simulated_iteration(fifo, fifo.topology_spec, workers, n)
+    held = simulated_iteration(fifo.with_overrides(atlas_borrow=False), fifo.topology_spec, workers, n)
+    assert borrowing < held
+    from testbed.plan.grant_plan import granted_class_bps, held_floor_share, wan_links
+    from testbed.plan.grant_sim import simulate
+
+    wan = wan_links(
+        fifo, fifo.topology_spec, workers, n, lambda bps: granted_class_bps(bps, fifo.replicas, held_floor_share(fifo))
+    )
+    planned, _ = simulate(fifo, workers, wan.links, wan.paths, wan.one_way_s, (0.0,) * fifo.replicas, sharing="planned")
+    assert borrowing == pytest.approx(planned)
