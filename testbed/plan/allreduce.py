@@ -96,11 +96,14 @@ def allreduce_s(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) 
             dcs = routes.route(a, b).dcs
             # each step sends one chunk (1 / R of the gradients) to the next member
             chunk_bytes = ring.bits / 8 / len(ring.members)
-            one = connection_rate_bps(
-                routes.wan_rate_bps(a, b) * TCP_GOODPUT_FRACTION,
-                one_connection_bps(exp, topo, workers, a, b, chunk_bytes),
-                1,
-            )
+            one_bps = one_connection_bps(exp, topo, workers, a, b, chunk_bytes)
+            rate = routes.wan_rate_bps(a, b)
+            if exp.wan_profile is not None and exp.wan_profile.path(a, b) is not None:
+                one = min(rate * TCP_GOODPUT_FRACTION, one_bps or rate)  # measured: a payload rate
+            else:
+                # the modelled window's rate taken on the wire, as the paper-scale figures have it
+                # (grant_plan takes it as payload: the two differ by TCP's goodput share)
+                one = connection_rate_bps(rate, one_bps, 1) * TCP_GOODPUT_FRACTION
             links = [topo.link_between(x, y) for x, y in zip(dcs, dcs[1:])]
             shared = max(
                 load[(x, y)] / (k.rate_bps * TCP_GOODPUT_FRACTION) for (x, y), k in zip(zip(dcs, dcs[1:]), links) if k
