@@ -91,13 +91,14 @@ class DecodeHost:
             header, payload = self.jobs.get()
             t0 = now_ns()
             cache = KVCache.from_bytes(payload)
-            token, real = header["first_token"], 0
+            token, real, overruns = header["first_token"], 0, 0
             for _ in range(max(0, header["output_tokens"] - 1)):
                 s0 = now_ns()
                 target = decode_seconds(self.model.cfg, cache.length, self.s_per_flop)
                 cache, logits = decode_step(self.model, token, cache)
                 token = int(torch.argmax(logits))
                 real += now_ns() - s0
+                overruns += now_ns() - s0 > target * 1e9
                 if self.padded:
                     while (left := s0 + int(target * 1e9) - now_ns()) > 0:
                         time.sleep(left / 1e9)
@@ -109,6 +110,8 @@ class DecodeHost:
                     "decode_end_ns": now_ns(),
                     "output_tokens": header["output_tokens"],
                     "decode_real_ns": real,
+                    # steps whose real time exceeded their padded target (the emulated GPU's)
+                    "decode_overrun_steps": overruns,
                 }
             )
 

@@ -100,6 +100,8 @@ class PrefillServer:
         self._sender = threading.Thread(target=self._send_loop, args=(decode_addr,), daemon=True)
         self._sender.start()
         self.iteration = 0
+        #: each slot's prediction when its latest wait began (``observe`` hands it back)
+        self._predicted: dict[str, float | None] = {}
 
     # --------------------------------------------------------------- requests in
     def poll_inbox(self) -> None:
@@ -124,6 +126,7 @@ class PrefillServer:
         a chunk ran (else None: the caller's wait measures it)."""
         self.poll_inbox()
         predicted = self.predictor.predict(slot)
+        self._predicted[slot] = predicted
         ready_ns = None
         while self.jobs and predicted is not None and not arrived():
             pick = self._next_chunk(predicted, (now_ns() - prev_end_ns) / 1e9)
@@ -197,6 +200,7 @@ class PrefillServer:
             **{T.ITERATION: self.iteration, T.MICROBATCH: -1},
             real_ns=real,
             padded_ns=t1 - t0,
+            target_ns=int(per_block_s * (part.layers_done - start_block) * 1e9),
             rid=job.rid,
             chunk_start=job.pos,
             tokens=n if done else 0,  # a chunk's tokens count once, on the slice that completes it
@@ -207,8 +211,16 @@ class PrefillServer:
             job.pos += n
         return ready_ns
 
-    def observe(self, slot: str, bubble_s: float) -> None:
+    def observe(self, slot: str, bubble_s: float) -> dict[str, int]:
+        """Record the bubble ``slot``'s wait turned out to be (s); returns the wait event's fields
+        for the prediction the chunks were placed by and the bubble observed (``T.PREDICTED_BUBBLE_NS``,
+        absent when nothing was predicted, and ``T.BUBBLE_NS``): the summary's prediction error."""
         self.predictor.observe(slot, bubble_s)
+        predicted = self._predicted.pop(slot, None)
+        fields = {T.BUBBLE_NS: int(bubble_s * 1e9)}
+        if predicted is not None:
+            fields[T.PREDICTED_BUBBLE_NS] = int(predicted * 1e9)
+        return fields
 
     def backlog_s(self) -> float:
         return sum(prefill_seconds(self.cfg, j.pos, j.tokens.numel() - j.pos, self.s_per_flop) for j in self.jobs)

@@ -1,6 +1,8 @@
 """How well the bubbles of one iteration predict the next: the per-slot profile of the last few
 iterations (the statistic BubbleTea's workers keep as they run, ``decisions.SlotPredictor``) and its
-error against what each next iteration did. Pure functions on ``windows.bubble_windows`` tables."""
+error against what each next iteration did (pure functions on ``windows.bubble_windows`` tables);
+and the error of the predictions the workers actually placed chunks by, read from their wait
+events (``live_prediction_errors``: what a run's summary reports)."""
 
 from __future__ import annotations
 
@@ -91,6 +93,27 @@ def prediction_errors(windows: pd.DataFrame, warmup: int, window: int) -> pd.Dat
     out = pd.concat(parts, ignore_index=True)
     out[ERROR_S] = out[ACTUAL_S] - out[PREDICTED_S]
     return out[ERROR_COLUMNS]
+
+
+def live_prediction_errors(ev: pd.DataFrame, warmup: int) -> pd.DataFrame:
+    """The errors of the predictions the workers placed prefill by, as they ran: every wait event
+    of iterations >= ``warmup`` that carries one (``T.PREDICTED_BUBBLE_NS``, written by
+    ``PrefillServer.observe``), its observed bubble beside it. Columns as ``prediction_errors``'s,
+    the slot named by the wait's kind and microbatch."""
+    if T.PREDICTED_BUBBLE_NS not in ev or T.BUBBLE_NS not in ev:
+        return pd.DataFrame(columns=ERROR_COLUMNS)
+    w = ev[ev[T.PREDICTED_BUBBLE_NS].notna() & (ev[T.ITERATION] >= warmup)]
+    out = pd.DataFrame(
+        {
+            T.WORKER: w[T.WORKER],
+            SLOT: w[T.KIND].astype(str) + ":" + w[T.MICROBATCH].astype(str),
+            T.ITERATION: w[T.ITERATION],
+            PREDICTED_S: w[T.PREDICTED_BUBBLE_NS].astype(float) / 1e9,
+            ACTUAL_S: w[T.BUBBLE_NS].astype(float) / 1e9,
+        }
+    )
+    out[ERROR_S] = out[ACTUAL_S] - out[PREDICTED_S]
+    return out[ERROR_COLUMNS].reset_index(drop=True)
 
 
 def prediction_error_stats(errors: pd.DataFrame) -> dict[str, Any]:

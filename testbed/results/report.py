@@ -119,6 +119,10 @@ EXTRA_ROWS = [
     (M.REQUESTS_COMPLETED, "requests completed"),
     (M.TTFT_P50_S, "TTFT p50 (s)"),
     (M.TTFT_P99_S, "TTFT p99 (s)"),
+    (M.TTFT_WITHIN_SLO_SHARE, "share of requests within the TTFT SLO"),
+    (M.TTFT_SLO_S, "TTFT SLO (s)"),
+    (M.PREFILL_OVERRUN_FRACTION, "prefill overrun fraction"),
+    (M.DECODE_OVERRUN_FRACTION, "decode overrun fraction"),
     (M.TRAINING_OPS_DELAYED_BY_PREFILL, "training ops delayed by prefill"),
     (M.BUBBLE_PREDICTION_ERROR_P50_MS, "bubble prediction error p50 (ms)"),
 ]

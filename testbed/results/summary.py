@@ -10,9 +10,10 @@ from typing import Any
 import pandas as pd
 
 from testbed.bubbletea import windows as B
-from testbed.bubbletea.profile import prediction_error_stats, prediction_errors
+from testbed.bubbletea.profile import live_prediction_errors, prediction_error_stats
 from testbed.results import analysis as A
 from testbed.results import link_counters as L
+from testbed.spec.bubbletea import BubbleTeaSpec
 from testbed.spec.experiment import tokens_per_iteration
 from testbed.spec.policy import DEFAULT_POLICY, UnknownPolicy, parse_policy
 from testbed.trace import metrics as M
@@ -110,9 +111,13 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     ``bubble_fill_fraction``, ``prefill_tokens_per_s`` (prefilled tokens over the measured
     iterations' wall time), ``requests_assigned``, ``requests_completed`` (first token at a decode
     host), ``requests_decoded``, ``ttft_p50_s``/``ttft_p99_s`` (arrival to first token at the decode
-    host, KV transfer included), ``training_ops_delayed_by_prefill`` (forward/backward operations
+    host, KV transfer included), ``ttft_within_slo_share`` (of the requests assigned, those whose
+    first token came within ``ttft_slo_s``), ``prefill_overrun_fraction`` and
+    ``decode_overrun_fraction`` (prefill slices and decode steps whose real time exceeded their
+    padded target), ``training_ops_delayed_by_prefill`` (forward/backward operations
     whose input had arrived while a chunk ran and which started more than 1 ms later), and the
-    bubble profile's prediction error (``bubbletea.profile.prediction_error_stats``)."""
+    error of the bubbles the workers' slot predictors predicted as they placed chunks, against the
+    bubbles observed (``bubbletea.profile.live_prediction_errors``, ``prediction_error_stats``)."""
     warmup = config["warmup_iterations"]
     if ev.empty:
         return {}
@@ -131,11 +136,12 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     decoded = [r for r in decode_log if r.get("event") == "decoded"]
     assigned = [r for r in read_jsonl(run_dir / "requests" / "dispatch.jsonl") if r.get("event") == "assign"]
     ttft = pd.Series([(r["first_token_ns"] - r["arrival_ns"]) / 1e9 for r in first], dtype=float)
+    slo_s = config["bubbletea"].get("ttft_slo_s", BubbleTeaSpec().ttft_slo_s)
     delays = train[train[T.KIND].isin((T.FORWARD, T.BACKWARD))]
     delays = delays[T.PREFILL_DELAY_NS] if T.PREFILL_DELAY_NS in delays else pd.Series(dtype=float)
     windows = B.bubble_windows(train)
     windows.to_parquet(run_dir / "bubbles.parquet", index=False)  # the bubble profile's raw material
-    errors = prediction_error_stats(prediction_errors(windows, warmup, config["bubbletea"]["profile_iterations"]))
+    errors = prediction_error_stats(live_prediction_errors(ev, warmup))  # the predictor that placed the chunks
     return {
         **out,
         M.BUBBLE_FILL_FRACTION: fill.get("bubble_fill_fraction"),
@@ -146,6 +152,14 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
         M.REQUESTS_DECODED: len(decoded),
         M.TTFT_P50_S: float(ttft.quantile(0.5)) if len(ttft) else None,
         M.TTFT_P99_S: float(ttft.quantile(0.99)) if len(ttft) else None,
+        M.TTFT_WITHIN_SLO_SHARE: float((ttft <= slo_s).sum() / len(assigned)) if assigned else None,
+        M.TTFT_SLO_S: slo_s,
+        M.PREFILL_OVERRUN_FRACTION: float((pre[T.REAL_NS] > pre[T.TARGET_NS]).mean())
+        if len(pre) and T.TARGET_NS in pre
+        else None,
+        M.DECODE_OVERRUN_FRACTION: sum(r.get("decode_overrun_steps", 0) for r in decoded) / steps
+        if (steps := sum(max(0, r["output_tokens"] - 1) for r in decoded))
+        else None,
         M.TRAINING_OPS_DELAYED_BY_PREFILL: int((delays.fillna(0) > DELAY_THRESHOLD_NS).sum()),
         M.BUBBLE_PREDICTION_ERROR_P50_MS: errors.get("abs_error_p50_ms"),
         M.BUBBLE_PREDICTION_ERROR_P99_MS: errors.get("abs_error_p99_ms"),

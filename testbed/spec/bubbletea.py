@@ -27,7 +27,10 @@ class BubbleTeaSpec:
     clipped to ``max_prompt_tokens`` and decode to ``max_output_tokens`` (both within the context).
     A chunk holds at most ``max_chunk_tokens``; a worker starts a chunk only if its predicted end
     plus ``guard_ms`` falls inside the predicted bubble, predicted as the minimum of the slot's
-    last ``profile_iterations`` bubbles. ``decode``: decode hosts run the decode steps."""
+    last ``profile_iterations`` bubbles. ``decode``: decode hosts run the decode steps.
+    ``ttft_slo_s``: the time to first token a request is judged against (s, wall time; the summary
+    reports the share of requests within it). Its default, 1 s, is a round figure for an
+    interactive service, not a published one: set your own."""
 
     model: ModelConfig = field(default_factory=lambda: ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=2048))
     request_rate: float = 4.0
@@ -40,6 +43,7 @@ class BubbleTeaSpec:
     guard_ms: float = 3.0
     profile_iterations: int = 3
     decode: bool = True
+    ttft_slo_s: float = 1.0
 
 
 def bubbletea_from_dict(d: dict[str, Any]) -> BubbleTeaSpec:
@@ -81,6 +85,8 @@ def check_bubbletea(source: str, bt: BubbleTeaSpec, iterations: int | None) -> N
             f"is above {MAX_REQUEST_RATE:g} requests per second",
             "lower it: the workers' bubbles hold a few tens of prefills per second",
         )
+    if not (math.isfinite(bt.ttft_slo_s) and bt.ttft_slo_s > 0):
+        raise bad("bubbletea.ttft_slo_s", bt.ttft_slo_s, "is not a finite number of seconds above 0", "give e.g. 1.0")
     if not (math.isfinite(bt.guard_ms) and bt.guard_ms >= 0):
         raise bad("bubbletea.guard_ms", bt.guard_ms, "is not a finite number of ms >= 0", "give e.g. 3")
     for key in ("max_prompt_tokens", "max_output_tokens", "max_chunk_tokens", "profile_iterations"):

@@ -212,10 +212,11 @@ def _parse_bubbletea(source: str, data: Any) -> BubbleTeaSpec:
         "guard_ms",
         "profile_iterations",
         "decode",
+        "ttft_slo_s",
     )
     b = FieldReader(source, data, "bubbletea", keys)
     kw: dict[str, Any] = {}
-    for key in ("request_rate", "time_scale", "rate_factor", "guard_ms"):
+    for key in ("request_rate", "time_scale", "rate_factor", "guard_ms", "ttft_slo_s"):
         if key in b.data:
             kw[key] = b.get(key, _num(float, 4.0), REQUIRED)
     for key in ("max_prompt_tokens", "max_output_tokens", "max_chunk_tokens", "profile_iterations"):

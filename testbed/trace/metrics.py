@@ -59,6 +59,12 @@ REQUESTS_ASSIGNED, REQUESTS_COMPLETED, REQUESTS_DECODED = (
     "requests_decoded",
 )
 TTFT_P50_S, TTFT_P99_S = "ttft_p50_s", "ttft_p99_s"
+#: the share of the requests assigned to workers whose first token came within ``ttft_slo_s``
+#: (a request not finished by the run's end counts as outside it)
+TTFT_WITHIN_SLO_SHARE, TTFT_SLO_S = "ttft_within_slo_share", "ttft_slo_s"
+#: BubbleTea's padded work whose real time exceeded its target: prefill slices (of all in the run)
+#: and decode steps (of all the decode hosts ran)
+PREFILL_OVERRUN_FRACTION, DECODE_OVERRUN_FRACTION = "prefill_overrun_fraction", "decode_overrun_fraction"
 TRAINING_OPS_DELAYED_BY_PREFILL = "training_ops_delayed_by_prefill"
 BUBBLE_PREDICTION_ERROR_P50_MS, BUBBLE_PREDICTION_ERROR_P99_MS = (
     "bubble_prediction_error_p50_ms",

@@ -19,6 +19,13 @@ REAL_NS, PADDED_NS, LOSS, READY_NS = "real_ns", "padded_ns", "loss", "ready_ns"
 #: prefill chunk then held the operation back (``prefill_delay_ns``); on prefill chunks, the request,
 #: the chunk's first position and its tokens
 PREFILL_DELAY_NS, RID, CHUNK_START, TOKENS = "prefill_delay_ns", "rid", "chunk_start", "tokens"
+#: BubbleTea: on a wait BubbleTea fills (receive wait, send drain, all-reduce), the bubble its
+#: worker's slot predictor predicted when the wait began (``predicted_bubble_ns``; absent: none
+#: predicted) and the bubble observed (``bubble_ns``: from the end of the worker's previous
+#: compute, or the wait's start, to when the data arrived or the wait ended)
+PREDICTED_BUBBLE_NS, BUBBLE_NS = "predicted_bubble_ns", "bubble_ns"
+#: on a prefill slice, the emulated GPU's time for the blocks it ran (its padding target)
+TARGET_NS = "target_ns"
 COLUMNS = [
     WORKER,
     HOST,
@@ -37,6 +44,9 @@ COLUMNS = [
     LOSS,
     READY_NS,
     PREFILL_DELAY_NS,
+    PREDICTED_BUBBLE_NS,
+    BUBBLE_NS,
+    TARGET_NS,
     RID,
     CHUNK_START,
     TOKENS,

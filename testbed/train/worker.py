@@ -164,9 +164,17 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         if not seen:
             ctl.send(DONE, src, rank, it, m)
         ready = during_prefill or t1
-        ev.write(T.RECV_WAIT, t0, t1, **{T.ITERATION: it, T.MICROBATCH: m}, bytes=act_bytes, peer=src, ready_ns=ready)
-        if server is not None:
-            server.observe(slot, (ready - prev_end[0]) / 1e9)
+        bubble = server.observe(slot, (ready - prev_end[0]) / 1e9) if server is not None else {}
+        ev.write(
+            T.RECV_WAIT,
+            t0,
+            t1,
+            **{T.ITERATION: it, T.MICROBATCH: m},
+            bytes=act_bytes,
+            peer=src,
+            ready_ns=ready,
+            **bubble,
+        )
         return buf, ready, during_prefill is not None
 
     def computed(kind: str, t0: int, fields: dict, ready: int | None, held: bool) -> None:
@@ -249,9 +257,10 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
             )
         for w in pending:
             w.wait()
+        bubble = {}
         if server is not None:
-            server.observe(T.SEND_DRAIN_SLOT, ((drained or now_ns()) - prev_end[0]) / 1e9)
-        ev.write(T.SEND_WAIT, t0, now_ns(), **fields)
+            bubble = server.observe(T.SEND_DRAIN_SLOT, ((drained or now_ns()) - prev_end[0]) / 1e9)
+        ev.write(T.SEND_WAIT, t0, now_ns(), **fields, **bubble)
         if R > 1:
             t0 = now_ns()
             flat = torch.cat([p.grad.reshape(-1) for p in params])
@@ -259,15 +268,16 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
             if server is not None:  # BubbleTea: fill while the gradients travel (and the peers arrive)
                 reduced = server.fill_until(T.ALLREDUCE_SLOT, t0, work.is_completed)
             work.wait()
+            bubble = {}
             if server is not None:
-                server.observe(T.ALLREDUCE_SLOT, ((reduced or now_ns()) - t0) / 1e9)
+                bubble = server.observe(T.ALLREDUCE_SLOT, ((reduced or now_ns()) - t0) / 1e9)
             flat /= R
             offset = 0
             for p in params:
                 n = p.numel()
                 p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
                 offset += n
-            ev.write(T.ALLREDUCE, t0, now_ns(), **fields, bytes=flat.numel() * 4)
+            ev.write(T.ALLREDUCE, t0, now_ns(), **fields, bytes=flat.numel() * 4, **bubble)
         t0 = now_ns()
         opt.step()
         opt.zero_grad(set_to_none=False)

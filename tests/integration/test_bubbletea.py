@@ -54,6 +54,17 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
             assert len(inside), f"worker {w}: a chunk outside its waits"
             filled.update(inside[T.KIND])
     assert filled == {T.RECV_WAIT, T.SEND_WAIT, T.ALLREDUCE}, filled
+    # the summary scores the predictions the workers placed chunks by: every kind of wait carries
+    # its live prediction and observed bubble, and the summary's figures come from those
+    predicted = waits[waits[T.PREDICTED_BUBBLE_NS].notna()]
+    assert set(predicted[T.KIND]) == {T.RECV_WAIT, T.SEND_WAIT, T.ALLREDUCE}
+    measured = predicted[predicted[T.ITERATION] >= exp.warmup_iterations]
+    error_ms = (measured[T.BUBBLE_NS] - measured[T.PREDICTED_BUBBLE_NS]).abs() / 1e6
+    assert bt["bubble_prediction_error_p50_ms"] == pytest.approx(error_ms.quantile(0.5))
+    assert 0 <= bt["ttft_within_slo_share"] <= 1 and bt["ttft_slo_s"] == exp.bubbletea.ttft_slo_s
+    # every padded kind's overruns are counted: prefill slices against their targets, decode steps
+    assert bt["prefill_overrun_fraction"] == pytest.approx((pre[T.REAL_NS] > pre[T.TARGET_NS]).mean())
+    assert 0 <= bt["decode_overrun_fraction"] <= 1
     # each completed request's first token came from one worker's prefill of its whole (clipped) prompt
     rows = [
         json.loads(x)

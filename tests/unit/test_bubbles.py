@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from testbed.bubbletea import windows as Bu
-from testbed.bubbletea.profile import bubble_profile, prediction_error_stats, prediction_errors
+from testbed.bubbletea.profile import bubble_profile, live_prediction_errors, prediction_error_stats, prediction_errors
 from testbed.plan.schedule import one_f_one_b
 from testbed.trace import schema as T
 
@@ -330,3 +330,24 @@ def test_fill_stats_warmup_and_no_prefill():
     assert all_its["prefill_in_bubbles_s"] == pytest.approx(0.027)
     with pytest.raises(ValueError, match="prefill"):
         Bu.fill_stats(ev, prefill.drop(columns=[T.END_NS]))
+
+
+def test_the_live_predictions_the_chunks_were_placed_by_are_the_ones_scored():
+    """Wait events carrying the slot predictor's prediction (``PrefillServer.observe``): those of
+    measured iterations are scored against the bubble observed; a wait nothing was predicted for
+    and the warm-up iteration are left out."""
+    rows = []
+    for it, (pred_ms, seen_ms) in enumerate([(50, 10), (30, 36), (40, 31), (None, 20)]):
+        r = op(0, T.RECV_WAIT, it, 1, it * PERIOD_MS, it * PERIOD_MS + seen_ms)
+        r[T.BUBBLE_NS] = seen_ms * MS
+        r[T.PREDICTED_BUBBLE_NS] = None if pred_ms is None else pred_ms * MS
+        rows.append(r)
+    rows.append(op(0, T.FORWARD, 1, 1, 100, 140))  # not a wait: no prediction
+    err = live_prediction_errors(pd.DataFrame(rows), warmup=1)
+    assert list(err.columns) == Bu.ERROR_COLUMNS
+    assert err[T.ITERATION].tolist() == [1, 2]
+    assert (err[Bu.ERROR_S] * 1e3).tolist() == pytest.approx([6, -9])  # observed - predicted
+    st = prediction_error_stats(err)
+    assert st["windows"] == 2 and st["over_predicted_share"] == 0.5
+    assert st["abs_error_p50_ms"] == pytest.approx(7.5)
+    assert live_prediction_errors(pd.DataFrame([op(0, T.FORWARD, 1, 1, 0, 40)]).drop(columns=[T.BUBBLE_NS]), 0).empty

@@ -140,6 +140,8 @@ def test_declared_decode_hosts_never_train():
         ({"requests": 42}, "bubbletea.requests", "is not a file"),
         ({"guard_ms": float("nan")}, "bubbletea.guard_ms", "finite"),
         ({"guard_ms": float("inf")}, "bubbletea.guard_ms", "finite"),
+        ({"ttft_slo_s": 0}, "bubbletea.ttft_slo_s", "above 0"),
+        ({"ttft_slo_s": float("nan")}, "bubbletea.ttft_slo_s", "finite"),
         ({"request_rate": float("inf")}, "bubbletea.request_rate", "finite"),
         ({"request_rate": 5000}, "bubbletea.request_rate", "above 1000"),
         ({"max_chunk_tokens": 4}, "bubbletea.max_chunk_tokens", "smallest chunk"),
