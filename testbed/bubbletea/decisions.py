@@ -6,8 +6,9 @@ and which worker a request goes to. The mechanisms that use them: ``prefill.py``
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from testbed.bubbletea.windows import fits
 from testbed.spec.bubbletea import MIN_CHUNK_TOKENS
@@ -46,6 +47,45 @@ def chunk_that_fits(
             return n
         n //= 2
     return 0
+
+
+@dataclass
+class KVBudget:
+    """Admission control of one worker's emulated GPU memory (bytes): ``device_bytes`` it holds
+    besides KV caches (``plan/memory.device_bytes_besides_kv``), ``budget_bytes`` the experiment's
+    ``gpu_memory_mb`` (None: no budget, every request admitted). A request is admitted (its first
+    chunk may start) only if its whole prompt's KV cache fits beside the caches held; a cache is
+    held from then until it has been handed to the decode host. ``peak_bytes``: the most the GPU
+    held. Thread-safe (the KV sender releases from its own thread)."""
+
+    device_bytes: int
+    budget_bytes: int | None = None
+    held_bytes: int = 0
+    peak_bytes: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.peak_bytes = max(self.peak_bytes, self.device_bytes + self.held_bytes)
+
+    def admits(self, nbytes: int) -> bool:
+        """Whether a cache of ``nbytes`` more fits the budget now."""
+        with self._lock:
+            return self.budget_bytes is None or self.device_bytes + self.held_bytes + nbytes <= self.budget_bytes
+
+    def hold(self, nbytes: int) -> None:
+        with self._lock:
+            self.held_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.device_bytes + self.held_bytes)
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            self.held_bytes -= nbytes
+
+    @property
+    def used_bytes(self) -> int:
+        """What the GPU holds now: ``device_bytes`` and the caches held."""
+        with self._lock:
+            return self.device_bytes + self.held_bytes
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from testbed.bubbletea.decisions import (
+    KVBudget,
     QueuedPrompt,
     SlotPredictor,
     choose_chunk,
@@ -35,6 +36,7 @@ from testbed.bubbletea.decisions import (
 )
 from testbed.bubbletea.inference import InferenceModel, KVCache, prompt_tokens_for
 from testbed.bubbletea.layerwise import LayerwisePrefill
+from testbed.plan.memory import kv_cache_bytes
 from testbed.spec.bubbletea import BubbleTeaSpec
 from testbed.trace import schema as T
 from testbed.trace.clock import now_ns
@@ -55,6 +57,8 @@ class Job:
     tokens: torch.Tensor
     output_tokens: int
     pos: int = 0
+    #: the bytes of its whole prompt's KV cache, held against the memory budget once admitted
+    kv_bytes: int = 0
     cache: KVCache | None = None
     logits: torch.Tensor | None = None
     first_start_ns: int | None = None
@@ -68,7 +72,8 @@ class PrefillServer:
     """A worker's prefill: ``spec`` the experiment's BubbleTea section, ``s_per_flop`` the emulated
     GPU's speed, ``inbox`` and ``dispatcher`` the Unix sockets requests come in on and profiles go
     out to, ``decode_addr`` the decode host of the worker's DC (None: caches are not sent),
-    ``prior`` the schedule's predicted bubble of each slot (``SlotPredictor``)."""
+    ``prior`` the schedule's predicted bubble of each slot (``SlotPredictor``), ``budget`` the
+    emulated GPU's memory and its admission control (``KVBudget``; None: no budget)."""
 
     def __init__(
         self,
@@ -82,6 +87,7 @@ class PrefillServer:
         decode_addr: str | None,
         padded: bool,
         prior: dict[str, float] | None = None,
+        budget: KVBudget | None = None,
     ) -> None:
         self.cfg = spec.model
         self.model = InferenceModel(self.cfg, seed)
@@ -89,6 +95,7 @@ class PrefillServer:
         self.guard_s = spec.guard_ms / 1000
         self.max_chunk = spec.max_chunk_tokens
         self.predictor = SlotPredictor(spec.profile_iterations, prior)
+        self.budget = budget or KVBudget(0)
         self.jobs: deque[Job] = deque()
         self.inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.inbox.bind(inbox)
@@ -155,16 +162,18 @@ class PrefillServer:
 
     def _next_chunk(self, predicted_s: float, elapsed_s: float) -> tuple[Job, int, float] | None:
         """The chunk to run now (``decisions.choose_chunk``) as (job, tokens, padded seconds)."""
+        # admission control: a request not yet started waits while its KV cache would not fit
+        jobs = [j for j in self.jobs if j.kv_bytes or self.budget.admits(kv_cache_bytes(self.cfg, j.tokens.numel()))]
         queued = [
             QueuedPrompt(
                 j.pos,
                 j.tokens.numel() - j.pos,
                 None if j.partial is None else (j.partial_tokens, j.partial_target_s, j.partial.layers_done),
             )
-            for j in self.jobs
+            for j in jobs
         ]
         pick = choose_chunk(queued, self.cfg, predicted_s, elapsed_s, self.guard_s, self.max_chunk, self.s_per_flop)
-        return None if pick is None else (self.jobs[pick[0]], pick[1], pick[2])
+        return None if pick is None else (jobs[pick[0]], pick[1], pick[2])
 
     def _run_chunk(self, job: Job, n: int, target_s: float, arrived: Callable[[], bool]) -> int | None:
         """Run (or resume) a chunk of ``n`` tokens, one block at a time, each padded to its share of
@@ -172,6 +181,9 @@ class PrefillServer:
         in ``job.partial`` for a later bubble). Returns when the data arrived, if it did."""
         t0 = now_ns()
         job.first_start_ns = job.first_start_ns or t0
+        if not job.kv_bytes:  # admitted: its cache is held until handed to the decode host
+            job.kv_bytes = kv_cache_bytes(self.cfg, job.tokens.numel())
+            self.budget.hold(job.kv_bytes)
         if job.partial is None:
             job.partial = LayerwisePrefill(self.model, job.tokens[job.pos : job.pos + n], job.cache)
             job.partial_tokens, job.partial_target_s = n, target_s
@@ -201,6 +213,7 @@ class PrefillServer:
             real_ns=real,
             padded_ns=t1 - t0,
             target_ns=int(per_block_s * (part.layers_done - start_block) * 1e9),
+            memory_bytes=self.budget.used_bytes,
             rid=job.rid,
             chunk_start=job.pos,
             tokens=n if done else 0,  # a chunk's tokens count once, on the slice that completes it
@@ -255,7 +268,7 @@ class PrefillServer:
             "prefill_start_ns": job.first_start_ns,
             "prefill_end_ns": now_ns(),
         }
-        self._kv.put((header, job.cache))
+        self._kv.put((header, job.cache, job.kv_bytes))
 
     def _send_loop(self, addr: str | None) -> None:
         sock = None
@@ -263,9 +276,10 @@ class PrefillServer:
             item = self._kv.get()
             if item is None:
                 break
+            header, cache, held = item
             if addr is None:
+                self.budget.release(held)
                 continue
-            header, cache = item
             payload = cache.to_bytes()
             header = {**header, "kv_bytes": len(payload), "sent_ns": now_ns()}
             data = json.dumps(header).encode()
@@ -283,6 +297,7 @@ class PrefillServer:
                         print(f"request {header['rid']}: KV cache not delivered to {addr}: {e}", file=sys.stderr)
                     else:
                         time.sleep(0.1 * (attempt + 1))
+            self.budget.release(held)  # handed off (or given up): the GPU no longer holds it
         if sock is not None:
             sock.close()
 

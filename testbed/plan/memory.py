@@ -89,12 +89,28 @@ def block_activation_bytes(
 STATE_BYTES_PER_PARAM = 16
 
 
+def kv_cache_bytes(cfg: ModelConfig, tokens: int, tensor_parallel: int = 1) -> int:
+    """The KV cache of ``tokens`` positions of the inference model on one of ``tensor_parallel``
+    devices: a key and a value of d_model per layer and position (2 x n_layers x tokens x d_model
+    values, ``cfg.value_bytes`` each; ``bubbletea/inference.KVCache``)."""
+    return math.ceil(2 * cfg.n_layers * tokens * cfg.d_model * cfg.value_bytes / tensor_parallel)
+
+
 def inference_bytes(cfg: ModelConfig, tensor_parallel: int = 1, queued: int = QUEUED_REQUESTS) -> int:
     """What BubbleTea's inference model takes on one of ``tensor_parallel`` devices: its weights and
-    the KV caches of ``queued`` prompts at full context (2 x n_layers x seq_len x d_model values),
+    the KV caches of ``queued`` prompts at full context (``kv_cache_bytes`` of seq_len positions),
     ``cfg.value_bytes`` a value."""
-    kv = 2 * cfg.n_layers * cfg.seq_len * cfg.d_model
-    return math.ceil((cfg.params() + queued * kv) * cfg.value_bytes / tensor_parallel)
+    weights = math.ceil(cfg.params() * cfg.value_bytes / tensor_parallel)
+    return weights + queued * kv_cache_bytes(cfg, cfg.seq_len, tensor_parallel)
+
+
+def device_bytes_besides_kv(exp: Experiment, stage: int) -> int:
+    """What one emulated GPU of ``stage`` holds under BubbleTea besides its KV caches: its stage's
+    training state and activations in flight (``stage_device_bytes``) and the inference model's
+    weights; the budget ``gpu_memory_mb`` less this is the room BubbleTea's admission control gives
+    the caches of the prompts it prefills (``bubbletea.decisions.KVBudget``)."""
+    train = stage_device_bytes(exp.model, exp.stages, stage, exp.microbatch_size, in_flight(exp, stage))
+    return train + inference_bytes(exp.bubbletea.model, queued=0)
 
 
 def stage_device_bytes(

@@ -77,12 +77,20 @@ class BubbleTeaConfig:
     prior_s: dict[str, dict[str, float]] = field(default_factory=dict)
     #: the iteration the prior comes from (s; 0: none)
     prior_iteration_s: float = 0.0
+    #: what each worker's emulated GPU holds besides KV caches (rank as a string -> bytes:
+    #: ``plan/memory.device_bytes_besides_kv``) and the budget (``gpu_memory_mb`` in bytes; None:
+    #: no admission control)
+    device_bytes: dict[str, int] = field(default_factory=dict)
+    gpu_memory_bytes: int | None = None
 
     def inbox_of(self, rank: int) -> str:
         return self.inbox.format(rank=rank)
 
     def prior_of(self, rank: int) -> dict[str, float]:
         return self.prior_s.get(str(rank), {})
+
+    def device_bytes_of(self, rank: int) -> int:
+        return self.device_bytes.get(str(rank), 0)
 
 
 @dataclass(frozen=True)

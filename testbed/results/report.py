@@ -123,6 +123,8 @@ EXTRA_ROWS = [
     (M.TTFT_SLO_S, "TTFT SLO (s)"),
     (M.PREFILL_OVERRUN_FRACTION, "prefill overrun fraction"),
     (M.DECODE_OVERRUN_FRACTION, "decode overrun fraction"),
+    (M.PEAK_GPU_MEMORY_MB, "peak GPU memory (MiB)"),
+    (M.GPU_MEMORY_MB, "GPU memory budget (MiB)"),
     (M.TRAINING_OPS_DELAYED_BY_PREFILL, "training ops delayed by prefill"),
     (M.BUBBLE_PREDICTION_ERROR_P50_MS, "bubble prediction error p50 (ms)"),
 ]

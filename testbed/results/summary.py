@@ -114,7 +114,9 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     host, KV transfer included), ``ttft_within_slo_share`` (of the requests assigned, those whose
     first token came within ``ttft_slo_s``), ``prefill_overrun_fraction`` and
     ``decode_overrun_fraction`` (prefill slices and decode steps whose real time exceeded their
-    padded target), ``training_ops_delayed_by_prefill`` (forward/backward operations
+    padded target), ``peak_gpu_memory_mb`` (the most a training host's emulated GPU held while
+    prefilling, KV caches admitted included) beside ``gpu_memory_mb``,
+    ``training_ops_delayed_by_prefill`` (forward/backward operations
     whose input had arrived while a chunk ran and which started more than 1 ms later), and the
     error of the bubbles the workers' slot predictors predicted as they placed chunks, against the
     bubbles observed (``bubbletea.profile.live_prediction_errors``, ``prediction_error_stats``)."""
@@ -157,6 +159,10 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
         M.PREFILL_OVERRUN_FRACTION: float((pre[T.REAL_NS] > pre[T.TARGET_NS]).mean())
         if len(pre) and T.TARGET_NS in pre
         else None,
+        M.PEAK_GPU_MEMORY_MB: float(pre[T.MEMORY_BYTES].max() / 2**20)
+        if len(pre) and T.MEMORY_BYTES in pre and pre[T.MEMORY_BYTES].notna().any()
+        else None,
+        M.GPU_MEMORY_MB: config.get("gpu_memory_mb"),
         M.DECODE_OVERRUN_FRACTION: sum(r.get("decode_overrun_steps", 0) for r in decoded) / steps
         if (steps := sum(max(0, r["output_tokens"] - 1) for r in decoded))
         else None,

@@ -14,6 +14,7 @@ from testbed.net.network import Network
 from testbed.net.registry import control_dir
 from testbed.plan.bubble_timeline import END, bubble_timeline
 from testbed.plan.cost_model import optimizer_s
+from testbed.plan.memory import device_bytes_besides_kv
 from testbed.plan.placement import WorkerSpec, decode_hosts
 from testbed.plan.worker_config import BubbleTeaConfig
 from testbed.spec.experiment import Experiment
@@ -47,6 +48,8 @@ def prepare_bubbletea(
         decode_hosts={dc: str(net.host(h).ip) for dc, h in hosts.items()},
         prior_s=prior,
         prior_iteration_s=iteration_s,
+        device_bytes={str(w.rank): device_bytes_besides_kv(exp, w.stage) for w in workers},
+        gpu_memory_bytes=None if exp.gpu_memory_mb is None else int(exp.gpu_memory_mb * 2**20),
     )
     ranks = [w.rank for w in workers]
     d = Dispatcher(bt, reqs, ranks, s_per_flop, Path(cfg.dispatcher), cfg.inbox, out_dir, tuple(hosts))

@@ -65,6 +65,10 @@ TTFT_WITHIN_SLO_SHARE, TTFT_SLO_S = "ttft_within_slo_share", "ttft_slo_s"
 #: BubbleTea's padded work whose real time exceeded its target: prefill slices (of all in the run)
 #: and decode steps (of all the decode hosts ran)
 PREFILL_OVERRUN_FRACTION, DECODE_OVERRUN_FRACTION = "prefill_overrun_fraction", "decode_overrun_fraction"
+#: BubbleTea: the most memory a training host's emulated GPU held while prefilling (MiB: training
+#: state, activations in flight, the inference model, the KV caches admitted) and its budget
+#: (``gpu_memory_mb``; None: none, no admission control)
+PEAK_GPU_MEMORY_MB, GPU_MEMORY_MB = "peak_gpu_memory_mb", "gpu_memory_mb"
 TRAINING_OPS_DELAYED_BY_PREFILL = "training_ops_delayed_by_prefill"
 BUBBLE_PREDICTION_ERROR_P50_MS, BUBBLE_PREDICTION_ERROR_P99_MS = (
     "bubble_prediction_error_p50_ms",

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from testbed.atlas.channel import DONE, READY, RECV, ControlClient
+from testbed.bubbletea.decisions import KVBudget
 from testbed.bubbletea.prefill import PrefillServer
 from testbed.model.gpt import Stage, lm_loss
 from testbed.plan.placement import rank_of
@@ -135,6 +136,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
             bt.decode_hosts.get(me.dc),
             exp.padded,
             bt.prior_of(rank),
+            KVBudget(bt.device_bytes_of(rank), bt.gpu_memory_bytes),
         )
         if server.predictor.ready:  # the schedule's prediction: the dispatcher may start at once
             server.report(-1, bt.prior_iteration_s)

@@ -65,6 +65,9 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
     # every padded kind's overruns are counted: prefill slices against their targets, decode steps
     assert bt["prefill_overrun_fraction"] == pytest.approx((pre[T.REAL_NS] > pre[T.TARGET_NS]).mean())
     assert 0 <= bt["decode_overrun_fraction"] <= 1
+    # the emulated GPU's memory while prefilling: what the workers held, never below their fixed part
+    assert bt["peak_gpu_memory_mb"] == pytest.approx(pre[T.MEMORY_BYTES].max() / 2**20)
+    assert bt["gpu_memory_mb"] is None  # no budget set: nothing waited for memory
     # each completed request's first token came from one worker's prefill of its whole (clipped) prompt
     rows = [
         json.loads(x)

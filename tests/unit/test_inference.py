@@ -354,3 +354,48 @@ def test_a_prefill_stopped_at_a_layer_boundary_resumes_exactly(stop_after):
     assert torch.equal(got, logits)
     assert all(torch.equal(a, b) for a, b in zip(cache.keys + cache.values, straight.keys + straight.values))
     assert torch.equal(prefill_chunk(model, prompt[32:], cache)[1], prefill_chunk(model, prompt[32:], straight)[1])
+
+
+# ---- memory: the KV caches' budget ---------------------------------------------------------------
+
+
+def test_a_kv_cache_is_the_bytes_the_formula_gives(model):
+    from testbed.plan.memory import kv_cache_bytes
+
+    cache, _ = prefill(model, torch.arange(40) % CFG.vocab, 16)
+    assert len(cache.to_bytes()) - KV_HEADER_BYTES == kv_cache_bytes(CFG, 40)
+
+
+def test_a_request_waits_while_its_kv_cache_would_exceed_the_budget(tmp_path):
+    """Admission control (``KVBudget``): a budget with room for one 32-token prompt's cache beside
+    what the GPU holds admits the first queued request and not the second until the first's cache
+    has been handed off; the peak is what was held at most."""
+    from dataclasses import replace
+
+    from testbed.bubbletea.decisions import KVBudget
+    from testbed.bubbletea.prefill import Job, PrefillServer
+    from testbed.plan.memory import kv_cache_bytes
+    from testbed.spec.bubbletea import BubbleTeaSpec
+    from testbed.trace.events import EventWriter
+
+    one = kv_cache_bytes(CFG, 32)
+    budget = KVBudget(device_bytes=1000, budget_bytes=1000 + one + one // 2)
+    spec = replace(BubbleTeaSpec(), model=CFG, max_prompt_tokens=32, max_output_tokens=8, max_chunk_tokens=64)
+    server = PrefillServer(
+        spec, 1e-12, SEED, 0, EventWriter(tmp_path / "ev.jsonl"), str(tmp_path / "in.sock"),
+        str(tmp_path / "d.sock"), None, False, None, budget,
+    )  # fmt: skip
+    try:
+        first, second = (Job(rid, 0, torch.arange(32) % CFG.vocab, 8) for rid in (1, 2))
+        server.jobs.extend([first, second])
+        job, n, target = server._next_chunk(predicted_s=1.0, elapsed_s=0.0)
+        assert job is first and n == 32
+        server._run_chunk(job, n, target, lambda: False)
+        assert first.pos == 32 and budget.held_bytes == one and budget.peak_bytes == 1000 + one
+        assert not budget.admits(one)
+        assert server._next_chunk(1.0, 0.0) is None  # the second waits: its cache would not fit
+        budget.release(first.kv_bytes)  # the first's cache handed to the decode host
+        job, _, _ = server._next_chunk(1.0, 0.0)
+        assert job is second
+    finally:
+        server.close()
