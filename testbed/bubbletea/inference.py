@@ -264,3 +264,18 @@ def prompt_tokens_for(rid: int, n: int, seed: int) -> torch.Tensor:
     _int("n", n, 1)
     rng = np.random.default_rng([_int("seed", seed, 0), _int("rid", rid, 0)])
     return torch.from_numpy(rng.integers(0, 256, n, dtype=np.int64))
+
+
+def prompt_tokens_from(corpus: torch.Tensor, rid: int, n: int, seed: int) -> torch.Tensor:
+    """The prompt of request ``rid`` as real text: LongTensor (n,) of the byte ids of ``n``
+    consecutive bytes of ``corpus`` (the run's training text, which every worker holds the same),
+    from an offset drawn as ``prompt_tokens_for`` draws its ids (PCG64 seeded with (seed, rid)), so
+    the same on every host; a corpus shorter than ``n`` is repeated. Raises ``InferenceError``
+    unless n >= 1, rid, seed >= 0 and the corpus is not empty."""
+    _int("n", n, 1)
+    if corpus.numel() == 0:
+        raise InferenceError("the corpus is empty: there is no text to take prompts from")
+    rng = np.random.default_rng([_int("seed", seed, 0), _int("rid", rid, 0)])
+    start = int(rng.integers(0, corpus.numel()))
+    idx = (start + torch.arange(n)) % corpus.numel()
+    return corpus[idx].to(torch.int64)

@@ -34,7 +34,7 @@ from testbed.bubbletea.decisions import (
     choose_chunk,
     prefill_seconds,
 )
-from testbed.bubbletea.inference import InferenceModel, KVCache, prompt_tokens_for
+from testbed.bubbletea.inference import InferenceModel, KVCache, prompt_tokens_for, prompt_tokens_from
 from testbed.bubbletea.layerwise import LayerwisePrefill
 from testbed.plan.memory import kv_cache_bytes
 from testbed.spec.bubbletea import BubbleTeaSpec
@@ -73,7 +73,9 @@ class PrefillServer:
     GPU's speed, ``inbox`` and ``dispatcher`` the Unix sockets requests come in on and profiles go
     out to, ``decode_addr`` the decode host of the worker's DC (None: caches are not sent),
     ``prior`` the schedule's predicted bubble of each slot (``SlotPredictor``), ``budget`` the
-    emulated GPU's memory and its admission control (``KVBudget``; None: no budget)."""
+    emulated GPU's memory and its admission control (``KVBudget``; None: no budget), ``corpus``
+    the text prompts are taken from (``inference.prompt_tokens_from``; None: random byte ids, as
+    a trace gives only lengths: ``prompt_tokens_for``)."""
 
     def __init__(
         self,
@@ -88,6 +90,7 @@ class PrefillServer:
         padded: bool,
         prior: dict[str, float] | None = None,
         budget: KVBudget | None = None,
+        corpus: torch.Tensor | None = None,
     ) -> None:
         self.cfg = spec.model
         self.model = InferenceModel(self.cfg, seed)
@@ -96,6 +99,7 @@ class PrefillServer:
         self.max_chunk = spec.max_chunk_tokens
         self.predictor = SlotPredictor(spec.profile_iterations, prior)
         self.budget = budget or KVBudget(0)
+        self.corpus = corpus
         self.jobs: deque[Job] = deque()
         self.inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.inbox.bind(inbox)
@@ -121,7 +125,9 @@ class PrefillServer:
                 Job(
                     msg["rid"],
                     msg["arrival_ns"],
-                    prompt_tokens_for(msg["rid"], msg["prompt"], self.seed),
+                    prompt_tokens_for(msg["rid"], msg["prompt"], self.seed)
+                    if self.corpus is None
+                    else prompt_tokens_from(self.corpus, msg["rid"], msg["prompt"], self.seed),
                     msg["output"],
                 )
             )

@@ -4,7 +4,7 @@ item 5), its limits and its checks."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 from testbed.errors import SpecError
@@ -21,7 +21,10 @@ class BubbleTeaSpec:
     """Prefill-in-the-bubbles (BubbleTea, DESIGN.md section 1 item 5), used by ``<policy>+bubbletea``.
 
     ``model``: the inference model each worker holds beside its stage (real weights from the
-    experiment's seed; ``seq_len`` is its context). Requests: the Azure 2023 trace's CSV
+    experiment's seed; ``seq_len`` is its context); None, the default: the training model's
+    layers, width and heads (the published setting serves an LLM of the kind being trained) with
+    a context of ``max_prompt_tokens + max_output_tokens`` (``served_model``; the experiment
+    resolves it when made). Requests: the Azure 2023 trace's CSV
     (``requests``, with ``time_scale`` and ``rate_factor``) or, without one, a synthetic stream at
     ``request_rate`` per second fitted to that trace (``requests.synthetic_requests``). Prompts are
     clipped to ``max_prompt_tokens`` and decode to ``max_output_tokens`` (both within the context).
@@ -32,7 +35,7 @@ class BubbleTeaSpec:
     reports the share of requests within it). Its default, 1 s, is a round figure for an
     interactive service, not a published one: set your own."""
 
-    model: ModelConfig = field(default_factory=lambda: ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=2048))
+    model: ModelConfig | None = None
     request_rate: float = 4.0
     requests: str | None = None
     time_scale: float = 1.0
@@ -48,7 +51,16 @@ class BubbleTeaSpec:
 
 def bubbletea_from_dict(d: dict[str, Any]) -> BubbleTeaSpec:
     """A BubbleTeaSpec from its ``asdict`` form (the workers' configuration)."""
-    return BubbleTeaSpec(**{**d, "model": ModelConfig(**d["model"])})
+    return BubbleTeaSpec(**{**d, "model": ModelConfig(**d["model"]) if d.get("model") else None})
+
+
+def served_model(bt: BubbleTeaSpec, training: ModelConfig) -> ModelConfig:
+    """The inference model BubbleTea serves: ``bt.model`` when given, else the training model's
+    layers, width, heads and vocabulary with a context of ``max_prompt_tokens +
+    max_output_tokens`` (every prompt and its output fit)."""
+    if bt.model is not None:
+        return bt.model
+    return replace(training, seq_len=bt.max_prompt_tokens + bt.max_output_tokens)
 
 
 def check_model_size(source: str, where: str, model: ModelConfig) -> None:
@@ -73,7 +85,8 @@ def check_bubbletea(source: str, bt: BubbleTeaSpec, iterations: int | None) -> N
     def bad(field: str, value: Any, problem: str, fix: str) -> SpecError:
         return SpecError(source, field, value, problem, fix)
 
-    check_model_size(source, "bubbletea.model", bt.model)
+    if bt.model is not None:
+        check_model_size(source, "bubbletea.model", bt.model)
     for key in ("request_rate", "time_scale", "rate_factor"):
         v = getattr(bt, key)
         if not (math.isfinite(v) and v > 0):
@@ -106,7 +119,7 @@ def check_bubbletea(source: str, bt: BubbleTeaSpec, iterations: int | None) -> N
             f"is not below iterations ({iterations})",
             "run more iterations (requests start once every worker has seen this many), or lower it",
         )
-    if bt.max_prompt_tokens + bt.max_output_tokens > bt.model.seq_len:
+    if bt.model is not None and bt.max_prompt_tokens + bt.max_output_tokens > bt.model.seq_len:
         raise bad(
             "bubbletea.max_prompt_tokens",
             bt.max_prompt_tokens,

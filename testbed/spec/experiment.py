@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
 from testbed.errors import SpecError
-from testbed.spec.bubbletea import BubbleTeaSpec, bubbletea_from_dict, check_bubbletea, check_model_size
+from testbed.spec.bubbletea import BubbleTeaSpec, bubbletea_from_dict, check_bubbletea, check_model_size, served_model
 from testbed.spec.compute import ComputeModel, DeviceModel, resolve_compute
 from testbed.spec.model import ModelConfig, activation_bytes, stage_layers
 from testbed.spec.policy import DEFAULT_POLICY, Policy, UnknownPolicy, parse_policy
@@ -98,6 +98,10 @@ class Experiment:
             object.__setattr__(self, "policy", resolve_policy(self.source, self.policy))
         if self.topology_spec is None:
             object.__setattr__(self, "topology_spec", load_topology(self.topology))
+        if self.bubbletea.model is None:  # BubbleTea serves a model of the training model's shape
+            object.__setattr__(
+                self, "bubbletea", replace(self.bubbletea, model=served_model(self.bubbletea, self.model))
+            )
 
     @property
     def global_batch(self) -> int:
@@ -166,6 +170,12 @@ class Experiment:
         ``topology`` (a shipped name or a path from the working folder, as on the command line) is
         loaded; a policy may be given by name."""
         changed = {k: v for k, v in kw.items() if v is not None}
+        if (
+            "model" in changed
+            and "bubbletea" not in changed
+            and self.bubbletea.model == served_model(replace(self.bubbletea, model=None), self.model)
+        ):  # the served model was the training model's shape: it follows the new one
+            changed["bubbletea"] = replace(self.bubbletea, model=None)
         if "topology" in changed and "topology_spec" not in changed:
             changed["topology_spec"] = load_topology(changed["topology"])
         if isinstance(changed.get("policy"), str):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.errors import SpecError
-from testbed.spec.bubbletea import BubbleTeaSpec
+from testbed.spec.bubbletea import BubbleTeaSpec, served_model
 from testbed.spec.compute import ComputeModel, DeviceModel, resolve_compute
 from testbed.spec.experiment import Experiment, check_experiment, resolve_policy
 from testbed.spec.model import ModelConfig
@@ -187,7 +187,7 @@ def parse_experiment(data: Any, source: str = "<memory>") -> Experiment:
             ckw["device"] = dev
         kw["compute"] = resolve_compute(source, ComputeModel(**ckw))
     if "bubbletea" in data:
-        kw["bubbletea"] = _parse_bubbletea(source, data["bubbletea"])
+        kw["bubbletea"] = _parse_bubbletea(source, data["bubbletea"], kw.get("model", ModelConfig()))
     exp = Experiment(**kw)
     check_experiment(exp)
     return exp
@@ -199,7 +199,9 @@ def _parse_model(source: str, data: Any, where: str, defaults: ModelConfig | Non
     return replace(defaults or ModelConfig(), **{k: m.get(k, _num(int, 128), REQUIRED) for k in m.data})
 
 
-def _parse_bubbletea(source: str, data: Any) -> BubbleTeaSpec:
+def _parse_bubbletea(source: str, data: Any, training: ModelConfig) -> BubbleTeaSpec:
+    """The BubbleTea section; a partial ``model`` takes its other fields from the served default,
+    the training model's shape (``served_model``)."""
     keys = (
         "model",
         "request_rate",
@@ -241,7 +243,8 @@ def _parse_bubbletea(source: str, data: Any) -> BubbleTeaSpec:
             raise b.fail("decode", "is not true or false", "write decode: true or decode: false")
         kw["decode"] = b.data["decode"]
     if "model" in b.data:
-        kw["model"] = _parse_model(source, b.data["model"], "bubbletea.model", BubbleTeaSpec().model)
+        default = served_model(BubbleTeaSpec(**kw), training)
+        kw["model"] = _parse_model(source, b.data["model"], "bubbletea.model", default)
     return BubbleTeaSpec(**kw)
 
 

@@ -137,6 +137,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
             exp.padded,
             bt.prior_of(rank),
             KVBudget(bt.device_bytes_of(rank), bt.gpu_memory_bytes),
+            train,  # prompts are real text of the corpus
         )
         if server.predictor.ready:  # the schedule's prediction: the dispatcher may start at once
             server.report(-1, bt.prior_iteration_s)

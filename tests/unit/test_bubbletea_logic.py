@@ -15,7 +15,6 @@ from testbed.bubbletea.decisions import (
     seconds_per_flop,
 )
 from testbed.errors import SpecError
-from testbed.spec.bubbletea import BubbleTeaSpec
 from testbed.spec.experiment_file import load_experiment, parse_experiment
 from testbed.spec.model import ModelConfig
 from testbed.spec.policy import parse_policy
@@ -85,11 +84,17 @@ def test_bubbletea_policies_and_section_are_validated():
     exp = parse_experiment({**base, "bubbletea": {"request_rate": 2, "decode": False}}, "x.yaml")
     assert exp.policy.bubbletea and exp.policy.base == "pp-fair"
     assert exp.bubbletea.request_rate == 2.0 and exp.bubbletea.decode is False
-    assert exp.bubbletea.model == BubbleTeaSpec().model
+    # by default BubbleTea serves a model of the training model's shape, with a context that
+    # holds the longest prompt and its output
+    t = exp.model
+    assert exp.bubbletea.model == ModelConfig(t.n_layers, t.d_model, t.n_heads, 1536 + 256)
     with pytest.raises(SpecError, match="policy"):
         parse_experiment({**base, "policy": "atlas+tea"}, "x.yaml")
-    with pytest.raises(SpecError, match="exceeds the inference model's context"):
-        parse_experiment({**base, "bubbletea": {"max_prompt_tokens": 2000, "max_output_tokens": 100}}, "x.yaml")
+    with pytest.raises(SpecError, match="exceeds the inference model's context"):  # a model given
+        section = {"max_prompt_tokens": 2000, "max_output_tokens": 100, "model": {"seq_len": 2048}}
+        parse_experiment({**base, "bubbletea": section}, "x.yaml")
+    longer = parse_experiment({**base, "bubbletea": {"max_prompt_tokens": 2000, "max_output_tokens": 100}}, "x.yaml")
+    assert longer.bubbletea.model.seq_len == 2100  # the served default's context grows with them
     with pytest.raises(SpecError, match="bubbletea.request_rate"):
         parse_experiment({**base, "bubbletea": {"request_rate": 0}}, "x.yaml")
     with pytest.raises(SpecError, match="decode"):
@@ -155,9 +160,15 @@ def test_bad_bubbletea_values_are_refused_at_load_time(section, field, problem):
     assert e.value.field == field and problem in str(e.value)
 
 
-def test_a_partial_bubbletea_model_keeps_the_inference_defaults(tmp_path):
-    exp = parse_experiment({"topology": "three_dc", "bubbletea": {"model": {"n_heads": 8}}}, "x.yaml")
-    assert exp.bubbletea.model == ModelConfig(n_layers=2, d_model=64, n_heads=8, seq_len=2048)
+def test_a_partial_bubbletea_model_keeps_the_served_defaults(tmp_path):
+    data = {"topology": "three_dc", "model": {"n_layers": 4, "d_model": 64}, "bubbletea": {"model": {"n_heads": 8}}}
+    exp = parse_experiment(data, "x.yaml")
+    assert exp.bubbletea.model == ModelConfig(n_layers=4, d_model=64, n_heads=8, seq_len=1536 + 256)
+    # a served model of the training model's shape follows it when the training model changes
+    plain = parse_experiment({"topology": "three_dc"}, "x.yaml")
+    bigger = plain.with_overrides(model=ModelConfig(n_layers=6, d_model=256, n_heads=8, seq_len=64))
+    assert bigger.bubbletea.model == ModelConfig(6, 256, 8, 1536 + 256)
+    assert exp.with_overrides(model=bigger.model).bubbletea.model.n_heads == 8  # one given stays
     trace = tmp_path / "trace.csv"
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n")
     (tmp_path / "exp.yaml").write_text("topology: three_dc\nbubbletea: {requests: trace.csv}\n")

@@ -399,3 +399,19 @@ def test_a_request_waits_while_its_kv_cache_would_exceed_the_budget(tmp_path):
         assert job is second
     finally:
         server.close()
+
+
+def test_prompts_are_real_text_of_the_corpus_the_same_on_every_host():
+    from testbed.bubbletea.inference import prompt_tokens_from
+
+    text = torch.frombuffer(bytearray(b"def f(x):\n    return x + 1\n" * 3), dtype=torch.uint8)
+    a = prompt_tokens_from(text, 7, 20, 0)
+    assert a.dtype == torch.int64 and a.shape == (20,)
+    assert torch.equal(a, prompt_tokens_from(text, 7, 20, 0))  # every host draws the same
+    joined = bytes(text.tolist()) * 2
+    assert bytes(a.tolist()) in joined  # consecutive bytes of the text
+    longer = prompt_tokens_from(text, 7, 200, 0)  # longer than the text: it repeats
+    assert torch.equal(longer[:20], a) and bytes(longer[: len(text)].tolist()) in joined
+    assert not torch.equal(a, prompt_tokens_from(text, 8, 20, 0))
+    with pytest.raises(InferenceError, match="empty"):
+        prompt_tokens_from(torch.empty(0, dtype=torch.uint8), 1, 5, 0)
