@@ -219,6 +219,7 @@ class PrefillServer:
             real_ns=real,
             padded_ns=t1 - t0,
             target_ns=int(per_block_s * (part.layers_done - start_block) * 1e9),
+            blocks=part.layers_done - start_block,
             memory_bytes=self.budget.used_bytes,
             rid=job.rid,
             chunk_start=job.pos,

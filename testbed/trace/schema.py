@@ -24,10 +24,10 @@ PREFILL_DELAY_NS, RID, CHUNK_START, TOKENS = "prefill_delay_ns", "rid", "chunk_s
 #: predicted) and the bubble observed (``bubble_ns``: from the end of the worker's previous
 #: compute, or the wait's start, to when the data arrived or the wait ended)
 PREDICTED_BUBBLE_NS, BUBBLE_NS = "predicted_bubble_ns", "bubble_ns"
-#: on a prefill slice, the emulated GPU's time for the blocks it ran (its padding target) and the
-#: bytes its memory then held (training state, activations in flight, the inference model, the KV
-#: caches admitted: ``bubbletea.decisions.KVBudget``)
-TARGET_NS, MEMORY_BYTES = "target_ns", "memory_bytes"
+#: on a prefill slice, the emulated GPU's time for the blocks it ran (its padding target), how many
+#: blocks (layers) it ran, and the bytes its memory then held (training state, activations in
+#: flight, the inference model, the KV caches admitted: ``bubbletea.decisions.KVBudget``)
+TARGET_NS, BLOCKS, MEMORY_BYTES = "target_ns", "blocks", "memory_bytes"
 COLUMNS = [
     WORKER,
     HOST,
@@ -49,6 +49,7 @@ COLUMNS = [
     PREDICTED_BUBBLE_NS,
     BUBBLE_NS,
     TARGET_NS,
+    BLOCKS,
     MEMORY_BYTES,
     RID,
     CHUNK_START,

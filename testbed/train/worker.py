@@ -37,6 +37,7 @@ from testbed.trace import schema as T
 from testbed.trace.clock import now_ns
 from testbed.trace.events import EventWriter
 from testbed.trace.startup import mark_startup
+from testbed.train.arrival import Arrival
 from testbed.train.data import batch
 from testbed.train.preload import Preloaded, preload
 
@@ -152,20 +153,17 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         t0 = now_ns()
         ctl.send(RECV, src, rank, it, m)
         works = post_recv_striped(buf, src, m, n)
-        seen = []
-
-        def arrived() -> bool:
-            if not seen and all(w.is_completed() for w in works):
-                seen.append(now_ns())
-                ctl.send(DONE, src, rank, it, m)  # the link is free for the next grant at once
-            return bool(seen)
-
-        during_prefill = server.fill(slot, prev_end[0], arrived) if server is not None else None
-        for w in works:
-            w.wait()
+        during_prefill = None
+        if server is None:
+            for w in works:
+                w.wait()
+            ctl.send(DONE, src, rank, it, m)  # the link is free for the next grant at once
+        else:  # BubbleTea: a thread sees the arrival (and frees the link) while prefill runs
+            arrival = Arrival(works, lambda: ctl.send(DONE, src, rank, it, m))
+            if server.fill(slot, prev_end[0], arrival.is_set) is not None:
+                during_prefill = arrival.wait()  # it arrived while a chunk ran: when it did
+            arrival.wait()
         t1 = now_ns()
-        if not seen:
-            ctl.send(DONE, src, rank, it, m)
         ready = during_prefill or t1
         bubble = server.observe(slot, (ready - prev_end[0]) / 1e9) if server is not None else {}
         ev.write(
@@ -254,12 +252,15 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
                     pending.extend(send(inp.grad, prev_rank, n_prev, it, m))
         fields = {T.ITERATION: it, T.MICROBATCH: -1}
         t0 = now_ns()
-        if server is not None:  # BubbleTea: fill the wait for the sends to drain
-            drained = server.fill_until(
-                T.SEND_DRAIN_SLOT, prev_end[0], lambda sends=tuple(pending): all(w.is_completed() for w in sends)
-            )
-        for w in pending:
-            w.wait()
+        drained = None
+        if server is None:
+            for w in pending:
+                w.wait()
+        else:  # BubbleTea: fill the wait for the sends to drain (a gloo work is waited on once)
+            drain = Arrival(pending)
+            if server.fill(T.SEND_DRAIN_SLOT, prev_end[0], drain.is_set) is not None:
+                drained = drain.wait()
+            drain.wait()
         bubble = {}
         if server is not None:
             bubble = server.observe(T.SEND_DRAIN_SLOT, ((drained or now_ns()) - prev_end[0]) / 1e9)

@@ -1,0 +1,55 @@
+"""Knowing, without blocking, that gloo point-to-point operations have finished.
+
+gloo's send and receive works report ``is_completed()`` only once ``wait()`` has been called on
+them: a receive whose bytes are all in its buffer still says False (torch 2.13's
+ProcessGroupGloo; ``tests/integration/test_bubbletea.py`` checks the replacement below on real
+runs), and ``wait(timeout)`` blocks past its timeout until the bytes are in. A worker that fills a
+wait with prefill (BubbleTea) must see the arrival while a chunk runs, so a thread waits on the
+works instead and records when they finished.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from testbed.trace.clock import now_ns
+
+
+class Arrival:
+    """The works ``works`` (gloo sends or receives) waited on by a daemon thread: ``is_set()``
+    says whether all have finished, ``t_ns`` when (``trace.clock.now_ns``); ``on_done`` is called
+    in that thread right then (Atlas's "done" message: the link is free at once). ``wait()``
+    blocks until they have and re-raises what a ``wait`` raised (a timeout, a dead peer)."""
+
+    def __init__(self, works: Sequence[Any], on_done: Callable[[], None] | None = None) -> None:
+        self.t_ns: int | None = None
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        self._on_done = on_done
+        self._thread = threading.Thread(target=self._wait_all, args=(list(works),), daemon=True)
+        self._thread.start()
+
+    def _wait_all(self, works: list[Any]) -> None:
+        try:
+            for w in works:
+                w.wait()
+        except BaseException as e:  # handed to the waiting worker by wait()
+            self._error = e
+        self.t_ns = now_ns()
+        self._done.set()
+        if self._on_done is not None and self._error is None:
+            self._on_done()
+
+    def is_set(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self) -> int:
+        """Block until every work has finished; returns when they did (ns). Raises what a work's
+        ``wait`` raised."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self.t_ns is not None
+        return self.t_ns
