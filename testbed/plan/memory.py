@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from testbed.spec.bubbletea import served_model
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import FP32_BYTES, ModelConfig, activation_bytes, stage_layers, stage_params
 
@@ -110,7 +111,7 @@ def device_bytes_besides_kv(exp: Experiment, stage: int) -> int:
     weights; the budget ``gpu_memory_mb`` less this is the room BubbleTea's admission control gives
     the caches of the prompts it prefills (``bubbletea.decisions.KVBudget``)."""
     train = stage_device_bytes(exp.model, exp.stages, stage, exp.microbatch_size, in_flight(exp, stage))
-    return train + inference_bytes(exp.bubbletea.model, queued=0)
+    return train + inference_bytes(served_model(exp.bubbletea, exp.model), queued=0)
 
 
 def stage_device_bytes(
@@ -148,7 +149,7 @@ def worker_memory(exp: Experiment, stage: int) -> WorkerMemory:
     acts = held * (
         blocks * block_activation_bytes(cfg, exp.microbatch_size) + activation_bytes(cfg, exp.microbatch_size)
     )
-    bt = inference_bytes(exp.bubbletea.model) if exp.policy.bubbletea else 0
+    bt = inference_bytes(served_model(exp.bubbletea, exp.model)) if exp.policy.bubbletea else 0
     return WorkerMemory(
         stage, cfg.params() * FP32_BYTES, 3 * stage_params(cfg, exp.stages, stage) * FP32_BYTES, acts, bt
     )

@@ -25,7 +25,7 @@ from testbed.bubbletea.requests import synthetic_requests
 from testbed.plan.allreduce import allreduce_s
 from testbed.plan.bubble_timeline import bubble_timeline
 from testbed.plan.workers import WorkerSpec
-from testbed.spec.bubbletea import MIN_CHUNK_TOKENS
+from testbed.spec.bubbletea import MIN_CHUNK_TOKENS, served_model
 from testbed.spec.experiment import Experiment
 
 #: a figure is made over this many iterations of requests at most (the first one's requests find
@@ -60,7 +60,7 @@ def prefill_in_bubbles(
     bt = exp.bubbletea
     if iterations is None:
         iterations = max(MIN_ITERATIONS, min(ITERATIONS, math.ceil(REQUESTS / (bt.request_rate * iteration_s))))
-    cfg, guard_s, spf = bt.model, bt.guard_ms / 1000, seconds_per_flop(exp)
+    cfg, guard_s, spf = served_model(bt, exp.model), bt.guard_ms / 1000, seconds_per_flop(exp)
     pipe_s, bubbles = bubble_timeline(exp, exp.topology_spec, workers)
     smallest = prefill_seconds(cfg, 0, MIN_CHUNK_TOKENS, spf)
     windows: dict[tuple[int, int], list[tuple[float, float]]] = {}
