@@ -3,7 +3,7 @@ over the emulated network and records time to first token; by default it also ru
 steps of each request (greedy, one token at a time, padded to the emulated GPU's time).
 
 ``python -m testbed.bubbletea.decode CONFIG.json DC``, run by the runner inside a host of DC that is not a
-training worker. Listens on TCP port ``prefill.DECODE_PORT`` of its own address. Writes one JSON
+training worker. Listens on TCP port ``kv_sender.DECODE_PORT`` of its own address. Writes one JSON
 line per request to ``requests/decode-<DC>.jsonl`` as soon as its first token exists (event
 ``first_token``) and one when its decode ends (``decoded``). TTFT = first token time - arrival
 (the first token is the argmax of the prompt's last logits, sent with the cache, so it exists
@@ -25,7 +25,7 @@ import torch
 
 from testbed.bubbletea.decisions import decode_seconds
 from testbed.bubbletea.inference import InferenceModel, KVCache, decode_step
-from testbed.bubbletea.prefill import DECODE_PORT, FRAME
+from testbed.bubbletea.kv_sender import DECODE_PORT, FRAME
 from testbed.plan.worker_config import WorkerConfig, read_worker_config
 from testbed.trace.clock import now_ns
 

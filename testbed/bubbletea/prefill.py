@@ -15,11 +15,7 @@ a JSON header, then ``KVCache.to_bytes()``.
 from __future__ import annotations
 
 import json
-import queue
 import socket
-import struct
-import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -35,16 +31,15 @@ from testbed.bubbletea.decisions import (
     prefill_seconds,
 )
 from testbed.bubbletea.inference import InferenceModel, KVCache, prompt_tokens_for, prompt_tokens_from
+from testbed.bubbletea.kv_sender import KVSender
 from testbed.bubbletea.layerwise import LayerwisePrefill
 from testbed.plan.memory import kv_cache_bytes
+from testbed.plan.worker_config import BubbleTeaConfig
 from testbed.spec.bubbletea import BubbleTeaSpec
 from testbed.trace import schema as T
 from testbed.trace.clock import now_ns
 from testbed.trace.events import EventWriter
 
-DECODE_PORT = 29600
-FRAME = struct.Struct(">II")
-SEND_ATTEMPTS = 4  # tries to deliver one KV cache to the decode host before the request is given up
 POLL_S = 0.00025  # how often a padding chunk looks whether the training input has arrived
 
 
@@ -107,12 +102,23 @@ class PrefillServer:
         self.dispatcher = dispatcher
         self.out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.out.setblocking(False)
-        self._kv: queue.Queue = queue.Queue()
-        self._sender = threading.Thread(target=self._send_loop, args=(decode_addr,), daemon=True)
-        self._sender.start()
+        self.sender = KVSender(decode_addr, self.budget)
         self.iteration = 0
         #: each slot's prediction when its latest wait began (``observe`` hands it back)
         self._predicted: dict[str, float | None] = {}
+
+    @classmethod
+    def for_worker(
+        cls, bt: BubbleTeaConfig, seed: int, rank: int, dc: str, ev: EventWriter, padded: bool, corpus: torch.Tensor
+    ) -> PrefillServer:
+        """Worker ``rank``'s server (in DC ``dc``) under ``bt``; prompts from ``corpus``. With a prior
+        it tells the dispatcher at once, so the stream may start before the first iteration."""
+        budget = KVBudget(bt.device_bytes_of(rank), bt.gpu_memory_bytes)
+        args = (bt.inbox_of(rank), bt.dispatcher, bt.decode_hosts.get(dc), padded, bt.prior_of(rank), budget, corpus)
+        server = cls(bt.spec, bt.s_per_flop, seed, rank, ev, *args)
+        if server.predictor.ready:
+            server.report(-1, bt.prior_iteration_s)
+        return server
 
     # --------------------------------------------------------------- requests in
     def poll_inbox(self) -> None:
@@ -275,42 +281,10 @@ class PrefillServer:
             "prefill_start_ns": job.first_start_ns,
             "prefill_end_ns": now_ns(),
         }
-        self._kv.put((header, job.cache, job.kv_bytes))
-
-    def _send_loop(self, addr: str | None) -> None:
-        sock = None
-        while True:
-            item = self._kv.get()
-            if item is None:
-                break
-            header, cache, held = item
-            if addr is None:
-                self.budget.release(held)
-                continue
-            payload = cache.to_bytes()
-            header = {**header, "kv_bytes": len(payload), "sent_ns": now_ns()}
-            data = json.dumps(header).encode()
-            for attempt in range(SEND_ATTEMPTS):  # reconnect if the decode host dropped the connection
-                try:
-                    if sock is None:
-                        sock = socket.create_connection((addr, DECODE_PORT), timeout=30)
-                    sock.sendall(FRAME.pack(len(data), len(payload)) + data + payload)
-                    break
-                except OSError as e:
-                    if sock is not None:
-                        sock.close()
-                    sock = None
-                    if attempt + 1 == SEND_ATTEMPTS:
-                        print(f"request {header['rid']}: KV cache not delivered to {addr}: {e}", file=sys.stderr)
-                    else:
-                        time.sleep(0.1 * (attempt + 1))
-            self.budget.release(held)  # handed off (or given up): the GPU no longer holds it
-        if sock is not None:
-            sock.close()
+        self.sender.put(header, job.cache, job.kv_bytes)
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Send what is finished, then stop (requests still queued are dropped: never completed)."""
-        self._kv.put(None)
-        self._sender.join(timeout=timeout_s)
+        self.sender.close(timeout_s)
         self.inbox.close()
         self.out.close()

@@ -8,7 +8,6 @@ network is removed in every case and the traces written so far are kept and summ
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,8 +17,7 @@ from testbed.atlas.controller import Controller
 from testbed.errors import SpecError, TestbedError
 from testbed.net.network import LocalHosts, Network
 from testbed.net.registry import control_dir
-from testbed.net.wan_probe import profile_wan
-from testbed.plan.connections import socket_buffer_cap, wan_connections, wan_pairs
+from testbed.plan.connections import socket_buffer_cap, wan_connections
 from testbed.plan.cost_model import predict
 from testbed.plan.grant_plan import format_grant_plan, plan_grants
 from testbed.plan.memory import gpu_shortfall
@@ -32,9 +30,9 @@ from testbed.run.fit import check_corpus, check_iteration_time, check_memory
 from testbed.run.launch import Launcher, start_workers
 from testbed.run.profile import replan_from_profile, unprofiled
 from testbed.run.records import check_fresh_out_dir, write_config, write_env
+from testbed.run.wan_profiling import profile_wan_paths
 from testbed.run.watch import LinkSampler, RunError, watch
 from testbed.spec.experiment import Experiment
-from testbed.spec.wan_profile import WAN_PROFILE_FILE
 from testbed.trace.clock import now_ns
 from testbed.trace.startup import mark_startup
 from testbed.train.corpus import corpus_bytes, corpus_sha256
@@ -175,7 +173,7 @@ def _run(
             write_env(out_dir, net, corpus_sha, t_begin_ns)
             mark_startup(out_dir, "network_built")
             if profile_wan:
-                _profile_wan(net, exp, workers, out_dir, progress)
+                profile_wan_paths(net, exp, workers, out_dir, progress)
                 mark_startup(out_dir, "wan_profiled")
             if own_launcher is not None and isinstance(net, LocalHosts):
                 net.adopt(own_launcher.proc, "worker launcher")  # registered for testbed clean
@@ -189,30 +187,6 @@ def _run(
         raise error
     progress(f"done in {time.monotonic() - t_start:.1f} s; traces in {out_dir}")
     return summary
-
-
-def _profile_wan(
-    net: Network, exp: Experiment, workers: list[WorkerSpec], out_dir: Path, progress: Callable[[str], Any]
-) -> None:
-    """Measure the WAN paths training uses, before any worker starts (``net/wan_probe.py``:
-    messages of the activations' size, one stage's forward apart), into ``wan_profile.json``."""
-    pairs = wan_pairs(workers)
-    t = time.monotonic()
-    prof = profile_wan(
-        net,
-        pairs,
-        exp.activation_bytes,
-        exp.compute.forward_ms / 1000,
-        socket_buffer_cap(exp, exp.topology_spec, workers),
-    )
-    (out_dir / WAN_PROFILE_FILE).write_text(json.dumps(prof.to_dict(), indent=1) + "\n")
-    progress(
-        f"WAN profile: {len(prof.paths)} path directions in {time.monotonic() - t:.1f} s: "
-        + "; ".join(
-            f"{p.src}->{p.dst} {p.message_bps / 1e6:.1f} Mbit/s per message, {p.bulk_bps / 1e6:.1f} bulk"
-            for p in prof.paths
-        )
-    )
 
 
 def _corpus_for_hosts(net: Network, exp: Experiment) -> str | None:

@@ -26,7 +26,6 @@ import torch
 import torch.distributed as dist
 
 from testbed.atlas.channel import DONE, READY, RECV, ControlClient
-from testbed.bubbletea.decisions import KVBudget
 from testbed.bubbletea.prefill import PrefillServer
 from testbed.model.gpt import Stage, lm_loss
 from testbed.plan.placement import rank_of
@@ -40,6 +39,7 @@ from testbed.trace.startup import mark_startup
 from testbed.train.arrival import Arrival
 from testbed.train.data import batch
 from testbed.train.preload import Preloaded, preload
+from testbed.train.striping import post_recv_striped, send_striped
 
 
 class Padder:
@@ -58,18 +58,6 @@ class Padder:
         while (left := target - (now_ns() - start_ns)) > 0:
             time.sleep(left / 1e9)
         return real, max(real, target)
-
-
-def send_striped(t: torch.Tensor, dst: int, tag: int, n: int) -> list:
-    """isend ``t`` as ``n`` concurrent chunks (gloo gives concurrent operations their own connection
-    when GLOO_SOCKET_IFNAME repeats the interface), tags tag*64 + i."""
-    flat = t.reshape(-1)
-    return [dist.isend(c.contiguous(), dst=dst, tag=tag * 64 + i) for i, c in enumerate(flat.chunk(n))]
-
-
-def post_recv_striped(buf: torch.Tensor, src: int, tag: int, n: int) -> list:
-    """Post the receives into ``buf`` of the ``n`` chunks sent by ``send_striped``; returns them."""
-    return [dist.irecv(c, src=src, tag=tag * 64 + i) for i, c in enumerate(buf.view(-1).chunk(n))]
 
 
 def startup_mark(cfg: WorkerConfig, rank: int, phase: str) -> None:
@@ -124,24 +112,8 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     n_next = exp.wan_connections if next_rank is not None and dc_of[next_rank] != me.dc else 1
 
     bt = cfg.bubbletea
-    server = None
-    if bt is not None:
-        server = PrefillServer(
-            bt.spec,
-            bt.s_per_flop,
-            exp.seed,
-            rank,
-            ev,
-            bt.inbox_of(rank),
-            bt.dispatcher,
-            bt.decode_hosts.get(me.dc),
-            exp.padded,
-            bt.prior_of(rank),
-            KVBudget(bt.device_bytes_of(rank), bt.gpu_memory_bytes),
-            train,  # prompts are real text of the corpus
-        )
-        if server.predictor.ready:  # the schedule's prediction: the dispatcher may start at once
-            server.report(-1, bt.prior_iteration_s)
+    # prompts are real text of the corpus
+    server = PrefillServer.for_worker(bt, exp.seed, rank, me.dc, ev, exp.padded, train) if bt is not None else None
     prev_end = [now_ns()]  # end of this worker's latest compute: where a bubble starts
 
     def receive(src: int, n: int, it: int, m: int, slot: str) -> tuple[torch.Tensor, int, bool]:
