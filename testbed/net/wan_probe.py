@@ -96,6 +96,7 @@ def profile_wan(
     congestion = None
     if pairs:
         host = _first_host(net, pairs[0][0])
-        out = net.run(host, ["sysctl", "-n", "net.ipv4.tcp_congestion_control"], timeout_s=10)
+        # /proc, not sysctl(8): procps is not among the packages the set-up installs
+        out = net.run(host, ["cat", "/proc/sys/net/ipv4/tcp_congestion_control"], timeout_s=10)
         congestion = out.stdout.strip() or None
     return WanProfile(tuple(paths), congestion, socket_buffer_bytes)
