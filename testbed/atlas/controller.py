@@ -24,7 +24,6 @@ Parts: ``grants.py`` (the pure grant logic), ``channel.py`` (the workers' messag
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
@@ -41,6 +40,7 @@ from testbed.net.network import Network, require_live_shaping
 from testbed.plan.grant_plan import GrantPlan, granted_class_bps
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
+from testbed.trace.jsonl import write_json_atomic
 
 
 class Controller:
@@ -142,7 +142,7 @@ class Controller:
             "fd": self._sock.fileno(),
         }
         plan_path = self.log_path.with_name("controller_plan.json")
-        plan_path.write_text(json.dumps(plan))
+        write_json_atomic(plan_path, plan)  # the test's class sampler reads it while it is written
         with open(self.log_path.with_name("controller.log"), "a") as out:
             self.proc = self.shaping.start_helper(
                 [sys.executable, "-m", "testbed.atlas.controller_process", str(plan_path)],
@@ -158,8 +158,9 @@ class Controller:
         written to ``REPLAN_FILE`` beside its log, then announced; it follows it from the next
         transfer that becomes ready."""
         timing = HopTiming.from_plan(plan, TCP_GOODPUT_FRACTION)
-        self.log_path.with_name(REPLAN_FILE).write_text(
-            json.dumps({"timing": timing_to_json(timing), "iteration_ns": _iteration_ns(plan)})
+        write_json_atomic(
+            self.log_path.with_name(REPLAN_FILE),
+            {"timing": timing_to_json(timing), "iteration_ns": _iteration_ns(plan)},
         )
         self.grant_plan = plan
         try:

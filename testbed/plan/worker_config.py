@@ -17,6 +17,7 @@ from testbed.plan.workers import WorkerSpec
 from testbed.spec.bubbletea import BubbleTeaSpec, bubbletea_from_dict
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import ModelConfig
+from testbed.trace.jsonl import write_json_atomic
 
 
 @dataclass(frozen=True)
@@ -159,9 +160,7 @@ STAGGER_FILE = "stagger.json"
 
 def write_stagger(path: Path, stagger_s: tuple[float, ...]) -> None:
     """Write each replica's offset (s) for ``read_stagger``, atomically (a reader never sees half)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(list(stagger_s)))
-    tmp.replace(path)
+    write_json_atomic(path, list(stagger_s))
 
 
 def read_stagger(path: str) -> tuple[float, ...] | None:

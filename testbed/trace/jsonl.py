@@ -1,12 +1,16 @@
-"""JSON-lines files of a run folder: appended as things happen, read back tolerantly.
+"""JSON and JSON-lines files of a run folder: lines appended as things happen and read back
+tolerantly; whole files replaced atomically.
 
 Writers flush every line, so a run that dies keeps every line written before; a writer killed
-mid-line leaves a torn last line, which readers skip.
+mid-line leaves a torn last line, which readers skip. A whole JSON file that another process may
+read while it is written (the controller's plan, the replicas' stagger) goes through
+``write_json_atomic``, so a reader sees the old file or the new one, never a half.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -30,6 +34,14 @@ def read_jsonl(path: Path, pattern: str | None = None) -> list[dict[str, Any]]:
             if isinstance(row, dict):
                 rows.append(row)
     return rows
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` through a temporary file beside it and a rename (atomic
+    on one file system, POSIX ``rename(2)``): a concurrent reader never sees a partial file."""
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
 
 
 def open_jsonl(path: Path) -> TextIO:
