@@ -21,7 +21,7 @@ of a pipeline schedule with ``microbatches`` microbatches:
 - A: the gradient all-reduce (``allreduce.allreduce_s``): each stage's ring in replica order, as
   the workers run it, its edges inside a DC over the access links (free where they are unshaped,
   as in the emulator) and across DCs (dp-wan) over the shared WAN path, one connection an edge;
-- O: the optimizer step (taken as one forward target, an upper bound for a small stage).
+- O: the optimizer step, padded to its target as the workers pad it (``compute.optimizer_target_ms``).
 """
 
 from __future__ import annotations
@@ -89,10 +89,11 @@ def stage_compute_s(exp: Experiment, block_s: tuple[float, float] | None = None)
 
 
 def optimizer_s(exp: Experiment, block_s: tuple[float, float] | None = None) -> float:
-    """The optimizer step (s), taken as the largest stage's forward target: an upper bound for a
-    small stage (the step itself runs at CPU speed, unpadded)."""
-    per_f, _ = block_s or exp.block_s
-    return per_f * max(len(stage_layers(exp.model.n_layers, exp.stages, s)) for s in range(exp.stages))
+    """The optimizer step (s): its padding target (``ComputeModel.optimizer_target_ms``, what the
+    workers pad it to), scaled by ``block_s``'s forward over the experiment's own when a profiled
+    compute speed is given."""
+    scale = block_s[0] / exp.block_s[0] if block_s is not None else 1.0
+    return exp.compute.optimizer_target_ms / 1000 * scale
 
 
 def _pipelined_s(exp: Experiment, simulated_s: Callable[[Experiment], float]) -> float:

@@ -73,7 +73,14 @@ def best_plan(exp: Experiment, topo: TopologySpec) -> tuple[Experiment, str]:
     # the plan as it was predicted: Atlas's DC selection, and the same emulated GPU (per-block times)
     blocks = max(len(stage_layers(exp.model.n_layers, best.stages, s)) for s in range(best.stages))
     per_f, per_b = exp.block_s
-    compute = replace(exp.compute, forward_ms=per_f * blocks * 1000, backward_ms=per_b * blocks * 1000)
+    own_blocks = max(len(stage_layers(exp.model.n_layers, exp.stages, s)) for s in range(exp.stages))
+    compute = replace(
+        exp.compute,
+        forward_ms=per_f * blocks * 1000,
+        backward_ms=per_b * blocks * 1000,
+        # a given optimizer target follows the largest stage's parameters, as the forward does
+        optimizer_ms=exp.compute.optimizer_ms * blocks / own_blocks if exp.compute.optimizer_ms is not None else None,
+    )
     chosen = exp.with_overrides(
         stages=best.stages,
         replicas=best.replicas,

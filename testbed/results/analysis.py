@@ -122,10 +122,12 @@ def wan_compute_ratio(ev: pd.DataFrame, warmup: int = 0) -> float | None:
 
 
 def overrun_fraction(ev: pd.DataFrame, targets_ns: dict[str, int], warmup: int = 0) -> float:
-    """Share of forward and backward operations of the measured iterations whose real time exceeded
-    their padding target (warm-up iterations pay one-off allocation costs)."""
+    """Share of the padded operations of the measured iterations (forward, backward and optimizer
+    step: the kinds in ``targets_ns``) whose real time exceeded their padding target (warm-up
+    iterations pay one-off allocation costs). An operation traced without its real time (an
+    optimizer step of a run from before it was padded) is left out."""
     ev = measured(ev, warmup)
-    ops = ev[ev[T.KIND].isin(list(targets_ns))]
+    ops = ev[ev[T.KIND].isin(list(targets_ns)) & ev[T.REAL_NS].notna()]
     if ops.empty:
         return 0.0
     target = ops[T.KIND].map(targets_ns)

@@ -14,6 +14,7 @@ from testbed.bubbletea.profile import live_prediction_errors, prediction_error_s
 from testbed.results import analysis as A
 from testbed.results import link_counters as L
 from testbed.spec.bubbletea import BubbleTeaSpec
+from testbed.spec.compute import compute_from_dict
 from testbed.spec.experiment import tokens_per_iteration
 from testbed.spec.policy import DEFAULT_POLICY, UnknownPolicy, parse_policy
 from testbed.trace import metrics as M
@@ -46,9 +47,13 @@ def summarize(
     util = A.worker_utilization(ev, warmup) if not ev.empty else pd.DataFrame(columns=["utilization", T.STAGE])
     bubbles = A.stage_bubbles(util) if not util.empty else pd.DataFrame(columns=[T.STAGE, "bubble_fraction"])
     loss = A.losses(ev) if not ev.empty else pd.Series(dtype=float)
-    compute = config["compute"]
-    targets = {T.FORWARD: int(compute["forward_ms"] * 1e6), T.BACKWARD: int(compute["backward_ms"] * 1e6)}
-    overrun = A.overrun_fraction(ev, targets, warmup) if compute["mode"] == "padded" and not ev.empty else 0.0
+    compute = compute_from_dict(config["compute"])
+    targets = {
+        T.FORWARD: int(compute.forward_ms * 1e6),
+        T.BACKWARD: int(compute.backward_ms * 1e6),
+        T.OPTIMIZER: int(compute.optimizer_target_ms * 1e6),
+    }
+    overrun = A.overrun_fraction(ev, targets, warmup) if compute.padded and not ev.empty else 0.0
     tokens = tokens_per_iteration(
         config["replicas"], config["microbatches"], config["microbatch_size"], config["model"]["seq_len"]
     )
@@ -78,9 +83,7 @@ def summarize(
         M.WAN_COMPUTE_RATIO: A.nan_to_none(A.wan_compute_ratio(ev, warmup)) if not ev.empty else None,
         M.COMPUTE_OVERRUN_FRACTION: overrun,
         M.REPRESENTATIVE: overrun <= MAX_REPRESENTATIVE_OVERRUN,
-        M.COMPUTE_HEADROOM: (
-            A.compute_headroom(ev, targets, warmup) if compute["mode"] == "padded" and not ev.empty else None
-        ),
+        M.COMPUTE_HEADROOM: (A.compute_headroom(ev, targets, warmup) if compute.padded and not ev.empty else None),
         M.WAN_UTILIZATION_MEAN: (
             L.wan_utilization_mean(lu, int(it[T.START_NS].min()), int(it[T.END_NS].max()))
             if not lu.empty and not it.empty

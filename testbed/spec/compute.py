@@ -2,11 +2,20 @@
 duration, given in ms or derived from a reference model's FLOPs and a device's peak FLOP/s times
 an efficiency; the backward takes twice the forward's FLOPs (Narayanan et al. 2021, "Efficient
 Large-Scale Language Model Training on GPU Clusters", section 5.1: 3x forward for forward plus
-backward)."""
+backward).
+
+The optimizer step is padded too, to ``optimizer_ms`` (by default one forward target of the
+largest stage). Why one forward: mixed-precision Adam keeps 16 bytes per parameter (Rajbhandari et
+al. 2020, "ZeRO", section 3.1) and its step moves about 28 (reads the fp16 gradient, the fp32
+master weight and two moments; writes those three and the fp16 weight), 14 ps per parameter at an
+A100's 2.0 TB/s; a forward's 2 FLOPs per parameter and token take 12.8 ps per parameter over a
+microbatch of 1,000 tokens at 156 TFLOP/s (312 x 0.5). One forward is that order, a round figure
+rather than a measurement; give ``optimizer_ms`` for another."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from testbed.errors import SpecError
 
@@ -30,11 +39,27 @@ class ComputeModel:
     backward_ms: float = 80.0
     device: DeviceModel | None = None
     reference_forward_tflop: float | None = None  # FLOPs of one stage's forward on one microbatch
+    optimizer_ms: float | None = None  # the optimizer step's target; None: one forward target
 
     @property
     def padded(self) -> bool:
         """Whether operations are padded to their targets (an emulated GPU)."""
         return self.mode == "padded"
+
+    @property
+    def optimizer_target_ms(self) -> float:
+        """The optimizer step's padding target (ms): ``optimizer_ms``, or one forward target (the
+        module doc says why)."""
+        return self.optimizer_ms if self.optimizer_ms is not None else self.forward_ms
+
+
+def compute_from_dict(d: dict[str, Any]) -> ComputeModel:
+    """A ``ComputeModel`` from its ``asdict`` record (a run folder's ``config.json``; a record
+    written before ``optimizer_ms`` existed gets its default). Raises TypeError for other keys."""
+    d = dict(d)
+    if d.get("device") is not None:
+        d["device"] = DeviceModel(**d["device"])
+    return ComputeModel(**d)
 
 
 def resolve_compute(source: str, c: ComputeModel) -> ComputeModel:

@@ -24,7 +24,7 @@ from typing import Any
 
 from testbed.errors import SpecError
 from testbed.spec.bubbletea import BubbleTeaSpec, bubbletea_from_dict, check_bubbletea, check_model_size, served_model
-from testbed.spec.compute import ComputeModel, DeviceModel, resolve_compute
+from testbed.spec.compute import ComputeModel, compute_from_dict, resolve_compute
 from testbed.spec.model import ModelConfig, activation_bytes, stage_layers
 from testbed.spec.policy import DEFAULT_POLICY, Policy, UnknownPolicy, parse_policy
 from testbed.spec.topology import TopologySpec
@@ -150,15 +150,12 @@ class Experiment:
         as the placement, are ignored). Raises KeyError, TypeError or ValueError for data of
         another form."""
         known = {f.name for f in fields(Experiment)}
-        compute = dict(d["compute"])
-        if compute.get("device") is not None:
-            compute["device"] = DeviceModel(**compute["device"])
         return Experiment(
             **{
                 **{k: v for k, v in d.items() if k in known},
                 "topology_spec": TopologySpec.from_dict(d["topology_spec"]),
                 "model": ModelConfig(**d["model"]),
-                "compute": ComputeModel(**compute),
+                "compute": compute_from_dict(d["compute"]),
                 "policy": parse_policy(d["policy"]),
                 "bubbletea": bubbletea_from_dict(d["bubbletea"]),
                 "wan_profile": WanProfile.from_dict(d["wan_profile"]) if d.get("wan_profile") else None,
@@ -226,6 +223,13 @@ def check_experiment(e: Experiment) -> None:
         raise bad("compute.mode", e.compute.mode, "is not padded or real", "use padded (emulated GPU) or real")
     if not (e.compute.forward_ms > 0 and e.compute.backward_ms > 0):
         raise bad("compute.forward_ms", e.compute.forward_ms, "is not positive", "give targets above 0 ms")
+    if e.compute.optimizer_ms is not None and not e.compute.optimizer_ms > 0:
+        raise bad(
+            "compute.optimizer_ms",
+            e.compute.optimizer_ms,
+            "is not positive",
+            "give a target above 0 ms, or leave it out for one forward target",
+        )
     if not 0 <= e.wan_connections <= MAX_WAN_CONNECTIONS:
         raise bad(
             "wan_connections",

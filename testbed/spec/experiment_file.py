@@ -157,11 +157,11 @@ def parse_experiment(data: Any, source: str = "<memory>") -> Experiment:
             source,
             data["compute"],
             "compute",
-            ("mode", "forward_ms", "backward_ms", "device", "reference_forward_tflop"),
+            ("mode", "forward_ms", "backward_ms", "optimizer_ms", "device", "reference_forward_tflop"),
         )
         ckw: dict[str, Any] = {
             k: c.get(k, _num(float, 40.0), REQUIRED)
-            for k in ("forward_ms", "backward_ms", "reference_forward_tflop")
+            for k in ("forward_ms", "backward_ms", "optimizer_ms", "reference_forward_tflop")
             if k in c.data
         }
         if "mode" in c.data:

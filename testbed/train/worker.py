@@ -98,7 +98,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=exp.lr, weight_decay=0.0)
     train = pre.train_tokens
-    padder = Padder({T.FORWARD: exp.forward_ms, T.BACKWARD: exp.backward_ms}, exp.padded)
+    padder = Padder({T.FORWARD: exp.forward_ms, T.BACKWARD: exp.backward_ms, T.OPTIMIZER: exp.optimizer_ms}, exp.padded)
     actions = make_schedule(exp.schedule, S, M)[stage]
     prev_rank = rank_of(stage - 1, replica, R) if stage > 0 else None
     next_rank = rank_of(stage + 1, replica, R) if stage < S - 1 else None
@@ -257,6 +257,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         t0 = now_ns()
         opt.step()
         opt.zero_grad(set_to_none=False)
+        opt_real, opt_padded = padder.finish(T.OPTIMIZER, t0)
         loss_value = None
         if last:
             loss_t = torch.tensor([loss_sum])
@@ -265,7 +266,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
                 loss_t /= R
             loss_value = loss_t.item()
         prev_end[0] = now_ns()
-        ev.write(T.OPTIMIZER, t0, prev_end[0], **fields, loss=loss_value)
+        ev.write(T.OPTIMIZER, t0, prev_end[0], **fields, loss=loss_value, real_ns=opt_real, padded_ns=opt_padded)
         if server is not None:
             server.report(it, (prev_end[0] - last_opt_end) / 1e9 if last_opt_end else bt.prior_iteration_s)
         last_opt_end = prev_end[0]

@@ -69,6 +69,13 @@ def test_default_run_regime_and_traces(tmp_path, clean_machine):
     assert min(summary["bubble_fraction_per_stage"]) >= 0.10
     assert summary["compute_overrun_fraction"] <= 0.05 and summary["representative"]
     assert summary["compute_headroom"] >= 4  # padding targets at least 4x the real operation time
+    # the optimizer step is padded like the rest: to one forward target by default
+    ev = read_events(tmp_path)
+    steps = ev[(ev[T.KIND] == T.OPTIMIZER) & (ev[T.ITERATION] >= exp.warmup_iterations)]
+    target_ns = exp.compute.optimizer_target_ms * 1e6
+    assert len(steps) == exp.stages * exp.replicas * (4 - exp.warmup_iterations)
+    assert (steps[T.PADDED_NS] >= target_ns).all()
+    assert ((steps[T.END_NS] - steps[T.START_NS]) >= target_ns).all() and (steps[T.REAL_NS] < target_ns).all()
     # the WAN queues' drops and backlog, read from the kernel's HTB class statistics while training
     counters = [json.loads(line) for line in (tmp_path / "link_counters.jsonl").read_text().splitlines()]
     assert all(isinstance(c["drops"], int) and c["backlog_bytes"] >= 0 for c in counters), counters[:3]

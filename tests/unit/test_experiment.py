@@ -1,12 +1,13 @@
 """Experiment files: loading, validation messages (field, value, fix), placement on a topology."""
 
 import copy
+import json
 
 import pytest
 
 from testbed.errors import SpecError
 from testbed.plan.placement import place
-from testbed.spec.compute import ComputeModel
+from testbed.spec.compute import ComputeModel, compute_from_dict
 from testbed.spec.experiment import Experiment
 from testbed.spec.experiment_file import WORKLOAD_DIR, load_experiment, parse_experiment
 from testbed.spec.model import ModelConfig
@@ -170,6 +171,17 @@ def test_wrong_types_name_the_field():
     assert_names(spec_error(data(lr=2.0)), "lr", 2.0, "0.0003")
     assert_names(spec_error(data(compute={"mode": "gpu"})), "compute.mode", "gpu", "padded")
     assert_names(spec_error(data(compute={"forward_ms": 0})), "compute.forward_ms", 0.0, "above 0 ms")
+    assert_names(spec_error(data(compute={"optimizer_ms": -1})), "compute.optimizer_ms", -1.0, "above 0 ms")
+
+
+def test_the_optimizer_target_defaults_to_one_forward_and_survives_the_record():
+    exp = parse_experiment(data(compute={"forward_ms": 30, "backward_ms": 60}), SOURCE)
+    assert exp.compute.optimizer_ms is None and exp.compute.optimizer_target_ms == 30
+    exp = parse_experiment(data(compute={"forward_ms": 30, "backward_ms": 60, "optimizer_ms": 12}), SOURCE)
+    assert exp.compute.optimizer_target_ms == 12
+    assert Experiment.from_dict(json.loads(json.dumps(exp.to_dict()))).compute == exp.compute
+    old = {k: v for k, v in exp.to_dict()["compute"].items() if k != "optimizer_ms"}  # a record from before
+    assert compute_from_dict(old).optimizer_target_ms == 30
 
 
 DEVICE = {"name": "H100 SXM", "peak_tflops": 989.0, "efficiency": 0.4, "source": "datasheet"}

@@ -7,10 +7,11 @@ from experiments import exp, topo
 
 from testbed.errors import SpecError
 from testbed.plan.connections import transfer_time_s, window_rate_bps
-from testbed.plan.cost_model import predict
+from testbed.plan.cost_model import optimizer_s, predict
 from testbed.plan.grant_sim import Hop, Transfer
 from testbed.plan.placement import atlas_dc_order, place, place_dp_wan, place_pipeline
 from testbed.plan.what_if import alternatives, what_if
+from testbed.spec.compute import ComputeModel
 from testbed.spec.model import ModelConfig, stage_param_bytes
 from testbed.spec.policy import parse_policy
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
@@ -44,6 +45,12 @@ def test_prediction_single_dc_is_the_pipeline_formula():
     assert p.steady_s == pytest.approx(3 * (f + b))  # (M - 1) x slowest step
     assert p.allreduce_s == 0
     assert p.iteration_s == pytest.approx(2 * (f + b) + 3 * (f + b) + f)  # + optimizer (one forward target)
+    # a given optimizer target is what the workers pad the step to, and what the prediction adds
+    e = exp(compute=ComputeModel(forward_ms=40, backward_ms=80, optimizer_ms=15))
+    p = predict(e, topo({"a": 4}), place(e, topo({"a": 4})))
+    assert p.iteration_s == pytest.approx(2 * (f + b) + 3 * (f + b) + 0.015)
+    # under a profiled compute speed (half the targets) the step scales with the forward
+    assert optimizer_s(e, (f / 4, b / 4)) == pytest.approx(0.015 / 2)
 
 
 def test_prediction_adds_transfers_across_a_wan_boundary():

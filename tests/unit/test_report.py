@@ -17,7 +17,7 @@ WORKERS = {0: ("east-h0", "east", 0, 0), 1: ("west-h0", "west", 1, 0)}
 # extra wait of stage 0 for its gradient, per iteration: iteration durations 85 + x ms
 EXTRA_MS = [50, 0, 10]
 LOSS = [5.0, 4.0, 3.5]
-FWD_MS, BWD_MS = 10, 20  # padding targets
+FWD_MS, BWD_MS, OPT_MS = 10, 20, 4  # padding targets
 
 
 def op(w, kind, it, mb, start_ms, end_ms, **extra):
@@ -37,13 +37,13 @@ def run_events():
             op(0, T.SEND, it, 0, b + 10, b + 11, peer=1, bytes=4096),
             op(0, T.RECV_WAIT, it, 0, b + 11, b + 60 + x, peer=1, bytes=4096),
             op(0, T.BACKWARD, it, 0, b + 60 + x, b + 80 + x, real_ns=15 * MS, padded_ns=20 * MS),
-            op(0, T.OPTIMIZER, it, -1, b + 80 + x, b + 85 + x),
+            op(0, T.OPTIMIZER, it, -1, b + 80 + x, b + 85 + x, real_ns=5 * MS, padded_ns=5 * MS),  # over 4 ms
             # stage 1 (west): wait for the activation (posted at +2, arrives at +30), forward, backward
             op(1, T.RECV_WAIT, it, 0, b + 2, b + 30, peer=0, bytes=4096),
             op(1, T.FORWARD, it, 0, b + 30, b + 40, real_ns=4 * MS, padded_ns=10 * MS),
             op(1, T.BACKWARD, it, 0, b + 40, b + 48, real_ns=w1_bwd_real, padded_ns=max(w1_bwd_real, 20 * MS)),
             op(1, T.SEND, it, 0, b + 48, b + 49, peer=0, bytes=4096),
-            op(1, T.OPTIMIZER, it, -1, b + 49, b + 52, loss=LOSS[it]),
+            op(1, T.OPTIMIZER, it, -1, b + 49, b + 52, loss=LOSS[it], real_ns=3 * MS, padded_ns=4 * MS),
         ]
     df = pd.DataFrame(rows, columns=T.COLUMNS)
     for c in (T.BYTES, T.PEER, T.REAL_NS, T.PADDED_NS, T.LOSS):
@@ -63,7 +63,7 @@ def config(**over):
         "microbatches": 1,
         "microbatch_size": 2,
         "model": {"n_layers": 2, "d_model": 16, "n_heads": 2, "seq_len": 8},
-        "compute": {"mode": "padded", "forward_ms": FWD_MS, "backward_ms": BWD_MS},
+        "compute": {"mode": "padded", "forward_ms": FWD_MS, "backward_ms": BWD_MS, "optimizer_ms": OPT_MS},
         "workers": [{"rank": 0}, {"rank": 1}],
     }
     c.update(over)
@@ -103,13 +103,15 @@ def test_summarize_by_hand():
     # activation transfer: from the send at +10 (the receive was posted at +2) to its end at +30;
     # the sender's forwards take 10 ms
     assert s["wan_compute_ratio"] == pytest.approx((30 - 10) / 10)
-    # measured forward/backward ops: 2 workers x 2 kinds x 2 iterations = 8; one overran (worker 1's
-    # backward of iteration 2, 21 > 20 ms); the warm-up's overruns do not count
-    assert s["compute_overrun_fraction"] == pytest.approx(1 / 8)
-    assert 1 / 8 > MAX_REPRESENTATIVE_OVERRUN and s["representative"] is False
-    # headroom: target over median real time, the smaller over kinds; measured forwards 9, 10, 4, 4
-    # (median 6.5 ms, target 10), backwards 15, 15, 8, 21 (median 15 ms, target 20)
-    assert s["compute_headroom"] == pytest.approx(min(10 / 6.5, 20 / 15))
+    # measured padded ops: 2 workers x 3 kinds (forward, backward, optimizer) x 2 iterations = 12;
+    # three overran (worker 1's backward of iteration 2, 21 > 20 ms; worker 0's optimizer steps,
+    # 5 > 4 ms); the warm-up's overruns do not count
+    assert s["compute_overrun_fraction"] == pytest.approx(3 / 12)
+    assert 3 / 12 > MAX_REPRESENTATIVE_OVERRUN and s["representative"] is False
+    # headroom: target over median real time, the smallest over kinds; measured forwards 9, 10, 4, 4
+    # (median 6.5 ms, target 10), backwards 15, 15, 8, 21 (median 15 ms, target 20), optimizer
+    # steps 5, 5, 3, 3 (median 4 ms, target 4)
+    assert s["compute_headroom"] == pytest.approx(min(10 / 6.5, 20 / 15, 4 / 4))
     assert s["wan_utilization_mean"] == pytest.approx(0.5)  # 625 kB per 0.1 s = 50 of 100 Mbit/s
     assert s["policy"] == "pp-fair" and s["topology"] == "two_dc" and s["experiment"] == "hand"
     assert s["schedule"] == "gpipe" and s["workers"] == 2 and s["iterations"] == 3
@@ -152,9 +154,10 @@ def test_summarize_warmup_changes_the_measured_window():
     ends = [200 * k + 85 + x for k, x in enumerate(EXTRA_MS)]
     durations = [ends[0] / 1e3] + [(ends[k] - ends[k - 1]) / 1e3 for k in (1, 2)]  # iteration 0 from its first op (0)
     assert s["iteration_time_s"] == pytest.approx(sum(durations) / 3)
-    # with the warm-up: 2 workers x 2 kinds x 3 iterations = 12 ops; overruns: worker 0's forward of
-    # iteration 0 (30 > 10), worker 1's backward of iterations 0 (25) and 2 (21)
-    assert s["compute_overrun_fraction"] == pytest.approx(3 / 12)
+    # with the warm-up: 2 workers x 3 kinds x 3 iterations = 18 ops; overruns: worker 0's forward of
+    # iteration 0 (30 > 10), worker 1's backward of iterations 0 (25) and 2 (21), worker 0's three
+    # optimizer steps (5 > 4)
+    assert s["compute_overrun_fraction"] == pytest.approx(6 / 18)
 
 
 def test_summarize_empty_run():
