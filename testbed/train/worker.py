@@ -39,7 +39,7 @@ from testbed.trace.startup import mark_startup
 from testbed.train.arrival import Arrival
 from testbed.train.data import batch
 from testbed.train.preload import Preloaded, preload
-from testbed.train.striping import post_recv_striped, send_striped
+from testbed.train.striping import one_connection_per_pair, post_recv_striped, send_striped
 
 
 class Padder:
@@ -90,7 +90,8 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         world_size=len(cfg.workers),
         timeout=timedelta(seconds=cfg.timeout_s),
     )
-    dp_groups = [dist.new_group([rank_of(s, r, R) for r in range(R)]) for s in range(S)]
+    with one_connection_per_pair():
+        dp_groups = [dist.new_group([rank_of(s, r, R) for r in range(R)]) for s in range(S)]
     my_dp = dp_groups[stage]
     startup_mark(cfg, rank, "process_group")
     mcfg = exp.model
