@@ -12,7 +12,8 @@ of a pipeline schedule with ``microbatches`` microbatches:
   counts scale). When one does, the list-schedule simulation of the schedule tables
   (``grant_sim.simulate``): every action starts when its worker is free and its input has arrived;
   a transfer moves once its receive is posted and the receiver's ready notice has crossed back
-  (gloo's rendezvous); its time alone on a link is its bytes at what its connections carry on the
+  (gloo's rendezvous; the notice queues behind the receiver's own bytes to that sender on their
+  connection); its time alone on a link is its bytes at what its connections carry on the
   path (``connections.transfer_time_s``: the link's TCP payload rate, or one window per round trip
   per connection where the hosts' socket-buffer cap holds them below it), and the link is shared
   as the policy shares it: as TCP does among the transfers on it (``tcp``), one transfer at a time

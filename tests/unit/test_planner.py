@@ -226,3 +226,25 @@ def test_dp_wan_with_more_replicas_than_dcs_puts_consecutive_replicas_together()
     assert [x.dc for x in place_dp_wan(exp(replicas=3), topo({"a": 2, "b": 6})) if x.stage == 0] == ["a", "b", "b"]
     with pytest.raises(SpecError, match="hold only 2 whole pipelines"):
         place_dp_wan(exp(replicas=3), topo({"a": 2, "b": 3}))
+
+
+@pytest.mark.parametrize("sharing", ["planned", "tcp"])
+def test_a_ready_notice_waits_behind_the_receivers_own_bytes_to_the_sender(sharing):
+    """1F1B, 2 stages of 40/80 ms in DCs a and b, one pipeline of 2 microbatches; a transfer takes
+    20 ms on its link, 10 ms one way. By hand: F0 goes 40-60, arrives 70; stage 1 runs F0 and B0
+    (70-190); B0's gradient leaves 190-210 on b->a. Stage 1 posts F1's receive at 190, but its
+    notice shares the connection with that gradient: it leaves at 210, arrives 220 (not 200), so F1
+    goes 220-240 and arrives 250; stage 1's F1 and B1 take 250-370, B1 goes 370-390 and arrives
+    400 (stage 0's notice for it left at 300, when its own F1 bytes were long gone); stage 0's B1
+    ends at 480. A notice that skipped the queue would give 460."""
+    from testbed.plan.grant_sim import LinkTiming, simulate
+
+    e = exp(schedule="1f1b", microbatches=2, stages=2, replicas=1, topology_spec=topo({"a": 1, "b": 1}))
+    workers = place(e)
+    by = {(w.stage, w.replica): w.rank for w in workers}
+    ab, ba = Hop("a", "b"), Hop("b", "a")
+    paths = {(by[(0, 0)], by[(1, 0)]): [ab], (by[(1, 0)], by[(0, 0)]): [ba]}
+    one_way = dict.fromkeys(paths, 0.010)
+    links = {ab: LinkTiming(0.020, 0.010), ba: LinkTiming(0.020, 0.010)}
+    end, _ = simulate(e, workers, links, paths, one_way, (0.0,), sharing=sharing)
+    assert end == pytest.approx(0.480)
