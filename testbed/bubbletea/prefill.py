@@ -200,7 +200,7 @@ class PrefillServer:
             job.partial = LayerwisePrefill(self.model, job.tokens[job.pos : job.pos + n], job.cache)
             job.partial_tokens, job.partial_target_s = n, target_s
         part, per_block_s = job.partial, target_s / self.cfg.n_layers
-        ready_ns, real, start_block = None, 0, part.layers_done
+        ready_ns, real, start_block, t_block = None, 0, part.layers_done, t0
         while not part.done:
             t_block = now_ns()
             part.step()
@@ -226,6 +226,7 @@ class PrefillServer:
             padded_ns=t1 - t0,
             target_ns=int(per_block_s * (part.layers_done - start_block) * 1e9),
             blocks=part.layers_done - start_block,
+            last_block_ns=t1 - t_block,
             memory_bytes=self.budget.used_bytes,
             rid=job.rid,
             chunk_start=job.pos,

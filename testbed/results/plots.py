@@ -1,5 +1,7 @@
-"""A run's plots: the pipeline timeline (``timeline.png``) and WAN link utilization
-(``wan_utilization.png``), drawn with matplotlib's non-interactive backend."""
+"""A run's plots: the pipeline timeline (``timeline.png``), WAN link utilization
+(``wan_utilization.png``), Atlas's grants on one link (``link_grants.png``) and BubbleTea's bubble
+predictions against what was observed (``bubble_prediction.png``), drawn with matplotlib's
+non-interactive backend."""
 
 from __future__ import annotations
 
@@ -146,6 +148,61 @@ def plot_link_grants(grants: pd.DataFrame, ev: pd.DataFrame, path: Path, warmup:
     ax.set_yticks(range(len(replicas)), [f"pipeline {r}" for r in replicas])
     ax.set_xlabel(f"ms into iteration {last} (from iteration {last - 1}'s first optimizer end)")
     ax.set_title(f"Atlas grants on {link}: who held the link, and the bytes each grant carried")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_bubble_predictions(ev: pd.DataFrame, path: Path, warmup: int) -> None:
+    """BubbleTea's slot predictions against the bubbles observed, from the wait events that carry
+    one (``T.PREDICTED_BUBBLE_NS`` beside ``T.BUBBLE_NS``, written as the workers ran): on the left
+    the last measured iteration, one row per worker, each predicted window (outline) over the
+    observed one (filled), drawn from the wait's start; on the right every measured wait, predicted
+    against observed (ms) with the diagonal (above it: over-predicted, the case a guard covers).
+    Draws nothing for a run without predictions (no BubbleTea, or none in a measured iteration)."""
+    if T.PREDICTED_BUBBLE_NS not in ev or T.BUBBLE_NS not in ev:
+        return
+    w = ev[ev[T.PREDICTED_BUBBLE_NS].notna() & ev[T.BUBBLE_NS].notna() & (ev[T.ITERATION] >= warmup)]
+    if w.empty:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    last = int(w[T.ITERATION].max())
+    one = w[w[T.ITERATION] == last]
+    t0 = ev[ev[T.ITERATION] == last][T.START_NS].min()
+    workers = sorted(one[T.WORKER].unique())
+    fig, (ax, sc) = plt.subplots(1, 2, figsize=(15, 0.45 * len(workers) + 2.5), gridspec_kw={"width_ratios": [3, 1]})
+    start = (one[T.START_NS] - t0) / 1e6
+    y = one[T.WORKER].map({x: i for i, x in enumerate(workers)})
+    ax.barh(y, one[T.BUBBLE_NS] / 1e6, left=start, height=0.5, color=COLORS[T.PREFILL], label="observed bubble")
+    ax.barh(
+        y,
+        one[T.PREDICTED_BUBBLE_NS] / 1e6,
+        left=start,
+        height=0.8,
+        fill=False,
+        edgecolor="black",
+        linewidth=0.6,
+        label="predicted",
+    )
+    labels = ev.groupby(T.WORKER)[[T.STAGE, T.REPLICA]].first()
+    ax.set_yticks(range(len(workers)), [f"w{x} s{labels.loc[x, T.STAGE]} r{labels.loc[x, T.REPLICA]}" for x in workers])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"time (ms) from the start of iteration {last}")
+    ax.set_title(f"iteration {last}: each filled wait's predicted bubble over the one observed")
+    ax.legend(fontsize=7, loc="lower right")
+    pred, seen = w[T.PREDICTED_BUBBLE_NS] / 1e6, w[T.BUBBLE_NS] / 1e6
+    top = float(max(pred.max(), seen.max())) * 1.05
+    sc.plot([0, top], [0, top], color="grey", linewidth=0.8)
+    sc.scatter(seen, pred, s=6, color=COLORS[T.FORWARD])
+    sc.text(0.03, 0.97, "over-predicted", transform=sc.transAxes, fontsize=7, va="top")
+    sc.text(0.97, 0.03, "under-predicted", transform=sc.transAxes, fontsize=7, ha="right")
+    sc.set_xlabel("observed bubble (ms)")
+    sc.set_ylabel("predicted (ms)")
+    sc.set_title(f"{len(w)} waits of iterations {warmup}-{last}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -16,7 +16,13 @@ from testbed.errors import SpecError
 from testbed.results import analysis as A
 from testbed.results import link_counters as L
 from testbed.results.chrome_trace import chrome_trace
-from testbed.results.plots import grant_intervals, plot_link_grants, plot_links, plot_timeline
+from testbed.results.plots import (
+    grant_intervals,
+    plot_bubble_predictions,
+    plot_link_grants,
+    plot_links,
+    plot_timeline,
+)
 from testbed.results.summary import bubbletea_stats, grant_stats, summarize
 from testbed.trace import metrics as M
 from testbed.trace import schema as T
@@ -77,6 +83,7 @@ def finalize(run_dir: Path, aborted: bool = False) -> dict[str, Any]:
     if not ev.empty:
         (run_dir / "trace.json").write_text(json.dumps(chrome_trace(ev, read_jsonl(run_dir / SHAPING_LOG))))
         plot_timeline(ev, run_dir / "timeline.png", config["warmup_iterations"])
+        plot_bubble_predictions(ev, run_dir / "bubble_prediction.png", config["warmup_iterations"])
     plot_links(L.link_utilization(counters), run_dir / "wan_utilization.png")
     if (run_dir / "controller.jsonl").exists() and not ev.empty:
         grants = grant_intervals(read_jsonl(run_dir / "controller.jsonl"))

@@ -112,7 +112,12 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     and what the requests saw (definitions in ``bubbletea.windows.fill_stats`` and ``bubbletea/decode.py``);
     ``training_utilization`` is the summary's own (training compute only):
     ``bubble_fill_fraction``, ``prefill_tokens_per_s`` (prefilled tokens over the measured
-    iterations' wall time), ``requests_assigned``, ``requests_completed`` (first token at a decode
+    iterations' wall time), ``prefill_alone_share`` and ``prefill_alone_tokens_per_s`` (the
+    prefill of the measured window as a share of what the same training hosts deliver serving
+    prefill alone, no training, and that rate: the slices' padded targets over the hosts' wall
+    time, since alone each host would run the same chunks back to back at the same emulated time
+    per FLOP, and a prompt's FLOPs do not depend on where it is cut into chunks, each attending to
+    the KV cache of the ones before), ``requests_assigned``, ``requests_completed`` (first token at a decode
     host), ``requests_decoded``, ``ttft_p50_s``/``ttft_p99_s`` (arrival to first token at the decode
     host, KV transfer included), ``ttft_within_slo_share`` (of the requests assigned, those whose
     first token came within ``ttft_slo_s``), ``prefill_overrun_fraction`` and
@@ -136,6 +141,13 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     t0, t1 = (int(it[T.START_NS].min()), int(it[T.END_NS].max())) if not it.empty else (0, 0)
     inside = pre[(pre[T.START_NS] >= t0) & (pre[T.END_NS] <= t1)]
     fill = B.fill_stats(train, pre[[T.WORKER, T.START_NS, T.END_NS]], warmup) if not it.empty else {}
+    wall_s = (t1 - t0) / 1e9
+    alone_share = (
+        float(inside[T.TARGET_NS].sum() / 1e9 / (len(config["workers"]) * wall_s))
+        if wall_s > 0 and T.TARGET_NS in inside
+        else None
+    )
+    tokens_per_s = float(inside[T.TOKENS].sum() / wall_s) if wall_s > 0 else None
     decode_log = read_jsonl(run_dir / "requests", "decode-*.jsonl")
     first = [r for r in decode_log if r.get("event") == "first_token"]
     decoded = [r for r in decode_log if r.get("event") == "decoded"]
@@ -150,7 +162,9 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     return {
         **out,
         M.BUBBLE_FILL_FRACTION: fill.get("bubble_fill_fraction"),
-        M.PREFILL_TOKENS_PER_S: float(inside[T.TOKENS].sum() / ((t1 - t0) / 1e9)) if t1 > t0 else None,
+        M.PREFILL_TOKENS_PER_S: tokens_per_s,
+        M.PREFILL_ALONE_SHARE: alone_share,
+        M.PREFILL_ALONE_TOKENS_PER_S: tokens_per_s / alone_share if alone_share and tokens_per_s is not None else None,
         M.PREFILL_CHUNKS: int(len(pre)),
         M.REQUESTS_ASSIGNED: len(assigned),
         M.REQUESTS_COMPLETED: len(first),

@@ -28,6 +28,9 @@ PREDICTED_BUBBLE_NS, BUBBLE_NS = "predicted_bubble_ns", "bubble_ns"
 #: blocks (layers) it ran, and the bytes its memory then held (training state, activations in
 #: flight, the inference model, the KV caches admitted: ``bubbletea.decisions.KVBudget``)
 TARGET_NS, BLOCKS, MEMORY_BYTES = "target_ns", "blocks", "memory_bytes"
+#: on a prefill slice, how long its last block took (ns, padded; more where its real compute
+#: overran): the most a training operation whose data arrived during it was held back
+LAST_BLOCK_NS = "last_block_ns"
 COLUMNS = [
     WORKER,
     HOST,
@@ -51,6 +54,7 @@ COLUMNS = [
     TARGET_NS,
     BLOCKS,
     MEMORY_BYTES,
+    LAST_BLOCK_NS,
     RID,
     CHUNK_START,
     TOKENS,

@@ -8,6 +8,7 @@ import pytest
 from testbed.bubbletea import windows as Bu
 from testbed.bubbletea.profile import bubble_profile, live_prediction_errors, prediction_error_stats, prediction_errors
 from testbed.plan.schedule import one_f_one_b
+from testbed.results.plots import plot_bubble_predictions
 from testbed.trace import schema as T
 
 MS = 1_000_000
@@ -351,3 +352,21 @@ def test_the_live_predictions_the_chunks_were_placed_by_are_the_ones_scored():
     assert st["windows"] == 2 and st["over_predicted_share"] == 0.5
     assert st["abs_error_p50_ms"] == pytest.approx(7.5)
     assert live_prediction_errors(pd.DataFrame([op(0, T.FORWARD, 1, 1, 0, 40)]).drop(columns=[T.BUBBLE_NS]), 0).empty
+
+
+def test_the_prediction_plot_draws_the_measured_waits_and_nothing_without_them(tmp_path):
+    """``bubble_prediction.png`` from the same kind of wait events; none for a run whose waits carry
+    no prediction (training alone) or only in the warm-up."""
+    rows = []
+    for it, (pred_ms, seen_ms) in enumerate([(50, 10), (30, 36), (40, 31)]):
+        for w in (0, 1):
+            r = op(w, T.RECV_WAIT, it, 1, it * PERIOD_MS, it * PERIOD_MS + seen_ms)
+            r[T.BUBBLE_NS], r[T.PREDICTED_BUBBLE_NS] = seen_ms * MS, pred_ms * MS
+            rows.append(r)
+    ev = pd.DataFrame(rows)
+    plot_bubble_predictions(ev, tmp_path / "a.png", warmup=1)
+    assert (tmp_path / "a.png").stat().st_size > 10_000
+    plot_bubble_predictions(ev, tmp_path / "warmup_only.png", warmup=3)
+    plot_bubble_predictions(ev.assign(**{T.PREDICTED_BUBBLE_NS: None}), tmp_path / "none.png", warmup=0)
+    plot_bubble_predictions(ev.drop(columns=[T.PREDICTED_BUBBLE_NS]), tmp_path / "absent.png", warmup=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png"]
