@@ -124,7 +124,7 @@ def cmd_plan(args) -> int:
     print(
         f"{exp.name} on {topo.name}: global batch {exp.global_batch} sequences of {exp.model.seq_len} tokens, "
         f"microbatch {exp.microbatch_size}; compute {exp.compute.forward_ms:g}/{exp.compute.backward_ms:g} ms per "
-        f"stage of {_blocks_per_stage(exp)} blocks"
+        f"stage of {_blocks_per_stage(exp)} blocks, optimizer step {exp.compute.optimizer_target_ms:g} ms"
     )
     for policy in POLICIES:
         try:

@@ -221,13 +221,16 @@ def check_experiment(e: Experiment) -> None:
         raise bad("stages", e.stages, f"exceeds model.n_layers ({e.model.n_layers})", "use at most one stage per block")
     if e.compute.mode not in ("padded", "real"):
         raise bad("compute.mode", e.compute.mode, "is not padded or real", "use padded (emulated GPU) or real")
-    if not (e.compute.forward_ms > 0 and e.compute.backward_ms > 0):
-        raise bad("compute.forward_ms", e.compute.forward_ms, "is not positive", "give targets above 0 ms")
-    if e.compute.optimizer_ms is not None and not e.compute.optimizer_ms > 0:
+    for name in ("forward_ms", "backward_ms"):
+        target = getattr(e.compute, name)
+        if not (math.isfinite(target) and target > 0):
+            raise bad(f"compute.{name}", target, "is not a positive number", "give targets above 0 ms")
+    opt_ms = e.compute.optimizer_ms
+    if opt_ms is not None and not (math.isfinite(opt_ms) and opt_ms > 0):
         raise bad(
             "compute.optimizer_ms",
             e.compute.optimizer_ms,
-            "is not positive",
+            "is not a positive number",
             "give a target above 0 ms, or leave it out for one forward target",
         )
     if not 0 <= e.wan_connections <= MAX_WAN_CONNECTIONS:

@@ -88,7 +88,7 @@ class FieldReader:
                     self.at(key),
                     None,
                     "is empty",
-                    f"give '{key}' a value (see the topology format in topology.py)",
+                    f"give '{key}' a value, or leave the key out for its default where it has one",
                 )
             return default
         try:

@@ -172,6 +172,8 @@ def test_wrong_types_name_the_field():
     assert_names(spec_error(data(compute={"mode": "gpu"})), "compute.mode", "gpu", "padded")
     assert_names(spec_error(data(compute={"forward_ms": 0})), "compute.forward_ms", 0.0, "above 0 ms")
     assert_names(spec_error(data(compute={"optimizer_ms": -1})), "compute.optimizer_ms", -1.0, "above 0 ms")
+    assert_names(spec_error(data(compute={"optimizer_ms": float("inf")})), "compute.optimizer_ms", float("inf"), "0 ms")
+    assert_names(spec_error(data(compute={"backward_ms": float("inf")})), "compute.backward_ms", float("inf"), "0 ms")
 
 
 def test_the_optimizer_target_defaults_to_one_forward_and_survives_the_record():
