@@ -142,7 +142,7 @@ class Controller:
             "fd": self._sock.fileno(),
         }
         plan_path = self.log_path.with_name("controller_plan.json")
-        write_json_atomic(plan_path, plan)  # the test's class sampler reads it while it is written
+        write_json_atomic(plan_path, plan)  # readers (tools, tests) may open it while it is written
         with open(self.log_path.with_name("controller.log"), "a") as out:
             self.proc = self.shaping.start_helper(
                 [sys.executable, "-m", "testbed.atlas.controller_process", str(plan_path)],

@@ -91,8 +91,9 @@ def stage_compute_s(exp: Experiment, block_s: tuple[float, float] | None = None)
 
 def optimizer_s(exp: Experiment, block_s: tuple[float, float] | None = None) -> float:
     """The optimizer step (s): its padding target (``ComputeModel.optimizer_target_ms``, what the
-    workers pad it to), scaled by ``block_s``'s forward over the experiment's own when a profiled
-    compute speed is given."""
+    workers pad it to), scaled by ``block_s``'s forward over the experiment's own when ``block_s``
+    is given: a profiled compute speed, or (``what_if.alternatives``) a candidate layout's, whose
+    largest stage holds another number of blocks."""
     scale = block_s[0] / exp.block_s[0] if block_s is not None else 1.0
     return exp.compute.optimizer_target_ms / 1000 * scale
 

@@ -11,13 +11,13 @@ the pair's TCP connection (gloo's tcp transport writes it to the same socket as 
 the receiver's own bytes to that sender are leaving it (a gradient going back the way the next
 activation will come) the notice leaves only after them: measured on the default experiment
 under pp-fair, the last stage's next forward waited 94 ms after its backward where a notice alone
-would have taken 74 ms. Each link
-direction shared as the policy shares it: one transfer at a time, earliest ready first, under
-grants (``fifo`` holds it for the whole rendezvous, the notice, the bytes and their flight, where
-held classes may not borrow (``atlas_borrow`` false); with borrowing, the default, the others use
-what the notice and the flight leave idle, so a transfer holds it only while its bytes pass; on a
-path of several links a hop's last byte cannot leave before the previous hop's last byte has
-arrived), or, without grants (``tcp``), among the transfers on it as TCP's flows share it.
+would have taken 74 ms. Each link direction is shared as the policy shares it: one transfer at a
+time, earliest ready first, under grants (``fifo`` holds it for the whole rendezvous, the notice,
+the bytes and their flight, where held classes may not borrow (``atlas_borrow`` false); with
+borrowing, the default, the others use what the notice and the flight leave idle, so a transfer
+holds it only while its bytes pass; on a path of several links a hop's last byte cannot leave
+before the previous hop's last byte has arrived), or, without grants (``tcp``), among the
+transfers on it as TCP's flows share it.
 
 Pure: no kernel, no processes.
 """
@@ -143,7 +143,8 @@ def simulate(
     posted: dict[Transfer, float] = {}
     notice_sent: dict[Transfer, float] = {}  # when the receiver's ready notice left it
     sending: dict[tuple[int, int], set[Transfer]] = {}  # per (sender, receiver): bytes leaving now
-    behind: dict[tuple[int, int], list[Transfer]] = {}  # notices queued behind them
+    # per pair, the notices queued behind them, each with the transfers still ahead of it
+    behind: dict[tuple[int, int], list[tuple[Transfer, set[Transfer]]]] = {}
     ready: dict[Transfer, float] = {}
     link_free = dict.fromkeys(links, 0.0)
     order: dict[Hop, list[Transfer]] = {h: [] for h in links}
@@ -167,8 +168,8 @@ def simulate(
         it is sending to the same sender on their connection."""
         posted[t] = env.now
         back = pair(t)[::-1]
-        if sending.get(back):
-            behind.setdefault(back, []).append(t)
+        if sending.get(back):  # behind the bytes in the socket now, not those written after it
+            behind.setdefault(back, []).append((t, set(sending[back])))
         else:
             notice_sent[t] = env.now
             eligible(t)
@@ -177,13 +178,19 @@ def simulate(
         sending.setdefault(pair(t), set()).add(t)
 
     def sending_ends(t: Transfer) -> None:
-        """``t``'s last byte has left its sender: the notices queued behind it leave."""
+        """``t``'s last byte has left its sender: the notices queued behind nothing else leave."""
         key = pair(t)
         sending[key].discard(t)
-        if not sending[key]:
-            for u in behind.pop(key, []):
+        still = []
+        for u, ahead in behind.pop(key, []):
+            ahead.discard(t)
+            if ahead:
+                still.append((u, ahead))
+            else:
                 notice_sent[u] = env.now
                 eligible(u)
+        if still:
+            behind[key] = still
 
     def eligible(t: Transfer) -> None:
         if t in ready and t in notice_sent:
@@ -241,8 +248,9 @@ def simulate(
         link_free[path[i]] = last + (link.delay_s if notice else 0.0)  # FIFO: until the data arrived
         order[path[i]].append(t)
         if i == 0:  # its bytes are in the sender's socket from the notice's arrival until they leave
-            if notice:
-                at(env.now + notice, sending_starts, t)
+            begins = max(env.now, notice_sent[t] + one_way_s[pair(t)])
+            if begins > env.now:
+                at(begins, sending_starts, t)
             else:  # now, before a receive posted at this instant sends its notice
                 sending_starts(t)
             at(last, sending_ends, t)

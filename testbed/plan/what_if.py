@@ -11,7 +11,7 @@ from testbed.plan.memory import gpu_shortfall
 from testbed.plan.placement import place
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
-from testbed.spec.model import stage_layers
+from testbed.spec.model import largest_stage_blocks
 from testbed.spec.policy import Policy, parse_policy
 from testbed.spec.topology import TopologySpec
 
@@ -71,9 +71,9 @@ def best_plan(exp: Experiment, topo: TopologySpec) -> tuple[Experiment, str]:
         raise SpecError(exp.source, "--plan", "best", "finds no feasible plan", "run the experiment's own layout")
     feasible = sum(p.prediction is not None for p in plans)
     # the plan as it was predicted: Atlas's DC selection, and the same emulated GPU (per-block times)
-    blocks = max(len(stage_layers(exp.model.n_layers, best.stages, s)) for s in range(best.stages))
+    blocks = largest_stage_blocks(exp.model.n_layers, best.stages)
     per_f, per_b = exp.block_s
-    own_blocks = max(len(stage_layers(exp.model.n_layers, exp.stages, s)) for s in range(exp.stages))
+    own_blocks = largest_stage_blocks(exp.model.n_layers, exp.stages)
     compute = replace(
         exp.compute,
         forward_ms=per_f * blocks * 1000,

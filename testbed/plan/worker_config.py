@@ -25,7 +25,7 @@ class TrainingConfig:
     """What every worker trains: the model, data, batch, schedule and emulated compute of the
     experiment. ``data``: the corpus as the hosts name it (None: the default corpus);
     ``wan_connections``: connections a cross-DC transfer is striped over (1: not striped);
-    ``forward_ms``/``backward_ms``/``optimizer_ms``: padding targets, applied when ``padded``."""
+    ``forward_ms``/``backward_ms``/``optimizer_target_ms``: padding targets, applied when ``padded``."""
 
     stages: int
     replicas: int
@@ -39,7 +39,7 @@ class TrainingConfig:
     data: str | None
     forward_ms: float
     backward_ms: float
-    optimizer_ms: float
+    optimizer_target_ms: float
     padded: bool
     wan_connections: int
 

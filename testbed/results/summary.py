@@ -112,12 +112,8 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     and what the requests saw (definitions in ``bubbletea.windows.fill_stats`` and ``bubbletea/decode.py``);
     ``training_utilization`` is the summary's own (training compute only):
     ``bubble_fill_fraction``, ``prefill_tokens_per_s`` (prefilled tokens over the measured
-    iterations' wall time), ``prefill_alone_share`` and ``prefill_alone_tokens_per_s`` (the
-    prefill of the measured window as a share of what the same training hosts deliver serving
-    prefill alone, no training, and that rate: the slices' padded targets over the hosts' wall
-    time, since alone each host would run the same chunks back to back at the same emulated time
-    per FLOP, and a prompt's FLOPs do not depend on where it is cut into chunks, each attending to
-    the KV cache of the ones before), ``requests_assigned``, ``requests_completed`` (first token at a decode
+    iterations' wall time), ``prefill_alone_share`` and ``prefill_alone_tokens_per_s``
+    (defined in ``trace/metrics.py``), ``requests_assigned``, ``requests_completed`` (first token at a decode
     host), ``requests_decoded``, ``ttft_p50_s``/``ttft_p99_s`` (arrival to first token at the decode
     host, KV transfer included), ``ttft_within_slo_share`` (of the requests assigned, those whose
     first token came within ``ttft_slo_s``), ``prefill_overrun_fraction`` and

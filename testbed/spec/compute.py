@@ -8,13 +8,13 @@ The optimizer step is padded too, to ``optimizer_ms`` (by default one forward ta
 largest stage). Why one forward: mixed-precision Adam keeps 16 bytes per parameter (Rajbhandari et
 al. 2020, "ZeRO", section 3.1) and its step moves about 28 (reads the fp16 gradient, the fp32
 master weight and two moments; writes those three and the fp16 weight), 14 ps per parameter at an
-A100's 2.0 TB/s; a forward's 2 FLOPs per parameter and token take 12.8 ps per parameter over a
+A100 80 GB SXM's 2.0 TB/s; a forward's 2 FLOPs per parameter and token take 12.8 ps per parameter over a
 microbatch of 1,000 tokens at 156 TFLOP/s (312 x 0.5). One forward is that order, a round figure
 rather than a measurement; give ``optimizer_ms`` for another."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from testbed.errors import SpecError
@@ -55,8 +55,10 @@ class ComputeModel:
 
 def compute_from_dict(d: dict[str, Any]) -> ComputeModel:
     """A ``ComputeModel`` from its ``asdict`` record (a run folder's ``config.json``; a record
-    written before ``optimizer_ms`` existed gets its default). Raises TypeError for other keys."""
-    d = dict(d)
+    written before ``optimizer_ms`` existed gets its default, keys it does not know are ignored).
+    Raises TypeError for a device record of another form."""
+    known = {f.name for f in fields(ComputeModel)}
+    d = {k: v for k, v in d.items() if k in known}
     if d.get("device") is not None:
         d["device"] = DeviceModel(**d["device"])
     return ComputeModel(**d)

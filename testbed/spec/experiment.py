@@ -25,7 +25,7 @@ from typing import Any
 from testbed.errors import SpecError
 from testbed.spec.bubbletea import BubbleTeaSpec, bubbletea_from_dict, check_bubbletea, check_model_size, served_model
 from testbed.spec.compute import ComputeModel, compute_from_dict, resolve_compute
-from testbed.spec.model import ModelConfig, activation_bytes, stage_layers
+from testbed.spec.model import ModelConfig, activation_bytes, largest_stage_blocks
 from testbed.spec.policy import DEFAULT_POLICY, Policy, UnknownPolicy, parse_policy
 from testbed.spec.topology import TopologySpec
 from testbed.spec.topology_file import load_topology
@@ -121,7 +121,7 @@ class Experiment:
         """(forward, backward) seconds of one block on one microbatch on the emulated GPU: the
         padding targets of a stage over the blocks of the largest stage (a stage with fewer blocks
         is padded to the same target; the largest one sets the GPU's speed)."""
-        blocks = max(len(stage_layers(self.model.n_layers, self.stages, s)) for s in range(self.stages))
+        blocks = largest_stage_blocks(self.model.n_layers, self.stages)
         return self.compute.forward_ms / 1000 / blocks, self.compute.backward_ms / 1000 / blocks
 
     @property

@@ -69,6 +69,12 @@ def stage_layers(n_layers: int, n_stages: int, stage: int) -> range:
     return range(start, start + base + (1 if stage < extra else 0))
 
 
+def largest_stage_blocks(n_layers: int, n_stages: int) -> int:
+    """Blocks of the largest stage (``stage_layers``'s first): what sets the emulated GPU's time
+    per block, a stage with fewer blocks being padded to the same targets."""
+    return len(stage_layers(n_layers, n_stages, 0))
+
+
 def stage_params(cfg: ModelConfig, n_stages: int, stage: int) -> int:
     """Parameters of one pipeline stage: its blocks, plus the embeddings on stage 0 and the final
     norm and head on the last stage."""

@@ -23,7 +23,7 @@ from testbed.spec.bubbletea import BubbleTeaSpec
 from testbed.spec.compute import ComputeModel
 from testbed.spec.devices import DEVICES, Device
 from testbed.spec.experiment import Experiment
-from testbed.spec.model import ModelConfig, stage_layers
+from testbed.spec.model import ModelConfig, largest_stage_blocks
 from testbed.spec.model_presets import MODELS
 from testbed.spec.policy import DEFAULT_POLICY
 from testbed.spec.topology import DCSpec, LinkSpec, TopologySpec
@@ -88,7 +88,7 @@ class Scenario:
         """One forward of the largest stage on one microbatch (s): its blocks' FLOPs
         (``ModelConfig.block_forward_flops``; the embedding and the head are left out) over the
         tensor-parallel group's sustained FLOP/s (``Device.flops``)."""
-        blocks = max(len(stage_layers(self.model.n_layers, self.stages, s)) for s in range(self.stages))
+        blocks = largest_stage_blocks(self.model.n_layers, self.stages)
         flops = blocks * self.model.block_forward_flops(self.microbatch_size * self.model.seq_len)
         return flops / (self.tensor_parallel * self.device.flops)
 

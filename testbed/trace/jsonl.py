@@ -40,8 +40,11 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     """Write ``obj`` as JSON to ``path`` through a temporary file beside it and a rename (atomic
     on one file system, POSIX ``rename(2)``): a concurrent reader never sees a partial file."""
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(obj))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # only there when writing it failed
 
 
 def open_jsonl(path: Path) -> TextIO:

@@ -59,8 +59,11 @@ REQUESTS_ASSIGNED, REQUESTS_COMPLETED, REQUESTS_DECODED = (
     "requests_decoded",
 )
 TTFT_P50_S, TTFT_P99_S = "ttft_p50_s", "ttft_p99_s"
-#: BubbleTea's prefill as a share of what the training hosts would prefill serving it alone (no
-#: training), and that rate (tokens/s over all of them): see ``summary.bubbletea_stats``
+#: BubbleTea's prefill of the measured window as a share of what the same training hosts deliver
+#: serving prefill alone (no training), and that rate (tokens/s over all of them): the slices'
+#: padded targets over the hosts' wall time, since alone each host runs the same chunks back to
+#: back at the same emulated time per FLOP, and a prompt's FLOPs do not depend on where it is cut
+#: into chunks (each attends to the KV cache of the ones before)
 PREFILL_ALONE_SHARE, PREFILL_ALONE_TOKENS_PER_S = "prefill_alone_share", "prefill_alone_tokens_per_s"
 #: the share of the requests assigned to workers whose first token came within ``ttft_slo_s``
 #: (a request not finished by the run's end counts as outside it)

@@ -51,6 +51,7 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
     held = ops[ops[T.PREFILL_DELAY_NS].fillna(0) > 0]
     for r in held.itertuples():
         mine = slices[(slices[T.WORKER] == getattr(r, T.WORKER)) & (slices[T.END_NS] <= getattr(r, T.START_NS))]
+        assert not mine.empty, f"{r}: held back with no prefill slice before it"
         last = mine.loc[mine[T.END_NS].idxmax()]  # the slice that held it: the last before it started
         assert last[T.END_NS] >= getattr(r, T.READY_NS), "held back by no running slice"
         assert getattr(r, T.PREFILL_DELAY_NS) <= last[T.LAST_BLOCK_NS] + 5e6, (r, last)

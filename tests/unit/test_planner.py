@@ -8,7 +8,7 @@ from experiments import exp, topo
 from testbed.errors import SpecError
 from testbed.plan.connections import transfer_time_s, window_rate_bps
 from testbed.plan.cost_model import optimizer_s, predict
-from testbed.plan.grant_sim import Hop, Transfer
+from testbed.plan.grant_sim import Hop, LinkTiming, Transfer, simulate
 from testbed.plan.placement import atlas_dc_order, place, place_dp_wan, place_pipeline
 from testbed.plan.what_if import alternatives, what_if
 from testbed.spec.compute import ComputeModel
@@ -169,8 +169,6 @@ def test_a_transfer_alone_is_link_or_window_limited():
 
 def test_fair_sharing_slows_overlapping_transfers_only_while_they_overlap():
     """Two pipelines whose transfers overlap for part of their time: processor sharing, by hand."""
-    from testbed.plan.grant_sim import LinkTiming, simulate
-
     e, workers = (lambda x: (x, place(x)))(exp(schedule="gpipe", microbatches=1, stages=2, replicas=2))
     hop = Hop("a", "b")
     back = Hop("b", "a")
@@ -194,8 +192,6 @@ def test_fair_sharing_over_two_links_goes_at_the_slowest_links_pace():
     at once get half of each, 25 and 50 transfers/s, so a->b decides: 40 ms each, by hand. The
     activations go at 40 ms and arrive at 90; stage 1's 120 ms end at 210; the gradients likewise
     arrive at 260; stage 0's backward ends at 340."""
-    from testbed.plan.grant_sim import LinkTiming, simulate
-
     e = exp(schedule="gpipe", microbatches=1, stages=2, replicas=2)
     workers = place(e)
     by = {(w.stage, w.replica): w.rank for w in workers}
@@ -228,18 +224,31 @@ def test_dp_wan_with_more_replicas_than_dcs_puts_consecutive_replicas_together()
         place_dp_wan(exp(replicas=3), topo({"a": 2, "b": 3}))
 
 
-@pytest.mark.parametrize("sharing", ["planned", "tcp"])
-def test_a_ready_notice_waits_behind_the_receivers_own_bytes_to_the_sender(sharing):
+@pytest.mark.parametrize(
+    "sharing, borrow, end_s", [("planned", True, 0.480), ("tcp", True, 0.480), ("fifo", False, 0.510)]
+)
+def test_a_ready_notice_waits_behind_the_receivers_own_bytes_to_the_sender(sharing, borrow, end_s):
     """1F1B, 2 stages of 40/80 ms in DCs a and b, one pipeline of 2 microbatches; a transfer takes
     20 ms on its link, 10 ms one way. By hand: F0 goes 40-60, arrives 70; stage 1 runs F0 and B0
     (70-190); B0's gradient leaves 190-210 on b->a. Stage 1 posts F1's receive at 190, but its
     notice shares the connection with that gradient: it leaves at 210, arrives 220 (not 200), so F1
     goes 220-240 and arrives 250; stage 1's F1 and B1 take 250-370, B1 goes 370-390 and arrives
     400 (stage 0's notice for it left at 300, when its own F1 bytes were long gone); stage 0's B1
-    ends at 480. A notice that skipped the queue would give 460."""
-    from testbed.plan.grant_sim import LinkTiming, simulate
+    ends at 480. A notice that skipped the queue would give 460.
 
-    e = exp(schedule="1f1b", microbatches=2, stages=2, replicas=1, topology_spec=topo({"a": 1, "b": 1}))
+    FIFO without borrowing holds a link from both sides ready, the notice's crossing included: F0
+    holds a->b 40-70 and arrives 80; stage 1 runs 80-200; B0 holds b->a 200-230 (its bytes leave
+    210-230, the notice having come at 90) and arrives 240; F1's notice leaves at 230, F1 holds
+    a->b 230-260 and arrives 270; stage 1's F1 and B1 take 270-390; B1 holds b->a 390-420 and
+    arrives 430; stage 0's B1 ends at 510 (480 with a notice that skipped the queue)."""
+    e = exp(
+        schedule="1f1b",
+        microbatches=2,
+        stages=2,
+        replicas=1,
+        topology_spec=topo({"a": 1, "b": 1}),
+        atlas_borrow=borrow,
+    )
     workers = place(e)
     by = {(w.stage, w.replica): w.rank for w in workers}
     ab, ba = Hop("a", "b"), Hop("b", "a")
@@ -247,4 +256,4 @@ def test_a_ready_notice_waits_behind_the_receivers_own_bytes_to_the_sender(shari
     one_way = dict.fromkeys(paths, 0.010)
     links = {ab: LinkTiming(0.020, 0.010), ba: LinkTiming(0.020, 0.010)}
     end, _ = simulate(e, workers, links, paths, one_way, (0.0,), sharing=sharing)
-    assert end == pytest.approx(0.480)
+    assert end == pytest.approx(end_s)

@@ -9,7 +9,7 @@ from testbed.errors import SpecError
 from testbed.plan.memory import gpu_bytes, gpu_shortfall
 from testbed.plan.what_if import alternatives, best_plan
 from testbed.spec.compute import ComputeModel
-from testbed.spec.model import stage_layers
+from testbed.spec.model import largest_stage_blocks
 from testbed.spec.policy import ABLATION, UnknownPolicy, parse_policy
 from tests.unit.experiments import exp, topo
 
@@ -66,13 +66,14 @@ def test_the_best_plan_keeps_the_global_batch_and_says_why():
 
 
 def test_the_best_plan_scales_a_given_optimizer_target_with_the_largest_stage():
-    e = exp(policy=parse_policy("atlas"), compute=ComputeModel(forward_ms=40, backward_ms=80, optimizer_ms=20))
+    """4 stages of one block each, one replica: the planner picks 2 stages of two blocks, so the
+    targets of the largest stage double, the given optimizer step's with them."""
+    kw = {"stages": 4, "replicas": 1, "microbatches": 8, "policy": parse_policy("atlas")}
+    e = exp(**kw, compute=ComputeModel(forward_ms=40, backward_ms=80, optimizer_ms=20))
     chosen, _ = best_plan(e, e.topology_spec)
-    blocks = max(len(stage_layers(e.model.n_layers, chosen.stages, s)) for s in range(chosen.stages))
-    own = max(len(stage_layers(e.model.n_layers, e.stages, s)) for s in range(e.stages))
-    assert chosen.compute.optimizer_ms == pytest.approx(20 * blocks / own)
-    assert chosen.compute.forward_ms == pytest.approx(40 * blocks / own)
+    assert chosen.stages == 2 and largest_stage_blocks(e.model.n_layers, chosen.stages) == 2
+    assert chosen.compute.optimizer_ms == pytest.approx(40) and chosen.compute.forward_ms == pytest.approx(80)
     # left out, the step follows the chosen forward target
-    chosen, _ = best_plan(exp(policy=parse_policy("atlas")), e.topology_spec)
-    assert chosen.compute.optimizer_ms is None
-    assert chosen.compute.optimizer_target_ms == chosen.compute.forward_ms
+    chosen, _ = best_plan(exp(**kw), e.topology_spec)
+    assert chosen.stages == 2 and chosen.compute.optimizer_ms is None
+    assert chosen.compute.optimizer_target_ms == chosen.compute.forward_ms == pytest.approx(80)
