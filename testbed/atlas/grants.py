@@ -160,6 +160,10 @@ class GrantLoop:
                 if nxt is not None:
                     self._grant(hop, _Held(nxt, key, t_ns, t_ns + self._deadline_after(hop)), t_ns)
             return
+        # gloo's ready notice crosses back one one-way delay after the receive was posted; the
+        # simulator behind the plan also queues it behind the receiver's own bytes to the sender
+        # (``plan/grant_sim.py``), which this loop does not see: such a grant can start before the
+        # bytes can come, and the link then idles under it until they do
         start = max(t_sender, t_receiver + self.notice_ns.get((key[0], key[1]), 0))
         assert self.counters is not None
         for i, hop in enumerate(path):
