@@ -8,8 +8,15 @@ and the iteration time's error with the modelled window instead (``--modelled-wi
 part of the error the link model's assumption accounts for. Prints a markdown table with the
 median errors (and writes it to ``prediction_error.md`` in ``--out``); nothing asserted.
 
+Under TCP sharing the simulator starts every pipeline at the same instant, and identical pipelines
+then stay in step; the emulator's pipelines drift apart on their own. ``--offsets-ms 1,5`` adds,
+for the runs whose links TCP shares among several pipelines, the simulated pipeline (the
+schedule's compute and transfers, without the all-reduce and optimizer step) with pipeline r
+started r x each offset later, beside the pipeline in step: how much the prediction hangs on that
+symmetry.
+
 Run as root: .venv/bin/python scripts/prediction_error.py [--policies pp-fair,dp-wan,atlas] [--ablation]
-[--iterations 8] [--out DIR [--revalidate]]; ``--ablation`` adds the steps between pp-fair and atlas
+[--iterations 8] [--offsets-ms 1,5] [--out DIR [--revalidate]]; ``--ablation`` adds the steps between pp-fair and atlas
 (``compare --ablation``'s chain); ``--revalidate`` runs nothing and validates the folders in ``--out``.
 """
 
@@ -24,9 +31,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testbed.errors import SpecError
+from testbed.plan.connections import wan_connections
+from testbed.plan.grant_plan import wan_links
+from testbed.plan.grant_sim import simulate
 from testbed.run.interrupts import tears_down_on_signals
 from testbed.run.runner import run_experiment
-from testbed.sim.validate import validate_run
+from testbed.sim.validate import load_run, validate_run
 from testbed.spec.experiment_file import load_experiment
 from testbed.spec.policy import ABLATION
 from testbed.trace import metrics as M
@@ -40,6 +50,7 @@ def main() -> None:
     ap.add_argument("--policies", default="pp-fair,dp-wan,atlas", help="comma-separated; may be empty")
     ap.add_argument("--ablation", action="store_true", help="also the ablation chain's steps between pp-fair and atlas")
     ap.add_argument("--iterations", type=int, default=8)
+    ap.add_argument("--offsets-ms", default="", help="e.g. 1,5: TCP-shared runs' pipelines started apart")
     ap.add_argument(
         "--revalidate",
         action="store_true",
@@ -54,6 +65,13 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     errors, modelled_errors = [], []
+    offsets_s = [float(x) / 1000 for x in args.offsets_ms.split(",") if x]
+    offset_rows = [
+        "| experiment | policy | pipeline s: in step | "
+        + " | ".join(f"{x * 1000:g} ms apart" for x in offsets_s)
+        + " |",
+        "|---|---|---|" + "---|" * len(offsets_s),
+    ]
     policies = [p for p in args.policies.split(",") if p] + (list(ABLATION[1:-1]) if args.ablation else [])
     for name in args.experiments.split(","):
         for policy in policies:
@@ -79,6 +97,8 @@ def main() -> None:
                 f"| {_frac(wan['predicted'])} | {_frac(wan['measured'])} | {_diff(wan['error'])} |"
             )
             print(rows[-1], flush=True)
+            if offsets_s and exp.replicas > 1 and not exp.policy.grants:
+                offset_rows.append(f"| {name} | {policy} | " + " | ".join(_pipeline_s(run_dir, offsets_s)) + " |")
     if errors:
         rows.append("")
         rows.append(
@@ -86,9 +106,25 @@ def main() -> None:
             f"largest {max(errors):.1%} (goal: within 10%; Sailor's 6% median to beat); with the modelled window "
             f"median {statistics.median(modelled_errors):.1%}, largest {max(modelled_errors):.1%}"
         )
+    if len(offset_rows) > 2:
+        rows += ["", "Simulated pipeline with pipeline r started r x the offset later (TCP sharing):", ""]
+        rows += offset_rows
     text = "\n".join(rows)
     (args.out / "prediction_error.md").write_text(text + "\n")
     print(text)
+
+
+def _pipeline_s(run_dir: Path, offsets_s: list[float]) -> list[str]:
+    """The run's simulated pipeline (s; its links as measured) in step, then at each offset."""
+    run = load_run(run_dir)
+    exp, topo = run.exp, run.exp.topology_spec
+    wan = wan_links(exp, topo, run.workers, wan_connections(exp, topo, run.workers), float)
+    out = []
+    for offset in (0.0, *offsets_s):
+        stagger = tuple(r * offset for r in range(exp.replicas))
+        end, _ = simulate(exp, run.workers, wan.links, wan.paths, wan.one_way_s, stagger, sharing="tcp")
+        out.append(f"{end:.3f}")
+    return out
 
 
 def _frac(x: float | None) -> str:

@@ -9,7 +9,7 @@ measured one, not the modelled window's (``plan/connections.one_connection_bps``
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +29,21 @@ ABSOLUTE = (M.GPU_UTILIZATION, M.BUBBLE_FRACTION, M.WAN_UTILIZATION_MEAN)
 MEASURED_LINKS, MODELLED_WINDOW = "measured (wan_profile.json)", "modelled window"
 
 
-def validate_run(run_dir: Path, measured_links: bool = True) -> dict[str, Any]:
-    """``{"run", "policy", "links", "figures": {NAME: {"predicted", "measured", "error"}}}`` for
-    ``run_dir``; ``links``: ``MEASURED_LINKS`` or ``MODELLED_WINDOW``. Raises SpecError naming the
-    file when the folder is not a finished run's, or when its ``wan_profile.json`` is unreadable."""
+@dataclass(frozen=True)
+class MeasuredRun:
+    """A finished run as the simulator takes it: its experiment (with its WAN profile where
+    ``links`` is ``MEASURED_LINKS``), its placement and its ``summary.json``."""
+
+    exp: Experiment
+    workers: list[WorkerSpec]
+    summary: dict[str, Any]
+    links: str
+
+
+def load_run(run_dir: Path, measured_links: bool = True) -> MeasuredRun:
+    """``run_dir``'s experiment, placement and summary, with its measured WAN paths unless
+    ``measured_links`` is False. Raises SpecError naming the file when the folder is not a
+    finished run's, or when its ``wan_profile.json`` is unreadable."""
     files = {}
     for name in ("config.json", "summary.json"):
         path = run_dir / name
@@ -68,7 +79,16 @@ def validate_run(run_dir: Path, measured_links: bool = True) -> dict[str, Any]:
                 "rerun with --profile-wan, or delete the file to use the modelled window",
             ) from e
         links = MEASURED_LINKS
-    predicted = simulate_policy(exp, workers=workers).to_dict()
+    return MeasuredRun(exp, workers, summary, links)
+
+
+def validate_run(run_dir: Path, measured_links: bool = True) -> dict[str, Any]:
+    """``{"run", "policy", "links", "figures": {NAME: {"predicted", "measured", "error"}}}`` for
+    ``run_dir``; ``links``: ``MEASURED_LINKS`` or ``MODELLED_WINDOW``. Raises SpecError as
+    ``load_run``."""
+    run = load_run(run_dir, measured_links)
+    exp, summary = run.exp, run.summary
+    predicted = simulate_policy(exp, workers=run.workers).to_dict()
     figures = {}
     for name in (*RELATIVE, *ABSOLUTE):
         x, y = predicted.get(name), summary.get(name)
@@ -79,4 +99,4 @@ def validate_run(run_dir: Path, measured_links: bool = True) -> dict[str, Any]:
         else:
             error = y - x
         figures[name] = {"predicted": x, "measured": y, "error": error}
-    return {"run": str(run_dir), "policy": exp.policy.name, "links": links, "figures": figures}
+    return {"run": str(run_dir), "policy": exp.policy.name, "links": run.links, "figures": figures}
