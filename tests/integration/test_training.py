@@ -298,4 +298,6 @@ def test_striping_leaves_the_all_reduce_inside_a_dc_on_one_connection(tmp_path, 
     # the ring's last member to arrive waits for no one: its time is the all-reduce's own
     own_ms = ((ar[T.END_NS] - ar[T.START_NS]) / 1e6).groupby([ar[T.ITERATION], ar[T.STAGE]]).min()
     rtt_ms = 2 * min(link.delay_us for link in exp.topology_spec.links) / 1000  # 20 ms: east-central
-    assert len(own_ms) == exp.stages * (exp.iterations - exp.warmup_iterations) and own_ms.max() < rtt_ms / 2, own_ms
+    # striped groups took three round trips or more (67 ms and more); inside a DC it is 4-10 ms
+    assert len(own_ms) == exp.stages * (exp.iterations - exp.warmup_iterations), own_ms
+    assert own_ms.median() < rtt_ms and own_ms.max() < 2 * rtt_ms, own_ms
