@@ -152,9 +152,13 @@ def test_live_class_changes_with_netem_keep_the_delay(link_rate_bps, path_floor_
     rtt_expected = 2 * spec.links[0].delay_us / 1000
     with make_network(spec, out_dir=tmp_path, delay_mechanism="netem") as net:
         rate = spec.links[0].rate_bps
-        # the first packet over the link is not held back by ARP (the routers know their WAN peers)
+        # the first packet over the link is not held back by ARP across the WAN (the routers know
+        # their WAN peers): that would add a whole round trip. Its own ARP inside each DC and the
+        # emulated CPU may add some ms (49.4 ms against 40 once under TCG), so half a round trip
+        # of slack
         first = parse_ping_ms(net.run("east-h0", ["ping", "-U", "-n", "-c", "1", str(net.host("west-h0").ip)]).stdout)
-        assert first and rtt_ok_in_box(first[0], rtt_expected, path_floor_ms[1]), first
+        low = rtt_expected - max(RTT_TOLERANCE_MS, RTT_TOLERANCE_FRACTION * rtt_expected)
+        assert first and low <= first[0] < 1.5 * rtt_expected + path_floor_ms[1], first
         net.shaping.add_wan_class("east", "west", 0x21, rate // 2, pairs=[("east-h1", "west-h1")])
         ipr = net.handles.ipr(net.plan.routers["east"].netns)
         end = net.plan.wan_ends[("east", "west")]
