@@ -1,6 +1,7 @@
 """A decode host (BubbleTea): receives prefilled KV caches from the training workers of its DC
 over the emulated network and records time to first token; by default it also runs the decode
-steps of each request (greedy, one token at a time, padded to the emulated GPU's time).
+steps (greedy), several requests at a time (continuous batching), each step padded to the emulated
+GPU's time for the batch's FLOPs.
 
 ``python -m testbed.bubbletea.decode CONFIG.json DC``, run by the runner inside a host of DC that is not a
 training worker. Listens on TCP port ``kv_sender.DECODE_PORT`` of its own address. Writes one JSON
@@ -19,14 +20,16 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from testbed.bubbletea.decisions import decode_seconds
-from testbed.bubbletea.inference import InferenceModel, KVCache, decode_step
+from testbed.bubbletea.inference import InferenceModel, KVCache, decode_batch
 from testbed.bubbletea.kv_sender import DECODE_PORT, FRAME
 from testbed.plan.worker_config import WorkerConfig, read_worker_config
+from testbed.spec.bubbletea import BubbleTeaSpec
 from testbed.trace.clock import now_ns
 
 
@@ -41,20 +44,38 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
 
 
 class DecodeHost:
-    """The decode host of DC ``dc`` in a run configured by ``cfg`` (which has BubbleTea's part)."""
+    """The decode host at ``address`` serving ``spec`` (its inference model built from ``seed``,
+    decode steps padded to ``s_per_flop`` when ``padded``), logging to
+    ``out_dir/requests/decode-<dc>.jsonl``. ``from_config`` builds the one of a run's DC."""
 
-    def __init__(self, cfg: WorkerConfig, dc: str) -> None:
-        bt = cfg.bubbletea
-        if bt is None:
-            raise ValueError("the run's configuration has no BubbleTea part: no decode host runs")
-        self.spec, self.s_per_flop, self.padded = bt.spec, bt.s_per_flop, cfg.training.padded
-        self.model = InferenceModel(self.spec.model, cfg.training.seed)
-        out = Path(cfg.out_dir) / "requests"
+    def __init__(
+        self, spec: BubbleTeaSpec, s_per_flop: float, padded: bool, seed: int, out_dir: Path, dc: str, address: str
+    ) -> None:
+        if spec.model is None:
+            raise ValueError("the BubbleTea section has no resolved model: build it through Experiment")
+        self.spec, self.s_per_flop, self.padded, self.address = spec, s_per_flop, padded, address
+        self.model = InferenceModel(spec.model, seed)
+        out = Path(out_dir) / "requests"
         out.mkdir(parents=True, exist_ok=True)
         self.log = open(out / f"decode-{dc}.jsonl", "a", buffering=1)
         self.lock = threading.Lock()
         self.jobs: queue.Queue = queue.Queue()
-        self.address = bt.decode_hosts[dc]
+
+    @classmethod
+    def from_config(cls, cfg: WorkerConfig, dc: str) -> DecodeHost:
+        """The decode host of DC ``dc`` in a run configured by ``cfg`` (which has BubbleTea's part;
+        ValueError otherwise)."""
+        bt = cfg.bubbletea
+        if bt is None:
+            raise ValueError("the run's configuration has no BubbleTea part: no decode host runs")
+        training = cfg.training
+        return cls(bt.spec, bt.s_per_flop, training.padded, training.seed, Path(cfg.out_dir), dc, bt.decode_hosts[dc])
+
+    def start_decoding(self) -> threading.Thread:
+        """Start the decode loop (a daemon thread) on what arrives in ``jobs``."""
+        t = threading.Thread(target=self._decode_loop, daemon=True)
+        t.start()
+        return t
 
     def write(self, row: dict) -> None:
         with self.lock:
@@ -66,7 +87,7 @@ class DecodeHost:
 
     def serve(self, srv: socket.socket) -> None:
         if self.spec.decode:
-            threading.Thread(target=self._decode_loop, daemon=True).start()
+            self.start_decoding()
         while True:
             conn, _ = srv.accept()
             threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
@@ -87,33 +108,71 @@ class DecodeHost:
                 self.jobs.put((header, payload))
 
     def _decode_loop(self) -> None:
+        """Continuous batching: between two steps, requests whose cache has arrived join the batch
+        (up to ``max_decode_batch``) and finished ones leave it; one step feeds every request of
+        the batch one token (``decode_batch``), padded to the batch's summed decode FLOPs."""
+        batch: list[_Decoding] = []
         while True:
-            header, payload = self.jobs.get()
-            t0 = now_ns()
-            cache = KVCache.from_bytes(payload)
-            token, real, overruns = header["first_token"], 0, 0
-            for _ in range(max(0, header["output_tokens"] - 1)):
-                s0 = now_ns()
-                target = decode_seconds(self.model.cfg, cache.length, self.s_per_flop)
-                cache, logits = decode_step(self.model, token, cache)
-                token = int(torch.argmax(logits))
-                real += now_ns() - s0
-                overruns += now_ns() - s0 > target * 1e9
-                if self.padded:
-                    while (left := s0 + int(target * 1e9) - now_ns()) > 0:
-                        time.sleep(left / 1e9)
-            self.write(
-                {
-                    "event": "decoded",
-                    "rid": header["rid"],
-                    "decode_start_ns": t0,
-                    "decode_end_ns": now_ns(),
-                    "output_tokens": header["output_tokens"],
-                    "decode_real_ns": real,
-                    # steps whose real time exceeded their padded target (the emulated GPU's)
-                    "decode_overrun_steps": overruns,
-                }
-            )
+            self._admit(batch)
+            s0 = now_ns()
+            target_ns = int(sum(decode_seconds(self.model.cfg, d.cache.length, self.s_per_flop) for d in batch) * 1e9)
+            caches, logits = decode_batch(self.model, [d.token for d in batch], [d.cache for d in batch])
+            real = now_ns() - s0
+            for d, cache, token in zip(batch, caches, logits.argmax(dim=-1).tolist()):
+                d.cache, d.token, d.left = cache, token, d.left - 1
+                d.real_ns, d.overruns = d.real_ns + real, d.overruns + (real > target_ns)
+                d.batch_sum += len(batch)
+            if self.padded:
+                while (left := s0 + target_ns - now_ns()) > 0:
+                    time.sleep(left / 1e9)
+            for d in [d for d in batch if d.left == 0]:
+                batch.remove(d)
+                self._decoded(d)
+
+    def _admit(self, batch: list[_Decoding]) -> None:
+        """Move arrived caches into ``batch`` (waiting for one while it is empty); a request with
+        nothing to decode (one output token: the first, already made) ends at once."""
+        while len(batch) < self.spec.max_decode_batch:
+            try:
+                header, payload = self.jobs.get(block=not batch)
+            except queue.Empty:
+                return
+            d = _Decoding(header, KVCache.from_bytes(payload), header["first_token"], header["output_tokens"] - 1)
+            if d.left > 0:
+                batch.append(d)
+            else:
+                self._decoded(d)
+
+    def _decoded(self, d: _Decoding) -> None:
+        steps = d.header["output_tokens"] - 1
+        self.write(
+            {
+                "event": "decoded",
+                "rid": d.header["rid"],
+                "decode_start_ns": d.start_ns,
+                "decode_end_ns": now_ns(),
+                "output_tokens": d.header["output_tokens"],
+                "decode_real_ns": d.real_ns,
+                # steps whose real time exceeded their padded target (the emulated GPU's)
+                "decode_overrun_steps": d.overruns,
+                # requests in the batch, averaged over this request's steps
+                "decode_mean_batch": d.batch_sum / steps if steps > 0 else None,
+            }
+        )
+
+
+@dataclass
+class _Decoding:
+    """A request in the decode batch: its cache, the token to feed next and the steps left."""
+
+    header: dict
+    cache: KVCache
+    token: int
+    left: int
+    start_ns: int = field(default_factory=now_ns)
+    real_ns: int = 0
+    overruns: int = 0
+    batch_sum: int = 0
 
 
 def main(config_path: str, dc: str) -> None:
@@ -123,7 +182,7 @@ def main(config_path: str, dc: str) -> None:
     except OSError:
         pass
     cfg = read_worker_config(config_path)
-    host = DecodeHost(cfg, dc)
+    host = DecodeHost.from_config(cfg, dc)
     srv = host.listen()
     assert cfg.bubbletea is not None  # DecodeHost refuses a configuration without it
     announce_ready(cfg.bubbletea.dispatcher, dc)

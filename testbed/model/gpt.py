@@ -41,9 +41,8 @@ class Block(nn.Module):
         """``x`` (batch, t, d_model) at positions p..p+t-1, where p is the length of ``past`` (keys
         and values of positions 0..p-1, each (batch, n_heads, p, head_dim); None: p = 0). Returns
         the block's output and the keys and values of positions 0..p+t-1 (``past`` extended)."""
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for z in (q, k, v))
+        t = x.shape[1]
+        q, k, v = self.heads(x)
         if past is None or past[0].shape[2] == 0:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
@@ -52,8 +51,21 @@ class Block(nn.Module):
             # query i sits at position p + i and sees the keys at positions 0..p + i
             mask = torch.arange(p + t)[None, :] <= torch.arange(p, p + t)[:, None]
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.finish(x, y), (k, v)
+
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of ``x`` (batch, t, d_model), each (batch, n_heads, t, head_dim)."""
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for z in (q, k, v))
+        return q, k, v
+
+    def finish(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The block's output from its input ``x`` (batch, t, d_model) and the attention's output
+        ``y`` (batch, n_heads, t, head_dim): projection and residual, then the MLP and residual."""
+        b, t, d = x.shape
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
-        return x + self.out(F.gelu(self.fc(self.ln2(x)))), (k, v)
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
 
 class GPT(nn.Module):

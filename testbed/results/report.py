@@ -130,6 +130,7 @@ EXTRA_ROWS = [
     (M.TTFT_SLO_S, "TTFT SLO (s)"),
     (M.PREFILL_OVERRUN_FRACTION, "prefill overrun fraction"),
     (M.DECODE_OVERRUN_FRACTION, "decode overrun fraction"),
+    (M.DECODE_MEAN_BATCH, "decode batch (mean, per request step)"),
     (M.PEAK_GPU_MEMORY_MB, "peak GPU memory (MiB)"),
     (M.GPU_MEMORY_MB, "GPU memory budget (MiB)"),
     (M.TRAINING_OPS_DELAYED_BY_PREFILL, "training ops delayed by prefill"),

@@ -118,7 +118,8 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     host, KV transfer included), ``ttft_within_slo_share`` (of the requests assigned, those whose
     first token came within ``ttft_slo_s``), ``prefill_overrun_fraction`` and
     ``decode_overrun_fraction`` (prefill slices and decode steps whose real time exceeded their
-    padded target), ``peak_gpu_memory_mb`` (the most a training host's emulated GPU held while
+    padded target), ``decode_mean_batch`` (continuous batching, ``trace/metrics.py``),
+    ``peak_gpu_memory_mb`` (the most a training host's emulated GPU held while
     prefilling, KV caches admitted included) beside ``gpu_memory_mb``,
     ``training_ops_delayed_by_prefill`` (forward/backward operations
     whose input had arrived while a chunk ran and which started more than 1 ms later), and the
@@ -178,6 +179,10 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
         M.GPU_MEMORY_MB: config.get("gpu_memory_mb"),
         M.DECODE_OVERRUN_FRACTION: sum(r.get("decode_overrun_steps", 0) for r in decoded) / steps
         if (steps := sum(max(0, r["output_tokens"] - 1) for r in decoded))
+        else None,
+        M.DECODE_MEAN_BATCH: sum(r["decode_mean_batch"] * (r["output_tokens"] - 1) for r in batched) / steps
+        if (batched := [r for r in decoded if r.get("decode_mean_batch") is not None])
+        and (steps := sum(r["output_tokens"] - 1 for r in batched))
         else None,
         M.TRAINING_OPS_DELAYED_BY_PREFILL: int((delays.fillna(0) > DELAY_THRESHOLD_NS).sum()),
         M.BUBBLE_PREDICTION_ERROR_P50_MS: errors.get("abs_error_p50_ms"),

@@ -20,20 +20,22 @@ MIN_CHUNK_TOKENS = 16
 class BubbleTeaSpec:
     """Prefill-in-the-bubbles (BubbleTea, DESIGN.md section 1 item 5), used by ``<policy>+bubbletea``.
 
-    ``model``: the inference model each worker holds beside its stage (real weights from the
-    experiment's seed; ``seq_len`` is its context); None, the default: the training model's
-    layers, width and heads (the published setting serves an LLM of the kind being trained) with
-    a context of ``max_prompt_tokens + max_output_tokens`` (``served_model``; the experiment
-    resolves it when made). Requests: the Azure 2023 trace's CSV
-    (``requests``, with ``time_scale`` and ``rate_factor``) or, without one, a synthetic stream at
-    ``request_rate`` per second fitted to that trace (``requests.synthetic_requests``). Prompts are
-    clipped to ``max_prompt_tokens`` and decode to ``max_output_tokens`` (both within the context).
-    A chunk holds at most ``max_chunk_tokens``; a worker starts a chunk only if its predicted end
-    plus ``guard_ms`` falls inside the predicted bubble, predicted as the minimum of the slot's
-    last ``profile_iterations`` bubbles. ``decode``: decode hosts run the decode steps.
-    ``ttft_slo_s``: the time to first token a request is judged against (s, wall time; the summary
-    reports the share of requests within it). Its default, 1 s, is a round figure for an
-    interactive service, not a published one: set your own."""
+        ``model``: the inference model each worker holds beside its stage (real weights from the
+        experiment's seed; ``seq_len`` is its context); None, the default: the training model's
+        layers, width and heads (the published setting serves an LLM of the kind being trained) with
+        a context of ``max_prompt_tokens + max_output_tokens`` (``served_model``; the experiment
+        resolves it when made). Requests: the Azure 2023 trace's CSV
+        (``requests``, with ``time_scale`` and ``rate_factor``) or, without one, a synthetic stream at
+        ``request_rate`` per second fitted to that trace (``requests.synthetic_requests``). Prompts are
+        clipped to ``max_prompt_tokens`` and decode to ``max_output_tokens`` (both within the context).
+        A chunk holds at most ``max_chunk_tokens``; a worker starts a chunk only if its predicted end
+        plus ``guard_ms`` falls inside the predicted bubble, predicted as the minimum of the slot's
+        last ``profile_iterations`` bubbles. ``decode``: decode hosts run the decode steps, batching up
+    to ``max_decode_batch`` requests per step (continuous batching; a step's target is the batch's
+    summed decode FLOPs, the compute-bound time model prefill and training use).
+        ``ttft_slo_s``: the time to first token a request is judged against (s, wall time; the summary
+        reports the share of requests within it). Its default, 1 s, is a round figure for an
+        interactive service, not a published one: set your own."""
 
     model: ModelConfig | None = None
     request_rate: float = 4.0
@@ -46,6 +48,7 @@ class BubbleTeaSpec:
     guard_ms: float = 3.0
     profile_iterations: int = 3
     decode: bool = True
+    max_decode_batch: int = 32
     ttft_slo_s: float = 1.0
 
 
@@ -102,7 +105,7 @@ def check_bubbletea(source: str, bt: BubbleTeaSpec, iterations: int | None) -> N
         raise bad("bubbletea.ttft_slo_s", bt.ttft_slo_s, "is not a finite number of seconds above 0", "give e.g. 1.0")
     if not (math.isfinite(bt.guard_ms) and bt.guard_ms >= 0):
         raise bad("bubbletea.guard_ms", bt.guard_ms, "is not a finite number of ms >= 0", "give e.g. 3")
-    for key in ("max_prompt_tokens", "max_output_tokens", "max_chunk_tokens", "profile_iterations"):
+    for key in ("max_prompt_tokens", "max_output_tokens", "max_chunk_tokens", "profile_iterations", "max_decode_batch"):
         if getattr(bt, key) < 1:
             raise bad(f"bubbletea.{key}", getattr(bt, key), "is not positive", "use 1 or more")
     if bt.max_chunk_tokens < MIN_CHUNK_TOKENS:

@@ -71,6 +71,9 @@ TTFT_WITHIN_SLO_SHARE, TTFT_SLO_S = "ttft_within_slo_share", "ttft_slo_s"
 #: BubbleTea's padded work whose real time exceeded its target: prefill slices (of all in the run)
 #: and decode steps (of all the decode hosts ran)
 PREFILL_OVERRUN_FRACTION, DECODE_OVERRUN_FRACTION = "prefill_overrun_fraction", "decode_overrun_fraction"
+#: continuous batching on the decode hosts: the requests in the batch of a decode step, averaged
+#: over every request's steps (so weighted as a request sees it)
+DECODE_MEAN_BATCH = "decode_mean_batch"
 #: BubbleTea: the most memory a training host's emulated GPU held while prefilling (MiB: training
 #: state, activations in flight, the inference model, the KV caches admitted) and its budget
 #: (``gpu_memory_mb``; None: none, no admission control)

@@ -9,6 +9,7 @@ from testbed.bubbletea.inference import (
     InferenceModel,
     KVCache,
     chunk_bounds,
+    decode_batch,
     decode_step,
     greedy_decode,
     prefill_chunk,
@@ -103,6 +104,39 @@ def test_decode_with_cache_equals_full_forward(model):
         cache, logits = decode_step(model, tok, cache)
         assert cache.length == len(prompt) + j + 1
         assert torch.allclose(logits, want[len(prompt) + j], atol=ATOL)
+
+
+def test_batched_decode_equals_each_request_alone(model):
+    """Continuous batching: caches of different lengths stepped together give each request the
+    logits and cache it gets alone, and requests join and leave between steps."""
+    caches, tokens = [], []
+    for rid, n in ((10, 5), (11, 17), (12, 30)):
+        c, lg = prefill(model, prompt_tokens_for(rid, n, 0), 8)
+        caches.append(c)
+        tokens.append(int(lg.argmax()))
+    alone = [decode_step(model, t, c) for t, c in zip(tokens, caches)]
+    together, logits = decode_batch(model, tokens, caches)
+    assert logits.shape == (3, CFG.vocab)
+    for (c1, l1), c2, l2 in zip(alone, together, logits):
+        assert c2.length == c1.length
+        assert torch.allclose(l2, l1, atol=ATOL)
+        assert all(torch.allclose(a, b, atol=ATOL) for a, b in zip((*c1.keys, *c1.values), (*c2.keys, *c2.values)))
+    # the first request leaves, the others take a second step together
+    again, logits2 = decode_batch(model, [int(lg.argmax()) for lg in logits[1:]], together[1:])
+    for lg, (c1, l1) in zip(logits2, alone[1:]):
+        _, want = decode_step(model, int(l1.argmax()), c1)
+        assert torch.allclose(lg, want, atol=ATOL)
+    assert [c.length for c in again] == [19, 32]
+
+
+def test_batched_decode_refuses_mismatched_lists_and_long_requests(model):
+    cache, logits = prefill_chunk(model, prompt_tokens_for(13, CFG.seq_len, 0), None)
+    with pytest.raises(InferenceError, match="one token per cache"):
+        decode_batch(model, [1, 2], [cache])
+    with pytest.raises(InferenceError, match="one token per cache"):
+        decode_batch(model, [], [])
+    with pytest.raises(InferenceError, match=f"seq_len={CFG.seq_len}"):
+        decode_batch(model, [1], [cache])
 
 
 def test_greedy_decode_zero_and_one_token(model):
