@@ -100,7 +100,11 @@ class Dispatcher(threading.Thread):
                 if rank is None:
                     break
                 pending.popleft()
-                prompt = min(r.prompt_tokens, self.spec.max_prompt_tokens)
+                prompt = (
+                    r.prompt_tokens
+                    if self.spec.max_prompt_tokens is None
+                    else min(r.prompt_tokens, self.spec.max_prompt_tokens)
+                )
                 output = min(r.output_tokens, self.spec.max_output_tokens)
                 self.loads[rank].backlog_s += prefill_seconds(self.spec.model, 0, prompt, self.s_per_flop)
                 msg = {"rid": r.rid, "arrival_ns": arrival_ns, "prompt": prompt, "output": output}

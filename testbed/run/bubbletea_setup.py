@@ -8,8 +8,9 @@ from pathlib import Path
 from testbed.bubbletea.azure_trace import load_azure_trace
 from testbed.bubbletea.decisions import seconds_per_flop
 from testbed.bubbletea.dispatcher import Dispatcher
-from testbed.bubbletea.request_table import requests_to_frame
+from testbed.bubbletea.request_table import Request, requests_to_frame
 from testbed.bubbletea.requests import synthetic_requests
+from testbed.errors import SpecError
 from testbed.net.network import Network
 from testbed.net.registry import control_dir
 from testbed.plan.bubble_timeline import END, bubble_timeline
@@ -17,6 +18,7 @@ from testbed.plan.cost_model import optimizer_s
 from testbed.plan.memory import device_bytes_besides_kv
 from testbed.plan.placement import WorkerSpec, decode_hosts
 from testbed.plan.worker_config import BubbleTeaConfig
+from testbed.spec.bubbletea import BubbleTeaSpec
 from testbed.spec.experiment import Experiment
 from testbed.trace import schema as T
 
@@ -32,6 +34,7 @@ def prepare_bubbletea(
     bt = exp.bubbletea
     if bt.requests:
         reqs = load_azure_trace(bt.requests, time_scale=bt.time_scale, rate_factor=bt.rate_factor)
+        check_prompts_fit(bt, reqs)
     else:
         reqs = synthetic_requests(bt.request_rate, SYNTHETIC_STREAM_S, exp.seed)
     (out_dir / "requests").mkdir(parents=True, exist_ok=True)
@@ -54,6 +57,24 @@ def prepare_bubbletea(
     ranks = [w.rank for w in workers]
     d = Dispatcher(bt, reqs, ranks, s_per_flop, Path(cfg.dispatcher), cfg.inbox, out_dir, tuple(hosts))
     return cfg, d, hosts
+
+
+def check_prompts_fit(bt: BubbleTeaSpec, requests: list[Request]) -> None:
+    """Raise SpecError if a request of a trace needs more positions than the served model holds
+    with prompts unclipped (``bt.max_prompt_tokens`` None), naming the request and the fix."""
+    if bt.max_prompt_tokens is not None or bt.model is None or not requests:
+        return
+    longest = max(requests, key=lambda r: r.prompt_tokens)
+    if longest.prompt_tokens + bt.max_output_tokens > bt.model.seq_len:
+        raise SpecError(
+            str(bt.requests),
+            "ContextTokens",
+            longest.prompt_tokens,
+            f"(request {longest.rid}) plus max_output_tokens ({bt.max_output_tokens}) exceeds the served "
+            f"model's context ({bt.model.seq_len}, room for the longest prompt of the Azure 2023 trace)",
+            f"give bubbletea.model.seq_len >= {longest.prompt_tokens + bt.max_output_tokens} in the experiment, "
+            "or clip prompts with bubbletea.max_prompt_tokens",
+        )
 
 
 def bubble_prior(exp: Experiment, workers: list[WorkerSpec]) -> tuple[dict[str, dict[str, float]], float]:

@@ -25,7 +25,7 @@ from testbed.bubbletea.requests import synthetic_requests
 from testbed.plan.allreduce import allreduce_s
 from testbed.plan.bubble_timeline import bubble_timeline
 from testbed.plan.workers import WorkerSpec
-from testbed.spec.bubbletea import MIN_CHUNK_TOKENS, served_model
+from testbed.spec.bubbletea import MIN_CHUNK_TOKENS, longest_prompt, served_model
 from testbed.spec.experiment import Experiment
 
 #: a figure is made over this many iterations of requests at most (the first one's requests find
@@ -87,7 +87,7 @@ def prefill_in_bubbles(
         bt.request_rate,
         iterations * iteration_s,
         exp.seed,
-        max_prompt_tokens=min(bt.max_prompt_tokens, cfg.seq_len - 1),
+        max_prompt_tokens=min(longest_prompt(bt), cfg.seq_len - 1),
     )
     queue: dict[tuple[int, int], list[list]] = {k: [] for k in keys}  # [arrival s, tokens, done tokens]
     slots = sorted(

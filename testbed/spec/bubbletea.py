@@ -14,6 +14,10 @@ from testbed.spec.model import ModelConfig
 MAX_REQUEST_RATE = 1000.0
 #: smallest prefill chunk worth starting (tokens); smaller leftovers of a bubble stay idle
 MIN_CHUNK_TOKENS = 16
+#: the longest prompt of the Azure LLM inference trace 2023 (conversation file), the largest the
+#: synthetic stream draws (``bubbletea.requests.AZURE_CONV_2023``'s last prompt quantile; a unit test
+#: keeps the two equal): the served model's default context holds it, so no prompt is clipped
+LONGEST_PROMPT_TOKENS = 14050
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class BubbleTeaSpec:
     requests: str | None = None
     time_scale: float = 1.0
     rate_factor: float = 1.0
-    max_prompt_tokens: int = 1536
+    max_prompt_tokens: int | None = None
     max_output_tokens: int = 256
     max_chunk_tokens: int = 128
     guard_ms: float = 3.0
@@ -57,13 +61,19 @@ def bubbletea_from_dict(d: dict[str, Any]) -> BubbleTeaSpec:
     return BubbleTeaSpec(**{**d, "model": ModelConfig(**d["model"]) if d.get("model") else None})
 
 
+def longest_prompt(bt: BubbleTeaSpec) -> int:
+    """The longest prompt a worker may be given (tokens): ``max_prompt_tokens``, or, unclipped,
+    ``LONGEST_PROMPT_TOKENS``."""
+    return LONGEST_PROMPT_TOKENS if bt.max_prompt_tokens is None else bt.max_prompt_tokens
+
+
 def served_model(bt: BubbleTeaSpec, training: ModelConfig) -> ModelConfig:
     """The inference model BubbleTea serves: ``bt.model`` when given, else the training model's
-    layers, width, heads and vocabulary with a context of ``max_prompt_tokens +
+    layers, width, heads and vocabulary with a context of ``longest_prompt(bt) +
     max_output_tokens`` (every prompt and its output fit)."""
     if bt.model is not None:
         return bt.model
-    return replace(training, seq_len=bt.max_prompt_tokens + bt.max_output_tokens)
+    return replace(training, seq_len=longest_prompt(bt) + bt.max_output_tokens)
 
 
 def check_model_size(source: str, where: str, model: ModelConfig) -> None:
@@ -106,7 +116,7 @@ def check_bubbletea(source: str, bt: BubbleTeaSpec, iterations: int | None) -> N
     if not (math.isfinite(bt.guard_ms) and bt.guard_ms >= 0):
         raise bad("bubbletea.guard_ms", bt.guard_ms, "is not a finite number of ms >= 0", "give e.g. 3")
     for key in ("max_prompt_tokens", "max_output_tokens", "max_chunk_tokens", "profile_iterations", "max_decode_batch"):
-        if getattr(bt, key) < 1:
+        if getattr(bt, key) is not None and getattr(bt, key) < 1:
             raise bad(f"bubbletea.{key}", getattr(bt, key), "is not positive", "use 1 or more")
     if bt.max_chunk_tokens < MIN_CHUNK_TOKENS:
         raise bad(
@@ -122,11 +132,13 @@ def check_bubbletea(source: str, bt: BubbleTeaSpec, iterations: int | None) -> N
             f"is not below iterations ({iterations})",
             "run more iterations (requests start once every worker has seen this many), or lower it",
         )
-    if bt.model is not None and bt.max_prompt_tokens + bt.max_output_tokens > bt.model.seq_len:
+    if bt.model is not None and longest_prompt(bt) + bt.max_output_tokens > bt.model.seq_len:
+        clipped = bt.max_prompt_tokens is not None
         raise bad(
             "bubbletea.max_prompt_tokens",
             bt.max_prompt_tokens,
+            f"{'' if clipped else f'leaves prompts unclipped (up to {LONGEST_PROMPT_TOKENS} tokens), which '}"
             f"plus max_output_tokens ({bt.max_output_tokens}) exceeds the inference model's context "
             f"(bubbletea.model.seq_len {bt.model.seq_len})",
-            "lower them or raise bubbletea.model.seq_len",
+            "raise bubbletea.model.seq_len, or lower max_output_tokens, or clip prompts with a lower max_prompt_tokens",
         )

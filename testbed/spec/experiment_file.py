@@ -223,7 +223,9 @@ def _parse_bubbletea(source: str, data: Any, training: ModelConfig) -> BubbleTea
         if key in b.data:
             kw[key] = b.get(key, _num(float, 4.0), REQUIRED)
     for key in ("max_prompt_tokens", "max_output_tokens", "max_chunk_tokens", "profile_iterations", "max_decode_batch"):
-        if key in b.data:
+        if key == "max_prompt_tokens" and key in b.data and b.data[key] is None:
+            kw[key] = None  # written out: prompts are not clipped (the default)
+        elif key in b.data:
             kw[key] = b.get(key, _num(int, 128), REQUIRED)
     if b.data.get("requests") is not None:
         req = b.data["requests"]

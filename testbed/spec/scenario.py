@@ -130,7 +130,12 @@ class Scenario:
             compute=ComputeModel(forward_ms=fwd_ms, backward_ms=fwd_ms * self.backward_factor()),
             policy=policy,  # type: ignore[arg-type]  # resolved in __post_init__
             wan_window_bytes=self.tcp_window_bytes,
-            bubbletea=BubbleTeaSpec(model=self.inference_model, request_rate=self.request_rate),
+            # the served model's own context bounds the prompts (clipped to leave room for the output)
+            bubbletea=BubbleTeaSpec(
+                model=self.inference_model,
+                request_rate=self.request_rate,
+                max_prompt_tokens=self.inference_model.seq_len - BubbleTeaSpec.max_output_tokens,
+            ),
             source=self.source,
         )
 

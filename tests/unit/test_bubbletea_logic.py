@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from testbed.bubbletea.decisions import (
@@ -14,7 +16,9 @@ from testbed.bubbletea.decisions import (
     prefill_seconds,
     seconds_per_flop,
 )
+from testbed.bubbletea.requests import AZURE_CONV_2023
 from testbed.errors import SpecError
+from testbed.spec.bubbletea import LONGEST_PROMPT_TOKENS, BubbleTeaSpec
 from testbed.spec.experiment_file import load_experiment, parse_experiment
 from testbed.spec.model import ModelConfig
 from testbed.spec.policy import parse_policy
@@ -85,9 +89,15 @@ def test_bubbletea_policies_and_section_are_validated():
     assert exp.policy.bubbletea and exp.policy.base == "pp-fair"
     assert exp.bubbletea.request_rate == 2.0 and exp.bubbletea.decode is False
     # by default BubbleTea serves a model of the training model's shape, with a context that
-    # holds the longest prompt and its output
+    # holds the longest prompt (never clipped) and its output
     t = exp.model
-    assert exp.bubbletea.model == ModelConfig(t.n_layers, t.d_model, t.n_heads, 1536 + 256)
+    assert exp.bubbletea.max_prompt_tokens is None
+    assert exp.bubbletea.model == ModelConfig(t.n_layers, t.d_model, t.n_heads, LONGEST_PROMPT_TOKENS + 256)
+    assert AZURE_CONV_2023.prompt_tokens_q[-1] == LONGEST_PROMPT_TOKENS  # the stream's longest fits
+    written = parse_experiment({**base, "bubbletea": {"max_prompt_tokens": None}}, "x.yaml")
+    assert written.bubbletea == replace(exp.bubbletea, request_rate=BubbleTeaSpec().request_rate, decode=True)
+    with pytest.raises(SpecError, match="unclipped"):  # a model given whose context the longest prompt passes
+        parse_experiment({**base, "bubbletea": {"model": {"seq_len": 4096}}}, "x.yaml")
     with pytest.raises(SpecError, match="policy"):
         parse_experiment({**base, "policy": "atlas+tea"}, "x.yaml")
     with pytest.raises(SpecError, match="exceeds the inference model's context"):  # a model given
@@ -163,11 +173,11 @@ def test_bad_bubbletea_values_are_refused_at_load_time(section, field, problem):
 def test_a_partial_bubbletea_model_keeps_the_served_defaults(tmp_path):
     data = {"topology": "three_dc", "model": {"n_layers": 4, "d_model": 64}, "bubbletea": {"model": {"n_heads": 8}}}
     exp = parse_experiment(data, "x.yaml")
-    assert exp.bubbletea.model == ModelConfig(n_layers=4, d_model=64, n_heads=8, seq_len=1536 + 256)
+    assert exp.bubbletea.model == ModelConfig(n_layers=4, d_model=64, n_heads=8, seq_len=LONGEST_PROMPT_TOKENS + 256)
     # a served model of the training model's shape follows it when the training model changes
     plain = parse_experiment({"topology": "three_dc"}, "x.yaml")
     bigger = plain.with_overrides(model=ModelConfig(n_layers=6, d_model=256, n_heads=8, seq_len=64))
-    assert bigger.bubbletea.model == ModelConfig(6, 256, 8, 1536 + 256)
+    assert bigger.bubbletea.model == ModelConfig(6, 256, 8, LONGEST_PROMPT_TOKENS + 256)
     assert exp.with_overrides(model=bigger.model).bubbletea.model.n_heads == 8  # one given stays
     trace = tmp_path / "trace.csv"
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n")
@@ -232,3 +242,14 @@ def test_chunk_choice_takes_a_stopped_chunk_first_then_any_request_that_fits():
     assert choose_chunk(stopped, CFG, rest + 0.0015, 0.0, 0.001, 128, spf) == (1, 64, 0.004)
     # nothing fits: None
     assert choose_chunk(queue, CFG, 0.0005, 0.0, 0.001, 128, spf) is None
+
+
+def test_a_trace_prompt_longer_than_the_unclipped_context_is_refused_with_the_fix():
+    from testbed.bubbletea.request_table import Request
+    from testbed.run.bubbletea_setup import check_prompts_fit
+
+    bt = load_experiment().bubbletea  # prompts unclipped: the context holds the trace's longest
+    check_prompts_fit(bt, [Request(0, 0.0, LONGEST_PROMPT_TOKENS, 10)])
+    with pytest.raises(SpecError, match=r"ContextTokens.*request 7.*bubbletea.model.seq_len >= 20256"):
+        check_prompts_fit(bt, [Request(0, 0.0, 5, 10), Request(7, 1.0, 20000, 10)])
+    check_prompts_fit(replace(bt, max_prompt_tokens=1000), [Request(7, 1.0, 20000, 10)])  # clipped: fits
