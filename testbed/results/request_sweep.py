@@ -1,0 +1,89 @@
+"""BubbleTea over the request rate (``scripts/sweep_requests.py``): one row per pair of runs (the
+policy without and with ``+bubbletea`` at one rate), their medians and ranges per rate, and the
+curves of utilization, TTFT and slowdown against the rate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from testbed.trace import metrics as M
+
+#: the BubbleTea run's figures a row keeps (``trace/metrics.py``)
+FIGURES = (
+    M.GPU_UTILIZATION,
+    M.TRAINING_GPU_UTILIZATION,
+    M.BUBBLE_FILL_FRACTION,
+    M.PREFILL_TOKENS_PER_S,
+    M.REQUESTS_ASSIGNED,
+    M.REQUESTS_COMPLETED,
+    M.TTFT_P50_S,
+    M.TTFT_P99_S,
+    M.TTFT_WITHIN_SLO_SHARE,
+    M.TRAINING_OPS_DELAYED_BY_PREFILL,
+)
+
+
+def sweep_row(rate_per_s: float, repeat: int, plain: dict, bubbletea: dict) -> dict:
+    """One pair's row: the rate, the repeat, both iteration times (s, mean), the slowdown
+    (BubbleTea's iteration time over the plain run's) and the BubbleTea run's ``FIGURES``."""
+    return {
+        "rate_per_s": rate_per_s,
+        "repeat": repeat,
+        "iteration_time_s": plain[M.ITERATION_TIME_S],
+        "iteration_time_bubbletea_s": bubbletea[M.ITERATION_TIME_S],
+        "training_slowdown": bubbletea[M.ITERATION_TIME_S] / plain[M.ITERATION_TIME_S] - 1,
+        **{k: bubbletea.get(k) for k in FIGURES},
+    }
+
+
+def sweep_summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per rate: the median, min and max of every figure over the repeats (columns
+    ``<figure>``, ``<figure>_min``, ``<figure>_max``), the repeats, and the noise floor: the
+    plain runs' own spread (max over min of their iteration times, less 1), which a slowdown is
+    to be read against."""
+    figures = ["training_slowdown", *FIGURES]
+    g = rows.groupby("rate_per_s")
+    out = g[figures].median()
+    out = out.join(g[figures].min().add_suffix("_min")).join(g[figures].max().add_suffix("_max"))
+    out["repeats"] = g.size()
+    out["noise_floor"] = g["iteration_time_s"].max() / g["iteration_time_s"].min() - 1
+    return out.reset_index()
+
+
+def plot_request_sweep(summary: pd.DataFrame, path: Path, title: str) -> Path:
+    """Write the sweep's plot to ``path``: TTFT p50/p99 (left) and GPU utilization, bubble fill
+    and training slowdown beside the noise floor (right) against the rate, medians with their
+    min-max ranges as error bars. Returns ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = summary["rate_per_s"]
+
+    def line(ax, col: str, fmt: str, label: str) -> None:
+        lo, hi = summary[col] - summary[f"{col}_min"], summary[f"{col}_max"] - summary[col]
+        ax.errorbar(x, summary[col], yerr=[lo, hi], fmt=fmt, capsize=3, label=label)
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    line(a, M.TTFT_P50_S, "o-", "TTFT p50")
+    line(a, M.TTFT_P99_S, "s--", "TTFT p99")
+    a.set_xscale("log")
+    a.set_xlabel("requests per second")
+    a.set_ylabel("seconds")
+    a.set_ylim(bottom=0)
+    a.legend()
+    line(b, M.GPU_UTILIZATION, "s-", "GPU utilization (training + prefill)")
+    line(b, M.BUBBLE_FILL_FRACTION, "o-", "bubble fill fraction")
+    line(b, "training_slowdown", "^--", "training slowdown")
+    b.plot(x, summary["noise_floor"], ":", color="grey", label="noise floor (plain runs' spread)")
+    b.set_xscale("log")
+    b.set_xlabel("requests per second")
+    b.legend(fontsize=8)
+    fig.suptitle(f"{title} (medians of {int(summary['repeats'].min())}+ repeats, min-max bars)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
