@@ -26,11 +26,12 @@ from pathlib import Path
 import torch
 
 from testbed.bubbletea.decisions import decode_seconds
-from testbed.bubbletea.inference import InferenceModel, KVCache, decode_batch
+from testbed.bubbletea.inference import InferenceModel, decode_batch
+from testbed.bubbletea.kv_cache import KVCache
 from testbed.bubbletea.kv_sender import DECODE_PORT, FRAME
 from testbed.plan.worker_config import WorkerConfig, read_worker_config
 from testbed.spec.bubbletea import BubbleTeaSpec
-from testbed.trace.clock import now_ns
+from testbed.trace.clock import now_ns, sleep_until
 
 
 def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
@@ -123,8 +124,7 @@ class DecodeHost:
                 d.real_ns, d.overruns = d.real_ns + real, d.overruns + (real > target_ns)
                 d.batch_sum += len(batch)
             if self.padded:
-                while (left := s0 + target_ns - now_ns()) > 0:
-                    time.sleep(left / 1e9)
+                sleep_until(s0 + target_ns)
             for d in [d for d in batch if d.left == 0]:
                 batch.remove(d)
                 self._decoded(d)

@@ -11,132 +11,23 @@ the output one token at a time (``decode_step``, ``greedy_decode``). Their FLOPs
 Context length: the model has ``cfg.seq_len`` learned positions, so a prompt plus its generated
 tokens may use at most ``cfg.seq_len`` positions. Longer requests are rejected with an
 ``InferenceError`` (a ``ValueError``) naming the limit, never clipped silently; callers that want
-clipping keep the last ``model.max_context`` tokens themselves. For BubbleTea build the inference
-model with a large ``seq_len`` (e.g. 2048).
+clipping keep the last ``model.max_context`` tokens themselves. BubbleTea's served model holds the
+longest prompt and its output (``spec.bubbletea.served_model``). The cache and its bytes are
+``kv_cache.py``'s.
 
 One request per cache; ``decode_batch`` runs one decode step of several requests together.
 """
 
 from __future__ import annotations
 
-import struct
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from testbed.errors import TestbedError
+from testbed.bubbletea.kv_cache import InferenceError, KVCache, check_int
 from testbed.model.gpt import build_model
 from testbed.spec.model import ModelConfig
-
-# Wire format of a KV cache: magic, then little-endian uint32 n_layers, n_heads, length, head_dim,
-# then float32 little-endian values: layer 0 keys, layer 0 values, layer 1 keys, ... each
-# (n_heads, length, head_dim) in C order.
-KV_MAGIC = b"KVC1"
-_KV_HEADER = struct.Struct("<4sIIII")
-KV_HEADER_BYTES = _KV_HEADER.size
-
-
-class InferenceError(TestbedError, ValueError):
-    """A prefill or decode request is invalid (tokens, context length, cache shape or bytes)."""
-
-
-def _int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InferenceError(f"{name}: {value!r} is not an integer >= {minimum}")
-    return value
-
-
-# ---- the cache ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class KVCache:
-    """Keys and values of every layer for one request (batch 1).
-
-    ``keys[i]`` and ``values[i]``: float32 tensors of shape (n_heads, length, head_dim) for layer i,
-    positions 0..length-1. Immutable: ``prefill_chunk`` and ``decode_step`` return a new cache.
-    Raises ``InferenceError`` if the tensors disagree in shape or are not float32.
-    """
-
-    keys: tuple[torch.Tensor, ...]
-    values: tuple[torch.Tensor, ...]
-
-    def __post_init__(self) -> None:
-        if not self.keys or len(self.keys) != len(self.values):
-            raise InferenceError(
-                f"KVCache: {len(self.keys)} key and {len(self.values)} value tensors; "
-                "give one of each per layer (at least one layer)"
-            )
-        shape = self.keys[0].shape
-        for t in (*self.keys, *self.values):
-            if t.dim() != 3 or t.shape != shape or t.dtype != torch.float32:
-                raise InferenceError(
-                    f"KVCache: tensor of shape {tuple(t.shape)} and dtype {t.dtype}; every "
-                    f"tensor must be float32 of shape {tuple(shape)} (n_heads, length, head_dim)"
-                )
-
-    @classmethod
-    def empty(cls, cfg: ModelConfig) -> KVCache:
-        """A cache holding no positions, shaped for ``cfg``."""
-        z = torch.zeros(cfg.n_heads, 0, cfg.d_model // cfg.n_heads)
-        return cls(tuple(z for _ in range(cfg.n_layers)), tuple(z for _ in range(cfg.n_layers)))
-
-    @property
-    def length(self) -> int:
-        """Positions cached (prompt tokens prefilled plus tokens decoded so far)."""
-        return self.keys[0].shape[1]
-
-    @property
-    def n_layers(self) -> int:
-        return len(self.keys)
-
-    @property
-    def n_heads(self) -> int:
-        return self.keys[0].shape[0]
-
-    @property
-    def head_dim(self) -> int:
-        return self.keys[0].shape[2]
-
-    def nbytes(self) -> int:
-        """Bytes of all key and value tensors: what the cache costs on the network (the wire format
-        adds a ``KV_HEADER_BYTES`` header): 2 x n_layers x n_heads x length x head_dim x 4."""
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
-
-    def to_bytes(self) -> bytes:
-        """The cache as ``KV_HEADER_BYTES + nbytes()`` bytes for a plain socket (format above)."""
-        head = _KV_HEADER.pack(KV_MAGIC, self.n_layers, self.n_heads, self.length, self.head_dim)
-        flat = torch.cat([t.reshape(-1) for pair in zip(self.keys, self.values) for t in pair])
-        return head + flat.numpy().astype("<f4", copy=False).tobytes()
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> KVCache:
-        """Rebuild a cache from ``to_bytes`` output, bit for bit. No pickle: only numbers are read.
-        Raises ``InferenceError`` on a bad magic or a size that disagrees with the header."""
-        if len(data) < KV_HEADER_BYTES:
-            raise InferenceError(f"KV cache bytes: {len(data)} bytes, fewer than the {KV_HEADER_BYTES}-byte header")
-        magic, n_layers, n_heads, length, head_dim = _KV_HEADER.unpack_from(data)
-        if magic != KV_MAGIC:
-            raise InferenceError(
-                f"KV cache bytes: magic {magic!r}, expected {KV_MAGIC!r}; the sender must use KVCache.to_bytes"
-            )
-        per = n_heads * length * head_dim
-        want = KV_HEADER_BYTES + 2 * n_layers * per * 4
-        if len(data) != want or n_layers < 1:
-            raise InferenceError(
-                f"KV cache bytes: {len(data)} bytes, header (n_layers={n_layers}, n_heads={n_heads}, "
-                f"length={length}, head_dim={head_dim}) needs {want}; the transfer was cut or corrupted"
-            )
-        flat = torch.from_numpy(np.frombuffer(data, dtype="<f4", offset=KV_HEADER_BYTES).astype(np.float32))
-        parts = flat.split(per) if per else [flat] * (2 * n_layers)
-        parts = [p.view(n_heads, length, head_dim) for p in parts]
-        return cls(tuple(parts[0::2]), tuple(parts[1::2]))
-
-
-# ---- the model ---------------------------------------------------------------------------------
 
 
 class InferenceModel(nn.Module):
@@ -259,7 +150,7 @@ def greedy_decode(model: InferenceModel, cache: KVCache, first_logits: torch.Ten
     each later one comes from a ``decode_step`` on the previous (n_tokens - 1 steps in all). Raises
     ``InferenceError`` up front if cache.length + n_tokens - 1 positions exceed cfg.seq_len.
     """
-    _int("n_tokens", n_tokens, 0)
+    check_int("n_tokens", n_tokens, 0)
     if n_tokens == 0:
         return []
     model.check_context(cache.length + n_tokens - 1)
@@ -279,8 +170,8 @@ def chunk_bounds(prompt_tokens: int, max_chunk: int) -> list[tuple[int, int]]:
     Returns half-open (start, end) token ranges in order, covering 0..prompt_tokens; all full-size
     but the last, which may be shorter. Raises ``InferenceError`` unless both are integers >= 1.
     """
-    _int("prompt_tokens", prompt_tokens, 1)
-    _int("max_chunk", max_chunk, 1)
+    check_int("prompt_tokens", prompt_tokens, 1)
+    check_int("max_chunk", max_chunk, 1)
     return [(s, min(s + max_chunk, prompt_tokens)) for s in range(0, prompt_tokens, max_chunk)]
 
 
@@ -293,8 +184,8 @@ def prompt_tokens_for(rid: int, n: int, seed: int) -> torch.Tensor:
     both (torch's CPU generator would keep only the low 32 bits of one combined seed). Raises
     ``InferenceError`` unless n >= 1 and rid, seed >= 0.
     """
-    _int("n", n, 1)
-    rng = np.random.default_rng([_int("seed", seed, 0), _int("rid", rid, 0)])
+    check_int("n", n, 1)
+    rng = np.random.default_rng([check_int("seed", seed, 0), check_int("rid", rid, 0)])
     return torch.from_numpy(rng.integers(0, 256, n, dtype=np.int64))
 
 
@@ -304,10 +195,10 @@ def prompt_tokens_from(corpus: torch.Tensor, rid: int, n: int, seed: int) -> tor
     from an offset drawn as ``prompt_tokens_for`` draws its ids (PCG64 seeded with (seed, rid)), so
     the same on every host; a corpus shorter than ``n`` is repeated. Raises ``InferenceError``
     unless n >= 1, rid, seed >= 0 and the corpus is not empty."""
-    _int("n", n, 1)
+    check_int("n", n, 1)
     if corpus.numel() == 0:
         raise InferenceError("the corpus is empty: there is no text to take prompts from")
-    rng = np.random.default_rng([_int("seed", seed, 0), _int("rid", rid, 0)])
+    rng = np.random.default_rng([check_int("seed", seed, 0), check_int("rid", rid, 0)])
     start = int(rng.integers(0, corpus.numel()))
     idx = (start + torch.arange(n)) % corpus.numel()
     return corpus[idx].to(torch.int64)

@@ -2,7 +2,7 @@
 the worker, so that prefill never waits on the network: one TCP connection, reconnected when the
 decode host drops it; a cache's bytes stay held against the worker's memory budget
 (``decisions.KVBudget``) until they are handed off or given up. The frame: two big-endian
-lengths (``FRAME``: header, payload), the JSON header, the cache's bytes (``inference.KVCache``).
+lengths (``FRAME``: header, payload), the JSON header, the cache's bytes (``kv_cache.KVCache``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from testbed.bubbletea.decisions import KVBudget
-from testbed.bubbletea.inference import KVCache
+from testbed.bubbletea.kv_cache import KVCache
 from testbed.trace.clock import now_ns
 
 DECODE_PORT = 29600

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from testbed.bubbletea.inference import InferenceError, InferenceModel, KVCache
+from testbed.bubbletea.inference import InferenceModel
+from testbed.bubbletea.kv_cache import InferenceError, KVCache
 
 
 class LayerwisePrefill:

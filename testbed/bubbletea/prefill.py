@@ -30,7 +30,8 @@ from testbed.bubbletea.decisions import (
     choose_chunk,
     prefill_seconds,
 )
-from testbed.bubbletea.inference import InferenceModel, KVCache, prompt_tokens_for, prompt_tokens_from
+from testbed.bubbletea.inference import InferenceModel, prompt_tokens_for, prompt_tokens_from
+from testbed.bubbletea.kv_cache import KVCache
 from testbed.bubbletea.kv_sender import KVSender
 from testbed.bubbletea.layerwise import LayerwisePrefill
 from testbed.plan.memory import kv_cache_bytes

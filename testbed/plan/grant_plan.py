@@ -24,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer, boundary_paths
 from testbed.plan.connections import one_connection_bps, transfer_time_s
-from testbed.plan.grant_sim import Hop, LinkTiming, Transfer, boundary_paths, simulate
+from testbed.plan.grant_sim import simulate
 from testbed.plan.schedule import Action
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment

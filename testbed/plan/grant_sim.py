@@ -1,6 +1,6 @@
 """One iteration of every data-parallel pipeline, simulated from the schedule tables for Atlas's grant
-plan (``grant_plan.py``): the link directions a stage boundary crosses (``Hop``), one boundary
-transfer (``Transfer``) and the list-schedule simulation (``simulate``).
+plan (``grant_plan.py``): the list-schedule simulation (``simulate``) of the boundary transfers
+(``boundary_transfers.py``).
 
 ``simulate`` plays one iteration of every pipeline as a list schedule in continuous time, as a
 discrete-event simulation on SimPy: each worker is a process running its schedule table, and
@@ -25,71 +25,16 @@ Pure: no kernel, no processes.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
 from typing import Any
 
 import simpy
 
+from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer
 from testbed.plan.fair_share import FairShare
 from testbed.plan.schedule import Action, make_schedule
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import stage_layers
-from testbed.spec.routing import RoutingTable
-
-
-@dataclass(frozen=True, order=True)
-class Hop:
-    """One WAN egress (router of ``src`` towards neighbour ``dst``) crossed by a boundary's flows."""
-
-    src: str
-    dst: str
-
-    def __str__(self) -> str:
-        return f"{self.src}->{self.dst}"
-
-
-@dataclass(frozen=True, order=True)
-class Transfer:
-    """One stage-boundary transfer of an iteration: pipeline ``replica``'s activations (``F``,
-    stage ``stage`` to ``stage + 1``) or activation gradients (``B``, ``stage + 1`` to ``stage``)
-    of ``microbatch``."""
-
-    kind: str
-    stage: int
-    microbatch: int
-    replica: int
-
-    def __str__(self) -> str:
-        return f"{self.kind}{self.microbatch}r{self.replica}"
-
-
-def boundary_paths(workers: list[WorkerSpec], routes: RoutingTable) -> dict[tuple[int, int], list[Hop]]:
-    """For each (sender rank, receiver rank) pair of neighbouring stages in different DCs (both
-    directions), the WAN egresses its packets cross, in order."""
-    by = {(w.stage, w.replica): w for w in workers}
-    out = {}
-    for w in workers:
-        nxt = by.get((w.stage + 1, w.replica))
-        if nxt is None or nxt.dc == w.dc:
-            continue
-        for a, b in ((w, nxt), (nxt, w)):
-            dcs = routes.route(a.dc, b.dc).dcs
-            out[(a.rank, b.rank)] = [Hop(x, y) for x, y in zip(dcs, dcs[1:])]
-    return out
-
-
-@dataclass(frozen=True)
-class LinkTiming:
-    """What the simulation needs of one crossed link direction: one transfer's time on it when
-    granted, or alone (s), the link's one-way delay (s) and, for fair sharing, how many transfers
-    it carries at once before they slow down (``concurrency``: the link's rate over what one
-    transfer's connections fill of it, at least 1)."""
-
-    transfer_s: float
-    delay_s: float
-    concurrency: float = 1.0
-
 
 #: how ``simulate`` shares a link direction among the transfers that cross it
 SHARING = ("planned", "fifo", "tcp")

@@ -93,7 +93,7 @@ STATE_BYTES_PER_PARAM = 16
 def kv_cache_bytes(cfg: ModelConfig, tokens: int, tensor_parallel: int = 1) -> int:
     """The KV cache of ``tokens`` positions of the inference model on one of ``tensor_parallel``
     devices: a key and a value of d_model per layer and position (2 x n_layers x tokens x d_model
-    values, ``cfg.value_bytes`` each; ``bubbletea/inference.KVCache``)."""
+    values, ``cfg.value_bytes`` each; ``bubbletea/kv_cache.KVCache``)."""
     return math.ceil(2 * cfg.n_layers * tokens * cfg.d_model * cfg.value_bytes / tensor_parallel)
 
 

@@ -44,3 +44,10 @@ def command_start_ns() -> int:
 def now_ns() -> int:
     """CLOCK_MONOTONIC nanoseconds in the run's reference clock (see CLOCK_OFFSET_NS)."""
     return time.monotonic_ns() - CLOCK_OFFSET_NS
+
+
+def sleep_until(t_ns: int) -> None:
+    """Sleep until ``now_ns()`` reaches ``t_ns`` (at once if it has): padding an operation to its
+    target. ``time.sleep`` may wake early, so it sleeps again for what is left."""
+    while (left := t_ns - now_ns()) > 0:
+        time.sleep(left / 1e9)

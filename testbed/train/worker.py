@@ -33,31 +33,14 @@ from testbed.plan.schedule import make_schedule
 from testbed.plan.worker_config import WorkerConfig, read_stagger, read_worker_config
 from testbed.spec.model import activation_bytes, activation_shape
 from testbed.trace import schema as T
-from testbed.trace.clock import now_ns
+from testbed.trace.clock import now_ns, sleep_until
 from testbed.trace.events import EventWriter
 from testbed.trace.startup import mark_startup
 from testbed.train.arrival import Arrival
 from testbed.train.data import batch
+from testbed.train.padding import Padder
 from testbed.train.preload import Preloaded, preload
 from testbed.train.striping import one_connection_per_pair, post_recv_striped, send_striped
-
-
-class Padder:
-    """Pads an operation to its target duration (emulated GPU); records real and padded time."""
-
-    def __init__(self, targets_ms: dict[str, float], enabled: bool) -> None:
-        self.targets_ns = {k: int(v * 1e6) for k, v in targets_ms.items()}
-        self.enabled = enabled
-
-    def finish(self, kind: str, start_ns: int) -> tuple[int, int]:
-        """Sleep out the rest of ``kind``'s target; return (real_ns, padded_ns)."""
-        real = now_ns() - start_ns
-        if not self.enabled:
-            return real, real
-        target = self.targets_ns[kind]
-        while (left := target - (now_ns() - start_ns)) > 0:
-            time.sleep(left / 1e9)
-        return real, max(real, target)
 
 
 def startup_mark(cfg: WorkerConfig, rank: int, phase: str) -> None:
@@ -186,9 +169,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         if stagger_ns:  # planned grants: this pipeline starts its iteration after the ones before it,
             # counted from the end of the last optimizer step (the stage's replicas leave the
             # all-reduce together), so that offsets do not add up over iterations
-            until = (last_opt_end or now_ns()) + stagger_ns
-            while (left := until - now_ns()) > 0:
-                time.sleep(left / 1e9)
+            sleep_until((last_opt_end or now_ns()) + stagger_ns)
         x, y = batch(train, R * M * mb, mcfg.seq_len, exp.seed, it)
         rows = slice(replica * M * mb, (replica + 1) * M * mb)
         x, y = x[rows], y[rows]

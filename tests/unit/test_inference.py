@@ -4,10 +4,7 @@ import pytest
 import torch
 
 from testbed.bubbletea.inference import (
-    KV_HEADER_BYTES,
-    InferenceError,
     InferenceModel,
-    KVCache,
     chunk_bounds,
     decode_batch,
     decode_step,
@@ -15,6 +12,7 @@ from testbed.bubbletea.inference import (
     prefill_chunk,
     prompt_tokens_for,
 )
+from testbed.bubbletea.kv_cache import KV_HEADER_BYTES, InferenceError, KVCache
 from testbed.model.gpt import build_model
 from testbed.spec.model import ModelConfig, decode_flops, prefill_flops
 

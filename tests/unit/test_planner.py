@@ -6,9 +6,10 @@ import pytest
 from experiments import exp, topo
 
 from testbed.errors import SpecError
+from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer
 from testbed.plan.connections import transfer_time_s, window_rate_bps
 from testbed.plan.cost_model import optimizer_s, predict
-from testbed.plan.grant_sim import Hop, LinkTiming, Transfer, simulate
+from testbed.plan.grant_sim import simulate
 from testbed.plan.placement import atlas_dc_order, place, place_dp_wan, place_pipeline
 from testbed.plan.what_if import alternatives, what_if
 from testbed.spec.compute import ComputeModel

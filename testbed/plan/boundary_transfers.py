@@ -1,0 +1,67 @@
+"""What crosses the WAN at a stage boundary in one iteration, as data: the link directions a
+boundary's flows cross (``Hop``, ``boundary_paths``), one boundary transfer (``Transfer``) and what
+a link direction takes of it (``LinkTiming``). ``grant_sim.simulate`` plays them; ``grant_plan``
+orders them.
+
+Pure: no kernel, no processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from testbed.plan.workers import WorkerSpec
+from testbed.spec.routing import RoutingTable
+
+
+@dataclass(frozen=True, order=True)
+class Hop:
+    """One WAN egress (router of ``src`` towards neighbour ``dst``) crossed by a boundary's flows."""
+
+    src: str
+    dst: str
+
+    def __str__(self) -> str:
+        return f"{self.src}->{self.dst}"
+
+
+@dataclass(frozen=True, order=True)
+class Transfer:
+    """One stage-boundary transfer of an iteration: pipeline ``replica``'s activations (``F``,
+    stage ``stage`` to ``stage + 1``) or activation gradients (``B``, ``stage + 1`` to ``stage``)
+    of ``microbatch``."""
+
+    kind: str
+    stage: int
+    microbatch: int
+    replica: int
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.microbatch}r{self.replica}"
+
+
+def boundary_paths(workers: list[WorkerSpec], routes: RoutingTable) -> dict[tuple[int, int], list[Hop]]:
+    """For each (sender rank, receiver rank) pair of neighbouring stages in different DCs (both
+    directions), the WAN egresses its packets cross, in order."""
+    by = {(w.stage, w.replica): w for w in workers}
+    out = {}
+    for w in workers:
+        nxt = by.get((w.stage + 1, w.replica))
+        if nxt is None or nxt.dc == w.dc:
+            continue
+        for a, b in ((w, nxt), (nxt, w)):
+            dcs = routes.route(a.dc, b.dc).dcs
+            out[(a.rank, b.rank)] = [Hop(x, y) for x, y in zip(dcs, dcs[1:])]
+    return out
+
+
+@dataclass(frozen=True)
+class LinkTiming:
+    """What the simulation needs of one crossed link direction: one transfer's time on it when
+    granted, or alone (s), the link's one-way delay (s) and, for fair sharing, how many transfers
+    it carries at once before they slow down (``concurrency``: the link's rate over what one
+    transfer's connections fill of it, at least 1)."""
+
+    transfer_s: float
+    delay_s: float
+    concurrency: float = 1.0
