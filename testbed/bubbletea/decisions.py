@@ -88,18 +88,37 @@ class KVBudget:
             return self.device_bytes + self.held_bytes
 
 
+#: how many queued requests ``choose_work`` looks at, from the queue's head, to fill a pass (a
+#: worker's queue is short; the simulator's may hold thousands at the paper's scale)
+LOOKAHEAD = 64
+
+
 @dataclass(frozen=True)
 class QueuedPrompt:
-    """A request queued on a worker, for ``choose_chunk``: its next position, the tokens left, and,
-    when a chunk of it stopped at a layer boundary, that chunk's (tokens, padded seconds, blocks
-    done)."""
+    """A request queued on a worker, for ``choose_work``: its next position and the tokens left."""
 
     pos: int
     left: int
-    partial: tuple[int, float, int] | None = None
 
 
-def choose_chunk(
+@dataclass(frozen=True)
+class Resume:
+    """Resume the stopped chunk batch ``index`` (of the ``stopped`` list ``choose_work`` was given)."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class NewBatch:
+    """Start one forward pass over ``chunks``: (index in the queue, tokens) per request, in queue
+    order, ``target_s`` padded seconds in all."""
+
+    chunks: tuple[tuple[int, int], ...]
+    target_s: float
+
+
+def choose_work(
+    stopped: list[tuple[float, int]],
     queued: list[QueuedPrompt],
     cfg: ModelConfig,
     predicted_s: float,
@@ -107,22 +126,36 @@ def choose_chunk(
     guard_s: float,
     max_chunk: int,
     s_per_flop: float,
-) -> tuple[int, int, float] | None:
-    """Which chunk a worker runs now, ``elapsed_s`` into a bubble predicted ``predicted_s`` long, as
-    (index in ``queued``, tokens, padded seconds): a chunk stopped at a layer boundary first, if
-    the rest of it ends ``guard_s`` before the bubble does; else the first request (queue order)
-    one of whose chunks (``chunk_that_fits``) does, not only the head; None when none fits."""
-    order = sorted(range(len(queued)), key=lambda i: queued[i].partial is None)  # stable: queue order
-    for i in order:
-        q = queued[i]
-        if q.partial is not None:
-            tokens, target_s, done = q.partial
-            if may_start(predicted_s, elapsed_s, target_s * (1 - done / cfg.n_layers), guard_s):
-                return i, tokens, target_s
-            continue
-        n = chunk_that_fits(cfg, q.pos, q.left, max_chunk, predicted_s - elapsed_s - guard_s, s_per_flop)
-        if n and may_start(predicted_s, elapsed_s, (t := prefill_seconds(cfg, q.pos, n, s_per_flop)), guard_s):
-            return i, n, t
+) -> Resume | NewBatch | None:
+    """What a worker runs now, ``elapsed_s`` into a bubble predicted ``predicted_s`` long.
+
+    ``stopped``: chunk batches stopped at a layer boundary, as (padded seconds in all, blocks done
+    of the model's ``cfg.n_layers``), oldest first; ``queued``: the requests in no stopped batch.
+    A stopped batch goes first if its rest ends ``guard_s`` before the bubble does (``Resume``);
+    else one forward pass (``NewBatch``) over chunks of several requests, taken in queue order
+    (any request whose chunk fits, not only the head): each the largest that fits what is left of
+    the bubble and of the pass's ``max_chunk`` tokens (``chunk_that_fits``), their seconds added
+    (a prompt's FLOPs do not depend on how it is batched); None when nothing fits. The batching
+    of chunked prefill under a token budget follows Sarathi-Serve (Agrawal et al. 2024, OSDI,
+    "Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve"), whose budget also
+    mixes several requests' chunks in one pass."""
+    for i, (target_s, done) in enumerate(stopped):
+        if may_start(predicted_s, elapsed_s, target_s * (1 - done / cfg.n_layers), guard_s):
+            return Resume(i)
+    if predicted_s is None:
+        return None
+    room, budget, total = predicted_s - elapsed_s - guard_s, max_chunk, 0.0
+    chunks: list[tuple[int, int]] = []
+    for i, q in enumerate(queued):
+        n = chunk_that_fits(cfg, q.pos, q.left, budget, room - total, s_per_flop)
+        if n:
+            chunks.append((i, n))
+            total += prefill_seconds(cfg, q.pos, n, s_per_flop)
+            budget -= n
+        if budget < MIN_CHUNK_TOKENS:
+            break
+    if chunks and may_start(predicted_s, elapsed_s, total, guard_s):
+        return NewBatch(tuple(chunks), total)
     return None
 
 

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import torch
 
+from testbed.bubbletea.chunk_batch import decode_batch
 from testbed.bubbletea.decisions import decode_seconds
-from testbed.bubbletea.inference import InferenceModel, decode_batch
+from testbed.bubbletea.inference import InferenceModel
 from testbed.bubbletea.kv_cache import KVCache
 from testbed.bubbletea.kv_sender import DECODE_PORT, FRAME
 from testbed.plan.worker_config import WorkerConfig, read_worker_config

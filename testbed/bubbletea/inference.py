@@ -15,7 +15,8 @@ clipping keep the last ``model.max_context`` tokens themselves. BubbleTea's serv
 longest prompt and its output (``spec.bubbletea.served_model``). The cache and its bytes are
 ``kv_cache.py``'s.
 
-One request per cache; ``decode_batch`` runs one decode step of several requests together.
+One request per cache; ``chunk_batch.py`` runs several requests' chunks, or decode steps, in one
+forward pass.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from testbed.bubbletea.kv_cache import InferenceError, KVCache, check_int
 from testbed.model.gpt import build_model
@@ -110,37 +110,6 @@ def decode_step(model: InferenceModel, token: int, cache: KVCache) -> tuple[KVCa
     """Feed one token at position cache.length: returns (cache one position longer, logits (vocab,)
     for the next token). Raises ``InferenceError`` past the context or for a bad token id."""
     return prefill_chunk(model, torch.tensor([token], dtype=torch.long), cache)
-
-
-def decode_batch(model: InferenceModel, tokens: list[int], caches: list[KVCache]) -> tuple[list[KVCache], torch.Tensor]:
-    """One decode step of several requests at once (continuous batching on a decode host).
-
-    ``tokens[b]`` is fed at position ``caches[b].length``; the caches may differ in length. The
-    layers' matrix products run once over the batch (B, 1, d_model); each request's query attends
-    to its own cache only. Returns (the caches one position longer, logits (B, vocab)); request b's
-    row equals ``decode_step(model, tokens[b], caches[b])`` up to float rounding. Runs under
-    ``torch.inference_mode``. Raises ``InferenceError`` for an empty batch, lists of different
-    lengths, or a request as ``decode_step`` would.
-    """
-    if not tokens or len(tokens) != len(caches):
-        raise InferenceError(
-            f"decode_batch: {len(tokens)} tokens and {len(caches)} caches; give one token per cache (at least one)"
-        )
-    with torch.inference_mode():
-        x = torch.cat([model.embed(torch.tensor([t], dtype=torch.long), c) for t, c in zip(tokens, caches)])
-        keys: list[list[torch.Tensor]] = [[] for _ in caches]
-        values: list[list[torch.Tensor]] = [[] for _ in caches]
-        for i, blk in enumerate(model.gpt.blocks):
-            q, k, v = blk.heads(x)
-            ys = []
-            for b, c in enumerate(caches):
-                kb, vb = torch.cat([c.keys[i], k[b]], dim=1), torch.cat([c.values[i], v[b]], dim=1)
-                keys[b].append(kb)
-                values[b].append(vb)
-                ys.append(F.scaled_dot_product_attention(q[b : b + 1], kb[None], vb[None]))
-            x = blk.finish(x, torch.cat(ys))
-        logits = model.gpt.head(model.gpt.ln_f(x[:, -1]))
-    return [KVCache(tuple(k), tuple(v)) for k, v in zip(keys, values)], logits
 
 
 def greedy_decode(model: InferenceModel, cache: KVCache, first_logits: torch.Tensor, n_tokens: int) -> list[int]:

@@ -3,9 +3,11 @@
 A ``PrefillServer`` lives in each training worker beside its stage. The dispatcher sends it
 requests over a Unix datagram socket (outside the emulated network); the worker calls ``fill``
 at every bubble it knows of: after it has posted the receive that the next schedule action waits
-for, it runs chunks of queued prompts (real forward passes of its inference model with a KV cache,
-padded to the emulated GPU's time) for as long as each chunk is predicted to end ``guard`` before
-the bubble does, and polls the receive while it pads. A finished prompt's KV cache goes, from a
+for, it runs forward passes over chunks of one or more queued prompts (``chunk_batch.ChunkBatch``:
+real passes of its inference model with each request's KV cache, padded to the emulated GPU's
+time) for as long as each pass is predicted to end ``guard`` before the bubble does, and polls
+the receive while it pads; a pass stops at a layer boundary when training's data arrives and
+resumes in a later bubble. A finished prompt's KV cache goes, from a
 background thread, over the emulated network (TCP) to the decode host of the worker's DC.
 
 Wire format to the decode host: 8 bytes (header length, payload length; big-endian uint32 each),
@@ -23,17 +25,20 @@ from dataclasses import dataclass
 
 import torch
 
+from testbed.bubbletea.chunk_batch import ChunkBatch
 from testbed.bubbletea.decisions import (
+    LOOKAHEAD,
     KVBudget,
+    NewBatch,
     QueuedPrompt,
+    Resume,
     SlotPredictor,
-    choose_chunk,
+    choose_work,
     prefill_seconds,
 )
 from testbed.bubbletea.inference import InferenceModel, prompt_tokens_for, prompt_tokens_from
 from testbed.bubbletea.kv_cache import KVCache
 from testbed.bubbletea.kv_sender import KVSender
-from testbed.bubbletea.layerwise import LayerwisePrefill
 from testbed.plan.memory import kv_cache_bytes
 from testbed.plan.worker_config import BubbleTeaConfig
 from testbed.spec.bubbletea import BubbleTeaSpec
@@ -58,10 +63,18 @@ class Job:
     cache: KVCache | None = None
     logits: torch.Tensor | None = None
     first_start_ns: int | None = None
-    #: a chunk stopped at a layer boundary (training's data arrived), its tokens and padded target
-    partial: LayerwisePrefill | None = None
-    partial_tokens: int = 0
-    partial_target_s: float = 0.0
+
+
+@dataclass
+class Pass:
+    """One forward pass over chunks of ``jobs`` (``tokens`` each), ``target_s`` padded seconds in
+    all, run a block at a time by ``batch``; kept while stopped at a layer boundary (training's
+    data arrived) until a later bubble resumes it."""
+
+    batch: ChunkBatch
+    jobs: list[Job]
+    tokens: list[int]
+    target_s: float
 
 
 class PrefillServer:
@@ -97,6 +110,8 @@ class PrefillServer:
         self.budget = budget or KVBudget(0)
         self.corpus = corpus
         self.jobs: deque[Job] = deque()
+        #: passes stopped at a layer boundary, oldest first (their jobs are in ``jobs`` too)
+        self.stopped: list[Pass] = []
         self.inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.inbox.bind(inbox)
         self.inbox.setblocking(False)
@@ -149,14 +164,14 @@ class PrefillServer:
         self._predicted[slot] = predicted
         ready_ns = None
         while self.jobs and predicted is not None and not arrived():
-            pick = self._next_chunk(predicted, (now_ns() - prev_end_ns) / 1e9)
-            if pick is None:
+            work = self._next_pass(predicted, (now_ns() - prev_end_ns) / 1e9)
+            if work is None:
                 break
-            job, n, target_s = pick
-            ready_ns = self._run_chunk(job, n, target_s, arrived)
-            if job.pos == job.tokens.numel():
-                self.jobs.remove(job)
-                self._finish(job)
+            ready_ns = self._run_pass(work, arrived)
+            for job in work.jobs:
+                if job.pos == job.tokens.numel():
+                    self.jobs.remove(job)
+                    self._finish(job)
             if ready_ns is not None:
                 break
         return ready_ns
@@ -173,34 +188,45 @@ class PrefillServer:
 
         return self.fill(slot, since_ns, ended)
 
-    def _next_chunk(self, predicted_s: float, elapsed_s: float) -> tuple[Job, int, float] | None:
-        """The chunk to run now (``decisions.choose_chunk``) as (job, tokens, padded seconds)."""
-        # admission control: a request not yet started waits while its KV cache would not fit
-        jobs = [j for j in self.jobs if j.kv_bytes or self.budget.admits(kv_cache_bytes(self.cfg, j.tokens.numel()))]
-        queued = [
-            QueuedPrompt(
-                j.pos,
-                j.tokens.numel() - j.pos,
-                None if j.partial is None else (j.partial_tokens, j.partial_target_s, j.partial.layers_done),
-            )
-            for j in jobs
-        ]
-        pick = choose_chunk(queued, self.cfg, predicted_s, elapsed_s, self.guard_s, self.max_chunk, self.s_per_flop)
-        return None if pick is None else (jobs[pick[0]], pick[1], pick[2])
+    def _next_pass(self, predicted_s: float, elapsed_s: float) -> Pass | None:
+        """The forward pass to run now (``decisions.choose_work``): a stopped one resumed, or a new
+        one over chunks of the queued requests in no stopped pass. Admission control: a request
+        not yet started waits while its KV cache would not fit beside those admitted (taken in
+        queue order, each counting against the next)."""
+        busy = {id(j) for p in self.stopped for j in p.jobs}
+        free, pending = [], 0
+        for j in self.jobs:
+            if id(j) in busy or len(free) == LOOKAHEAD:
+                continue
+            need = 0 if j.kv_bytes else kv_cache_bytes(self.cfg, j.tokens.numel())
+            if self.budget.admits(pending + need):
+                free.append(j)
+                pending += need
+        stopped = [(p.target_s, p.batch.layers_done) for p in self.stopped]
+        queued = [QueuedPrompt(j.pos, j.tokens.numel() - j.pos) for j in free]
+        work = choose_work(
+            stopped, queued, self.cfg, predicted_s, elapsed_s, self.guard_s, self.max_chunk, self.s_per_flop
+        )
+        if isinstance(work, Resume):
+            return self.stopped.pop(work.index)
+        if not isinstance(work, NewBatch):
+            return None
+        jobs, tokens = [free[i] for i, _ in work.chunks], [n for _, n in work.chunks]
+        for job in jobs:
+            if not job.kv_bytes:  # admitted: its cache is held until handed to the decode host
+                job.kv_bytes = kv_cache_bytes(self.cfg, job.tokens.numel())
+                self.budget.hold(job.kv_bytes)
+        batch = ChunkBatch(self.model, [(j.tokens[j.pos : j.pos + n], j.cache) for j, n in zip(jobs, tokens)])
+        return Pass(batch, jobs, tokens, work.target_s)
 
-    def _run_chunk(self, job: Job, n: int, target_s: float, arrived: Callable[[], bool]) -> int | None:
-        """Run (or resume) a chunk of ``n`` tokens, one block at a time, each padded to its share of
-        ``target_s``; between blocks, stop if training's data has arrived (the chunk's state is kept
-        in ``job.partial`` for a later bubble). Returns when the data arrived, if it did."""
+    def _run_pass(self, work: Pass, arrived: Callable[[], bool]) -> int | None:
+        """Run (or resume) a forward pass, one block at a time, each padded to its share of
+        ``work.target_s``; between blocks, stop if training's data has arrived (the pass is kept in
+        ``stopped`` for a later bubble). Returns when the data arrived, if it did."""
         t0 = now_ns()
-        job.first_start_ns = job.first_start_ns or t0
-        if not job.kv_bytes:  # admitted: its cache is held until handed to the decode host
-            job.kv_bytes = kv_cache_bytes(self.cfg, job.tokens.numel())
-            self.budget.hold(job.kv_bytes)
-        if job.partial is None:
-            job.partial = LayerwisePrefill(self.model, job.tokens[job.pos : job.pos + n], job.cache)
-            job.partial_tokens, job.partial_target_s = n, target_s
-        part, per_block_s = job.partial, target_s / self.cfg.n_layers
+        for job in work.jobs:
+            job.first_start_ns = job.first_start_ns or t0
+        part, per_block_s = work.batch, work.target_s / self.cfg.n_layers
         ready_ns, real, start_block, t_block = None, 0, part.layers_done, t0
         while not part.done:
             t_block = now_ns()
@@ -218,6 +244,7 @@ class PrefillServer:
                 break  # at a layer boundary: training goes first
         done = part.done
         t1 = now_ns()
+        first = work.jobs[0]
         self.ev.write(
             T.PREFILL,
             t0,
@@ -229,13 +256,16 @@ class PrefillServer:
             blocks=part.layers_done - start_block,
             last_block_ns=t1 - t_block,
             memory_bytes=self.budget.used_bytes,
-            rid=job.rid,
-            chunk_start=job.pos,
-            tokens=n if done else 0,  # a chunk's tokens count once, on the slice that completes it
+            rid=first.rid,
+            chunk_start=first.pos,
+            tokens=sum(work.tokens) if done else 0,  # a pass's tokens count once, on the slice that completes it
+            chunks=";".join(f"{j.rid}:{j.pos}:{n}" for j, n in zip(work.jobs, work.tokens)),
         )
-        if done:
-            job.cache, job.logits = part.result()
-            job.partial = None
+        if not done:
+            self.stopped.append(work)
+            return ready_ns
+        for job, n, (cache, logits) in zip(work.jobs, work.tokens, part.result()):
+            job.cache, job.logits = cache, logits
             job.pos += n
         return ready_ns
 

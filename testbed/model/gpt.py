@@ -41,17 +41,25 @@ class Block(nn.Module):
         """``x`` (batch, t, d_model) at positions p..p+t-1, where p is the length of ``past`` (keys
         and values of positions 0..p-1, each (batch, n_heads, p, head_dim); None: p = 0). Returns
         the block's output and the keys and values of positions 0..p+t-1 (``past`` extended)."""
-        t = x.shape[1]
         q, k, v = self.heads(x)
+        y, kv = self.attend(q, k, v, past)
+        return self.finish(x, y), kv
+
+    @staticmethod
+    def attend(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Causal attention of ``t`` new positions (``q``, ``k``, ``v``: (batch, n_heads, t,
+        head_dim), at positions p..p+t-1) over ``past`` (keys and values of positions 0..p-1, or
+        None) and themselves. Returns the output (batch, n_heads, t, head_dim) and the keys and
+        values of positions 0..p+t-1."""
         if past is None or past[0].shape[2] == 0:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-            p = past[0].shape[2]
-            # query i sits at position p + i and sees the keys at positions 0..p + i
-            mask = torch.arange(p + t)[None, :] <= torch.arange(p, p + t)[:, None]
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.finish(x, y), (k, v)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True), (k, v)
+        k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        p, t = past[0].shape[2], q.shape[2]
+        # query i sits at position p + i and sees the keys at positions 0..p + i
+        mask = torch.arange(p + t)[None, :] <= torch.arange(p, p + t)[:, None]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), (k, v)
 
     def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values of ``x`` (batch, t, d_model), each (batch, n_heads, t, head_dim)."""

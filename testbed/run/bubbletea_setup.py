@@ -32,11 +32,7 @@ def prepare_bubbletea(
     """(the workers' BubbleTea configuration, the dispatcher (not started), the decode host of each
     DC). The stream is written to ``requests/stream.parquet``."""
     bt = exp.bubbletea
-    if bt.requests:
-        reqs = load_azure_trace(bt.requests, time_scale=bt.time_scale, rate_factor=bt.rate_factor)
-        check_prompts_fit(bt, reqs)
-    else:
-        reqs = synthetic_requests(bt.request_rate, SYNTHETIC_STREAM_S, exp.seed)
+    reqs = request_stream(exp)
     (out_dir / "requests").mkdir(parents=True, exist_ok=True)
     requests_to_frame(reqs).to_parquet(out_dir / "requests" / "stream.parquet", index=False)
     hosts = decode_hosts(exp.topology_spec, workers)
@@ -57,6 +53,19 @@ def prepare_bubbletea(
     ranks = [w.rank for w in workers]
     d = Dispatcher(bt, reqs, ranks, s_per_flop, Path(cfg.dispatcher), cfg.inbox, out_dir, tuple(hosts))
     return cfg, d, hosts
+
+
+def request_stream(exp: Experiment) -> list[Request]:
+    """The run's requests, sorted by arrival: the trace file's (``bubbletea.requests``) or the
+    synthetic stream fitted to the Azure 2023 trace. Raises SpecError for a trace that cannot be
+    read or whose longest prompt the served model cannot hold (``check_prompts_fit``): the runner
+    calls it before building anything."""
+    bt = exp.bubbletea
+    if not bt.requests:
+        return synthetic_requests(bt.request_rate, SYNTHETIC_STREAM_S, exp.seed)
+    reqs = load_azure_trace(bt.requests, time_scale=bt.time_scale, rate_factor=bt.rate_factor)
+    check_prompts_fit(bt, reqs)
+    return reqs
 
 
 def check_prompts_fit(bt: BubbleTeaSpec, requests: list[Request]) -> None:

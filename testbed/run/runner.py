@@ -25,7 +25,7 @@ from testbed.plan.placement import WorkerSpec, decode_hosts, place
 from testbed.plan.worker_config import STAGGER_FILE, TrainingConfig, WorkerConfig, write_worker_config
 from testbed.results.report import finalize
 from testbed.run.backends import make_network, offers_live_shaping, runs_here
-from testbed.run.bubbletea_setup import prepare_bubbletea
+from testbed.run.bubbletea_setup import prepare_bubbletea, request_stream
 from testbed.run.fit import check_corpus, check_iteration_time, check_memory
 from testbed.run.launch import Launcher, start_workers
 from testbed.run.profile import replan_from_profile, unprofiled
@@ -56,7 +56,7 @@ def timeout_s(exp: Experiment) -> float:
 
 def check_runnable(exp: Experiment, backend: str = "netns", force: bool = False) -> list[WorkerSpec]:
     """Everything about ``exp`` on its topology that can be refused before anything is built: what
-    the backend cannot do, the placement, BubbleTea's decode hosts, the memory the workers need,
+    the backend cannot do, the placement, BubbleTea's decode hosts and request trace, the memory the workers need,
     the corpus, an iteration longer than ``fit.MAX_ITERATION_S`` (unless ``force``). Returns the
     placement; raises SpecError."""
     if (exp.policy.grants or exp.policy.bubbletea) and not offers_live_shaping(backend):
@@ -72,6 +72,7 @@ def check_runnable(exp: Experiment, backend: str = "netns", force: bool = False)
     workers = place(exp)
     if exp.policy.bubbletea:
         decode_hosts(exp.topology_spec, workers)
+        request_stream(exp)  # a trace file is read and checked before anything is built
     check_iteration_time(exp, workers, force)
     short = gpu_shortfall(exp)
     if short:

@@ -7,7 +7,9 @@ The windows: each training worker's bubbles over the iteration (``plan/bubble_ti
 the gradient all-reduce after the pipeline (the GPU waits on the network then), the same every
 iteration. Requests arrive over ``iterations`` iterations; each goes, when it arrives, to the worker
 that would finish its queued prefill soonest (``choose_worker``), and its chunks fill that worker's
-windows in order, a chunk only where it ends ``guard_ms`` before the window does. Prefill starts
+windows in forward passes as the workers choose them (``choose_work``: chunks of several requests
+in one pass, within ``max_chunk_tokens``), a pass only where it ends ``guard_ms`` before the window
+does. Prefill starts
 only at a window's start or after the previous chunk (a request arriving inside a window waits
 for the next one: a small pessimism for TTFT). TTFT here: arrival to the end of the prompt's
 prefill (the hand-off and the first decode step are not modelled).
@@ -20,7 +22,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from testbed.bubbletea.decisions import WorkerLoad, choose_worker, chunk_that_fits, prefill_seconds, seconds_per_flop
+from testbed.bubbletea.decisions import (
+    LOOKAHEAD,
+    NewBatch,
+    QueuedPrompt,
+    WorkerLoad,
+    choose_work,
+    choose_worker,
+    prefill_seconds,
+    seconds_per_flop,
+)
 from testbed.bubbletea.requests import synthetic_requests
 from testbed.plan.allreduce import allreduce_s
 from testbed.plan.bubble_timeline import bubble_timeline
@@ -107,19 +118,19 @@ def prefill_in_bubbles(
             load[by_rank[chosen]].backlog_s += prefill_seconds(cfg, 0, r.prompt_tokens, spf)
         t = start
         while queue[k]:
-            arrival, tokens, done = queue[k][0]
-            n = chunk_that_fits(cfg, done, tokens - done, bt.max_chunk_tokens, end - t - guard_s, spf)
-            if n == 0:
+            queued = [QueuedPrompt(done, tokens - done) for _, tokens, done in queue[k][:LOOKAHEAD]]
+            work = choose_work([], queued, cfg, end - start, t - start, guard_s, bt.max_chunk_tokens, spf)
+            if not isinstance(work, NewBatch):
                 break
-            secs = prefill_seconds(cfg, done, n, spf)
-            t += secs
-            prefilled += n
-            prefill_busy_s += secs
-            load[k].backlog_s = max(0.0, load[k].backlog_s - secs)
-            queue[k][0][2] += n
-            if done + n == tokens:
-                ttft.append(t - arrival)
-                queue[k].pop(0)
+            t += work.target_s
+            prefill_busy_s += work.target_s
+            load[k].backlog_s = max(0.0, load[k].backlog_s - work.target_s)
+            for i, n in work.chunks:
+                queue[k][i][2] += n
+                prefilled += n
+            for item in [q for q in queue[k] if q[2] == q[1]]:
+                ttft.append(t - item[0])
+                queue[k].remove(item)
     span = iterations * iteration_s
     # the same GPUs serving this stream's prompts alone, each in one pass: tokens over their seconds
     alone_s = sum(prefill_seconds(cfg, 0, r.prompt_tokens, spf) for r in requests)

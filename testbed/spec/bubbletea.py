@@ -24,22 +24,25 @@ LONGEST_PROMPT_TOKENS = 14050
 class BubbleTeaSpec:
     """Prefill-in-the-bubbles (BubbleTea, DESIGN.md section 1 item 5), used by ``<policy>+bubbletea``.
 
-        ``model``: the inference model each worker holds beside its stage (real weights from the
-        experiment's seed; ``seq_len`` is its context); None, the default: the training model's
-        layers, width and heads (the published setting serves an LLM of the kind being trained) with
-        a context of ``max_prompt_tokens + max_output_tokens`` (``served_model``; the experiment
-        resolves it when made). Requests: the Azure 2023 trace's CSV
-        (``requests``, with ``time_scale`` and ``rate_factor``) or, without one, a synthetic stream at
-        ``request_rate`` per second fitted to that trace (``requests.synthetic_requests``). Prompts are
-        clipped to ``max_prompt_tokens`` and decode to ``max_output_tokens`` (both within the context).
-        A chunk holds at most ``max_chunk_tokens``; a worker starts a chunk only if its predicted end
-        plus ``guard_ms`` falls inside the predicted bubble, predicted as the minimum of the slot's
-        last ``profile_iterations`` bubbles. ``decode``: decode hosts run the decode steps, batching up
-    to ``max_decode_batch`` requests per step (continuous batching; a step's target is the batch's
-    summed decode FLOPs, the compute-bound time model prefill and training use).
-        ``ttft_slo_s``: the time to first token a request is judged against (s, wall time; the summary
-        reports the share of requests within it). Its default, 1 s, is a round figure for an
-        interactive service, not a published one: set your own."""
+    ``model``: the inference model each worker holds beside its stage (real weights from the
+    experiment's seed; ``seq_len`` is its context); None, the default: the training model's
+    layers, width and heads (the published setting serves an LLM of the kind being trained) with
+    a context of the longest prompt plus ``max_output_tokens`` (``served_model``; the experiment
+    resolves it when made). Requests: the Azure 2023 trace's CSV (``requests``, with
+    ``time_scale`` and ``rate_factor``) or, without one, a synthetic stream at ``request_rate``
+    per second fitted to that trace (``requests.synthetic_requests``). Prompts are never clipped
+    by default (``max_prompt_tokens`` None: a long prompt spans several bubbles and iterations;
+    the context holds ``LONGEST_PROMPT_TOKENS``, and a trace with a longer prompt is refused when
+    the run starts); a number clips them to it. Decode stops at ``max_output_tokens``.
+    A forward pass holds at most ``max_chunk_tokens`` tokens, over the chunks of one or more
+    requests; a worker starts a pass only if its predicted end plus ``guard_ms`` falls inside the
+    predicted bubble, predicted as the minimum of the slot's last ``profile_iterations`` bubbles.
+    ``decode``: decode hosts run the decode steps, batching up to ``max_decode_batch`` requests per
+    step (continuous batching; a step's target is the batch's summed decode FLOPs, the
+    compute-bound time model prefill and training use). ``ttft_slo_s``: the time to first token a
+    request is judged against (s, wall time; the summary reports the share of requests within
+    it). Its default, 1 s, is a round figure for an interactive service, not a published one: set
+    your own."""
 
     model: ModelConfig | None = None
     request_rate: float = 4.0

@@ -16,9 +16,12 @@ ITERATION, MICROBATCH, KIND = "iteration", "microbatch", "kind"
 START_NS, END_NS, BYTES, PEER = "start_ns", "end_ns", "bytes", "peer"
 REAL_NS, PADDED_NS, LOSS, READY_NS = "real_ns", "padded_ns", "loss", "ready_ns"
 #: BubbleTea: on forward/backward, when the input had arrived (``ready_ns``) and how long a running
-#: prefill chunk then held the operation back (``prefill_delay_ns``); on prefill chunks, the request,
-#: the chunk's first position and its tokens
+#: prefill chunk held the operation back (``prefill_delay_ns``); on prefill slices (one forward pass
+#: over the chunks of one or more requests), the first chunk's request and first position, the
+#: tokens of the pass (counted on the slice that completes it) and every chunk it holds, as
+#: ``rid:first position:tokens`` joined by ``;`` (``chunks``)
 PREFILL_DELAY_NS, RID, CHUNK_START, TOKENS = "prefill_delay_ns", "rid", "chunk_start", "tokens"
+CHUNKS = "chunks"
 #: BubbleTea: on a wait BubbleTea fills (receive wait, send drain, all-reduce), the bubble its
 #: worker's slot predictor predicted when the wait began (``predicted_bubble_ns``; absent: none
 #: predicted) and the bubble observed (``bubble_ns``: from the end of the worker's previous
@@ -58,6 +61,7 @@ COLUMNS = [
     RID,
     CHUNK_START,
     TOKENS,
+    CHUNKS,
 ]
 
 # event kinds

@@ -101,15 +101,63 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
     # the predictions the chunks were placed by, drawn against what was observed
     assert (tmp_path / "atlas+bubbletea" / "bubble_prediction.png").stat().st_size > 0
     assert not (tmp_path / "atlas" / "bubble_prediction.png").exists()
-    # each completed request's first token came from one worker's prefill of its whole (clipped) prompt
+    # each completed request's first token came from one worker's prefill of its whole (clipped)
+    # prompt, its chunks in order, in passes that may hold other requests' chunks too
     rows = [
         json.loads(x)
         for p in (tmp_path / "atlas+bubbletea" / "requests").glob("decode-*.jsonl")
         for x in p.read_text().splitlines()
     ]
     first = {r["rid"]: r for r in rows if r["event"] == "first_token"}
+    done = pre[pre[T.TOKENS] > 0]
+    chunks = [(w, *map(int, c.split(":"))) for w, cs in zip(done[T.WORKER], done[T.CHUNKS]) for c in cs.split(";")]
+    assert all(t == sum(int(c.split(":")[2]) for c in cs.split(";")) for t, cs in zip(done[T.TOKENS], done[T.CHUNKS]))
     for rid, r in first.items():
-        mine = pre[pre["rid"] == rid]
-        assert set(mine[T.WORKER]) == {r["worker"]} and int(mine["tokens"].sum()) == r["prompt_tokens"]
+        mine = [(w, start, n) for w, q, start, n in chunks if q == rid]
+        assert {w for w, _, _ in mine} == {r["worker"]}
+        assert [start for _, start, _ in mine] == [sum(n for _, _, n in mine[:i]) for i in range(len(mine))]
+        assert sum(n for _, _, n in mine) == r["prompt_tokens"]
         assert r["kv_bytes"] > 0 and r["first_token_ns"] >= r["prefill_end_ns"] >= r["arrival_ns"]
+    print("requests per pass:", pd.Series([cs.count(";") + 1 for cs in pre[T.CHUNKS]]).value_counts().to_dict())
+    assert machine_state() == before
+
+
+def test_a_run_driven_by_an_azure_trace_file(tmp_path, clean_machine):
+    """``testbed run --requests FILE`` in the Azure LLM inference trace's CSV format, as a user
+    runs it: the run's stream is the file's requests in arrival order, prompts are given to the
+    workers unclipped, and requests are served; a trace whose longest prompt the served model
+    cannot hold is refused before anything is built, naming the column and the fix."""
+    import datetime as dt
+
+    from .conftest import run_cli
+
+    before = machine_state()
+    prompts = [120, 300, 64, 2500, 200, 90]  # 2,500: longer than the 1,536 prompts were once clipped to
+    t0 = dt.datetime(2023, 11, 16, 18, 15, 46, 680590)
+    rows = [
+        f"{(t0 + dt.timedelta(seconds=0.25 * i)).isoformat(sep=' ')},{prompts[i % len(prompts)]},{8 + i % 3}"
+        for i in range(24)
+    ]
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(reversed(rows)) + "\n")  # out of order
+    out = tmp_path / "run"
+    r = run_cli("run", "--policy", "atlas+bubbletea", "--requests", str(trace), "--iterations", "5", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    stream = pd.read_parquet(out / "requests" / "stream.parquet")
+    assert stream["prompt_tokens"].tolist() == [prompts[i % len(prompts)] for i in range(24)]  # sorted by arrival
+    assert stream["arrival_s"].diff().dropna().round(6).eq(0.25).all()
+    assigned = [json.loads(x) for x in (out / "requests" / "dispatch.jsonl").read_text().splitlines()]
+    assigned = [a for a in assigned if a["event"] == "assign"]
+    assert assigned and all(a["prompt"] == prompts[a["rid"] % len(prompts)] for a in assigned)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["requests_completed"] >= 1 and summary["ttft_p50_s"] > 0, summary
+    assert json.loads((out / "config.json").read_text())["bubbletea"]["requests"] == str(trace)
+
+    rows[5] = f"{(t0 + dt.timedelta(seconds=1.25)).isoformat(sep=' ')},20000,8"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    r = run_cli("run", "--policy", "atlas+bubbletea", "--requests", str(trace), "--out", str(tmp_path / "refused"))
+    assert r.returncode != 0
+    assert "ContextTokens" in r.stderr and "20000" in r.stderr and "bubbletea.model.seq_len >= 20256" in r.stderr, (
+        r.stderr
+    )
     assert machine_state() == before

@@ -223,8 +223,8 @@ def test_the_prior_comes_from_the_schedule_for_every_worker():
     assert bubble_prior(real, place(real)) == ({}, 0.0)
 
 
-def test_chunk_choice_takes_a_stopped_chunk_first_then_any_request_that_fits():
-    from testbed.bubbletea.decisions import QueuedPrompt, choose_chunk
+def test_work_choice_resumes_a_stopped_pass_first_then_batches_any_requests_that_fit():
+    from testbed.bubbletea.decisions import NewBatch, QueuedPrompt, Resume, choose_work
 
     spf = 1e-9
     small = prefill_seconds(CFG, 0, 64, spf)  # a fresh request's whole 64-token prompt
@@ -233,15 +233,23 @@ def test_chunk_choice_takes_a_stopped_chunk_first_then_any_request_that_fits():
     assert late > small
     room = (small + late) / 2 + 0.001  # the guard's 1 ms on top: room for the fresh one only
     queue = [QueuedPrompt(1900, 64), QueuedPrompt(0, 64)]
-    assert choose_chunk(queue, CFG, room, 0.0, 0.001, 128, spf) == (1, 64, pytest.approx(small))
-    # the head when it fits
-    assert choose_chunk(queue, CFG, prefill_seconds(CFG, 1900, 64, spf) + 0.002, 0.0, 0.001, 128, spf)[:2] == (0, 64)
-    # a chunk stopped after 1 of the model's blocks goes first, if its rest fits
-    stopped = [QueuedPrompt(0, 64), QueuedPrompt(128, 64, partial=(64, 0.004, 1))]
+    assert choose_work([], queue, CFG, room, 0.0, 0.001, 128, spf) == NewBatch(((1, 64),), pytest.approx(small))
+    # with room for both, one pass holds the head's chunk and the other's, within 128 tokens
+    both = prefill_seconds(CFG, 1900, 64, spf) + small
+    assert choose_work([], queue, CFG, both + 0.002, 0.0, 0.001, 128, spf) == NewBatch(
+        ((0, 64), (1, 64)), pytest.approx(both)
+    )
+    # the pass's token budget: 96 tokens leave the second request only 32
+    three = [QueuedPrompt(0, 64), QueuedPrompt(0, 64), QueuedPrompt(0, 64)]
+    picked = choose_work([], three, CFG, 1.0, 0.0, 0.001, 96, spf)
+    assert picked.chunks == ((0, 64), (1, 32))
+    # a pass stopped after 1 of the model's blocks goes first, if its rest fits; one whose rest
+    # does not fit is passed over
     rest = 0.004 * (1 - 1 / CFG.n_layers)
-    assert choose_chunk(stopped, CFG, rest + 0.0015, 0.0, 0.001, 128, spf) == (1, 64, 0.004)
-    # nothing fits: None
-    assert choose_chunk(queue, CFG, 0.0005, 0.0, 0.001, 128, spf) is None
+    assert choose_work([(0.5, 0), (0.004, 1)], queue, CFG, rest + 0.0015, 0.0, 0.001, 128, spf) == Resume(1)
+    # nothing fits: None; no prediction: None
+    assert choose_work([], queue, CFG, 0.0005, 0.0, 0.001, 128, spf) is None
+    assert choose_work([(0.001, 0)], queue, CFG, None, 0.0, 0.001, 128, spf) is None
 
 
 def test_a_trace_prompt_longer_than_the_unclipped_context_is_refused_with_the_fix():

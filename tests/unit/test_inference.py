@@ -3,10 +3,10 @@
 import pytest
 import torch
 
+from testbed.bubbletea.chunk_batch import decode_batch
 from testbed.bubbletea.inference import (
     InferenceModel,
     chunk_bounds,
-    decode_batch,
     decode_step,
     greedy_decode,
     prefill_chunk,
@@ -366,14 +366,14 @@ def test_a_prefill_stopped_at_a_layer_boundary_resumes_exactly(stop_after):
     """A chunk stopped after ``stop_after`` of 3 blocks, another request's chunk run in between,
     then resumed: the same cache and logits, bit for bit, as the chunk run straight through; and the
     next chunk after it too."""
+    from testbed.bubbletea.chunk_batch import ChunkBatch
     from testbed.bubbletea.inference import InferenceModel, prefill_chunk
-    from testbed.bubbletea.layerwise import LayerwisePrefill
 
     model = InferenceModel(ModelConfig(n_layers=3, d_model=32, n_heads=4, seq_len=64), seed=5)
     prompt = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1))
     first, _ = prefill_chunk(model, prompt[:16], None)
     straight, logits = prefill_chunk(model, prompt[16:32], first)
-    part = LayerwisePrefill(model, prompt[16:32], first)
+    part = ChunkBatch(model, [(prompt[16:32], first)])
     for _ in range(stop_after):
         part.step()
     assert part.layers_done == stop_after and not part.done
@@ -382,10 +382,36 @@ def test_a_prefill_stopped_at_a_layer_boundary_resumes_exactly(stop_after):
     prefill_chunk(model, prompt[:8], None)  # another request in between
     while not part.done:
         part.step()
-    cache, got = part.result()
+    [(cache, got)] = part.result()
     assert torch.equal(got, logits)
     assert all(torch.equal(a, b) for a, b in zip(cache.keys + cache.values, straight.keys + straight.values))
     assert torch.equal(prefill_chunk(model, prompt[32:], cache)[1], prefill_chunk(model, prompt[32:], straight)[1])
+
+
+def test_chunks_of_several_requests_in_one_pass_equal_each_alone(model):
+    """One forward pass over three requests' chunks (a prompt's start, and two later chunks over
+    caches of different lengths), stopped after one block and resumed: each request gets the cache
+    and logits its chunk gets alone, and no request sees another's tokens."""
+    from testbed.bubbletea.chunk_batch import ChunkBatch
+
+    prompts = [prompt_tokens_for(rid, 30, 0) for rid in (20, 21, 22)]
+    c21, _ = prefill_chunk(model, prompts[1][:5], None)
+    c22, _ = prefill_chunk(model, prompts[2][:19], None)
+    parts = [(prompts[0][:12], None), (prompts[1][5:21], c21), (prompts[2][19:26], c22)]
+    alone = [prefill_chunk(model, t, c) for t, c in parts]
+    batch = ChunkBatch(model, parts)
+    batch.step()
+    assert batch.layers_done == 1
+    while not batch.done:
+        batch.step()
+    for (c1, l1), (c2, l2) in zip(alone, batch.result()):
+        assert c2.length == c1.length
+        assert torch.allclose(l2, l1, atol=ATOL)
+        assert all(torch.allclose(a, b, atol=ATOL) for a, b in zip(c1.keys + c1.values, c2.keys + c2.values))
+    with pytest.raises(InferenceError, match="at least one"):
+        ChunkBatch(model, [])
+    with pytest.raises(InferenceError, match=f"seq_len={CFG.seq_len}"):  # a part past its context
+        ChunkBatch(model, [(prompts[0][:5], None), (torch.zeros(CFG.seq_len, dtype=torch.long), c21)])
 
 
 # ---- memory: the KV caches' budget ---------------------------------------------------------------
@@ -420,15 +446,52 @@ def test_a_request_waits_while_its_kv_cache_would_exceed_the_budget(tmp_path):
     try:
         first, second = (Job(rid, 0, torch.arange(32) % CFG.vocab, 8) for rid in (1, 2))
         server.jobs.extend([first, second])
-        job, n, target = server._next_chunk(predicted_s=1.0, elapsed_s=0.0)
-        assert job is first and n == 32
-        server._run_chunk(job, n, target, lambda: False)
+        work = server._next_pass(predicted_s=1.0, elapsed_s=0.0)
+        assert work.jobs == [first] and work.tokens == [32]  # the second's cache would not fit beside it
+        server._run_pass(work, lambda: False)
         assert first.pos == 32 and budget.held_bytes == one and budget.peak_bytes == 1000 + one
         assert not budget.admits(one)
-        assert server._next_chunk(1.0, 0.0) is None  # the second waits: its cache would not fit
+        server.jobs.remove(first)
+        assert server._next_pass(1.0, 0.0) is None  # the second waits: its cache would not fit
         budget.release(first.kv_bytes)  # the first's cache handed to the decode host
-        job, _, _ = server._next_chunk(1.0, 0.0)
-        assert job is second
+        assert server._next_pass(1.0, 0.0).jobs == [second]
+    finally:
+        server.close()
+
+
+def test_a_pass_batches_several_requests_and_a_stopped_pass_resumes_first(tmp_path):
+    """With room, one forward pass holds chunks of several queued requests (within
+    ``max_chunk_tokens``); a pass stopped when training's data arrives is resumed before any new
+    one, and its requests then end with the caches a straight prefill gives."""
+    from dataclasses import replace
+
+    from testbed.bubbletea.prefill import Job, PrefillServer
+    from testbed.spec.bubbletea import BubbleTeaSpec
+    from testbed.trace.events import EventWriter
+
+    spec = replace(BubbleTeaSpec(), model=CFG, max_chunk_tokens=48)
+    server = PrefillServer(
+        spec, 1e-12, SEED, 0, EventWriter(tmp_path / "ev.jsonl"), str(tmp_path / "in.sock"),
+        str(tmp_path / "d.sock"), None, False,
+    )  # fmt: skip
+    try:
+        tokens = [prompt_tokens_for(rid, n, 0) for rid, n in ((1, 20), (2, 20), (3, 20))]
+        jobs = [Job(rid, 0, t, 4) for rid, t in zip((1, 2, 3), tokens)]
+        server.jobs.extend(jobs)
+        work = server._next_pass(1.0, 0.0)
+        assert work.jobs == jobs[:2] and work.tokens == [20, 20]  # 40 of the pass's 48 tokens
+        blocks = iter([True])  # training's data has arrived when the first block ends
+        server._run_pass(work, lambda: next(blocks, True))
+        assert work.batch.layers_done == 1 and server.stopped == [work]
+        assert server._next_pass(1.0, 0.0) is work  # resumed before a new pass
+        server._run_pass(work, lambda: False)
+        for job, t in zip(jobs[:2], tokens[:2]):
+            want, logits = prefill_chunk(server.model, t, None)
+            assert job.pos == 20 and torch.allclose(job.logits, logits, atol=ATOL)
+            assert all(torch.allclose(a, b, atol=ATOL) for a, b in zip(job.cache.keys, want.keys))
+        server.jobs.remove(jobs[0])
+        server.jobs.remove(jobs[1])
+        assert server._next_pass(1.0, 0.0).jobs == [jobs[2]]
     finally:
         server.close()
 
