@@ -62,9 +62,9 @@ def main() -> None:
             row = sweep_row(rate, i, plain, bt)
             rows.append(row)
             print(
-                f"rate {rate:>6g}/s #{i}: slowdown {row['training_slowdown']:+.1%}, GPU utilization "
-                f"{row['training_gpu_utilization']:.2f} -> {row['gpu_utilization']:.2f}, "
-                f"fill {row['bubble_fill_fraction']:.2f}, "
+                f"rate {rate:>6g}/s #{i}: slowdown {row['training_slowdown'] - 1:+.1%}, GPU utilization "
+                f"{plain.get('gpu_utilization')} without BubbleTea, {row['gpu_utilization']} with it "
+                f"(training's share {row['training_gpu_utilization']}), fill {row['bubble_fill_fraction']}, "
                 f"requests {row['requests_completed']}/{row['requests_assigned']}, TTFT p50 {row['ttft_p50_s']} s "
                 f"p99 {row['ttft_p99_s']} s, delayed ops {row['training_ops_delayed_by_prefill']}",
                 flush=True,

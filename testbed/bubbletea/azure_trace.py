@@ -91,11 +91,12 @@ def load_azure_trace(
 
 
 def _read_azure_csv(source: str) -> pd.DataFrame:
-    """The data rows as strings (row i is line i + 2 of the file), after checking the header."""
+    """The data rows as strings (index i is line i + 2 of the file; blank lines dropped), after
+    checking the header (column names may be quoted)."""
     fix_header = f"the first line must be the header {','.join(AZURE_COLUMNS)}"
     try:
         with open(source, encoding="utf-8-sig") as f:
-            header = [h.strip() for h in f.readline().split(",")]
+            header = [h.strip().strip('"').strip() for h in f.readline().split(",")]  # quoted names too
         if header == [""]:
             raise SpecError(source, "(file)", "", "is empty", f"{fix_header}, then one row per request")
         missing = [c for c in AZURE_COLUMNS if c not in header]
@@ -141,6 +142,7 @@ def _read_azure_csv(source: str) -> pd.DataFrame:
             "check the path, its permissions and that it is the CSV, not a compressed copy",
         ) from None
     table = table.iloc[1:].set_axis(header, axis=1).reset_index(drop=True)
+    table = table[~(table == "").all(axis=1)]  # blank lines (a file's trailing one): skipped, numbering kept
     if table.empty:
         raise SpecError(source, "(file)", ",".join(header), "has a header but no requests", "add one row per request")
     return table
@@ -148,8 +150,9 @@ def _read_azure_csv(source: str) -> pd.DataFrame:
 
 def _fail_first(source: str, table: pd.DataFrame, column: str, bad: pd.Series, problem: str, fix: str) -> None:
     if bad.any():
-        row = int(np.flatnonzero(bad.to_numpy())[0])
-        raise SpecError(source, f"line {row + 2}, column {column}", table[column].iloc[row], problem, fix)
+        row = int(np.flatnonzero(bad.to_numpy())[0])  # position; the index holds the line (line - 2)
+        line = int(table.index[row]) + 2
+        raise SpecError(source, f"line {line}, column {column}", table[column].iloc[row], problem, fix)
 
 
 def _token_column(source: str, table: pd.DataFrame, column: str) -> np.ndarray:

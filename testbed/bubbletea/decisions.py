@@ -1,7 +1,9 @@
 """BubbleTea's decisions as pure functions (DESIGN.md section 1, item 5): the emulated-GPU time of
 prefill and decode, the per-slot bubble predictor a worker keeps, how large a chunk fits a bubble,
-and which worker a request goes to. The mechanisms that use them: ``prefill.py`` (in the worker),
-``dispatcher.py`` (in the runner), ``decode.py`` (on the decode hosts).
+what one forward pass holds (``choose_work``: a stopped pass resumed, or chunks of several
+requests), the memory budget's admission control, and which worker a request goes to. The
+mechanisms that use them: ``prefill.py`` (in the worker), ``dispatcher.py`` (in the runner),
+``decode.py`` (on the decode hosts), and the simulator (``sim/bubbletea.py``).
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ def choose_work(
     stopped: list[tuple[float, int]],
     queued: list[QueuedPrompt],
     cfg: ModelConfig,
-    predicted_s: float,
+    predicted_s: float | None,
     elapsed_s: float,
     guard_s: float,
     max_chunk: int,

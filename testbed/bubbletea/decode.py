@@ -28,7 +28,7 @@ import torch
 from testbed.bubbletea.chunk_batch import decode_batch
 from testbed.bubbletea.decisions import decode_seconds
 from testbed.bubbletea.inference import InferenceModel
-from testbed.bubbletea.kv_cache import KVCache
+from testbed.bubbletea.kv_cache import InferenceError, KVCache
 from testbed.bubbletea.kv_sender import DECODE_PORT, FRAME
 from testbed.plan.worker_config import WorkerConfig, read_worker_config
 from testbed.spec.bubbletea import BubbleTeaSpec
@@ -54,7 +54,7 @@ class DecodeHost:
         self, spec: BubbleTeaSpec, s_per_flop: float, padded: bool, seed: int, out_dir: Path, dc: str, address: str
     ) -> None:
         if spec.model is None:
-            raise ValueError("the BubbleTea section has no resolved model: build it through Experiment")
+            raise InferenceError("the BubbleTea section has no resolved model: build it through Experiment")
         self.spec, self.s_per_flop, self.padded, self.address = spec, s_per_flop, padded, address
         self.model = InferenceModel(spec.model, seed)
         out = Path(out_dir) / "requests"
@@ -66,10 +66,10 @@ class DecodeHost:
     @classmethod
     def from_config(cls, cfg: WorkerConfig, dc: str) -> DecodeHost:
         """The decode host of DC ``dc`` in a run configured by ``cfg`` (which has BubbleTea's part;
-        ValueError otherwise)."""
+        ``InferenceError``, a ValueError, otherwise)."""
         bt = cfg.bubbletea
         if bt is None:
-            raise ValueError("the run's configuration has no BubbleTea part: no decode host runs")
+            raise InferenceError("the run's configuration has no BubbleTea part: no decode host runs")
         training = cfg.training
         return cls(bt.spec, bt.s_per_flop, training.padded, training.seed, Path(cfg.out_dir), dc, bt.decode_hosts[dc])
 

@@ -5,7 +5,8 @@ A training worker keeps a small inference model beside its stage (``InferenceMod
 one chunk of a prompt (``prefill_chunk``): a real forward pass over the chunk's tokens that attends
 causally to the keys cached from earlier chunks and to its own. When the last chunk is done the
 cache goes to a decode host as bytes (``KVCache.to_bytes``, ``KVCache.from_bytes``), which generates
-the output one token at a time (``decode_step``, ``greedy_decode``). Their FLOPs
+the output a token a step for a batch of requests (``chunk_batch.decode_batch``; one request alone:
+``decode_step``, ``greedy_decode``). Their FLOPs
 (``spec.model.prefill_flops``, ``decode_flops``) feed the emulated-GPU time model.
 
 Context length: the model has ``cfg.seq_len`` learned positions, so a prompt plus its generated

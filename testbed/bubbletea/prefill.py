@@ -16,6 +16,8 @@ a JSON header, then ``KVCache.to_bytes()``.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import socket
 import time
@@ -75,6 +77,8 @@ class Pass:
     jobs: list[Job]
     tokens: list[int]
     target_s: float
+    #: the order passes were made in: ``stopped`` keeps the oldest first
+    seq: int = 0
 
 
 class PrefillServer:
@@ -112,6 +116,7 @@ class PrefillServer:
         self.jobs: deque[Job] = deque()
         #: passes stopped at a layer boundary, oldest first (their jobs are in ``jobs`` too)
         self.stopped: list[Pass] = []
+        self._passes = itertools.count()
         self.inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.inbox.bind(inbox)
         self.inbox.setblocking(False)
@@ -196,7 +201,9 @@ class PrefillServer:
         busy = {id(j) for p in self.stopped for j in p.jobs}
         free, pending = [], 0
         for j in self.jobs:
-            if id(j) in busy or len(free) == LOOKAHEAD:
+            if len(free) == LOOKAHEAD:
+                break
+            if id(j) in busy:
                 continue
             need = 0 if j.kv_bytes else kv_cache_bytes(self.cfg, j.tokens.numel())
             if self.budget.admits(pending + need):
@@ -217,7 +224,7 @@ class PrefillServer:
                 job.kv_bytes = kv_cache_bytes(self.cfg, job.tokens.numel())
                 self.budget.hold(job.kv_bytes)
         batch = ChunkBatch(self.model, [(j.tokens[j.pos : j.pos + n], j.cache) for j, n in zip(jobs, tokens)])
-        return Pass(batch, jobs, tokens, work.target_s)
+        return Pass(batch, jobs, tokens, work.target_s, next(self._passes))
 
     def _run_pass(self, work: Pass, arrived: Callable[[], bool]) -> int | None:
         """Run (or resume) a forward pass, one block at a time, each padded to its share of
@@ -259,10 +266,10 @@ class PrefillServer:
             rid=first.rid,
             chunk_start=first.pos,
             tokens=sum(work.tokens) if done else 0,  # a pass's tokens count once, on the slice that completes it
-            chunks=";".join(f"{j.rid}:{j.pos}:{n}" for j, n in zip(work.jobs, work.tokens)),
+            **{T.CHUNKS: ";".join(f"{j.rid}:{j.pos}:{n}" for j, n in zip(work.jobs, work.tokens))},
         )
         if not done:
-            self.stopped.append(work)
+            bisect.insort(self.stopped, work, key=lambda p: p.seq)  # oldest first, as choose_work expects
             return ready_ns
         for job, n, (cache, logits) in zip(work.jobs, work.tokens, part.result()):
             job.cache, job.logits = cache, logits

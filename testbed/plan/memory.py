@@ -14,8 +14,9 @@ Per worker of the emulator (fp32 throughout, 4 bytes a value; the simulator's sc
   microbatches in flight:
   GPipe keeps all M, 1F1B at most S - s on stage s (Narayanan et al. 2021, section 2.2);
 - the transfers' buffers: a received activation or gradient per microbatch in flight;
-- with BubbleTea: the inference model (every parameter) and the KV cache of each queued request
-  at full context (2 x n_layers x seq_len x d_model values; ``bubbletea/inference.py``).
+- with BubbleTea: the inference model (every parameter) and the KV caches of the queued requests:
+  one at full context, the others at a long prompt's length (``QUEUED_PROMPT_TOKENS``) plus the
+  output (2 x n_layers x positions x d_model values; ``bubbletea/kv_cache.py``).
 
 Interpreter, torch and gloo take a share on top. Workers on this machine are forked from one
 launcher that imported torch (``train/launcher.py``), so its ~300 MiB of interpreter and torch is
@@ -29,7 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from testbed.spec.bubbletea import served_model
+from testbed.spec.bubbletea import QUEUED_PROMPT_TOKENS, BubbleTeaSpec, served_model
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import FP32_BYTES, ModelConfig, activation_bytes, stage_layers, stage_params
 
@@ -99,10 +100,16 @@ def kv_cache_bytes(cfg: ModelConfig, tokens: int, tensor_parallel: int = 1) -> i
 
 def inference_bytes(cfg: ModelConfig, tensor_parallel: int = 1, queued: int = QUEUED_REQUESTS) -> int:
     """What BubbleTea's inference model takes on one of ``tensor_parallel`` devices: its weights and
-    the KV caches of ``queued`` prompts at full context (``kv_cache_bytes`` of seq_len positions),
-    ``cfg.value_bytes`` a value."""
+    the KV caches of ``queued`` prompts, one at full context (seq_len positions) and the others at
+    ``QUEUED_PROMPT_TOKENS`` plus the output, within the context (``kv_cache_bytes``),
+    ``cfg.value_bytes`` a value. An estimate for the plan's checks; at run time admission control
+    holds each prompt's own cache."""
     weights = math.ceil(cfg.params() * cfg.value_bytes / tensor_parallel)
-    return weights + queued * kv_cache_bytes(cfg, cfg.seq_len, tensor_parallel)
+    if queued == 0:
+        return weights
+    typical = min(cfg.seq_len, QUEUED_PROMPT_TOKENS + BubbleTeaSpec.max_output_tokens)
+    full = kv_cache_bytes(cfg, cfg.seq_len, tensor_parallel)
+    return weights + full + (queued - 1) * kv_cache_bytes(cfg, typical, tensor_parallel)
 
 
 def device_bytes_besides_kv(exp: Experiment, stage: int) -> int:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from testbed.results.compare import spread
 from testbed.trace import metrics as M
 
 #: the BubbleTea run's figures a row keeps (``trace/metrics.py``)
@@ -26,36 +27,45 @@ FIGURES = (
 
 
 def sweep_row(rate_per_s: float, repeat: int, plain: dict, bubbletea: dict) -> dict:
-    """One pair's row: the rate, the repeat, both iteration times (s, mean), the slowdown
-    (BubbleTea's iteration time over the plain run's) and the BubbleTea run's ``FIGURES``."""
+    """One pair's row: the rate, the repeat, both iteration times (s, mean), the pair's training
+    slowdown (BubbleTea's iteration time over the plain run's, a ratio as ``compare``'s) and the
+    BubbleTea run's ``FIGURES``."""
     return {
         "rate_per_s": rate_per_s,
         "repeat": repeat,
         "iteration_time_s": plain[M.ITERATION_TIME_S],
         "iteration_time_bubbletea_s": bubbletea[M.ITERATION_TIME_S],
-        "training_slowdown": bubbletea[M.ITERATION_TIME_S] / plain[M.ITERATION_TIME_S] - 1,
+        "training_slowdown": bubbletea[M.ITERATION_TIME_S] / plain[M.ITERATION_TIME_S],
         **{k: bubbletea.get(k) for k in FIGURES},
     }
 
 
 def sweep_summary(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per rate: the median, min and max of every figure over the repeats (columns
-    ``<figure>``, ``<figure>_min``, ``<figure>_max``), the repeats, and the noise floor: the
-    plain runs' own spread (max over min of their iteration times, less 1), which a slowdown is
-    to be read against."""
-    figures = ["training_slowdown", *FIGURES]
+    """Per rate, as ``testbed compare`` reports a pair of policies (``results/compare.py``): the
+    training slowdown (the median BubbleTea iteration time over the median plain one, a ratio) and
+    the noise floor (the larger ``spread`` of the two policies' iteration times; None below two
+    repeats); the median, min and max of every ``FIGURES`` entry over the repeats (columns
+    ``<figure>``, ``<figure>_min``, ``<figure>_max``), the pairs' own slowdowns' min and max
+    (``training_slowdown_min``/``_max``) and the repeats."""
     g = rows.groupby("rate_per_s")
-    out = g[figures].median()
-    out = out.join(g[figures].min().add_suffix("_min")).join(g[figures].max().add_suffix("_max"))
+    out = g[list(FIGURES)].median()
+    out = out.join(g[list(FIGURES)].min().add_suffix("_min")).join(g[list(FIGURES)].max().add_suffix("_max"))
+    out["training_slowdown"] = g["iteration_time_bubbletea_s"].median() / g["iteration_time_s"].median()
+    out["training_slowdown_min"] = g["training_slowdown"].min()
+    out["training_slowdown_max"] = g["training_slowdown"].max()
     out["repeats"] = g.size()
-    out["noise_floor"] = g["iteration_time_s"].max() / g["iteration_time_s"].min() - 1
+    floors = [
+        max((x for x in (spread(list(a)), spread(list(b))) if x is not None), default=None)
+        for (_, a), (_, b) in zip(g["iteration_time_s"], g["iteration_time_bubbletea_s"])
+    ]
+    out["noise_floor"] = floors
     return out.reset_index()
 
 
 def plot_request_sweep(summary: pd.DataFrame, path: Path, title: str) -> Path:
     """Write the sweep's plot to ``path``: TTFT p50/p99 (left) and GPU utilization, bubble fill
     and training slowdown beside the noise floor (right) against the rate, medians with their
-    min-max ranges as error bars. Returns ``path``."""
+    min-max ranges as error bars (the slowdown's: its pairs'). Returns ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -77,8 +87,19 @@ def plot_request_sweep(summary: pd.DataFrame, path: Path, title: str) -> Path:
     a.legend()
     line(b, M.GPU_UTILIZATION, "s-", "GPU utilization (training + prefill)")
     line(b, M.BUBBLE_FILL_FRACTION, "o-", "bubble fill fraction")
-    line(b, "training_slowdown", "^--", "training slowdown")
-    b.plot(x, summary["noise_floor"], ":", color="grey", label="noise floor (plain runs' spread)")
+    slow = summary[["training_slowdown", "training_slowdown_min", "training_slowdown_max"]] - 1
+    b.errorbar(
+        x,
+        slow["training_slowdown"],
+        yerr=[
+            slow["training_slowdown"] - slow["training_slowdown_min"],
+            slow["training_slowdown_max"] - slow["training_slowdown"],
+        ],
+        fmt="^--",
+        capsize=3,
+        label="training slowdown (pairs' range)",
+    )
+    b.plot(x, summary["noise_floor"], ":", color="grey", label="noise floor (the policies' spread)")
     b.set_xscale("log")
     b.set_xlabel("requests per second")
     b.legend(fontsize=8)

@@ -162,7 +162,9 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
         M.PREFILL_TOKENS_PER_S: tokens_per_s,
         M.PREFILL_ALONE_SHARE: alone_share,
         M.PREFILL_ALONE_TOKENS_PER_S: tokens_per_s / alone_share if alone_share and tokens_per_s is not None else None,
-        M.PREFILL_CHUNKS: int(len(pre)),
+        M.PREFILL_CHUNKS: int(pre.loc[pre[T.TOKENS] > 0, T.CHUNKS].str.count(";").add(1).sum())
+        if T.CHUNKS in pre and len(pre)
+        else int(len(pre)),  # a run recorded before passes held several requests: one chunk a slice
         M.REQUESTS_ASSIGNED: len(assigned),
         M.REQUESTS_COMPLETED: len(first),
         M.REQUESTS_DECODED: len(decoded),

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from testbed.bubbletea.azure_trace import load_azure_trace
 from testbed.bubbletea.decisions import seconds_per_flop
 from testbed.bubbletea.dispatcher import Dispatcher
-from testbed.bubbletea.request_table import Request, requests_to_frame
-from testbed.bubbletea.requests import synthetic_requests
-from testbed.errors import SpecError
+from testbed.bubbletea.request_table import requests_to_frame
+from testbed.bubbletea.stream import request_stream
 from testbed.net.network import Network
 from testbed.net.registry import control_dir
 from testbed.plan.bubble_timeline import END, bubble_timeline
@@ -18,12 +16,8 @@ from testbed.plan.cost_model import optimizer_s
 from testbed.plan.memory import device_bytes_besides_kv
 from testbed.plan.placement import WorkerSpec, decode_hosts
 from testbed.plan.worker_config import BubbleTeaConfig
-from testbed.spec.bubbletea import BubbleTeaSpec
 from testbed.spec.experiment import Experiment
 from testbed.trace import schema as T
-
-#: how long a synthetic request stream lasts (s); a run stops reading it when it ends
-SYNTHETIC_STREAM_S = 3600.0
 
 
 def prepare_bubbletea(
@@ -53,37 +47,6 @@ def prepare_bubbletea(
     ranks = [w.rank for w in workers]
     d = Dispatcher(bt, reqs, ranks, s_per_flop, Path(cfg.dispatcher), cfg.inbox, out_dir, tuple(hosts))
     return cfg, d, hosts
-
-
-def request_stream(exp: Experiment) -> list[Request]:
-    """The run's requests, sorted by arrival: the trace file's (``bubbletea.requests``) or the
-    synthetic stream fitted to the Azure 2023 trace. Raises SpecError for a trace that cannot be
-    read or whose longest prompt the served model cannot hold (``check_prompts_fit``): the runner
-    calls it before building anything."""
-    bt = exp.bubbletea
-    if not bt.requests:
-        return synthetic_requests(bt.request_rate, SYNTHETIC_STREAM_S, exp.seed)
-    reqs = load_azure_trace(bt.requests, time_scale=bt.time_scale, rate_factor=bt.rate_factor)
-    check_prompts_fit(bt, reqs)
-    return reqs
-
-
-def check_prompts_fit(bt: BubbleTeaSpec, requests: list[Request]) -> None:
-    """Raise SpecError if a request of a trace needs more positions than the served model holds
-    with prompts unclipped (``bt.max_prompt_tokens`` None), naming the request and the fix."""
-    if bt.max_prompt_tokens is not None or bt.model is None or not requests:
-        return
-    longest = max(requests, key=lambda r: r.prompt_tokens)
-    if longest.prompt_tokens + bt.max_output_tokens > bt.model.seq_len:
-        raise SpecError(
-            str(bt.requests),
-            "ContextTokens",
-            longest.prompt_tokens,
-            f"(request {longest.rid}) plus max_output_tokens ({bt.max_output_tokens}) exceeds the served "
-            f"model's context ({bt.model.seq_len}, room for the longest prompt of the Azure 2023 trace)",
-            f"give bubbletea.model.seq_len >= {longest.prompt_tokens + bt.max_output_tokens} in the experiment, "
-            "or clip prompts with bubbletea.max_prompt_tokens",
-        )
 
 
 def bubble_prior(exp: Experiment, workers: list[WorkerSpec]) -> tuple[dict[str, dict[str, float]], float]:

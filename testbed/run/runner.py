@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.atlas.controller import Controller
+from testbed.bubbletea.stream import request_stream
 from testbed.errors import SpecError, TestbedError
 from testbed.net.network import LocalHosts, Network
 from testbed.net.registry import control_dir
@@ -25,7 +26,7 @@ from testbed.plan.placement import WorkerSpec, decode_hosts, place
 from testbed.plan.worker_config import STAGGER_FILE, TrainingConfig, WorkerConfig, write_worker_config
 from testbed.results.report import finalize
 from testbed.run.backends import make_network, offers_live_shaping, runs_here
-from testbed.run.bubbletea_setup import prepare_bubbletea, request_stream
+from testbed.run.bubbletea_setup import prepare_bubbletea
 from testbed.run.fit import check_corpus, check_iteration_time, check_memory
 from testbed.run.launch import Launcher, start_workers
 from testbed.run.profile import replan_from_profile, unprofiled

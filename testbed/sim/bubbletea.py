@@ -1,7 +1,8 @@
 """BubbleTea in the simulator: prefill of inference requests placed in the predicted bubbles of a
 simulated iteration, with BubbleTea's own decisions (``bubbletea/decisions.py``: the emulated
 GPU's seconds per FLOP, the chunk that fits a window less the guard, the worker a request goes to)
-and its request stream (``bubbletea/requests.synthetic_requests``, fitted to the Azure 2023 trace).
+and its request stream (``bubbletea/stream.request_stream``: the experiment's trace file, or the
+synthetic stream fitted to the Azure 2023 trace).
 
 The windows: each training worker's bubbles over the iteration (``plan/bubble_timeline.py``) and
 the gradient all-reduce after the pipeline (the GPU waits on the network then), the same every
@@ -20,7 +21,7 @@ Pure (numpy through the request stream).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from testbed.bubbletea.decisions import (
     LOOKAHEAD,
@@ -32,7 +33,7 @@ from testbed.bubbletea.decisions import (
     prefill_seconds,
     seconds_per_flop,
 )
-from testbed.bubbletea.requests import synthetic_requests
+from testbed.bubbletea.stream import request_stream
 from testbed.plan.allreduce import allreduce_s
 from testbed.plan.bubble_timeline import bubble_timeline
 from testbed.plan.workers import WorkerSpec
@@ -94,12 +95,12 @@ def prefill_in_bubbles(
         for k in keys
     }
     rank = {k: i for i, k in enumerate(keys)}
-    requests = synthetic_requests(
-        bt.request_rate,
-        iterations * iteration_s,
-        exp.seed,
-        max_prompt_tokens=min(longest_prompt(bt), cfg.seq_len - 1),
-    )
+    clip = min(longest_prompt(bt), cfg.seq_len - 1)  # as the dispatcher clips, within the context
+    requests = [
+        replace(r, prompt_tokens=min(r.prompt_tokens, clip))
+        for r in request_stream(exp, iterations * iteration_s)
+        if r.arrival_s < iterations * iteration_s
+    ]
     queue: dict[tuple[int, int], list[list]] = {k: [] for k in keys}  # [arrival s, tokens, done tokens]
     slots = sorted(
         (i * iteration_s + a, i * iteration_s + b, k) for i in range(iterations) for k in keys for a, b in windows[k]

@@ -18,6 +18,10 @@ MIN_CHUNK_TOKENS = 16
 #: synthetic stream draws (``bubbletea.requests.AZURE_CONV_2023``'s last prompt quantile; a unit test
 #: keeps the two equal): the served model's default context holds it, so no prompt is clipped
 LONGEST_PROMPT_TOKENS = 14050
+#: a long prompt of that trace, its 90th percentile (``AZURE_CONV_2023``'s 0.90 prompt quantile,
+#: rounded up; kept equal by the same test): the memory estimate's queued prompts
+#: (``plan/memory.inference_bytes``) are this long, one of them at the full context
+QUEUED_PROMPT_TOKENS = 2735
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,9 @@ def bubbletea_from_dict(d: dict[str, Any]) -> BubbleTeaSpec:
 
 
 def longest_prompt(bt: BubbleTeaSpec) -> int:
-    """The longest prompt a worker may be given (tokens): ``max_prompt_tokens``, or, unclipped,
-    ``LONGEST_PROMPT_TOKENS``."""
+    """The longest prompt the served default's context is sized for (tokens): ``max_prompt_tokens``
+    (prompts are clipped to it), or, unclipped, ``LONGEST_PROMPT_TOKENS`` (a trace's own are
+    checked against the context when the run starts)."""
     return LONGEST_PROMPT_TOKENS if bt.max_prompt_tokens is None else bt.max_prompt_tokens
 
 
@@ -136,12 +141,24 @@ def check_bubbletea(source: str, bt: BubbleTeaSpec, iterations: int | None) -> N
             "run more iterations (requests start once every worker has seen this many), or lower it",
         )
     if bt.model is not None and longest_prompt(bt) + bt.max_output_tokens > bt.model.seq_len:
-        clipped = bt.max_prompt_tokens is not None
+        need, room = longest_prompt(bt) + bt.max_output_tokens, bt.model.seq_len - bt.max_output_tokens
+        fixes = [f"raise bubbletea.model.seq_len to {need} or more"]
+        if room >= 1:
+            fixes.append(f"clip prompts with max_prompt_tokens <= {room}")
+        else:
+            fixes.append(f"lower max_output_tokens below {bt.model.seq_len} and clip prompts with max_prompt_tokens")
+        if bt.max_prompt_tokens is None:
+            raise bad(
+                "bubbletea.model.seq_len",
+                bt.model.seq_len,
+                f"cannot hold an unclipped prompt (up to {LONGEST_PROMPT_TOKENS} tokens, max_prompt_tokens unset) "
+                f"plus max_output_tokens ({bt.max_output_tokens})",
+                "; or ".join(fixes),
+            )
         raise bad(
             "bubbletea.max_prompt_tokens",
             bt.max_prompt_tokens,
-            f"{'' if clipped else f'leaves prompts unclipped (up to {LONGEST_PROMPT_TOKENS} tokens), which '}"
             f"plus max_output_tokens ({bt.max_output_tokens}) exceeds the inference model's context "
             f"(bubbletea.model.seq_len {bt.model.seq_len})",
-            "raise bubbletea.model.seq_len, or lower max_output_tokens, or clip prompts with a lower max_prompt_tokens",
+            "; or ".join(fixes),
         )

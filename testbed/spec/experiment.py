@@ -167,12 +167,12 @@ class Experiment:
         ``topology`` (a shipped name or a path from the working folder, as on the command line) is
         loaded; a policy may be given by name."""
         changed = {k: v for k, v in kw.items() if v is not None}
-        if (
-            "model" in changed
-            and "bubbletea" not in changed
-            and self.bubbletea.model == served_model(replace(self.bubbletea, model=None), self.model)
-        ):  # the served model was the training model's shape: it follows the new one
-            changed["bubbletea"] = replace(self.bubbletea, model=None)
+        served = served_model(replace(self.bubbletea, model=None), self.model)
+        if self.bubbletea.model == served:  # the served default: the training model's shape
+            section = changed.get("bubbletea", self.bubbletea)
+            if section.model == served and ("model" in changed or "bubbletea" in changed):
+                # the training model or the section changed, not the served model: re-derive it
+                changed["bubbletea"] = replace(section, model=None)
         if "topology" in changed and "topology_spec" not in changed:
             changed["topology_spec"] = load_topology(changed["topology"])
         if isinstance(changed.get("policy"), str):

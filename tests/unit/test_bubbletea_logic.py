@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -16,9 +17,9 @@ from testbed.bubbletea.decisions import (
     prefill_seconds,
     seconds_per_flop,
 )
-from testbed.bubbletea.requests import AZURE_CONV_2023
+from testbed.bubbletea.requests import AZURE_CONV_2023, QUANTILE_PROBS
 from testbed.errors import SpecError
-from testbed.spec.bubbletea import LONGEST_PROMPT_TOKENS, BubbleTeaSpec
+from testbed.spec.bubbletea import LONGEST_PROMPT_TOKENS, QUEUED_PROMPT_TOKENS, BubbleTeaSpec
 from testbed.spec.experiment_file import load_experiment, parse_experiment
 from testbed.spec.model import ModelConfig
 from testbed.spec.policy import parse_policy
@@ -94,10 +95,22 @@ def test_bubbletea_policies_and_section_are_validated():
     assert exp.bubbletea.max_prompt_tokens is None
     assert exp.bubbletea.model == ModelConfig(t.n_layers, t.d_model, t.n_heads, LONGEST_PROMPT_TOKENS + 256)
     assert AZURE_CONV_2023.prompt_tokens_q[-1] == LONGEST_PROMPT_TOKENS  # the stream's longest fits
+    p90 = AZURE_CONV_2023.prompt_tokens_q[QUANTILE_PROBS.index(0.90)]
+    assert QUEUED_PROMPT_TOKENS == math.ceil(p90)  # the memory estimate's queued prompts
     written = parse_experiment({**base, "bubbletea": {"max_prompt_tokens": None}}, "x.yaml")
     assert written.bubbletea == replace(exp.bubbletea, request_rate=BubbleTeaSpec().request_rate, decode=True)
-    with pytest.raises(SpecError, match="unclipped"):  # a model given whose context the longest prompt passes
+    # a model given whose context the longest prompt passes: refused with the figures of both fixes
+    with pytest.raises(
+        SpecError, match=r"seq_len: 4096 cannot hold an unclipped.*14306 or more.*max_prompt_tokens <= 3840"
+    ):
         parse_experiment({**base, "bubbletea": {"model": {"seq_len": 4096}}}, "x.yaml")
+    with pytest.raises(SpecError, match=r"lower max_output_tokens below 100"):  # no clip can help
+        parse_experiment({**base, "bubbletea": {"model": {"seq_len": 100}}}, "x.yaml")
+    # a BubbleTea section replaced through the API: the served default's context follows it
+    shorter = exp.with_overrides(bubbletea=replace(exp.bubbletea, max_prompt_tokens=512, max_output_tokens=64))
+    assert shorter.bubbletea.model.seq_len == 576
+    given = exp.with_overrides(bubbletea=replace(exp.bubbletea, model=replace(exp.bubbletea.model, seq_len=20000)))
+    assert given.bubbletea.model.seq_len == 20000  # a model the caller set is kept
     with pytest.raises(SpecError, match="policy"):
         parse_experiment({**base, "policy": "atlas+tea"}, "x.yaml")
     with pytest.raises(SpecError, match="exceeds the inference model's context"):  # a model given
@@ -254,10 +267,10 @@ def test_work_choice_resumes_a_stopped_pass_first_then_batches_any_requests_that
 
 def test_a_trace_prompt_longer_than_the_unclipped_context_is_refused_with_the_fix():
     from testbed.bubbletea.request_table import Request
-    from testbed.run.bubbletea_setup import check_prompts_fit
+    from testbed.bubbletea.stream import check_prompts_fit
 
     bt = load_experiment().bubbletea  # prompts unclipped: the context holds the trace's longest
     check_prompts_fit(bt, [Request(0, 0.0, LONGEST_PROMPT_TOKENS, 10)])
-    with pytest.raises(SpecError, match=r"ContextTokens.*request 7.*bubbletea.model.seq_len >= 20256"):
+    with pytest.raises(SpecError, match=r"ContextTokens.*8th request.*seq_len >= 20256.*max_prompt_tokens <= 14050"):
         check_prompts_fit(bt, [Request(0, 0.0, 5, 10), Request(7, 1.0, 20000, 10)])
     check_prompts_fit(replace(bt, max_prompt_tokens=1000), [Request(7, 1.0, 20000, 10)])  # clipped: fits

@@ -469,7 +469,7 @@ def test_a_pass_batches_several_requests_and_a_stopped_pass_resumes_first(tmp_pa
     from testbed.spec.bubbletea import BubbleTeaSpec
     from testbed.trace.events import EventWriter
 
-    spec = replace(BubbleTeaSpec(), model=CFG, max_chunk_tokens=48)
+    spec = replace(BubbleTeaSpec(), model=CFG, max_chunk_tokens=48, guard_ms=0.0)
     server = PrefillServer(
         spec, 1e-12, SEED, 0, EventWriter(tmp_path / "ev.jsonl"), str(tmp_path / "in.sock"),
         str(tmp_path / "d.sock"), None, False,
@@ -480,18 +480,23 @@ def test_a_pass_batches_several_requests_and_a_stopped_pass_resumes_first(tmp_pa
         server.jobs.extend(jobs)
         work = server._next_pass(1.0, 0.0)
         assert work.jobs == jobs[:2] and work.tokens == [20, 20]  # 40 of the pass's 48 tokens
-        blocks = iter([True])  # training's data has arrived when the first block ends
-        server._run_pass(work, lambda: next(blocks, True))
+        server._run_pass(work, lambda: True)  # training's data has arrived when the first block ends
         assert work.batch.layers_done == 1 and server.stopped == [work]
+        # a bubble too short for the stopped pass's rest: a new pass, without the stopped one's jobs
+        other = server._next_pass(work.target_s * 0.6, 0.0)  # the rest is 2/3 of it; a lone chunk 1/2
+        assert other is not None and other.jobs == [jobs[2]] and server.stopped == [work]
         assert server._next_pass(1.0, 0.0) is work  # resumed before a new pass
         server._run_pass(work, lambda: False)
         for job, t in zip(jobs[:2], tokens[:2]):
             want, logits = prefill_chunk(server.model, t, None)
             assert job.pos == 20 and torch.allclose(job.logits, logits, atol=ATOL)
-            assert all(torch.allclose(a, b, atol=ATOL) for a, b in zip(job.cache.keys, want.keys))
+            assert all(
+                torch.allclose(a, b, atol=ATOL)
+                for a, b in zip(job.cache.keys + job.cache.values, want.keys + want.values)
+            )
         server.jobs.remove(jobs[0])
         server.jobs.remove(jobs[1])
-        assert server._next_pass(1.0, 0.0).jobs == [jobs[2]]
+        assert server._next_pass(1.0, 0.0).jobs == [jobs[2]]  # (the pass made above was never run)
     finally:
         server.close()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from testbed.results.request_sweep import FIGURES, plot_request_sweep, sweep_row, sweep_summary
+from testbed.results.request_sweep import plot_request_sweep, sweep_row, sweep_summary
 
 
 def _summary(it_s: float, util: float, ttft: float) -> dict:
@@ -21,14 +21,19 @@ def test_rows_and_their_medians_ranges_and_noise_floor(tmp_path):
         (4.0, 0, 1.00, 1.03, 0.84, 7.0),
     ]
     rows = pd.DataFrame([sweep_row(r, i, _summary(p, 0.5, 0), _summary(b, u, t)) for r, i, p, b, u, t in pairs])
-    assert set(FIGURES) <= set(rows.columns)
-    assert rows.loc[0, "training_slowdown"] == pytest.approx(0.02)
+    assert rows.loc[0, "gpu_utilization"] == 0.70 and rows.loc[3, "ttft_p50_s"] == 7.0
+    assert rows.loc[0, "training_slowdown"] == pytest.approx(1.02)  # a ratio, as compare's
     assert rows.loc[0, "requests_completed"] is None  # a figure the run did not report stays empty
     s = sweep_summary(rows).set_index("rate_per_s")
     assert s.loc[1.0, "gpu_utilization"] == pytest.approx(0.72)
     assert (s.loc[1.0, "gpu_utilization_min"], s.loc[1.0, "gpu_utilization_max"]) == pytest.approx((0.70, 0.74))
-    assert s.loc[1.0, "training_slowdown"] == pytest.approx(0.02)  # median of +2.0%, +0.96%, +3.9%
-    assert s.loc[1.0, "noise_floor"] == pytest.approx(0.04)  # plain 1.00..1.04
-    assert s.loc[1.0, "repeats"] == 3 and s.loc[4.0, "repeats"] == 1 and s.loc[4.0, "noise_floor"] == 0
+    # compare's definitions: the medians' ratio, and the larger of the two policies' spreads
+    assert s.loc[1.0, "training_slowdown"] == pytest.approx(1.05 / 1.02)
+    assert (s.loc[1.0, "training_slowdown_min"], s.loc[1.0, "training_slowdown_max"]) == pytest.approx(
+        (1.05 / 1.04, 1.06 / 1.02)
+    )
+    assert s.loc[1.0, "noise_floor"] == pytest.approx(max(0.04 / 1.02, 0.04 / 1.05))
+    assert s.loc[1.0, "repeats"] == 3 and s.loc[4.0, "repeats"] == 1
+    assert s.loc[4.0, "noise_floor"] is None or s.loc[4.0, "noise_floor"] != s.loc[4.0, "noise_floor"]  # one pair: none
     out = plot_request_sweep(s.reset_index(), tmp_path / "sweep.png", "t")
     assert out.stat().st_size > 10_000

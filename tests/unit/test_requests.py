@@ -170,7 +170,7 @@ GOOD = "2023-11-16 18:15:46.6805900,374,44\n"
         (HEADER + GOOD + "yesterday,374,44\n", "line 3, column TIMESTAMP", "'yesterday'"),
         (HEADER + GOOD + GOOD + "2023-02-30 18:15:46.6805900,374,44\n", "line 4, column TIMESTAMP", "2023-02-30"),
         (HEADER + "2023-11-16 18:15:46.6805900+01:00,374,44\n", "line 2, column TIMESTAMP", "+01:00"),
-        (HEADER + GOOD + "\n" + GOOD, "line 3, column TIMESTAMP", "''"),
+        (HEADER + GOOD + "\n" + "yesterday,374,44\n", "line 4, column TIMESTAMP", "'yesterday'"),  # after a blank line
         (HEADER + GOOD + "2023-11-16 18:15:47.0,12.5,44\n", "line 3, column ContextTokens", "'12.5'"),
         (HEADER + GOOD + "2023-11-16 18:15:47.0,many,44\n", "line 3, column ContextTokens", "'many'"),
         (HEADER + GOOD + "2023-11-16 18:15:47.0,374,-3\n", "line 3, column GeneratedTokens", "'-3'"),
@@ -188,6 +188,12 @@ def test_bad_files_name_line_column_and_value(tmp_path, text, where, value):
     assert msg.startswith(f"{p}: {where}")
     assert value in msg
     assert "; " in msg and len(msg.split("; ")[-1]) > 10  # a fix follows
+
+
+def test_blank_lines_and_quoted_column_names_are_read(tmp_path):
+    text = '"TIMESTAMP","ContextTokens","GeneratedTokens"\r\n' + GOOD + "\n" + GOOD + "\n\n"
+    reqs = load_azure_trace(write(tmp_path, text))
+    assert [(r.prompt_tokens, r.output_tokens) for r in reqs] == [(374, 44), (374, 44)]
 
 
 def test_missing_file(tmp_path):
