@@ -206,7 +206,8 @@ def test_topo_check_passes_with_netem(name, link_rate_bps, path_floor_ms, tmp_pa
             # rate (2 of 4 runs on the development VM, a single direction each time, the rest exact;
             # once at 86% while other work shared the machine's two cores) is measured again, both
             # printed, and passes if one of its two measurements does; a direction that is wrong is
-            # wrong both times. The real-kernel fidelity tests take one measurement
+            # wrong both times. The remote backend's fidelity test does the same; the netns and
+            # mininet fidelity tests take one measurement
             print("measured again after:", json.dumps(bad, indent=1))
             again = check_fidelity(net, **MEASURE)
             print(json.dumps(again["links"], indent=1))
