@@ -23,7 +23,6 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -39,8 +38,8 @@ from testbed.bubbletea.decisions import (
     prefill_seconds,
 )
 from testbed.bubbletea.inference import InferenceModel, prompt_tokens_for, prompt_tokens_from
-from testbed.bubbletea.kv_cache import KVCache
 from testbed.bubbletea.kv_sender import KVSender
+from testbed.bubbletea.passes import Job, Pass
 from testbed.plan.memory import kv_cache_bytes
 from testbed.plan.worker_config import BubbleTeaConfig
 from testbed.spec.bubbletea import BubbleTeaSpec
@@ -49,36 +48,6 @@ from testbed.trace.clock import now_ns
 from testbed.trace.events import EventWriter
 
 POLL_S = 0.00025  # how often a padding chunk looks whether the training input has arrived
-
-
-@dataclass
-class Job:
-    """One request being prefilled on this worker."""
-
-    rid: int
-    arrival_ns: int
-    tokens: torch.Tensor
-    output_tokens: int
-    pos: int = 0
-    #: the bytes of its whole prompt's KV cache, held against the memory budget once admitted
-    kv_bytes: int = 0
-    cache: KVCache | None = None
-    logits: torch.Tensor | None = None
-    first_start_ns: int | None = None
-
-
-@dataclass
-class Pass:
-    """One forward pass over chunks of ``jobs`` (``tokens`` each), ``target_s`` padded seconds in
-    all, run a block at a time by ``batch``; kept while stopped at a layer boundary (training's
-    data arrived) until a later bubble resumes it."""
-
-    batch: ChunkBatch
-    jobs: list[Job]
-    tokens: list[int]
-    target_s: float
-    #: the order passes were made in: ``stopped`` keeps the oldest first
-    seq: int = 0
 
 
 class PrefillServer:

@@ -431,7 +431,8 @@ def test_a_request_waits_while_its_kv_cache_would_exceed_the_budget(tmp_path):
     from dataclasses import replace
 
     from testbed.bubbletea.decisions import KVBudget
-    from testbed.bubbletea.prefill import Job, PrefillServer
+    from testbed.bubbletea.passes import Job
+    from testbed.bubbletea.prefill import PrefillServer
     from testbed.plan.memory import kv_cache_bytes
     from testbed.spec.bubbletea import BubbleTeaSpec
     from testbed.trace.events import EventWriter
@@ -465,7 +466,8 @@ def test_a_pass_batches_several_requests_and_a_stopped_pass_resumes_first(tmp_pa
     one, and its requests then end with the caches a straight prefill gives."""
     from dataclasses import replace
 
-    from testbed.bubbletea.prefill import Job, PrefillServer
+    from testbed.bubbletea.passes import Job
+    from testbed.bubbletea.prefill import PrefillServer
     from testbed.spec.bubbletea import BubbleTeaSpec
     from testbed.trace.events import EventWriter
 
