@@ -53,14 +53,17 @@ class KVSender:
             if self.addr is None or cache is None:
                 self.budget.release(held)
                 continue
-            payload = cache.to_bytes()
-            header = {**header, "kv_bytes": len(payload), "sent_ns": now_ns()}
+            payload = cache.buffers()  # no copy: the training thread is not kept from the lock
+            size = sum(b.nbytes for b in payload)
+            header = {**header, "kv_bytes": size, "sent_ns": now_ns()}
             data = json.dumps(header).encode()
             for attempt in range(SEND_ATTEMPTS):  # reconnect if the decode host dropped the connection
                 try:
                     if sock is None:
                         sock = socket.create_connection((self.addr, DECODE_PORT), timeout=30)
-                    sock.sendall(FRAME.pack(len(data), len(payload)) + data + payload)
+                    sock.sendall(FRAME.pack(len(data), size) + data)
+                    for buf in payload:
+                        sock.sendall(buf)
                     break
                 except OSError as e:
                     if sock is not None:

@@ -3,6 +3,7 @@ and one forward pass over chunks of one or more of them (``Pass``)."""
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import torch
@@ -39,3 +40,9 @@ class Pass:
     target_s: float
     #: the order passes were made in: ``stopped`` keeps the oldest first
     seq: int = 0
+
+
+def keep_stopped(stopped: list[Pass], work: Pass) -> None:
+    """Put ``work``, stopped at a layer boundary, among ``stopped`` for a later bubble: oldest
+    first (by ``seq``), the order ``decisions.choose_work`` resumes them in."""
+    bisect.insort(stopped, work, key=lambda p: p.seq)

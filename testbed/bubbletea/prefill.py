@@ -7,16 +7,12 @@ for, it runs forward passes over chunks of one or more queued prompts (``chunk_b
 real passes of its inference model with each request's KV cache, padded to the emulated GPU's
 time) for as long as each pass is predicted to end ``guard`` before the bubble does, and polls
 the receive while it pads; a pass stops at a layer boundary when training's data arrives and
-resumes in a later bubble. A finished prompt's KV cache goes, from a
-background thread, over the emulated network (TCP) to the decode host of the worker's DC.
-
-Wire format to the decode host: 8 bytes (header length, payload length; big-endian uint32 each),
-a JSON header, then ``KVCache.to_bytes()``.
+resumes in a later bubble. A finished prompt's KV cache goes, from a background thread, over
+the emulated network (TCP) to the decode host of the worker's DC (``kv_sender.py``).
 """
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import json
 import socket
@@ -39,7 +35,7 @@ from testbed.bubbletea.decisions import (
 )
 from testbed.bubbletea.inference import InferenceModel, prompt_tokens_for, prompt_tokens_from
 from testbed.bubbletea.kv_sender import KVSender
-from testbed.bubbletea.passes import Job, Pass
+from testbed.bubbletea.passes import Job, Pass, keep_stopped
 from testbed.plan.memory import kv_cache_bytes
 from testbed.plan.worker_config import BubbleTeaConfig
 from testbed.spec.bubbletea import BubbleTeaSpec
@@ -141,6 +137,10 @@ class PrefillServer:
             work = self._next_pass(predicted, (now_ns() - prev_end_ns) / 1e9)
             if work is None:
                 break
+            if arrived():  # the data came while the pass was chosen: training goes first
+                if work.batch.layers_done:  # a stopped pass, taken out of ``stopped``: back in it
+                    keep_stopped(self.stopped, work)
+                break
             ready_ns = self._run_pass(work, arrived)
             for job in work.jobs:
                 if job.pos == job.tokens.numel():
@@ -238,7 +238,7 @@ class PrefillServer:
             **{T.CHUNKS: ";".join(f"{j.rid}:{j.pos}:{n}" for j, n in zip(work.jobs, work.tokens))},
         )
         if not done:
-            bisect.insort(self.stopped, work, key=lambda p: p.seq)  # oldest first, as choose_work expects
+            keep_stopped(self.stopped, work)
             return ready_ns
         for job, n, (cache, logits) in zip(work.jobs, work.tokens, part.result()):
             job.cache, job.logits = cache, logits

@@ -503,6 +503,38 @@ def test_a_pass_batches_several_requests_and_a_stopped_pass_resumes_first(tmp_pa
         server.close()
 
 
+def test_data_arriving_while_a_pass_is_chosen_runs_no_block_and_keeps_the_stopped_pass(tmp_path):
+    """``fill`` looks again after choosing a pass: training's data that arrived meanwhile goes
+    first (no block runs, no slice is written), and a stopped pass it had taken stays stopped."""
+    from dataclasses import replace
+
+    from testbed.bubbletea.passes import Job
+    from testbed.bubbletea.prefill import PrefillServer
+    from testbed.spec.bubbletea import BubbleTeaSpec
+    from testbed.trace.clock import now_ns
+    from testbed.trace.events import EventWriter
+
+    spec = replace(BubbleTeaSpec(), model=CFG, max_chunk_tokens=48, guard_ms=0.0)
+    server = PrefillServer(
+        spec, 1e-12, SEED, 0, EventWriter(tmp_path / "ev.jsonl"), str(tmp_path / "in.sock"),
+        str(tmp_path / "d.sock"), None, False, {"recv": 1.0},
+    )  # fmt: skip
+    try:
+        server.jobs.append(Job(1, 0, prompt_tokens_for(1, 20, 0), 4))
+        work = server._next_pass(1.0, 0.0)
+        server._run_pass(work, lambda: True)  # stopped after its first block
+        assert server.stopped == [work] and work.batch.layers_done == 1
+        checks = iter([False, True])  # not yet when fill starts; arrived once the pass is chosen
+        assert server.fill("recv", now_ns(), lambda: next(checks)) is None
+        assert next(checks, "both looked at") == "both looked at"
+        assert server.stopped == [work] and work.batch.layers_done == 1
+        server.ev.close()
+        slices = (tmp_path / "ev.jsonl").read_text().splitlines()
+        assert len(slices) == 1  # the first block's slice only
+    finally:
+        server.close()
+
+
 def test_prompts_are_real_text_of_the_corpus_the_same_on_every_host():
     from testbed.bubbletea.inference import prompt_tokens_from
 
