@@ -40,15 +40,20 @@ def chunk_that_fits(
     cfg: ModelConfig, start: int, remaining: int, max_chunk: int, room_s: float, s_per_flop: float
 ) -> int:
     """The largest chunk (tokens) of a prompt, from position ``start`` with ``remaining`` tokens
-    left, at most ``max_chunk``, whose prefill takes at most ``room_s`` seconds: the whole rest or
-    ``max_chunk``, else halves of it down to MIN_CHUNK_TOKENS (or the rest, if shorter); 0 when none
-    fits."""
-    n = min(remaining, max_chunk)
-    while n >= min(MIN_CHUNK_TOKENS, remaining) and n > 0:
-        if prefill_seconds(cfg, start, n, s_per_flop) <= room_s:
-            return n
-        n //= 2
-    return 0
+    left, at most ``max_chunk``, whose prefill takes at most ``room_s`` seconds, to the token (a
+    bisection: prefill time grows with the chunk); 0 when not even MIN_CHUNK_TOKENS (or the rest,
+    if shorter) fits. Chunks of any size fill a bubble up to its end: halving from ``max_chunk``,
+    as this did before, left up to half of a bubble's last room empty."""
+    lo, hi = min(MIN_CHUNK_TOKENS, remaining), min(remaining, max_chunk)
+    if hi <= 0 or lo > hi or prefill_seconds(cfg, start, lo, s_per_flop) > room_s:
+        return 0
+    while lo < hi:  # lo fits; the answer is in [lo, hi]
+        mid = (lo + hi + 1) // 2
+        if prefill_seconds(cfg, start, mid, s_per_flop) <= room_s:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 @dataclass

@@ -36,15 +36,22 @@ def test_emulated_gpu_speed_comes_from_the_training_targets():
     assert exp.model.block_forward_flops(t) * 2 * seconds_per_flop(exp) == pytest.approx(0.040)
 
 
-def test_the_largest_chunk_that_fits_halves_down_to_the_minimum():
+@pytest.mark.parametrize("start", [0, 37, 1900])
+def test_the_chunk_that_fits_is_the_largest_to_the_token(start):
     spf = 1e-9  # 1 ns per FLOP
     whole = prefill_seconds(CFG, 0, 128, spf)
     assert chunk_that_fits(CFG, 0, 1000, 128, whole, spf) == 128
-    assert chunk_that_fits(CFG, 0, 1000, 128, whole * 0.9, spf) == 64
     assert chunk_that_fits(CFG, 0, 40, 128, whole, spf) == 40  # the rest of a short prompt
-    tiny = prefill_seconds(CFG, 0, MIN_CHUNK_TOKENS, spf)
-    assert chunk_that_fits(CFG, 0, 1000, 128, tiny * 0.99, spf) == 0  # not even the smallest chunk
-    assert chunk_that_fits(CFG, 0, 5, 128, tiny, spf) == 5  # a leftover shorter than the minimum
+    for room in (whole * 0.9, whole * 0.5, whole * 0.23, prefill_seconds(CFG, start, 77, spf)):
+        n = chunk_that_fits(CFG, start, 1000, 128, room, spf)
+        # by hand: every chunk size from the minimum up, the last that fits
+        want = max((m for m in range(MIN_CHUNK_TOKENS, 129) if prefill_seconds(CFG, start, m, spf) <= room), default=0)
+        assert n == want and (n == 0 or prefill_seconds(CFG, start, n + 1, spf) > room)
+    assert chunk_that_fits(CFG, start, 1000, 128, prefill_seconds(CFG, start, 77, spf), spf) == 77
+    tiny = prefill_seconds(CFG, start, MIN_CHUNK_TOKENS, spf)
+    assert chunk_that_fits(CFG, start, 1000, 128, tiny * 0.99, spf) == 0  # not even the smallest chunk
+    assert chunk_that_fits(CFG, start, 5, 128, tiny, spf) == 5  # a leftover shorter than the minimum
+    assert chunk_that_fits(CFG, start, 0, 128, whole, spf) == 0  # nothing left
     # attention makes later chunks dearer: what fits at position 0 may not at 1900
     assert chunk_that_fits(CFG, 1900, 128, 128, whole, spf) < 128
 
