@@ -127,6 +127,8 @@ EXTRA_ROWS = [
     (M.TTFT_P50_S, "TTFT p50 (s)"),
     (M.TTFT_P99_S, "TTFT p99 (s)"),
     (M.TTFT_WITHIN_SLO_SHARE, "share of requests within the TTFT SLO"),
+    (M.TTFT_ALONE_P50_S, "TTFT p50 serving prefill alone (s)"),
+    (M.TTFT_SLO_REACHABLE_SHARE, "share within the SLO serving prefill alone"),
     (M.TTFT_SLO_S, "TTFT SLO (s)"),
     (M.PREFILL_OVERRUN_FRACTION, "prefill overrun fraction"),
     (M.DECODE_OVERRUN_FRACTION, "decode overrun fraction"),

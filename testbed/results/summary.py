@@ -4,18 +4,21 @@ BubbleTea's. Names of the figures: ``trace/metrics.py``; definitions: ``analysis
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from testbed.bubbletea import windows as B
+from testbed.bubbletea.decisions import prefill_seconds
 from testbed.bubbletea.profile import live_prediction_errors, prediction_error_stats
 from testbed.results import analysis as A
 from testbed.results import link_counters as L
 from testbed.spec.bubbletea import BubbleTeaSpec
 from testbed.spec.compute import compute_from_dict
 from testbed.spec.experiment import tokens_per_iteration
+from testbed.spec.model import ModelConfig
 from testbed.spec.policy import DEFAULT_POLICY, UnknownPolicy, parse_policy
 from testbed.trace import metrics as M
 from testbed.trace import schema as T
@@ -116,7 +119,8 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     (defined in ``trace/metrics.py``), ``requests_assigned``, ``requests_completed`` (first token at a decode
     host), ``requests_decoded``, ``ttft_p50_s``/``ttft_p99_s`` (arrival to first token at the decode
     host, KV transfer included), ``ttft_within_slo_share`` (of the requests assigned, those whose
-    first token came within ``ttft_slo_s``), ``prefill_overrun_fraction`` and
+    first token came within ``ttft_slo_s``), ``ttft_alone_p50_s`` and ``ttft_slo_reachable_share``
+    (the same requests on GPUs serving prefill alone, ``prefill_alone_s``), ``prefill_overrun_fraction`` and
     ``decode_overrun_fraction`` (prefill slices and decode steps whose real time exceeded their
     padded target), ``decode_mean_batch`` (continuous batching, ``trace/metrics.py``),
     ``peak_gpu_memory_mb`` (the most a training host's emulated GPU held while
@@ -151,6 +155,7 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     assigned = [r for r in read_jsonl(run_dir / "requests" / "dispatch.jsonl") if r.get("event") == "assign"]
     ttft = pd.Series([(r["first_token_ns"] - r["arrival_ns"]) / 1e9 for r in first], dtype=float)
     slo_s = config["bubbletea"].get("ttft_slo_s", BubbleTeaSpec().ttft_slo_s)
+    alone = prefill_alone_s(run_dir, config, assigned)
     delays = train[train[T.KIND].isin((T.FORWARD, T.BACKWARD))]
     delays = delays[T.PREFILL_DELAY_NS] if T.PREFILL_DELAY_NS in delays else pd.Series(dtype=float)
     windows = B.bubble_windows(train)
@@ -172,6 +177,8 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
         M.TTFT_P99_S: float(ttft.quantile(0.99)) if len(ttft) else None,
         M.TTFT_WITHIN_SLO_SHARE: float((ttft <= slo_s).sum() / len(assigned)) if assigned else None,
         M.TTFT_SLO_S: slo_s,
+        M.TTFT_ALONE_P50_S: float(alone.quantile(0.5)) if len(alone) else None,
+        M.TTFT_SLO_REACHABLE_SHARE: float((alone <= slo_s).mean()) if len(alone) else None,
         M.PREFILL_OVERRUN_FRACTION: float((pre[T.REAL_NS] > pre[T.TARGET_NS]).mean())
         if len(pre) and T.TARGET_NS in pre
         else None,
@@ -191,6 +198,19 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
         M.BUBBLE_PREDICTION_ERROR_P99_MS: errors.get("abs_error_p99_ms"),
         M.BUBBLE_OVER_PREDICTED_SHARE: errors.get("over_predicted_share"),
     }
+
+
+def prefill_alone_s(run_dir: Path, config: dict, assigned: list[dict]) -> pd.Series:
+    """Each of the ``assigned`` requests' TTFT on an emulated GPU serving prefill alone (s,
+    ``M.TTFT_ALONE_P50_S``): its prompt in one pass of the served model at the run's emulated time
+    per FLOP (``worker_config.json``), as the dispatcher counts a worker's backlog. Empty for a run
+    folder without them (one written before the served model was recorded)."""
+    path, model = run_dir / "worker_config.json", config["bubbletea"].get("model")
+    spf = (json.loads(path.read_text()).get("bubbletea") or {}).get("s_per_flop") if path.exists() else None
+    if not model or spf is None:
+        return pd.Series(dtype=float)
+    cfg = ModelConfig(**model)
+    return pd.Series([prefill_seconds(cfg, 0, a["prompt"], spf) for a in assigned], dtype=float)
 
 
 def grant_stats(run_dir: Path) -> dict:

@@ -68,6 +68,12 @@ PREFILL_ALONE_SHARE, PREFILL_ALONE_TOKENS_PER_S = "prefill_alone_share", "prefil
 #: the share of the requests assigned to workers whose first token came within ``ttft_slo_s``
 #: (a request not finished by the run's end counts as outside it)
 TTFT_WITHIN_SLO_SHARE, TTFT_SLO_S = "ttft_within_slo_share", "ttft_slo_s"
+#: the TTFT of the same requests on emulated GPUs serving prefill alone, from an empty queue: each
+#: assigned request's prompt prefilled in one pass of the served model at the run's emulated time
+#: per FLOP, without the KV transfer (the least any schedule on these GPUs gives it); its median,
+#: and the share of the requests for which even that is within ``ttft_slo_s`` (the ceiling of
+#: ``ttft_within_slo_share``)
+TTFT_ALONE_P50_S, TTFT_SLO_REACHABLE_SHARE = "ttft_alone_p50_s", "ttft_slo_reachable_share"
 #: BubbleTea's padded work whose real time exceeded its target: prefill slices (of all in the run)
 #: and decode steps (of all the decode hosts ran)
 PREFILL_OVERRUN_FRACTION, DECODE_OVERRUN_FRACTION = "prefill_overrun_fraction", "decode_overrun_fraction"

@@ -87,6 +87,9 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
     error_ms = (measured[T.BUBBLE_NS] - measured[T.PREDICTED_BUBBLE_NS]).abs() / 1e6
     assert bt["bubble_prediction_error_p50_ms"] == pytest.approx(error_ms.quantile(0.5))
     assert 0 <= bt["ttft_within_slo_share"] <= 1 and bt["ttft_slo_s"] == exp.bubbletea.ttft_slo_s
+    # a request's first token comes no sooner than its prefill alone would give it
+    assert bt["ttft_alone_p50_s"] > 0
+    assert bt["ttft_within_slo_share"] <= bt["ttft_slo_reachable_share"] <= 1
     # every padded kind's overruns are counted: prefill slices against their targets, decode steps
     assert bt["prefill_overrun_fraction"] == pytest.approx((pre[T.REAL_NS] > pre[T.TARGET_NS]).mean())
     assert 0 <= bt["decode_overrun_fraction"] <= 1
