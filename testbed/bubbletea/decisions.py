@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from testbed.bubbletea.windows import fits
+from testbed.plan.memory import kv_cache_bytes
 from testbed.spec.bubbletea import MIN_CHUNK_TOKENS
+from testbed.spec.devices import EMULATED_FLOPS_PER_BYTE
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import ModelConfig, decode_flops, prefill_flops
 
@@ -31,9 +34,22 @@ def prefill_seconds(cfg: ModelConfig, start: int, chunk: int, s_per_flop: float)
     return prefill_flops(cfg, start, chunk) * s_per_flop
 
 
-def decode_seconds(cfg: ModelConfig, position: int, s_per_flop: float) -> float:
-    """Emulated seconds of one decode step at ``position``."""
-    return decode_flops(cfg, position) * s_per_flop
+def decode_step_seconds(cfg: ModelConfig, lengths: Sequence[int], s_per_flop: float) -> float:
+    """Emulated seconds of one decode step over a batch of requests with ``lengths`` positions
+    cached (each feeds the token at that position), by the roofline (Williams, Waterman and
+    Patterson 2009, "Roofline: an insightful visual performance model"): the larger of its FLOPs
+    (``decode_flops``, summed) and the bytes it moves, ``EMULATED_FLOPS_PER_BYTE`` FLOPs' time a
+    byte. The bytes: every weight of the blocks and the head read once for the whole batch, and
+    each request's KV cache (``plan.memory.kv_cache_bytes``, its new position included), the
+    memory-bound decode of Pope et al. 2023 ("Efficiently Scaling Transformer Inference", section
+    2). So a batch costs little more than one request while the weights dominate, which is what
+    continuous batching gains. Raises ValueError for an empty batch."""
+    if not lengths:
+        raise ValueError("a decode step needs at least one request")
+    flops = sum(decode_flops(cfg, n) for n in lengths)
+    weights = cfg.value_bytes * (cfg.n_layers * cfg.block_params + cfg.head_params)
+    moved = weights + sum(kv_cache_bytes(cfg, n + 1) for n in lengths)
+    return max(flops, moved * EMULATED_FLOPS_PER_BYTE) * s_per_flop
 
 
 def chunk_that_fits(

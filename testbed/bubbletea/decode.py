@@ -1,7 +1,7 @@
 """A decode host (BubbleTea): receives prefilled KV caches from the training workers of its DC
 over the emulated network and records time to first token; by default it also runs the decode
 steps (greedy), several requests at a time (continuous batching), each step padded to the emulated
-GPU's time for the batch's FLOPs.
+GPU's time for it: its FLOPs or, where larger (as it is in decode), the bytes it reads.
 
 ``python -m testbed.bubbletea.decode CONFIG.json DC``, run by the runner inside a host of DC that is not a
 training worker. Listens on TCP port ``kv_sender.DECODE_PORT`` of its own address. Writes one JSON
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from testbed.bubbletea.chunk_batch import decode_batch
-from testbed.bubbletea.decisions import decode_seconds
+from testbed.bubbletea.decisions import decode_step_seconds
 from testbed.bubbletea.inference import InferenceModel
 from testbed.bubbletea.kv_cache import InferenceError, KVCache
 from testbed.bubbletea.kv_sender import DECODE_PORT, FRAME
@@ -112,12 +112,13 @@ class DecodeHost:
     def _decode_loop(self) -> None:
         """Continuous batching: between two steps, requests whose cache has arrived join the batch
         (up to ``max_decode_batch``) and finished ones leave it; one step feeds every request of
-        the batch one token (``decode_batch``), padded to the batch's summed decode FLOPs."""
+        the batch one token (``decode_batch``), padded to its roofline time
+        (``decisions.decode_step_seconds``: memory-bound, so a larger batch costs little more)."""
         batch: list[_Decoding] = []
         while True:
             self._admit(batch)
             s0 = now_ns()
-            target_ns = int(sum(decode_seconds(self.model.cfg, d.cache.length, self.s_per_flop) for d in batch) * 1e9)
+            target_ns = int(decode_step_seconds(self.model.cfg, [d.cache.length for d in batch], self.s_per_flop) * 1e9)
             caches, logits = decode_batch(self.model, [d.token for d in batch], [d.cache for d in batch])
             real = now_ns() - s0
             for d, cache, token in zip(batch, caches, logits.argmax(dim=-1).tolist()):

@@ -121,9 +121,12 @@ def prediction_error_stats(errors: pd.DataFrame) -> dict[str, Any]:
     ``abs_error_p99_ms`` (quantiles of |error| in ms, linear interpolation), ``over_predicted_share``
     (share of windows predicted longer than they turned out: the case that delays training) and
     ``over_prediction_p99_ms`` (p99 of predicted - actual over those windows: what a guard must
-    cover). Values are None where there is nothing to measure."""
+    cover) and ``beyond_prediction_share`` (of the windows' observed time, the part after their
+    predicted end: no chunk starts there, so prefill cannot fill it). Values are None where there
+    is nothing to measure."""
     e = errors[ERROR_S].astype(float)
     over = -e[e < 0]
+    observed = float(errors[ACTUAL_S].astype(float).sum())
 
     def q(s: pd.Series, p: float) -> float | None:
         return float(s.quantile(p) * 1e3) if len(s) else None
@@ -134,4 +137,5 @@ def prediction_error_stats(errors: pd.DataFrame) -> dict[str, Any]:
         "abs_error_p99_ms": q(e.abs(), 0.99),
         "over_predicted_share": float(len(over) / len(e)) if len(e) else None,
         "over_prediction_p99_ms": q(over, 0.99),
+        "beyond_prediction_share": float(e.clip(lower=0).sum() / observed) if observed > 0 else None,
     }

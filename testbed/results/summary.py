@@ -128,7 +128,8 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     ``training_ops_delayed_by_prefill`` (forward/backward operations
     whose input had arrived while a chunk ran and which started more than 1 ms later), and the
     error of the bubbles the workers' slot predictors predicted as they placed chunks, against the
-    bubbles observed (``bubbletea.profile.live_prediction_errors``, ``prediction_error_stats``)."""
+    bubbles observed (``bubbletea.profile.live_prediction_errors``, ``prediction_error_stats``),
+    with the share of those waits' time past their predicted end (``bubble_beyond_prediction_share``)."""
     warmup = config["warmup_iterations"]
     if ev.empty:
         return {}
@@ -197,6 +198,7 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
         M.BUBBLE_PREDICTION_ERROR_P50_MS: errors.get("abs_error_p50_ms"),
         M.BUBBLE_PREDICTION_ERROR_P99_MS: errors.get("abs_error_p99_ms"),
         M.BUBBLE_OVER_PREDICTED_SHARE: errors.get("over_predicted_share"),
+        M.BUBBLE_BEYOND_PREDICTION_SHARE: errors.get("beyond_prediction_share"),
     }
 
 

@@ -28,6 +28,8 @@ class Device:
     model: DeviceModel
     memory_gb: float | None
     memory_source: str
+    #: memory bandwidth (TB/s, 10^12 bytes per second; None: not modelled), from ``memory_source``
+    memory_tbps: float | None = None
 
     @property
     def flops(self) -> float:
@@ -46,7 +48,8 @@ DEVICES: dict[str, Device] = {
             "(GPT-3 175B on 1,536 A100s: 153 TFLOP/s per GPU, 49% of peak)",
         ),
         80.0,
-        "NVIDIA A100 datasheet: 80 GB HBM2e",
+        "NVIDIA A100 datasheet: 80 GB HBM2e, 2,039 GB/s",
+        2.039,
     ),
     "h100": Device(
         DeviceModel(
@@ -57,7 +60,8 @@ DEVICES: dict[str, Device] = {
             "'The Llama 3 Herd of Models', table 4 (38-43% BF16 MFU on 8,192 to 16,384 H100s)",
         ),
         80.0,
-        "NVIDIA H100 datasheet: 80 GB HBM3",
+        "NVIDIA H100 datasheet: 80 GB HBM3, 3.35 TB/s",
+        3.35,
     ),
     "emulated": Device(
         DeviceModel(
@@ -70,3 +74,19 @@ DEVICES: dict[str, Device] = {
         "not modelled: the emulator's budget is the experiment's gpu_memory_mb",
     ),
 }
+
+
+def flops_per_byte(device: Device) -> float:
+    """FLOPs ``device`` sustains in the time it moves one byte to or from its memory (training FLOP/s
+    over the datasheet's memory bandwidth). Raises ValueError for a device without a bandwidth."""
+    if device.memory_tbps is None:
+        raise ValueError(f"{device.model.name}: no memory bandwidth is modelled")
+    return device.flops / (device.memory_tbps * 1e12)
+
+
+#: FLOPs the emulated GPU does in the time it moves one byte: the A100's (about 75: 312 TFLOP/s x
+#: 0.49 over 2,039 GB/s), so that the padded GPU, slower than an A100 on every count alike, keeps
+#: its balance of compute to memory traffic. It times a decode step, which reads every weight and
+#: each request's KV cache once (``bubbletea.decisions.decode_step_seconds``). The datasheet's
+#: bandwidth is a peak that a step does not quite reach, so decode is timed a little short.
+EMULATED_FLOPS_PER_BYTE = flops_per_byte(DEVICES["a100"])

@@ -90,3 +90,6 @@ BUBBLE_PREDICTION_ERROR_P50_MS, BUBBLE_PREDICTION_ERROR_P99_MS = (
     "bubble_prediction_error_p99_ms",
 )
 BUBBLE_OVER_PREDICTED_SHARE = "bubble_over_predicted_share"
+#: of the predicted waits' observed time, the part after their predicted end, which prefill
+#: cannot fill (``bubbletea.profile.prediction_error_stats``)
+BUBBLE_BEYOND_PREDICTION_SHARE = "bubble_beyond_prediction_share"

@@ -28,10 +28,11 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
     before = machine_state()
     exp = load_experiment().with_overrides(iterations=7)
     # the served model of the training model's shape, with prompts clipped short so that a 7-iteration
-    # run completes several requests (the default's prompts take seconds of bubbles each)
-    short = replace(exp.bubbletea, request_rate=8.0, max_prompt_tokens=256, max_output_tokens=32, model=None)
+    # run completes several requests (the default's prompts take seconds of bubbles each), and
+    # outputs so that several are decoded (a memory-bound decode step takes about 0.2 s here)
+    short = replace(exp.bubbletea, request_rate=8.0, max_prompt_tokens=256, max_output_tokens=8, model=None)
     exp = exp.with_overrides(bubbletea=short)
-    assert exp.bubbletea.model.n_layers == exp.model.n_layers and exp.bubbletea.model.seq_len == 288
+    assert exp.bubbletea.model.n_layers == exp.model.n_layers and exp.bubbletea.model.seq_len == 264
     result = compare(exp, ["atlas", "atlas+bubbletea"], tmp_path, progress=_quiet)
     plain, bt = result["policies"]["atlas"], result["policies"]["atlas+bubbletea"]
     # scheduling prefill beside training must not change the math
@@ -93,6 +94,7 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
     # every padded kind's overruns are counted: prefill slices against their targets, decode steps
     assert bt["prefill_overrun_fraction"] == pytest.approx((pre[T.REAL_NS] > pre[T.TARGET_NS]).mean())
     assert 0 <= bt["decode_overrun_fraction"] <= 1
+    assert 0 <= bt["bubble_beyond_prediction_share"] < 1
     # the emulated GPU's memory while prefilling: what the workers held, never below their fixed part
     assert bt["peak_gpu_memory_mb"] == pytest.approx(pre[T.MEMORY_BYTES].max() / 2**20)
     assert bt["gpu_memory_mb"] is None  # no budget set: nothing waited for memory

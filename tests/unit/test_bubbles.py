@@ -351,6 +351,8 @@ def test_the_live_predictions_the_chunks_were_placed_by_are_the_ones_scored():
     st = prediction_error_stats(err)
     assert st["windows"] == 2 and st["over_predicted_share"] == 0.5
     assert st["abs_error_p50_ms"] == pytest.approx(7.5)
+    # observed 36 and 31 ms; the first lasted 6 ms past its predicted 30, the second ended early
+    assert st["beyond_prediction_share"] == pytest.approx(6 / 67)
     assert live_prediction_errors(pd.DataFrame([op(0, T.FORWARD, 1, 1, 0, 40)]).drop(columns=[T.BUBBLE_NS]), 0).empty
 
 

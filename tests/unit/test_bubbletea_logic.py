@@ -13,6 +13,7 @@ from testbed.bubbletea.decisions import (
     WorkerLoad,
     choose_worker,
     chunk_that_fits,
+    decode_step_seconds,
     may_start,
     prefill_seconds,
     seconds_per_flop,
@@ -34,6 +35,35 @@ def test_emulated_gpu_speed_comes_from_the_training_targets():
     assert seconds_per_flop(exp) == pytest.approx(0.040 / flops)
     # prefill time of a training-sized workload on the training model equals the forward target
     assert exp.model.block_forward_flops(t) * 2 * seconds_per_flop(exp) == pytest.approx(0.040)
+
+
+def test_a_decode_step_is_timed_by_the_roofline_and_batching_shares_the_weights():
+    from testbed.spec.devices import DEVICES, EMULATED_FLOPS_PER_BYTE
+    from testbed.spec.model import decode_flops
+
+    # the A100's balance: 312 TFLOP/s x 0.49 over 2,039 GB/s
+    assert EMULATED_FLOPS_PER_BYTE == pytest.approx(312e12 * 0.49 / 2.039e12) == DEVICES["a100"].flops / 2.039e12
+    spf = 1e-9
+    # by hand: CFG's blocks (2 x (12 x 64^2 + 13 x 64)) and head (64 x 256 + 256 + 2 x 64) in fp32,
+    # and a cache of 2 layers x 2 (key, value) x 64 values a position
+    weights = 4 * (2 * (12 * 64 * 64 + 13 * 64) + (64 * 256 + 256 + 2 * 64))
+    kv = 4 * 2 * 2 * 64
+
+    def by_hand(lengths):
+        moved = weights + sum(kv * (n + 1) for n in lengths)
+        return max(sum(decode_flops(CFG, n) for n in lengths), moved * EMULATED_FLOPS_PER_BYTE) * spf
+
+    one = decode_step_seconds(CFG, [100], spf)
+    assert one == pytest.approx(by_hand([100]))
+    assert one > 10 * decode_flops(CFG, 100) * spf  # memory-bound: the bytes, not the FLOPs, set it
+    assert decode_step_seconds(CFG, [100] * 8, spf) == pytest.approx(by_hand([100] * 8))
+    # short caches: the weights are read once for the batch, so per request it is far cheaper
+    one, eight = decode_step_seconds(CFG, [10], spf), decode_step_seconds(CFG, [10] * 8, spf)
+    assert one < eight < 1.5 * one
+    # long caches: the KV bytes grow with each request, and so the step
+    assert decode_step_seconds(CFG, [2000] * 8, spf) > 4 * decode_step_seconds(CFG, [2000], spf)
+    with pytest.raises(ValueError, match="at least one"):
+        decode_step_seconds(CFG, [], spf)
 
 
 @pytest.mark.parametrize("start", [0, 37, 1900])
