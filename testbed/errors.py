@@ -54,3 +54,8 @@ class CheckError(TestbedError):
 class RemoteError(TestbedError):
     """A machine of ``--backend remote`` is unreachable, refuses the login or its host key, lacks a
     tool or module, or its agent failed."""
+
+
+class InferenceError(TestbedError, ValueError):
+    """A prefill or decode request is invalid (tokens, context length, cache shape or bytes, an
+    empty decode batch)."""

@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from testbed.bubbletea.windows import fits
-from testbed.plan.memory import kv_cache_bytes
+from testbed.errors import InferenceError
+from testbed.plan.memory import decode_step_bytes
 from testbed.spec.bubbletea import MIN_CHUNK_TOKENS
-from testbed.spec.devices import EMULATED_FLOPS_PER_BYTE
+from testbed.spec.devices import EMULATED_MACHINE_BALANCE
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import ModelConfig, decode_flops, prefill_flops
 
@@ -36,20 +37,16 @@ def prefill_seconds(cfg: ModelConfig, start: int, chunk: int, s_per_flop: float)
 
 def decode_step_seconds(cfg: ModelConfig, lengths: Sequence[int], s_per_flop: float) -> float:
     """Emulated seconds of one decode step over a batch of requests with ``lengths`` positions
-    cached (each feeds the token at that position), by the roofline (Williams, Waterman and
-    Patterson 2009, "Roofline: an insightful visual performance model"): the larger of its FLOPs
-    (``decode_flops``, summed) and the bytes it moves, ``EMULATED_FLOPS_PER_BYTE`` FLOPs' time a
-    byte. The bytes: every weight of the blocks and the head read once for the whole batch, and
-    each request's KV cache (``plan.memory.kv_cache_bytes``, its new position included), the
-    memory-bound decode of Pope et al. 2023 ("Efficiently Scaling Transformer Inference", section
-    2). So a batch costs little more than one request while the weights dominate, which is what
-    continuous batching gains. Raises ValueError for an empty batch."""
+    cached (each feeds the token at that position), by the roofline (``spec.devices.Device.
+    machine_balance``): the larger of its FLOPs (``decode_flops``, summed) and the bytes it moves
+    (``plan.memory.decode_step_bytes``) at ``EMULATED_MACHINE_BALANCE`` FLOPs' time a byte. In
+    decode the bytes are always the larger here; while the weights dominate them, a batch costs
+    little more than one request (what continuous batching gains), and once the requests' KV
+    caches do, the step grows with the batch. Raises ``InferenceError`` for an empty batch."""
     if not lengths:
-        raise ValueError("a decode step needs at least one request")
+        raise InferenceError("a decode step needs at least one request in its batch")
     flops = sum(decode_flops(cfg, n) for n in lengths)
-    weights = cfg.value_bytes * (cfg.n_layers * cfg.block_params + cfg.head_params)
-    moved = weights + sum(kv_cache_bytes(cfg, n + 1) for n in lengths)
-    return max(flops, moved * EMULATED_FLOPS_PER_BYTE) * s_per_flop
+    return max(flops, decode_step_bytes(cfg, lengths) * EMULATED_MACHINE_BALANCE) * s_per_flop
 
 
 def chunk_that_fits(
@@ -57,9 +54,9 @@ def chunk_that_fits(
 ) -> int:
     """The largest chunk (tokens) of a prompt, from position ``start`` with ``remaining`` tokens
     left, at most ``max_chunk``, whose prefill takes at most ``room_s`` seconds, to the token (a
-    bisection: prefill time grows with the chunk); 0 when not even MIN_CHUNK_TOKENS (or the rest,
-    if shorter) fits. Chunks of any size fill a bubble up to its end: halving from ``max_chunk``,
-    as this did before, left up to half of a bubble's last room empty."""
+    bisection: prefill time grows with the chunk), so that passes fill a bubble up to its end; 0
+    when not even MIN_CHUNK_TOKENS (or the rest, if shorter) fits, or when ``max_chunk`` is below
+    MIN_CHUNK_TOKENS and the rest is longer."""
     lo, hi = min(MIN_CHUNK_TOKENS, remaining), min(remaining, max_chunk)
     if hi <= 0 or lo > hi or prefill_seconds(cfg, start, lo, s_per_flop) > room_s:
         return 0

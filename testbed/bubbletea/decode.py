@@ -1,7 +1,7 @@
 """A decode host (BubbleTea): receives prefilled KV caches from the training workers of its DC
 over the emulated network and records time to first token; by default it also runs the decode
 steps (greedy), several requests at a time (continuous batching), each step padded to the emulated
-GPU's time for it: its FLOPs or, where larger (as it is in decode), the bytes it reads.
+GPU's time for it: its FLOPs or, where longer (as in decode they are), the bytes it reads.
 
 ``python -m testbed.bubbletea.decode CONFIG.json DC``, run by the runner inside a host of DC that is not a
 training worker. Listens on TCP port ``kv_sender.DECODE_PORT`` of its own address. Writes one JSON
@@ -113,7 +113,8 @@ class DecodeHost:
         """Continuous batching: between two steps, requests whose cache has arrived join the batch
         (up to ``max_decode_batch``) and finished ones leave it; one step feeds every request of
         the batch one token (``decode_batch``), padded to its roofline time
-        (``decisions.decode_step_seconds``: memory-bound, so a larger batch costs little more)."""
+        (``decisions.decode_step_seconds``: memory-bound, so a larger batch costs little more while
+        the weights outweigh the batch's KV caches)."""
         batch: list[_Decoding] = []
         while True:
             self._admit(batch)

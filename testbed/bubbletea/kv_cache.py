@@ -1,6 +1,7 @@
 """The KV cache of one request (BubbleTea): keys and values of every layer, and its wire format
 for a plain socket (``KVCache.to_bytes``, ``KVCache.from_bytes``) from a training worker to a
-decode host. ``InferenceError`` is the error of every invalid prefill or decode request."""
+decode host. ``InferenceError`` (``testbed.errors``) is the error of every invalid prefill or
+decode request."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from testbed.errors import TestbedError
+from testbed.errors import InferenceError
 from testbed.spec.model import ModelConfig
 
 # Wire format of a KV cache: magic, then little-endian uint32 n_layers, n_heads, length, head_dim,
@@ -19,10 +20,6 @@ from testbed.spec.model import ModelConfig
 KV_MAGIC = b"KVC1"
 _KV_HEADER = struct.Struct("<4sIIII")
 KV_HEADER_BYTES = _KV_HEADER.size
-
-
-class InferenceError(TestbedError, ValueError):
-    """A prefill or decode request is invalid (tokens, context length, cache shape or bytes)."""
 
 
 def check_int(name: str, value: object, minimum: int) -> int:
@@ -87,10 +84,10 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
     def buffers(self) -> list[memoryview]:
-        """The cache in the wire format (``to_bytes``) as buffers over the tensors' own memory, the
-        header first: a socket sends them without a copy in Python, so a sending thread does not
-        hold the interpreter lock while bytes are copied (which stalled the worker's training thread
-        by up to 52 ms on 2 busy cores)."""
+        """The cache in the wire format (``to_bytes``) as buffers, the header first, then one over
+        each tensor's own memory (the tensors are float32; one that is not contiguous is copied
+        first): a socket sends them without a copy in Python, so a sending thread holds the
+        interpreter lock only briefly and the worker's training thread is not kept waiting."""
         head = _KV_HEADER.pack(KV_MAGIC, self.n_layers, self.n_heads, self.length, self.head_dim)
         parts = [np.asarray(t.contiguous().numpy(), dtype="<f4") for pair in zip(self.keys, self.values) for t in pair]
         return [memoryview(head), *(memoryview(a.reshape(-1)).cast("B") for a in parts)]

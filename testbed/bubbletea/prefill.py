@@ -127,8 +127,10 @@ class PrefillServer:
     # --------------------------------------------------------------- the bubbles
     def fill(self, slot: str, prev_end_ns: int, arrived: Callable[[], bool]) -> int | None:
         """Run prefill chunks in the bubble before ``slot``, which began at ``prev_end_ns`` (the end
-        of this worker's previous compute). Returns when the training input arrived if it did while
-        a chunk ran (else None: the caller's wait measures it)."""
+        of this worker's previous compute). It looks whether the input has arrived before choosing
+        each pass and again once it is chosen (choosing takes time), and starts none if it has.
+        Returns when the training input arrived if it did while a chunk ran (else None: the
+        caller's wait measures it)."""
         self.poll_inbox()
         predicted = self.predictor.predict(slot)
         self._predicted[slot] = predicted

@@ -122,7 +122,7 @@ def prediction_error_stats(errors: pd.DataFrame) -> dict[str, Any]:
     (share of windows predicted longer than they turned out: the case that delays training) and
     ``over_prediction_p99_ms`` (p99 of predicted - actual over those windows: what a guard must
     cover) and ``beyond_prediction_share`` (of the windows' observed time, the part after their
-    predicted end: no chunk starts there, so prefill cannot fill it). Values are None where there
+    predicted end: for the live predictions, the part no chunk may start in). Values are None where there
     is nothing to measure."""
     e = errors[ERROR_S].astype(float)
     over = -e[e < 0]

@@ -28,6 +28,7 @@ held once (``LAUNCHER_BYTES``) and each worker adds only the pages it writes (``
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from testbed.spec.bubbletea import QUEUED_PROMPT_TOKENS, BubbleTeaSpec, served_model
@@ -96,6 +97,17 @@ def kv_cache_bytes(cfg: ModelConfig, tokens: int, tensor_parallel: int = 1) -> i
     devices: a key and a value of d_model per layer and position (2 x n_layers x tokens x d_model
     values, ``cfg.value_bytes`` each; ``bubbletea/kv_cache.KVCache``)."""
     return math.ceil(2 * cfg.n_layers * tokens * cfg.d_model * cfg.value_bytes / tensor_parallel)
+
+
+def decode_step_bytes(cfg: ModelConfig, lengths: Sequence[int]) -> int:
+    """The bytes one decode step moves on its device, for a batch of requests with ``lengths``
+    positions cached: the blocks' and head's weights, read once for the whole batch (the
+    embeddings are lookups of a row a request), and each request's KV cache with its new position
+    (``kv_cache_bytes``); ``cfg.value_bytes`` a value, as the emulator holds them (fp32: twice a
+    16-bit model's). The memory-bound decode of Pope et al. 2023 ("Efficiently Scaling Transformer
+    Inference", section 2)."""
+    weights = cfg.value_bytes * (cfg.params() - cfg.embedding_params)
+    return weights + sum(kv_cache_bytes(cfg, n + 1) for n in lengths)
 
 
 def inference_bytes(cfg: ModelConfig, tensor_parallel: int = 1, queued: int = QUEUED_REQUESTS) -> int:

@@ -4,7 +4,6 @@ BubbleTea's. Names of the figures: ``trace/metrics.py``; definitions: ``analysis
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +12,12 @@ import pandas as pd
 from testbed.bubbletea import windows as B
 from testbed.bubbletea.decisions import prefill_seconds
 from testbed.bubbletea.profile import live_prediction_errors, prediction_error_stats
+from testbed.plan.worker_config import read_worker_config
 from testbed.results import analysis as A
 from testbed.results import link_counters as L
 from testbed.spec.bubbletea import BubbleTeaSpec
 from testbed.spec.compute import compute_from_dict
 from testbed.spec.experiment import tokens_per_iteration
-from testbed.spec.model import ModelConfig
 from testbed.spec.policy import DEFAULT_POLICY, UnknownPolicy, parse_policy
 from testbed.trace import metrics as M
 from testbed.trace import schema as T
@@ -120,7 +119,7 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     host), ``requests_decoded``, ``ttft_p50_s``/``ttft_p99_s`` (arrival to first token at the decode
     host, KV transfer included), ``ttft_within_slo_share`` (of the requests assigned, those whose
     first token came within ``ttft_slo_s``), ``ttft_alone_p50_s`` and ``ttft_slo_reachable_share``
-    (the same requests on GPUs serving prefill alone, ``prefill_alone_s``), ``prefill_overrun_fraction`` and
+    (the same requests on GPUs serving prefill alone, ``ttft_alone_s``), ``prefill_overrun_fraction`` and
     ``decode_overrun_fraction`` (prefill slices and decode steps whose real time exceeded their
     padded target), ``decode_mean_batch`` (continuous batching, ``trace/metrics.py``),
     ``peak_gpu_memory_mb`` (the most a training host's emulated GPU held while
@@ -156,7 +155,7 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     assigned = [r for r in read_jsonl(run_dir / "requests" / "dispatch.jsonl") if r.get("event") == "assign"]
     ttft = pd.Series([(r["first_token_ns"] - r["arrival_ns"]) / 1e9 for r in first], dtype=float)
     slo_s = config["bubbletea"].get("ttft_slo_s", BubbleTeaSpec().ttft_slo_s)
-    alone = prefill_alone_s(run_dir, config, assigned)
+    alone = ttft_alone_s(run_dir, assigned)
     delays = train[train[T.KIND].isin((T.FORWARD, T.BACKWARD))]
     delays = delays[T.PREFILL_DELAY_NS] if T.PREFILL_DELAY_NS in delays else pd.Series(dtype=float)
     windows = B.bubble_windows(train)
@@ -202,17 +201,16 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     }
 
 
-def prefill_alone_s(run_dir: Path, config: dict, assigned: list[dict]) -> pd.Series:
+def ttft_alone_s(run_dir: Path, assigned: list[dict]) -> pd.Series:
     """Each of the ``assigned`` requests' TTFT on an emulated GPU serving prefill alone (s,
     ``M.TTFT_ALONE_P50_S``): its prompt in one pass of the served model at the run's emulated time
-    per FLOP (``worker_config.json``), as the dispatcher counts a worker's backlog. Empty for a run
-    folder without them (one written before the served model was recorded)."""
-    path, model = run_dir / "worker_config.json", config["bubbletea"].get("model")
-    spf = (json.loads(path.read_text()).get("bubbletea") or {}).get("s_per_flop") if path.exists() else None
-    if not model or spf is None:
+    per FLOP (both from the run's ``worker_config.json``), as the dispatcher counts a worker's
+    backlog. Empty for a run folder without BubbleTea's part there."""
+    path = run_dir / "worker_config.json"
+    bt = read_worker_config(path).bubbletea if path.exists() else None
+    if bt is None or bt.spec.model is None:
         return pd.Series(dtype=float)
-    cfg = ModelConfig(**model)
-    return pd.Series([prefill_seconds(cfg, 0, a["prompt"], spf) for a in assigned], dtype=float)
+    return pd.Series([prefill_seconds(bt.spec.model, 0, a["prompt"], bt.s_per_flop) for a in assigned], dtype=float)
 
 
 def grant_stats(run_dir: Path) -> dict:

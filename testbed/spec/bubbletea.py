@@ -43,7 +43,8 @@ class BubbleTeaSpec:
     predicted bubble, predicted as the minimum of the slot's last ``profile_iterations`` bubbles.
     ``decode``: decode hosts run the decode steps, batching up to ``max_decode_batch`` requests per
     step (continuous batching; a step's target is its roofline time on the emulated GPU: the
-    bytes it reads, every weight and each request's KV cache, or its FLOPs where more).
+    bytes it reads, the blocks' and head's weights and each request's KV cache, or its FLOPs
+    where more).
     ``ttft_slo_s``: the time to first token a request is judged against (s, wall time; the
     summary reports the share of requests within it). Its default, 1 s, is a round figure for an
     interactive service, not a published one: set your own."""

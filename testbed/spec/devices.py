@@ -28,29 +28,40 @@ class Device:
     model: DeviceModel
     memory_gb: float | None
     memory_source: str
-    #: memory bandwidth (TB/s, 10^12 bytes per second; None: not modelled), from ``memory_source``
-    memory_tbps: float | None = None
+    #: memory bandwidth (bytes per second), from ``memory_source``
+    memory_bytes_per_s: float
 
     @property
     def flops(self) -> float:
         """FLOP/s the device sustains on a training step: peak x MFU."""
         return self.model.peak_tflops * 1e12 * self.model.efficiency
 
+    @property
+    def machine_balance(self) -> float:
+        """FLOPs it sustains in the time it moves one byte to or from its memory (``flops`` over
+        ``memory_bytes_per_s``): the ridge point of its roofline (Williams, Waterman and Patterson
+        2009, "Roofline: an insightful visual performance model"), where work of fewer FLOPs a
+        byte is bound by memory."""
+        return self.flops / self.memory_bytes_per_s
+
+
+_A100 = Device(
+    DeviceModel(
+        "A100 SXM4 80GB",
+        312.0,
+        0.49,
+        "peak: NVIDIA A100 Tensor Core GPU datasheet (312 TFLOP/s dense BF16); MFU: Narayanan et al. 2021, "
+        "'Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM', table 1 "
+        "(GPT-3 175B on 1,536 A100s: 153 TFLOP/s per GPU, 49% of peak)",
+    ),
+    80.0,
+    "NVIDIA A100 datasheet: 80 GB HBM2e, 2,039 GB/s",
+    2.039e12,
+)
+_EMULATED_FLOPS = _EMULATED_STAGE_FLOPS / _EMULATED_FORWARD_S
 
 DEVICES: dict[str, Device] = {
-    "a100": Device(
-        DeviceModel(
-            "A100 SXM4 80GB",
-            312.0,
-            0.49,
-            "peak: NVIDIA A100 Tensor Core GPU datasheet (312 TFLOP/s dense BF16); MFU: Narayanan et al. 2021, "
-            "'Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM', table 1 "
-            "(GPT-3 175B on 1,536 A100s: 153 TFLOP/s per GPU, 49% of peak)",
-        ),
-        80.0,
-        "NVIDIA A100 datasheet: 80 GB HBM2e, 2,039 GB/s",
-        2.039,
-    ),
+    "a100": _A100,
     "h100": Device(
         DeviceModel(
             "H100 SXM5 80GB",
@@ -61,32 +72,27 @@ DEVICES: dict[str, Device] = {
         ),
         80.0,
         "NVIDIA H100 datasheet: 80 GB HBM3, 3.35 TB/s",
-        3.35,
+        3.35e12,
     ),
     "emulated": Device(
         DeviceModel(
             "this emulator's padded GPU",
-            _EMULATED_STAGE_FLOPS / _EMULATED_FORWARD_S / 1e12,
+            _EMULATED_FLOPS / 1e12,
             1.0,
             "workloads/default.yaml: a stage's forward (2 blocks of width 128, 2 x 64 tokens) padded to 40 ms",
         ),
         None,
-        "not modelled: the emulator's budget is the experiment's gpu_memory_mb",
+        "size not modelled (the emulator's budget is the experiment's gpu_memory_mb); bandwidth: "
+        "the A100's machine balance (about 75 FLOPs a byte) at this device's FLOP/s, so that the "
+        "padded GPU, slower than an A100 on every count alike, keeps its ratio of compute to memory "
+        "traffic. The datasheet's bandwidth is a peak that decode does not quite reach, so decode is "
+        "timed a little short",
+        _EMULATED_FLOPS / _A100.machine_balance,
     ),
 }
 
 
-def flops_per_byte(device: Device) -> float:
-    """FLOPs ``device`` sustains in the time it moves one byte to or from its memory (training FLOP/s
-    over the datasheet's memory bandwidth). Raises ValueError for a device without a bandwidth."""
-    if device.memory_tbps is None:
-        raise ValueError(f"{device.model.name}: no memory bandwidth is modelled")
-    return device.flops / (device.memory_tbps * 1e12)
-
-
-#: FLOPs the emulated GPU does in the time it moves one byte: the A100's (about 75: 312 TFLOP/s x
-#: 0.49 over 2,039 GB/s), so that the padded GPU, slower than an A100 on every count alike, keeps
-#: its balance of compute to memory traffic. It times a decode step, which reads every weight and
-#: each request's KV cache once (``bubbletea.decisions.decode_step_seconds``). The datasheet's
-#: bandwidth is a peak that a step does not quite reach, so decode is timed a little short.
-EMULATED_FLOPS_PER_BYTE = flops_per_byte(DEVICES["a100"])
+#: the emulated GPU's machine balance (FLOPs a byte, the A100's): what times a decode step, which
+#: reads the blocks' and head's weights and each request's KV cache once
+#: (``bubbletea.decisions.decode_step_seconds``)
+EMULATED_MACHINE_BALANCE = DEVICES["emulated"].machine_balance

@@ -23,6 +23,7 @@ def _quiet(line: str) -> None:
 
 
 def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machine):
+    from testbed.bubbletea.decisions import prefill_seconds, seconds_per_flop
     from testbed.run.compare import compare
 
     before = machine_state()
@@ -77,7 +78,7 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
             filled.update(inside[T.KIND])
     # receive waits and the send drain in every run; the all-reduce in some: since the data-parallel
     # groups stopped being striped it takes 5-20 ms (not 67-188), and a 7-iteration run fills it
-    # 0-5 times (dp-wan's, across the WAN, is filled in every run: the trace-file test below)
+    # 0-5 times (dp-wan's, across the WAN, lasts hundreds of ms: the trace-file test below fills it)
     assert {T.RECV_WAIT, T.SEND_WAIT} <= filled <= {T.RECV_WAIT, T.SEND_WAIT, T.ALLREDUCE}, filled
     print("wait kinds filled:", sorted(filled))
     # the summary scores the predictions the workers placed chunks by: every kind of wait carries
@@ -88,13 +89,15 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
     error_ms = (measured[T.BUBBLE_NS] - measured[T.PREDICTED_BUBBLE_NS]).abs() / 1e6
     assert bt["bubble_prediction_error_p50_ms"] == pytest.approx(error_ms.quantile(0.5))
     assert 0 <= bt["ttft_within_slo_share"] <= 1 and bt["ttft_slo_s"] == exp.bubbletea.ttft_slo_s
-    # a request's first token comes no sooner than its prefill alone would give it
+    # a request's first token comes no sooner than its prefill alone would give it (checked per
+    # request below), so no more requests meet the SLO than would serving prefill alone
     assert bt["ttft_alone_p50_s"] > 0
     assert bt["ttft_within_slo_share"] <= bt["ttft_slo_reachable_share"] <= 1
     # every padded kind's overruns are counted: prefill slices against their targets, decode steps
     assert bt["prefill_overrun_fraction"] == pytest.approx((pre[T.REAL_NS] > pre[T.TARGET_NS]).mean())
     assert 0 <= bt["decode_overrun_fraction"] <= 1
-    assert 0 <= bt["bubble_beyond_prediction_share"] < 1
+    beyond = (measured[T.BUBBLE_NS] - measured[T.PREDICTED_BUBBLE_NS]).clip(lower=0).sum()
+    assert bt["bubble_beyond_prediction_share"] == pytest.approx(beyond / measured[T.BUBBLE_NS].sum())
     # the emulated GPU's memory while prefilling: what the workers held, never below their fixed part
     assert bt["peak_gpu_memory_mb"] == pytest.approx(pre[T.MEMORY_BYTES].max() / 2**20)
     assert bt["gpu_memory_mb"] is None  # no budget set: nothing waited for memory
@@ -123,6 +126,8 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
         assert [start for _, start, _ in mine] == [sum(n for _, _, n in mine[:i]) for i in range(len(mine))]
         assert sum(n for _, _, n in mine) == r["prompt_tokens"]
         assert r["kv_bytes"] > 0 and r["first_token_ns"] >= r["prefill_end_ns"] >= r["arrival_ns"]
+        alone_s = prefill_seconds(exp.bubbletea.model, 0, r["prompt_tokens"], seconds_per_flop(exp))
+        assert (r["first_token_ns"] - r["arrival_ns"]) / 1e9 >= alone_s
     per_pass = pd.Series([cs.count(";") + 1 for cs in pre[T.CHUNKS]])
     print("requests per pass:", per_pass.value_counts().to_dict())
     assert (per_pass > 1).any()  # passes batch several requests' chunks (78 of 314 passes seen)
@@ -136,8 +141,8 @@ def test_a_run_driven_by_an_azure_trace_file(tmp_path, clean_machine):
     workers unclipped, and requests are served; a trace whose longest prompt the served model
     cannot hold is refused before anything is built, naming the column and the fix. The run is
     the sharing experiment's under dp-wan (its DCs have a decode host beside dp-wan's pipelines),
-    whose all-reduce crosses the WAN: that wait is filled in every run, where atlas's, inside a DC,
-    is too short for a chunk in most of its occurrences."""
+    whose all-reduce crosses the WAN and lasts hundreds of ms: the test asserts that it was
+    filled, where atlas's, inside a DC, is too short for a chunk in most of its occurrences."""
     import datetime as dt
 
     from .conftest import run_cli

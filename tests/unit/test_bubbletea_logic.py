@@ -38,20 +38,25 @@ def test_emulated_gpu_speed_comes_from_the_training_targets():
 
 
 def test_a_decode_step_is_timed_by_the_roofline_and_batching_shares_the_weights():
-    from testbed.spec.devices import DEVICES, EMULATED_FLOPS_PER_BYTE
+    from testbed.bubbletea.kv_cache import InferenceError
+    from testbed.plan.memory import decode_step_bytes
+    from testbed.spec.devices import DEVICES, EMULATED_MACHINE_BALANCE
     from testbed.spec.model import decode_flops
 
-    # the A100's balance: 312 TFLOP/s x 0.49 over 2,039 GB/s
-    assert EMULATED_FLOPS_PER_BYTE == pytest.approx(312e12 * 0.49 / 2.039e12) == DEVICES["a100"].flops / 2.039e12
-    spf = 1e-9
+    # the A100's balance, 312 TFLOP/s x 0.49 over 2,039 GB/s, kept by the emulated GPU
+    assert DEVICES["a100"].machine_balance == pytest.approx(312e12 * 0.49 / 2.039e12)
+    assert EMULATED_MACHINE_BALANCE == pytest.approx(DEVICES["a100"].machine_balance)
+    assert DEVICES["emulated"].flops < 1e-3 * DEVICES["a100"].flops
     # by hand: CFG's blocks (2 x (12 x 64^2 + 13 x 64)) and head (64 x 256 + 256 + 2 x 64) in fp32,
-    # and a cache of 2 layers x 2 (key, value) x 64 values a position
+    # and a cache of 2 layers x 2 (key, value) x 64 fp32 values a position
     weights = 4 * (2 * (12 * 64 * 64 + 13 * 64) + (64 * 256 + 256 + 2 * 64))
     kv = 4 * 2 * 2 * 64
+    assert decode_step_bytes(CFG, [100, 7]) == weights + kv * 101 + kv * 8
+    spf = 1e-9
 
     def by_hand(lengths):
         moved = weights + sum(kv * (n + 1) for n in lengths)
-        return max(sum(decode_flops(CFG, n) for n in lengths), moved * EMULATED_FLOPS_PER_BYTE) * spf
+        return max(sum(decode_flops(CFG, n) for n in lengths), moved * EMULATED_MACHINE_BALANCE) * spf
 
     one = decode_step_seconds(CFG, [100], spf)
     assert one == pytest.approx(by_hand([100]))
@@ -62,7 +67,7 @@ def test_a_decode_step_is_timed_by_the_roofline_and_batching_shares_the_weights(
     assert one < eight < 1.5 * one
     # long caches: the KV bytes grow with each request, and so the step
     assert decode_step_seconds(CFG, [2000] * 8, spf) > 4 * decode_step_seconds(CFG, [2000], spf)
-    with pytest.raises(ValueError, match="at least one"):
+    with pytest.raises(InferenceError, match="at least one"):
         decode_step_seconds(CFG, [], spf)
 
 

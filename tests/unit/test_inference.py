@@ -222,6 +222,42 @@ def test_empty_cache_round_trips():
     assert back.length == 0 and back.nbytes() == 0 and back.n_layers == CFG.n_layers
 
 
+def test_the_kv_sender_sends_the_caches_own_memory_in_the_wire_format(model):
+    """``KVCache.buffers`` are views of the tensors (nothing copied), and what ``KVSender`` puts on
+    a socket is one frame: the lengths, the JSON header, the cache that ``from_bytes`` reads back;
+    the cache's bytes are released from the memory budget once sent."""
+    import json
+    import socket
+
+    import numpy as np
+
+    from testbed.bubbletea.decisions import KVBudget
+    from testbed.bubbletea.kv_sender import DECODE_PORT, FRAME, KVSender
+
+    cache, _ = prefill(model, torch.arange(40) % CFG.vocab, 16)
+    bufs = cache.buffers()
+    assert np.shares_memory(np.asarray(bufs[1]), cache.keys[0].numpy())
+    assert b"".join(bufs) == cache.to_bytes()
+    with socket.create_server(("127.0.0.1", DECODE_PORT)) as srv:
+        budget = KVBudget(0)
+        budget.hold(1000)
+        sender = KVSender("127.0.0.1", budget)
+        sender.put({"rid": 7}, cache, 1000)
+        conn, _ = srv.accept()
+        sender.close()  # sends what is queued, then closes its connection
+        data = b""
+        with conn:
+            while chunk := conn.recv(1 << 16):
+                data += chunk
+    hlen, plen = FRAME.unpack_from(data)
+    header = json.loads(data[FRAME.size : FRAME.size + hlen])
+    payload = data[FRAME.size + hlen :]
+    assert header["rid"] == 7 and header["kv_bytes"] == plen == len(payload) == KV_HEADER_BYTES + cache.nbytes()
+    back = KVCache.from_bytes(payload)
+    assert all(torch.equal(a, b) for a, b in zip(back.keys + back.values, cache.keys + cache.values))
+    assert budget.held_bytes == 0
+
+
 @pytest.mark.parametrize(
     "cut", [lambda d: d[:-4], lambda d: d + b"\0" * 4, lambda d: b"XXXX" + d[4:], lambda d: d[: KV_HEADER_BYTES - 1]]
 )

@@ -236,17 +236,26 @@ def test_a_run_folder_config_that_testbed_run_did_not_write_is_named(tmp_path):
         assert e.value.source == str(path) and "testbed run" in e.value.fix
 
 
-def test_prefill_alone_is_each_prompt_in_one_pass_at_the_runs_time_per_flop(tmp_path):
+def test_ttft_alone_is_each_prompt_in_one_pass_at_the_runs_time_per_flop(tmp_path):
+    from dataclasses import replace
+
     from testbed.bubbletea.decisions import prefill_seconds
-    from testbed.results.summary import prefill_alone_s
+    from testbed.plan.placement import place
+    from testbed.plan.worker_config import BubbleTeaConfig, TrainingConfig, WorkerConfig, write_worker_config
+    from testbed.results.summary import ttft_alone_s
+    from testbed.spec.experiment_file import load_experiment
     from testbed.spec.model import ModelConfig
 
-    model = {"n_layers": 2, "d_model": 32, "n_heads": 2, "seq_len": 600}
-    cfg = {"bubbletea": {"model": model}}
     assigned = [{"rid": 0, "prompt": 500}, {"rid": 1, "prompt": 16}]
-    assert prefill_alone_s(tmp_path, cfg, assigned).empty  # no worker_config.json: nothing to say
-    (tmp_path / "worker_config.json").write_text(json.dumps({"bubbletea": {"s_per_flop": 1e-9}}))
-    got = prefill_alone_s(tmp_path, cfg, assigned).tolist()
-    want = [prefill_seconds(ModelConfig(**model), 0, n, 1e-9) for n in (500, 16)]
-    assert got == want and got[0] > 30 * got[1]  # attention makes the long prompt dearer per token
-    assert prefill_alone_s(tmp_path, {"bubbletea": {"model": None}}, assigned).empty
+    assert ttft_alone_s(tmp_path, assigned).empty  # no worker_config.json: nothing to say
+    exp = load_experiment().with_overrides(policy="atlas+bubbletea")
+    model = ModelConfig(n_layers=2, d_model=32, n_heads=2, seq_len=600)
+    bt = BubbleTeaConfig(replace(exp.bubbletea, model=model), 1e-9, "/run/x/w{rank}.sock", "/run/x/bt.sock", {})
+    cfg = WorkerConfig(TrainingConfig.of(exp, "/data/c.txt", 1), tuple(place(exp)), "r", "tcp://x:1", 9.0, None, bt)
+    write_worker_config(tmp_path / "worker_config.json", cfg)
+    got = ttft_alone_s(tmp_path, assigned).tolist()
+    assert got == [prefill_seconds(model, 0, n, 1e-9) for n in (500, 16)]
+    # attention makes the long prompt dearer per token: without it the ratio would be 30.6
+    assert got[0] > 2 * 500 / 16 * got[1]
+    write_worker_config(tmp_path / "worker_config.json", replace(cfg, bubbletea=None))
+    assert ttft_alone_s(tmp_path, assigned).empty  # a run without BubbleTea

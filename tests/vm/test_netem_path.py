@@ -71,7 +71,9 @@ def link_rate_bps() -> int:
 #: the one-way delay of the link the box's own round trip is measured on (ms): the shortest of the
 #: topologies measured here (three_dc's east-central), since netem's lateness on the emulated clock
 #: grows with the delay (1.1-1.3 ms a round trip on a 1 ms link, 2.2-3.0 ms on 10 ms links, on
-#: 2026-12-03), and longer links get the 5% tolerance besides
+#: 2026-12-03), and longer links get the 5% tolerance besides. A floor measured through netem
+#: would also hide a constant error in the delay the testbed sets; the qdisc tree test reads every
+#: netem qdisc's configured delay back against the plan, so such an error fails there
 FLOOR_DELAY_MS = 10.0
 
 
