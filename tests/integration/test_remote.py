@@ -54,7 +54,9 @@ def _assert_offsets(clock: dict) -> None:
         assert abs(est["offset_ns"] - want) <= est["uncertainty_ns"] + 1_000_000, (name, est)
 
 
-@pytest.mark.parametrize("name", ["two_dc", "three_dc"])
+# three_dc only: its DCs on two machines give links inside one machine (east-central) and across
+# the two (to west), two_dc's one kind of link among them (two_dc's case cost 25 s of the suite)
+@pytest.mark.parametrize("name", ["three_dc"])
 def test_fidelity_across_machines(name, lab, tmp_path, clean_machine):
     inv = lab.write_inventory(tmp_path / "inventory.yaml", GROUPS[name])
     spec = load_topology(name)
