@@ -196,7 +196,10 @@ def test_live_class_changes_with_netem_keep_the_delay(link_rate_bps, path_floor_
         assert sum(c["event"] == "change" for c in changes) == 5
 
 
-@pytest.mark.parametrize("name", ["two_dc", "three_dc"])
+# three_dc only: its three links of different rates and delays include two_dc's one kind, and each
+# measurement takes minutes under TCG (two_dc's case cost 40 s of the suite); the jitter and loss
+# test below measures two_dc through netem
+@pytest.mark.parametrize("name", ["three_dc"])
 def test_topo_check_passes_with_netem(name, link_rate_bps, path_floor_ms, tmp_path, clean_machine):
     spec = shipped(name, link_rate_bps)
 
