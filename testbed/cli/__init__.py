@@ -65,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--rtt-samples", type=number(3, 10000, int), default=20, help="ping samples per direction (default 20)"
     )
+    sp.add_argument(
+        "--attempts",
+        type=number(1, 10, int),
+        default=1,
+        help="measurements of a failing direction, judged by the last; every one is reported (default 1)",
+    )
     sp.set_defaults(func=cmd_topo_check)
     sp = topo.add_parser("up", help="build the topology and keep it up until Ctrl-C")
     topo_args(sp)

@@ -79,6 +79,7 @@ def cmd_topo_check(args) -> int:
             args.omit,
             args.rtt_samples,
             progress=lambda r: print(format_row(r), file=out, flush=True),
+            attempts=args.attempts,
         )
         (net.out_dir / "fidelity.json").write_text(json.dumps(report, indent=1))
     if args.json:

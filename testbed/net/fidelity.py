@@ -12,6 +12,10 @@ For every WAN link, one direction at a time, between the first hosts of its two 
   netem they include its emulated loss). Reported, not judged: a queue below the path's
   bandwidth-delay product drops by design (``spec/queues.py`` warns of it at load time).
 The traffic between two DCs follows the routed path, which need not be the direct link.
+
+A direction that fails may be measured again (``attempts``): on a small machine one measurement in
+a few dips under its tolerance while another process takes a core. The report keeps every
+measurement; a direction that is wrong is wrong every time.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from testbed.errors import CheckError
 from testbed.net.iperf import iperf
@@ -50,6 +54,8 @@ class LinkCheck:
     rtt_ok: bool
     loss_ok: bool
     queue_drops: int = 0
+    #: the failing measurements of this direction taken before this one (``check_fidelity(attempts=)``)
+    earlier: list[dict] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -67,8 +73,10 @@ def jitter_rtt_sd_ms(jitter_ms: float) -> float:
     return 2 * jitter_ms / 6**0.5
 
 
-def rtt_within(measured_ms: float, expected_ms: float) -> bool:
-    return abs(measured_ms - expected_ms) <= max(RTT_TOLERANCE_MS, RTT_TOLERANCE_FRACTION * expected_ms)
+def rtt_within(measured_ms: float, expected_ms: float, floor_ms: float = 0.0) -> bool:
+    """Whether an RTT (ms) is within max(1 ms, 5%) of the expected one, plus ``floor_ms``: the
+    round trip a machine adds on its own (an emulated CPU's late timers, for one)."""
+    return abs(measured_ms - expected_ms) <= max(RTT_TOLERANCE_MS, RTT_TOLERANCE_FRACTION * expected_ms) + floor_ms
 
 
 def rate_within(measured: float, expected: float) -> bool:
@@ -111,7 +119,13 @@ def path_queue_drops(net: Network, dcs: list[str]) -> int:
 
 
 def check_direction(
-    net: Network, src_dc: str, dst_dc: str, duration_s: float, omit_s: float, rtt_samples: int
+    net: Network,
+    src_dc: str,
+    dst_dc: str,
+    duration_s: float,
+    omit_s: float,
+    rtt_samples: int,
+    rtt_floor_ms: float = 0.0,
 ) -> LinkCheck:
     src, dst = net.plan.first_host(src_dc).name, net.plan.first_host(dst_dc).name
     route = net.routes.route(src_dc, dst_dc)
@@ -151,20 +165,40 @@ def check_direction(
         measured_loss,
         # with loss, TCP cannot reach the shaped rate (Mathis et al. 1997): rate not judged
         rate_within(tcp.bits_per_second, expected_goodput) if loss_pct == 0 else True,
-        rtt_within(rtt_ms, expected_rtt),
+        rtt_within(rtt_ms, expected_rtt, rtt_floor_ms),
         loss_ok,
         drops,
     )
 
 
 def check_fidelity(
-    net: Network, duration_s: float = 10, omit_s: float = 2, rtt_samples: int = 20, progress=None
+    net: Network,
+    duration_s: float = 10,
+    omit_s: float = 2,
+    rtt_samples: int = 20,
+    progress=None,
+    attempts: int = 1,
+    rtt_floor_ms: float = 0.0,
 ) -> dict:
-    """Measure every WAN link in both directions; return the report (see ``testbed topo check --json``)."""
+    """Measure every WAN link in both directions; return the report (see ``testbed topo check --json``).
+
+    A direction that fails is measured again, up to ``attempts`` measurements in all, and is judged
+    by its last; the failing ones are kept in its ``earlier``. ``rtt_floor_ms`` widens the RTT
+    tolerance by the machine's own round trip (see ``rtt_within``). Raises ``ValueError`` for
+    ``attempts`` under 1, ``CheckError`` where a measurement cannot be taken.
+    """
+    if attempts < 1:
+        raise ValueError(f"attempts={attempts}: at least one measurement per direction")
     links = []
     for link in net.spec.links:
         for a, b in ((link.a, link.b), (link.b, link.a)):
-            result = check_direction(net, a, b, duration_s, omit_s, rtt_samples)
+            earlier: list[dict] = []
+            while True:
+                result = check_direction(net, a, b, duration_s, omit_s, rtt_samples, rtt_floor_ms)
+                if result.ok or len(earlier) + 1 == attempts:
+                    break
+                earlier.append(result.to_dict())
+            result.earlier = earlier
             links.append(result)
             if progress:
                 progress(result)
@@ -174,6 +208,8 @@ def check_fidelity(
         "delay_mechanism": net.mechanism,
         "duration_s": duration_s,
         "omit_s": omit_s,
+        "attempts": attempts,
+        "rtt_floor_ms": rtt_floor_ms,
         "links": [r.to_dict() for r in links],
         "ok": all(r.ok for r in links),
     }
@@ -184,8 +220,15 @@ def format_row(r: LinkCheck) -> str:
     return (
         f"{r.src_dc:>10} -> {r.dst_dc:<10} {r.rate_mbit:9.3g} {r.expected_goodput_mbit:9.2f} "
         f"{r.measured_rate_mbit:9.2f} {r.expected_rtt_ms:8.2f} {r.measured_rtt_ms:8.2f} {loss:>13} "
-        f"{'ok' if r.ok else 'FAIL'}" + (f" (queue dropped {r.queue_drops})" if r.queue_drops else "")
+        f"{'ok' if r.ok else 'FAIL'}"
+        + (f" (queue dropped {r.queue_drops})" if r.queue_drops else "")
+        + (f" (measurement {len(r.earlier) + 1}; earlier {', '.join(map(_brief, r.earlier))})" if r.earlier else "")
     )
+
+
+def _brief(d: dict) -> str:
+    """One failing measurement in a few words: its rate and RTT."""
+    return f"{d['measured_rate_mbit']:.1f} Mbit/s, {d['measured_rtt_ms']:.2f} ms"
 
 
 HEADER = (

@@ -10,12 +10,7 @@ from testbed.run.backends import make_network
 from testbed.spec.topology_file import load_topology, parse_topology
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
 
-from .conftest import run_cli
-
-SHORT = {"duration_s": 3, "omit_s": 1, "rtt_samples": 20}
-#: three_dc's 60 ms east-west path fell about 5.5% short now and then over SHORT's 2 s window, on
-#: every backend; over 5 s after 2 s of warm-up (nearer the CLI's 10 s after 2 s) it has not so far
-LONG_RTT = {"duration_s": 5, "omit_s": 2, "rtt_samples": 20}
+from .conftest import LONG_RTT, SHORT, run_cli
 
 
 def _assert_report_ok(report):
@@ -33,10 +28,12 @@ def test_three_dc_fidelity(tmp_path, clean_machine):
 
 
 def test_cli_check_json_two_dc(tmp_path, clean_machine):
-    proc = run_cli("topo", "check", "two_dc", "--json", "--duration", "3", "--omit", "1", "--out", str(tmp_path))
+    proc = run_cli(
+        "topo", "check", "two_dc", "--json", "--duration", "3", "--omit", "1", "--attempts", "2", "--out", str(tmp_path)
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert report["delay_mechanism"] in ("netem", "nfqueue")
+    assert report["delay_mechanism"] in ("netem", "nfqueue") and report["attempts"] == 2
     assert {"src_dc", "dst_dc", "rate_mbit", "measured_rate_mbit", "delay_ms", "measured_rtt_ms", "ok"} <= set(
         report["links"][0]
     )

@@ -21,12 +21,7 @@ from testbed.spec.topology_file import load_topology
 from testbed.trace.events import read_events
 from tests.support.reference import reference_losses
 
-from .conftest import REPO, machine_state, registered_prefixes, run_cli, start_topo_up
-
-SHORT = {"duration_s": 3, "omit_s": 1, "rtt_samples": 20}
-#: three_dc's 60 ms east-west path fell about 5.5% short now and then over SHORT's 2 s window, on
-#: every backend; over 5 s after 2 s of warm-up (nearer the CLI's 10 s after 2 s) it has not so far
-LONG_RTT = {"duration_s": 5, "omit_s": 2, "rtt_samples": 20}
+from .conftest import LONG_RTT, REPO, SHORT, machine_state, registered_prefixes, run_cli, start_topo_up
 
 
 @pytest.mark.parametrize("name", ["two_dc", "three_dc"])

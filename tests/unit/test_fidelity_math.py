@@ -1,9 +1,11 @@
 """Tolerances of the fidelity check and the ping parser (pure helpers, no measurement)."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
+from testbed.net import fidelity
 from testbed.net.fidelity import loss_within, parse_ping_ms, rate_within, rtt_within
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
 
@@ -75,3 +77,49 @@ rtt min/avg/max/mdev = 0.045/270.611/1002.000/422.389 ms, pipe 2
 def test_parse_ping_reply_lines_only():
     assert parse_ping_ms(PING) == [40.3, 40.1, 0.045, 1002.0]
     assert parse_ping_ms("PING x\n--- x ping statistics ---\n1 packets transmitted, 0 received\n") == []
+
+
+def test_rtt_floor_widens_the_tolerance_by_itself():
+    assert not rtt_within(21.5, 20.0) and rtt_within(21.5, 20.0, floor_ms=0.6)
+    assert not rtt_within(21.7, 20.0, floor_ms=0.6)
+
+
+def _direction(rate_mbit: float):
+    """A LinkCheck of one east->west measurement at ``rate_mbit`` of 95.6 expected."""
+    return fidelity.LinkCheck(
+        "east", "west", ["east", "west"], 100.0, 95.6, rate_mbit, 10.0, 20.0, 20.1, 20, 0.0, None,
+        rate_within(rate_mbit, 95.6), True, True,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rates", "attempts", "measured", "ok"),
+    [
+        ([80.0, 95.0], 2, 2, True),  # the second measurement passes: judged by it
+        ([80.0, 81.0, 95.0], 2, 2, False),  # two failing of two allowed: the direction fails
+        ([95.0, 80.0], 3, 1, True),  # a passing direction is not measured again
+        ([80.0, 95.0], 1, 1, False),  # the default: one measurement
+    ],
+)
+def test_a_failing_direction_is_measured_again_up_to_attempts(monkeypatch, rates, attempts, measured, ok):
+    taken = []
+
+    def measure(net, src_dc, dst_dc, *args):
+        taken.append((src_dc, args[-1]))
+        return _direction(rates[len(taken) - 1] if src_dc == "east" else 95.0)  # west->east passes
+
+    monkeypatch.setattr(fidelity, "check_direction", measure)
+    spec = SimpleNamespace(name="t", source="t.yaml", links=[SimpleNamespace(a="east", b="west")])
+    net = SimpleNamespace(spec=spec, mechanism="nfqueue")
+    report = fidelity.check_fidelity(net, attempts=attempts, rtt_floor_ms=0.5)
+    first = report["links"][0]
+    assert taken == [("east", 0.5)] * measured + [("west", 0.5)]
+    assert first["ok"] is ok and len(first["earlier"]) == measured - 1
+    assert [e["measured_rate_mbit"] for e in first["earlier"]] == rates[: measured - 1]
+    assert first["measured_rate_mbit"] == rates[measured - 1]
+    assert report["attempts"] == attempts and report["ok"] is ok and report["links"][1]["earlier"] == []
+
+
+def test_attempts_under_one_are_refused():
+    with pytest.raises(ValueError, match="attempts=0"):
+        fidelity.check_fidelity(SimpleNamespace(), attempts=0)

@@ -34,6 +34,7 @@ from testbed.net.fidelity import (
     jitter_rtt_sd_ms,
     measure_rtt_ms,
     parse_ping_ms,
+    rtt_within,
 )
 from testbed.net.netlink_tc import TC_H_ROOT, read_netem, read_qdiscs
 from testbed.net.shaping import DEFAULT_CLASS_MINOR, ROOT_HANDLE
@@ -102,11 +103,6 @@ def path_floor_ms(link_rate_bps, tmp_path_factory) -> tuple[float, float]:
         rates.update(floor_median_ms=floor[0], floor_max_ms=floor[1])
         (JOB / "rates.txt").write_text(json.dumps(rates))
     return floor
-
-
-def rtt_ok_in_box(measured_ms: float, expected_ms: float, floor_ms: float) -> bool:
-    """The fidelity check's RTT tolerance plus the box's own round trip."""
-    return abs(measured_ms - expected_ms) <= max(RTT_TOLERANCE_MS, RTT_TOLERANCE_FRACTION * expected_ms) + floor_ms
 
 
 def shipped(name: str, rate_bps: int, **link_extra: str) -> TopologySpec:
@@ -183,7 +179,7 @@ def test_live_class_changes_with_netem_keep_the_delay(link_rate_bps, path_floor_
         sent = net.shaping.wan_classes("east", "west")[0x21]["tx_packets"]
         rtt, _ = measure_rtt_ms(net, "east-h1", "west-h1", 10)
         assert net.shaping.wan_classes("east", "west")[0x21]["tx_packets"] >= sent + 10  # through the new class
-        assert rtt_ok_in_box(rtt, rtt_expected, path_floor_ms[0]), rtt
+        assert rtt_within(rtt, rtt_expected, path_floor_ms[0]), rtt
         t = net.shaping.set_wan_class_rate("east", "west", 0x21, rate // 4)
         assert t > 0 and net.shaping.wan_classes("east", "west")[0x21]["rate_bps"] == rate // 4
         net.shaping.set_link_rate("east", "west", rate // 2)
@@ -203,39 +199,17 @@ def test_live_class_changes_with_netem_keep_the_delay(link_rate_bps, path_floor_
 def test_topo_check_passes_with_netem(name, link_rate_bps, path_floor_ms, tmp_path, clean_machine):
     spec = shipped(name, link_rate_bps)
 
-    def bad_links(report: dict) -> list[dict]:
-        return [
-            link
-            for link in report["links"]
-            if not (
-                link["rate_ok"]
-                and link["loss_ok"]
-                and rtt_ok_in_box(link["measured_rtt_ms"], link["expected_rtt_ms"], path_floor_ms[0])
-            )
-        ]
-
     with make_network(spec, out_dir=tmp_path, delay_mechanism="auto") as net:
         assert net.mechanism == "netem"
-        report = check_fidelity(net, **MEASURE)
+        # the RTT judged with the box's own round trip added to the tolerance. The emulated CPU
+        # (TCG) stalls now and then: a direction measured once at half its rate (2 of 4 runs on the
+        # development VM, a single direction each time, the rest exact; once at 86% while other
+        # work shared the machine's two cores; both of two_dc's at 72-85% twice in a row on
+        # 2026-12-03) is measured again, up to three measurements, every one in the report; a
+        # direction that is wrong is wrong every time
+        report = check_fidelity(net, **MEASURE, attempts=3, rtt_floor_ms=path_floor_ms[0])
         print(json.dumps(report["links"], indent=1))
-        bad = bad_links(report)
-        for _ in range(2):
-            if not bad:
-                break
-            # the emulated CPU (TCG) stalls now and then: a direction measured once at half its
-            # rate (2 of 4 runs on the development VM, a single direction each time, the rest exact;
-            # once at 86% while other work shared the machine's two cores; both of two_dc's at
-            # 72-85% twice in a row on 2026-12-03) is measured again, up to twice, every measurement
-            # printed, and passes if one of them does; a direction that is wrong is wrong every
-            # time. The remote backend's fidelity test measures twice; the netns and mininet
-            # fidelity tests take one measurement
-            print("measured again after:", json.dumps(bad, indent=1))
-            again = check_fidelity(net, **MEASURE)
-            print(json.dumps(again["links"], indent=1))
-            good_again = {(x["src_dc"], x["dst_dc"]) for x in again["links"]} - {
-                (x["src_dc"], x["dst_dc"]) for x in bad_links(again)
-            }
-            bad = [x for x in bad if (x["src_dc"], x["dst_dc"]) not in good_again]
+        bad = [link for link in report["links"] if not link["ok"]]
     assert not bad, json.dumps(bad, indent=1)
 
 
