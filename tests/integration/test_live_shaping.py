@@ -15,6 +15,8 @@ from testbed.run.backends import make_network
 from testbed.spec.topology_file import load_topology
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
 
+from .conftest import goodput_within
+
 
 def test_link_rate_change_takes_effect_mid_transfer(tmp_path, clean_machine):
     with make_network(load_topology("two_dc"), out_dir=tmp_path) as net:
@@ -48,13 +50,21 @@ def test_per_host_classes_with_filters(backend, tmp_path, clean_machine):
     with make_network(load_topology("two_dc"), backend, out_dir=tmp_path) as net:
         net.shaping.add_wan_class("east", "west", 0x11, 10_000_000, pairs=[("east-h1", "west-h1")])
         assert net.shaping.wan_classes("east", "west")[0x11]["rate_bps"] == 10_000_000
-        slow = iperf(net, "east-h1", "west-h1", duration_s=3, omit_s=1)
-        fast = iperf(net, "east-h0", "west-h0", duration_s=3, omit_s=1)
-        assert rate_within(slow.bits_per_second, 10e6 * TCP_GOODPUT_FRACTION), slow
-        assert rate_within(fast.bits_per_second, 100e6 * TCP_GOODPUT_FRACTION), fast
+
+        def goodput(src: str, dst: str, rate_bps: float, duration_s: float = 3, omit_s: float = 1) -> list[float]:
+            measure = lambda: iperf(net, src, dst, duration_s, omit_s).bits_per_second  # noqa: E731
+            return goodput_within(measure, rate_bps * TCP_GOODPUT_FRACTION)
+
+        slow = goodput("east-h1", "west-h1", 10e6)
+        # 100 Mbit/s over 5 s after 2 s: over 2 s after 1 s it measured 86-88% twice in a row under
+        # Mininet on 2026-12-03 (a second in a few dips by about 10% on this 2-core machine, as in the
+        # fidelity settings), where 10 and 40 Mbit/s hold
+        fast = goodput("east-h0", "west-h0", 100e6, duration_s=5, omit_s=2)
+        assert rate_within(slow[-1], 10e6 * TCP_GOODPUT_FRACTION), slow
+        assert rate_within(fast[-1], 100e6 * TCP_GOODPUT_FRACTION), fast
         net.shaping.set_wan_class_rate("east", "west", 0x11, 40_000_000)
-        faster = iperf(net, "east-h1", "west-h1", duration_s=3, omit_s=1)
-        assert rate_within(faster.bits_per_second, 40e6 * TCP_GOODPUT_FRACTION), faster
+        faster = goodput("east-h1", "west-h1", 40e6)
+        assert rate_within(faster[-1], 40e6 * TCP_GOODPUT_FRACTION), faster
 
 
 def test_controller_grants_switch_two_flows(tmp_path, clean_machine):
