@@ -31,13 +31,13 @@ ignored. Nothing here touches the kernel; times are CLOCK_MONOTONIC ns.
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from testbed.atlas.channel import DONE, READY, RECV, TransferKey, transfer_key
 from testbed.atlas.classes import CLASS_BASE, Switch, floor_bps
 from testbed.atlas.fifo import GrantQueue
+from testbed.atlas.rendezvous import Rendezvous
 from testbed.atlas.timing import HopTiming
 from testbed.plan.grant_plan import FLOOR_SHARE, Hop, Transfer, boundary_paths
 
@@ -46,8 +46,6 @@ __all__ = ["CLASS_BASE", "FLOOR_SHARE", "GrantLoop", "GrantQueue", "Hop", "HopTi
 MIN_CHECK_NS = 500_000
 #: a grant's bytes have passed once the class sent this share of the transfer's expected wire bytes
 BYTES_PASSED_SHARE = 0.97
-#: transfers remembered as done, so that a late or repeated message about one is ignored
-DONE_MEMORY = 4096
 NEVER = 2**62
 
 
@@ -103,11 +101,9 @@ class GrantLoop:
         self.held: dict[Hop, _Held | None] = dict.fromkeys(all_hops)
         self.waiting: dict[Hop, list[_Waiting]] = {h: [] for h in all_hops}
         self.granted: dict[Hop, int | str | None] = dict.fromkeys(all_hops)
-        self._half: dict[TransferKey, dict[str, int]] = {}
-        self._done_keys: OrderedDict[TransferKey, None] = OrderedDict()
+        self.rendezvous = Rendezvous()
         self._seq = itertools.count()
         self.deadline_releases = 0
-        self.half_expired = 0
         self._free_since: dict[Hop, int] = dict.fromkeys(all_hops, 0)
 
     def replan(self, timing: dict[Hop, HopTiming], iteration_ns: int) -> None:
@@ -124,20 +120,15 @@ class GrantLoop:
             raise ValueError(f"unknown control message {msg!r}")
         key = transfer_key(msg)
         t = msg.get("t", t_ns)
-        if key in self._done_keys:
+        if self.rendezvous.is_done(key):
             return  # a late or repeated message about a finished transfer
         if ev == DONE:
-            self._half.pop(key, None)
-            self._done_keys[key] = None
-            if len(self._done_keys) > DONE_MEMORY:
-                self._done_keys.popitem(last=False)
+            self.rendezvous.finish(key)
             self._done(key, t)
             return
-        sides = self._half.setdefault(key, {})
-        sides[ev] = t
-        if len(sides) == 2:
-            del self._half[key]
-            self._ready(key, sides[READY], sides[RECV], t)
+        both = self.rendezvous.report(key, ev, t)
+        if both is not None:
+            self._ready(key, *both, t)
 
     def _path(self, key: TransferKey) -> list[Hop]:
         return self.hops.get((key[0], key[1]), [])
@@ -197,12 +188,8 @@ class GrantLoop:
     def tick(self, t_ns: int) -> None:
         """Act on what is due at ``t_ns``: byte counters of planned grants, deadlines, transfers
         whose other side's message was lost, planned grants whose bytes are about to arrive."""
-        for key, sides in list(self._half.items()):
-            first = min(sides.values())
-            if t_ns - first >= self._half_expiry(key):
-                del self._half[key]
-                self.half_expired += 1
-                self._ready(key, sides.get(READY, first), sides.get(RECV, first), t_ns)
+        for key, t_sender, t_receiver in self.rendezvous.expire(t_ns, self._half_expiry):
+            self._ready(key, t_sender, t_receiver, t_ns)
         for hop, held in self.held.items():
             if held is None:
                 if self.sharing == "planned":
@@ -230,9 +217,7 @@ class GrantLoop:
 
     def next_wakeup_ns(self) -> int | None:
         """When ``tick`` has something to do next (None: nothing until a message comes)."""
-        times = []
-        for key, sides in self._half.items():
-            times.append(min(sides.values()) + self._half_expiry(key))
+        times = self.rendezvous.expiries_ns(self._half_expiry)
         for hop, held in self.held.items():
             if held is not None:
                 times.append(held.deadline_ns)

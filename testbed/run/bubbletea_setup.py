@@ -49,6 +49,40 @@ def prepare_bubbletea(
     return cfg, d, hosts
 
 
+def start_bubbletea(net: Network, dispatcher: Dispatcher, decode_at: dict[str, str], cfg_arg: str) -> None:
+    """Start each DC's decode host (``bubbletea.decode``, on the worker configuration ``cfg_arg`` as
+    the hosts name it) and then the dispatcher."""
+    for dc, host in decode_at.items():
+        net.popen(
+            host,
+            [net.python(host), "-m", "testbed.bubbletea.decode", cfg_arg, dc],
+            env=net.process_env({"OMP_NUM_THREADS": "1"}),
+        )
+    dispatcher.start()
+
+
+def stop_bubbletea(
+    dispatcher: Dispatcher, cfg: BubbleTeaConfig, workers: list[WorkerSpec], out_dir: Path, progress
+) -> None:
+    """Stop the dispatcher, warn (through ``progress``) of a dispatcher that failed, recorded in
+    ``out_dir/dispatcher_failed``, or of decode hosts that never listened, and remove the workers'
+    inboxes. Training is not affected by either failure."""
+    dispatcher.stop()
+    if dispatcher.failed is not None:
+        progress(
+            f"WARNING: the BubbleTea dispatcher failed ({dispatcher.failed!r}); requests stopped "
+            "being dispatched, training was not affected"
+        )
+        (out_dir / "dispatcher_failed").write_text(repr(dispatcher.failed))
+    if dispatcher.decode_waiting:
+        progress(
+            f"WARNING: the decode host of {', '.join(sorted(dispatcher.decode_waiting))} never listened, so "
+            f"no request was dispatched; see its log in {out_dir / 'logs'}"
+        )
+    for w in workers:
+        Path(cfg.inbox_of(w.rank)).unlink(missing_ok=True)
+
+
 def bubble_prior(exp: Experiment, workers: list[WorkerSpec]) -> tuple[dict[str, dict[str, float]], float]:
     """Each worker's predicted bubbles before the run (rank as a string -> the action a bubble
     precedes -> s) and the predicted iteration (s), from the schedule, the compute targets and the

@@ -26,7 +26,7 @@ from testbed.plan.placement import WorkerSpec, decode_hosts, place
 from testbed.plan.worker_config import STAGGER_FILE, TrainingConfig, WorkerConfig, write_worker_config
 from testbed.results.report import finalize
 from testbed.run.backends import make_network, offers_live_shaping, runs_here
-from testbed.run.bubbletea_setup import prepare_bubbletea
+from testbed.run.bubbletea_setup import prepare_bubbletea, start_bubbletea, stop_bubbletea
 from testbed.run.fit import check_corpus, check_iteration_time, check_memory
 from testbed.run.launch import Launcher, start_workers
 from testbed.run.profile import replan_from_profile, unprofiled
@@ -254,14 +254,8 @@ def _train(
     )
     write_worker_config(out_dir / "worker_config.json", cfg)
     cfg_arg = net.share_file(out_dir / "worker_config.json")
-    for dc, host in decode_at.items():
-        net.popen(
-            host,
-            [net.python(host), "-m", "testbed.bubbletea.decode", cfg_arg, dc],
-            env=net.process_env({"OMP_NUM_THREADS": "1"}),
-        )
     if dispatcher is not None:
-        dispatcher.start()
+        start_bubbletea(net, dispatcher, decode_at, cfg_arg)
     # one gloo connection per pair per entry; concurrent operations use different ones
     env = {**worker_env, "GLOO_SOCKET_IFNAME": ",".join(["eth0"] * n_conn)}
     procs = start_workers(
@@ -284,19 +278,5 @@ def _train(
         sampler.stop()
         if controller is not None:
             controller.stop()
-        if dispatcher is not None:
-            dispatcher.stop()
-            if dispatcher.failed is not None:
-                progress(
-                    f"WARNING: the BubbleTea dispatcher failed ({dispatcher.failed!r}); requests stopped "
-                    "being dispatched, training was not affected"
-                )
-                (out_dir / "dispatcher_failed").write_text(repr(dispatcher.failed))
-            if dispatcher.decode_waiting:
-                progress(
-                    f"WARNING: the decode host of {', '.join(sorted(dispatcher.decode_waiting))} never listened, so "
-                    f"no request was dispatched; see its log in {out_dir / 'logs'}"
-                )
-        if bt is not None:
-            for w in workers:
-                Path(bt.inbox_of(w.rank)).unlink(missing_ok=True)
+        if dispatcher is not None and bt is not None:
+            stop_bubbletea(dispatcher, bt, workers, out_dir, progress)

@@ -197,9 +197,9 @@ def test_a_lost_recv_costs_at_most_one_iteration_and_one_deadline():
     expiry = 1_000_000 + loop.iteration_ns + ab.deadline_ns
     assert switch.events == [] and loop.next_wakeup_ns() == expiry
     loop.tick(expiry - 1)  # a receiver may post late: within an iteration it is not lost
-    assert switch.events == [] and loop.half_expired == 0
+    assert switch.events == [] and loop.rendezvous.expired == 0
     loop.tick(expiry)
-    assert loop.half_expired == 1 and [e[:3] for e in switch.events] == [("grant", hop, 0)]
+    assert loop.rendezvous.expired == 1 and [e[:3] for e in switch.events] == [("grant", hop, 0)]
 
 
 def test_late_and_repeated_messages_about_a_finished_transfer_are_ignored():

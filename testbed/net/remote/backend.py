@@ -42,7 +42,7 @@ from testbed.net.remote.clean import finish_machines
 from testbed.net.remote.clock import measure_offset, write_clock_offsets
 from testbed.net.remote.deploy import deploy, share
 from testbed.net.remote.inventory import Inventory, Machine, check_against, load_inventory
-from testbed.net.remote.preflight import local_versions, preflight, require_ready
+from testbed.net.remote.preflight import connect_and_check
 from testbed.net.remote.ssh import Connection
 from testbed.net.remote.sync import TraceSync
 from testbed.net.remote.tunnels import TUNNEL_MTU, tunnel_plan
@@ -114,7 +114,7 @@ class RemoteNetwork(ManagedNetwork):
             "roots": {m.name: self.root_of(m) for m in self.inventory.machines},
         }
         self.record.save()
-        self._connect_and_check()
+        connect_and_check(self.inventory, self.conns, self.preflight)  # before anything is built
         for m in self.inventory.machines:
             deploy(self.conns[m.name], self.root_of(m))
             self.agents[m.name] = AgentClient(
@@ -158,24 +158,6 @@ class RemoteNetwork(ManagedNetwork):
             tunnels=tunnels,
             host_extra={h.name: {"machine": self.inventory.machine_of(h.dc).name} for h in self.plan.hosts.values()},
         )
-
-    def _connect_and_check(self) -> None:
-        """Every machine reachable, verified and ready, before anything is built anywhere."""
-        problems = []
-        for m in self.inventory.machines:
-            conn = Connection(m, self.inventory.known_hosts, self.inventory.accept_unknown_host_keys)
-            try:
-                self.conns[m.name] = conn.open()
-            except RemoteError as e:
-                problems.append(str(e))
-        require_ready(problems, "cannot use the inventory's machines")
-        want = local_versions()
-        for m in self.inventory.machines:
-            report, found = preflight(self.conns[m.name], m, want)
-            if report is not None:
-                self.preflight[m.name] = report
-            problems += found
-        require_ready(problems, "machines are not ready")
 
     def teardown(self) -> None:
         """Every agent tears its part down; a machine whose agent is gone is cleaned from its own

@@ -11,7 +11,7 @@ from importlib import metadata
 from typing import Any
 
 from testbed.errors import RemoteError
-from testbed.net.remote.inventory import Machine
+from testbed.net.remote.inventory import Inventory, Machine
 from testbed.net.remote.ssh import Connection
 
 #: what the agent and the workers import, checked on every machine before anything is built
@@ -138,3 +138,25 @@ def require_ready(problems: list[str], what: str) -> None:
     """Raise RemoteError listing every problem, if any."""
     if problems:
         raise RemoteError(f"{what}; nothing was built:\n  " + "\n  ".join(problems))
+
+
+def connect_and_check(inventory: Inventory, conns: dict[str, Connection], reports: dict[str, dict[str, Any]]) -> None:
+    """Open a connection to every machine of ``inventory`` into ``conns`` (by machine name) and
+    check each (``preflight``, its report into ``reports``), before anything is built anywhere.
+    Raises RemoteError listing every machine's problems: first those reaching them, then those
+    of the machines reached. Connections opened stay in ``conns``, for the caller to close."""
+    problems = []
+    for m in inventory.machines:
+        conn = Connection(m, inventory.known_hosts, inventory.accept_unknown_host_keys)
+        try:
+            conns[m.name] = conn.open()
+        except RemoteError as e:
+            problems.append(str(e))
+    require_ready(problems, "cannot use the inventory's machines")
+    want = local_versions()
+    for m in inventory.machines:
+        report, found = preflight(conns[m.name], m, want)
+        if report is not None:
+            reports[m.name] = report
+        problems += found
+    require_ready(problems, "machines are not ready")
