@@ -15,6 +15,7 @@ from testbed.bubbletea.profile import live_prediction_errors, prediction_error_s
 from testbed.plan.worker_config import read_worker_config
 from testbed.results import analysis as A
 from testbed.results import link_counters as L
+from testbed.results.ttft import request_table, slo_attainment
 from testbed.spec.bubbletea import BubbleTeaSpec
 from testbed.spec.compute import compute_from_dict
 from testbed.spec.experiment import tokens_per_iteration
@@ -119,7 +120,10 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     host), ``requests_decoded``, ``ttft_p50_s``/``ttft_p99_s`` (arrival to first token at the decode
     host, KV transfer included), ``ttft_within_slo_share`` (of the requests assigned, those whose
     first token came within ``ttft_slo_s``), ``ttft_alone_p50_s`` and ``ttft_slo_reachable_share``
-    (the same requests on GPUs serving prefill alone, ``ttft_alone_s``), ``prefill_overrun_fraction`` and
+    (the same requests on GPUs serving prefill alone, ``ttft_alone_s``), ``ttft_slo_attainment`` and
+    ``ttft_scaled_slo_attainment`` with how many requests each judged (against ``ttft_slo_s`` and
+    ``ttft_slo_scale`` x the TTFT alone, over the requests whose deadline fell within the run:
+    ``results/ttft.py``), ``prefill_overrun_fraction`` and
     ``decode_overrun_fraction`` (prefill slices and decode steps whose real time exceeded their
     padded target), ``decode_mean_batch`` (continuous batching, ``trace/metrics.py``),
     ``peak_gpu_memory_mb`` (the most a training host's emulated GPU held while
@@ -155,7 +159,12 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     assigned = [r for r in read_jsonl(run_dir / "requests" / "dispatch.jsonl") if r.get("event") == "assign"]
     ttft = pd.Series([(r["first_token_ns"] - r["arrival_ns"]) / 1e9 for r in first], dtype=float)
     slo_s = config["bubbletea"].get("ttft_slo_s", BubbleTeaSpec().ttft_slo_s)
+    slo_scale = config["bubbletea"].get("ttft_slo_scale", BubbleTeaSpec().ttft_slo_scale)
     alone = ttft_alone_s(run_dir, assigned)
+    requests = request_table(assigned, first, alone)
+    end_ns = int(train[T.END_NS].max()) if len(train) else 0  # no prefill after training ends
+    attained, judged = slo_attainment(requests, slo_s, end_ns)
+    scaled, scaled_judged = slo_attainment(requests, slo_scale * requests["alone_s"], end_ns)
     delays = train[train[T.KIND].isin((T.FORWARD, T.BACKWARD))]
     delays = delays[T.PREFILL_DELAY_NS] if T.PREFILL_DELAY_NS in delays else pd.Series(dtype=float)
     windows = B.bubble_windows(train)
@@ -179,6 +188,11 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
         M.TTFT_SLO_S: slo_s,
         M.TTFT_ALONE_P50_S: float(alone.quantile(0.5)) if len(alone) else None,
         M.TTFT_SLO_REACHABLE_SHARE: float((alone <= slo_s).mean()) if len(alone) else None,
+        M.TTFT_SLO_ATTAINMENT: attained,
+        M.TTFT_SLO_JUDGED: judged,
+        M.TTFT_SLO_SCALE: slo_scale,
+        M.TTFT_SCALED_SLO_ATTAINMENT: scaled,
+        M.TTFT_SCALED_SLO_JUDGED: scaled_judged,
         M.PREFILL_OVERRUN_FRACTION: float((pre[T.REAL_NS] > pre[T.TARGET_NS]).mean())
         if len(pre) and T.TARGET_NS in pre
         else None,

@@ -47,7 +47,10 @@ class BubbleTeaSpec:
     where more).
     ``ttft_slo_s``: the time to first token a request is judged against (s, wall time; the
     summary reports the share of requests within it). Its default, 1 s, is a round figure for an
-    interactive service, not a published one: set your own."""
+    interactive service, not a published one: set your own. ``ttft_slo_scale``: a second SLO, for
+    each request this multiple of its TTFT served alone (its prompt in one pass on an idle
+    emulated GPU), which means the same on the slow emulated GPU as on a real one
+    (``results/ttft.py``); its default, 3, is likewise a round figure."""
 
     model: ModelConfig | None = None
     request_rate: float = 4.0
@@ -62,6 +65,7 @@ class BubbleTeaSpec:
     decode: bool = True
     max_decode_batch: int = 32
     ttft_slo_s: float = 1.0
+    ttft_slo_scale: float = 3.0
 
 
 def bubbletea_from_dict(d: dict[str, Any]) -> BubbleTeaSpec:
@@ -122,6 +126,13 @@ def check_bubbletea(source: str, bt: BubbleTeaSpec, iterations: int | None) -> N
         )
     if not (math.isfinite(bt.ttft_slo_s) and bt.ttft_slo_s > 0):
         raise bad("bubbletea.ttft_slo_s", bt.ttft_slo_s, "is not a finite number of seconds above 0", "give e.g. 1.0")
+    if not (math.isfinite(bt.ttft_slo_scale) and bt.ttft_slo_scale >= 1):
+        raise bad(
+            "bubbletea.ttft_slo_scale",
+            bt.ttft_slo_scale,
+            "is not a finite number of 1 or more (a multiple of each request's TTFT served alone)",
+            "give e.g. 3",
+        )
     if not (math.isfinite(bt.guard_ms) and bt.guard_ms >= 0):
         raise bad("bubbletea.guard_ms", bt.guard_ms, "is not a finite number of ms >= 0", "give e.g. 3")
     for key in ("max_prompt_tokens", "max_output_tokens", "max_chunk_tokens", "profile_iterations", "max_decode_batch"):

@@ -215,11 +215,12 @@ def _parse_bubbletea(source: str, data: Any, training: ModelConfig) -> BubbleTea
         "profile_iterations",
         "decode",
         "ttft_slo_s",
+        "ttft_slo_scale",
         "max_decode_batch",
     )
     b = FieldReader(source, data, "bubbletea", keys)
     kw: dict[str, Any] = {}
-    for key in ("request_rate", "time_scale", "rate_factor", "guard_ms", "ttft_slo_s"):
+    for key in ("request_rate", "time_scale", "rate_factor", "guard_ms", "ttft_slo_s", "ttft_slo_scale"):
         if key in b.data:
             kw[key] = b.get(key, _num(float, 4.0), REQUIRED)
     for key in ("max_prompt_tokens", "max_output_tokens", "max_chunk_tokens", "profile_iterations", "max_decode_batch"):

@@ -74,6 +74,12 @@ TTFT_WITHIN_SLO_SHARE, TTFT_SLO_S = "ttft_within_slo_share", "ttft_slo_s"
 #: and the share of the requests for which even that is within ``ttft_slo_s`` (the ceiling of
 #: ``ttft_within_slo_share``)
 TTFT_ALONE_P50_S, TTFT_SLO_REACHABLE_SHARE = "ttft_alone_p50_s", "ttft_slo_reachable_share"
+#: of the requests whose deadline (arrival + SLO) fell within the run, the share whose first token
+#: came by it, and how many those were (``results/ttft.py``): against ``ttft_slo_s``, and against
+#: ``ttft_slo_scale`` x each request's TTFT served alone
+TTFT_SLO_ATTAINMENT, TTFT_SLO_JUDGED = "ttft_slo_attainment", "ttft_slo_judged"
+TTFT_SCALED_SLO_ATTAINMENT, TTFT_SCALED_SLO_JUDGED = "ttft_scaled_slo_attainment", "ttft_scaled_slo_judged"
+TTFT_SLO_SCALE = "ttft_slo_scale"
 #: BubbleTea's padded work whose real time exceeded its target: prefill slices (of all in the run)
 #: and decode steps (of all the decode hosts ran)
 PREFILL_OVERRUN_FRACTION, DECODE_OVERRUN_FRACTION = "prefill_overrun_fraction", "decode_overrun_fraction"
