@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from testbed.results.request_sweep import plot_request_sweep, sweep_row, sweep_summary
+from testbed.results.request_sweep import SLO_SHARE, plot_request_sweep, slo_operating_point, sweep_row, sweep_summary
 from testbed.run.interrupts import tears_down_on_signals
 from testbed.run.runner import run_experiment
 from testbed.spec.experiment_file import load_experiment
@@ -66,7 +66,8 @@ def main() -> None:
                 f"{plain.get('gpu_utilization')} without BubbleTea, {row['gpu_utilization']} with it "
                 f"(training's share {row['training_gpu_utilization']}), fill {row['bubble_fill_fraction']}, "
                 f"requests {row['requests_completed']}/{row['requests_assigned']}, TTFT p50 {row['ttft_p50_s']} s "
-                f"p99 {row['ttft_p99_s']} s, delayed ops {row['training_ops_delayed_by_prefill']}",
+                f"p99 {row['ttft_p99_s']} s, TTFT SLO met {row['ttft_slo_attainment']} (absolute) "
+                f"{row['ttft_scaled_slo_attainment']} (scaled), delayed ops {row['training_ops_delayed_by_prefill']}",
                 flush=True,
             )
     runs = pd.DataFrame(rows)
@@ -75,6 +76,16 @@ def main() -> None:
     summary.to_csv(args.out / "sweep_requests.csv", index=False)
     plot_request_sweep(summary, args.out / "sweep_requests.png", f"BubbleTea on {base.name} ({args.policy})")
     print(summary.to_string(index=False))
+    for column, what in (("ttft_scaled_slo_attainment", "the scaled TTFT SLO"), ("ttft_slo_attainment", "ttft_slo_s")):
+        point = slo_operating_point(summary, column)
+        print(
+            f"highest GPU utilization with {SLO_SHARE:.0%} of requests meeting {what}: "
+            + (
+                f"{point['gpu_utilization']:.3f} at {point['rate_per_s']:g} requests/s ({point['attainment']:.0%} met)"
+                if point
+                else "none of the rates swept"
+            )
+        )
     print(f"wrote {args.out / 'sweep_requests.csv'} and {args.out / 'sweep_requests.png'}")
 
 

@@ -64,6 +64,25 @@ def sweep_summary(rows: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
+#: the share of requests that must meet the TTFT SLO at an operating point (the issue's 90%)
+SLO_SHARE = 0.9
+
+
+def slo_operating_point(summary: pd.DataFrame, column: str = M.TTFT_SCALED_SLO_ATTAINMENT) -> dict | None:
+    """The rate of ``summary`` (``sweep_summary``'s) with the highest median GPU utilization among
+    those whose median ``column`` is at least ``SLO_SHARE``, as {rate_per_s, gpu_utilization,
+    attainment}; None where no rate reaches it."""
+    ok = summary[summary[column].notna() & (summary[column] >= SLO_SHARE)]
+    if ok.empty:
+        return None
+    best = ok.loc[ok[M.GPU_UTILIZATION].idxmax()]
+    return {
+        "rate_per_s": float(best["rate_per_s"]),
+        M.GPU_UTILIZATION: float(best[M.GPU_UTILIZATION]),
+        "attainment": float(best[column]),
+    }
+
+
 def plot_request_sweep(summary: pd.DataFrame, path: Path, title: str) -> Path:
     """Write the sweep's plot to ``path``: TTFT p50/p99 (left) and GPU utilization, bubble fill
     and training slowdown beside the noise floor (right) against the rate, medians with their
@@ -89,6 +108,8 @@ def plot_request_sweep(summary: pd.DataFrame, path: Path, title: str) -> Path:
     a.legend()
     line(b, M.GPU_UTILIZATION, "s-", "GPU utilization (training + prefill)")
     line(b, M.BUBBLE_FILL_FRACTION, "o-", "bubble fill fraction")
+    if summary[M.TTFT_SCALED_SLO_ATTAINMENT].notna().all():
+        line(b, M.TTFT_SCALED_SLO_ATTAINMENT, "d-.", "share meeting the scaled TTFT SLO")
     slow = summary[["training_slowdown", "training_slowdown_min", "training_slowdown_max"]] - 1
     b.errorbar(
         x,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from testbed.results.request_sweep import plot_request_sweep, sweep_row, sweep_summary
+from testbed.results.request_sweep import plot_request_sweep, slo_operating_point, sweep_row, sweep_summary
 
 
 def _summary(it_s: float, util: float, ttft: float) -> dict:
@@ -37,3 +37,16 @@ def test_rows_and_their_medians_ranges_and_noise_floor(tmp_path):
     assert s.loc[4.0, "noise_floor"] is None or s.loc[4.0, "noise_floor"] != s.loc[4.0, "noise_floor"]  # one pair: none
     out = plot_request_sweep(s.reset_index(), tmp_path / "sweep.png", "t")
     assert out.stat().st_size > 10_000
+
+
+def test_the_operating_point_is_the_most_utilized_rate_that_meets_the_slo():
+    summary = pd.DataFrame(
+        {
+            "rate_per_s": [0.25, 0.5, 1.0, 4.0],
+            "gpu_utilization": [0.55, 0.62, 0.70, 0.85],
+            "ttft_scaled_slo_attainment": [1.0, 0.92, 0.6, None],
+        }
+    )
+    assert slo_operating_point(summary) == {"rate_per_s": 0.5, "gpu_utilization": 0.62, "attainment": 0.92}
+    summary["ttft_scaled_slo_attainment"] = [0.89, 0.5, 0.2, 0.0]
+    assert slo_operating_point(summary) is None  # 89% is not 90%
