@@ -136,8 +136,11 @@ def check_bubbletea(source: str, bt: BubbleTeaSpec, iterations: int | None) -> N
     if not (math.isfinite(bt.guard_ms) and bt.guard_ms >= 0):
         raise bad("bubbletea.guard_ms", bt.guard_ms, "is not a finite number of ms >= 0", "give e.g. 3")
     for key in ("max_prompt_tokens", "max_output_tokens", "max_chunk_tokens", "profile_iterations", "max_decode_batch"):
-        if getattr(bt, key) is not None and getattr(bt, key) < 1:
-            raise bad(f"bubbletea.{key}", getattr(bt, key), "is not positive", "use 1 or more")
+        v = getattr(bt, key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise bad(f"bubbletea.{key}", v, "is not a whole number", "give a count, e.g. 128")
+        if v is not None and v < 1:
+            raise bad(f"bubbletea.{key}", v, "is not positive", "use 1 or more")
     if bt.max_chunk_tokens < MIN_CHUNK_TOKENS:
         raise bad(
             "bubbletea.max_chunk_tokens",

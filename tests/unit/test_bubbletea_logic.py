@@ -319,3 +319,14 @@ def test_a_trace_prompt_longer_than_the_unclipped_context_is_refused_with_the_fi
     with pytest.raises(SpecError, match=r"ContextTokens.*8th request.*seq_len >= 20256.*max_prompt_tokens <= 14050"):
         check_prompts_fit(bt, [Request(0, 0.0, 5, 10), Request(7, 1.0, 20000, 10)])
     check_prompts_fit(replace(bt, max_prompt_tokens=1000), [Request(7, 1.0, 20000, 10)])  # clipped: fits
+
+
+@pytest.mark.parametrize(
+    "key, value", [("max_decode_batch", 2.5), ("max_chunk_tokens", True), ("max_output_tokens", "8")]
+)
+def test_counts_given_through_the_python_api_must_be_whole_numbers(key, value):
+    from testbed.spec.bubbletea import check_bubbletea
+
+    with pytest.raises(SpecError, match="whole number") as e:
+        check_bubbletea("api", replace(BubbleTeaSpec(), **{key: value}), 8)
+    assert e.value.field == f"bubbletea.{key}"
