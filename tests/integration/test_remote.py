@@ -69,11 +69,16 @@ def test_fidelity_across_machines(name, lab, tmp_path, clean_machine):
             net.plan.hosts[h].netns for h in net.plan.hosts if h.startswith("west")
         ) + [f"{net.prefix}-west-r"]
         _assert_offsets(net.clock)
-        # a failing direction measured again (LONG_RTT: one of 4-6, at 89-94% of its goodput, in 3
-        # of 4 runs on 2026-12-03, the same at the commit before that day's changes, none touching
-        # the network)
-        report = check_fidelity(net, **LONG_RTT)
+        # a failing direction measured again, up to three measurements: the two stand-in machines
+        # and their agents' trace copying share this machine's two cores, and the directions sent
+        # from the machine holding west alone dip most (86-92% of their goodput twice in a row in
+        # one full run on 2026-12-03, 81-90% in one of two runs right after the Mininet tests,
+        # 99-100% in four runs alone); a direction that is wrong is wrong every time
+        report = check_fidelity(net, **{**LONG_RTT, "attempts": 3})
         bad = [link for link in report["links"] if not link["ok"]]
+        for x in report["links"]:
+            measured = [e["measured_rate_mbit"] for e in x["earlier"]] + [x["measured_rate_mbit"]]
+            print(f"{x['src_dc']}->{x['dst_dc']}: {measured} of {x['expected_goodput_mbit']:.1f} Mbit/s")
     assert not bad, json.dumps(bad, indent=1)
     assert len(report["links"]) == 2 * len(spec.links)
     topo = json.loads((tmp_path / "run" / "topology.json").read_text())
