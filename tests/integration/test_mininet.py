@@ -86,7 +86,34 @@ def test_one_mininet_run_at_a_time_and_kill_9_then_clean(tmp_path):
     assert machine_state(others) == before
 
 
-def test_mn_custom_builds_the_same_network(clean_machine):
+#: the machine-wide settings ``mn`` raises at start (mininet/util.py, fixLimits) and leaves raised,
+#: put back by the test that runs it
+MN_SYSCTLS = (
+    "fs/file-max",
+    "net/core/wmem_max",
+    "net/core/rmem_max",
+    "net/ipv4/tcp_rmem",
+    "net/ipv4/tcp_wmem",
+    "net/core/netdev_max_backlog",
+    "net/ipv4/neigh/default/gc_thresh1",
+    "net/ipv4/neigh/default/gc_thresh2",
+    "net/ipv4/neigh/default/gc_thresh3",
+    "net/ipv4/route/max_size",
+    "kernel/pty/max",
+)
+
+
+@pytest.fixture
+def mn_sysctls_restored():
+    """The MN_SYSCTLS as they were before the test, written back after it (the testbed's own
+    Mininet backend never raises them: ``mininet_backend.py``)."""
+    saved = {name: (Path("/proc/sys") / name).read_text() for name in MN_SYSCTLS}
+    yield saved
+    for name, value in saved.items():
+        (Path("/proc/sys") / name).write_text(value)
+
+
+def test_mn_custom_builds_the_same_network(clean_machine, mn_sysctls_restored):
     """Mininet's own tool opens the shipped topology (no switch, no controller) and every node
     reaches every other."""
     proc = subprocess.run(
