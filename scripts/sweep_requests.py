@@ -9,7 +9,10 @@ plain runs' own spread) and ``sweep_requests.png`` (``results/request_sweep.py``
 nothing asserted.
 
 Run as root: .venv/bin/python scripts/sweep_requests.py [EXPERIMENT] [--rates 1,4,16] [--repeat 3]
-             [--policy atlas] [--iterations 8] [--out DIR]
+             [--policy atlas] [--iterations 8] [--out DIR] [--reanalyze]
+
+``--reanalyze`` runs nothing: it recomputes every run folder's summary under ``--out`` with this
+checkout's analysis (``testbed analyze``'s) and writes the tables and plot again.
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from testbed.results.report import finalize
 from testbed.results.request_sweep import SLO_SHARE, plot_request_sweep, slo_operating_point, sweep_row, sweep_summary
 from testbed.run.interrupts import tears_down_on_signals
 from testbed.run.runner import run_experiment
 from testbed.spec.experiment_file import load_experiment
+from testbed.trace import metrics as M
 
 
 def main() -> None:
@@ -40,6 +45,9 @@ def main() -> None:
         default=Path("results") / f"sweep-requests-{time.strftime('%Y%m%d-%H%M%S')}",
         help="folder for the tables, the plot and the run folders",
     )
+    ap.add_argument(
+        "--reanalyze", action="store_true", help="recompute the summaries of the run folders under --out; run nothing"
+    )
     args = ap.parse_args()
     if args.repeat < 1:
         ap.error(f"--repeat {args.repeat}: give 1 or more pairs of runs per rate")
@@ -49,15 +57,13 @@ def main() -> None:
     for rate in (float(r) for r in args.rates.split(",")):
         exp = base.with_overrides(bubbletea=replace(base.bubbletea, request_rate=rate))
         for i in range(args.repeat):
-            plain = run_experiment(
-                exp.with_overrides(policy=args.policy),
-                args.out / f"{args.policy}-{rate:g}-{i}",
-                progress=lambda line: None,
-            )
-            bt = run_experiment(
-                exp.with_overrides(policy=f"{args.policy}+bubbletea"),
-                args.out / f"{args.policy}+bubbletea-{rate:g}-{i}",
-                progress=lambda line: None,
+            plain, bt = (
+                finalize(args.out / f"{policy}-{rate:g}-{i}")
+                if args.reanalyze
+                else run_experiment(
+                    exp.with_overrides(policy=policy), args.out / f"{policy}-{rate:g}-{i}", progress=lambda line: None
+                )
+                for policy in (args.policy, f"{args.policy}+bubbletea")
             )
             row = sweep_row(rate, i, plain, bt)
             rows.append(row)
@@ -66,8 +72,8 @@ def main() -> None:
                 f"{plain.get('gpu_utilization')} without BubbleTea, {row['gpu_utilization']} with it "
                 f"(training's share {row['training_gpu_utilization']}), fill {row['bubble_fill_fraction']}, "
                 f"requests {row['requests_completed']}/{row['requests_assigned']}, TTFT p50 {row['ttft_p50_s']} s "
-                f"p99 {row['ttft_p99_s']} s, TTFT SLO met {row['ttft_slo_attainment']} (absolute) "
-                f"{row['ttft_scaled_slo_attainment']} (scaled), delayed ops {row['training_ops_delayed_by_prefill']}",
+                f"p99 {row['ttft_p99_s']} s, TTFT SLO met {row[M.TTFT_SLO_ATTAINMENT]} (absolute) "
+                f"{row[M.TTFT_SCALED_SLO_ATTAINMENT]} (scaled), delayed ops {row['training_ops_delayed_by_prefill']}",
                 flush=True,
             )
     runs = pd.DataFrame(rows)
@@ -76,12 +82,12 @@ def main() -> None:
     summary.to_csv(args.out / "sweep_requests.csv", index=False)
     plot_request_sweep(summary, args.out / "sweep_requests.png", f"BubbleTea on {base.name} ({args.policy})")
     print(summary.to_string(index=False))
-    for column, what in (("ttft_scaled_slo_attainment", "the scaled TTFT SLO"), ("ttft_slo_attainment", "ttft_slo_s")):
+    for column, what in ((M.TTFT_SCALED_SLO_ATTAINMENT, "the scaled TTFT SLO"), (M.TTFT_SLO_ATTAINMENT, "ttft_slo_s")):
         point = slo_operating_point(summary, column)
         print(
             f"highest GPU utilization with {SLO_SHARE:.0%} of requests meeting {what}: "
             + (
-                f"{point['gpu_utilization']:.3f} at {point['rate_per_s']:g} requests/s ({point['attainment']:.0%} met)"
+                f"{point[M.GPU_UTILIZATION]:.3f} at {point['rate_per_s']:g} requests/s ({point['attainment']:.0%} met)"
                 if point
                 else "none of the rates swept"
             )

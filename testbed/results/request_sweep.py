@@ -72,7 +72,7 @@ def slo_operating_point(summary: pd.DataFrame, column: str = M.TTFT_SCALED_SLO_A
     """The rate of ``summary`` (``sweep_summary``'s) with the highest median GPU utilization among
     those whose median ``column`` is at least ``SLO_SHARE``, as {rate_per_s, gpu_utilization,
     attainment}; None where no rate reaches it."""
-    ok = summary[summary[column].notna() & (summary[column] >= SLO_SHARE)]
+    ok = summary[summary[column].notna() & (summary[column] >= SLO_SHARE) & summary[M.GPU_UTILIZATION].notna()]
     if ok.empty:
         return None
     best = ok.loc[ok[M.GPU_UTILIZATION].idxmax()]
@@ -108,7 +108,7 @@ def plot_request_sweep(summary: pd.DataFrame, path: Path, title: str) -> Path:
     a.legend()
     line(b, M.GPU_UTILIZATION, "s-", "GPU utilization (training + prefill)")
     line(b, M.BUBBLE_FILL_FRACTION, "o-", "bubble fill fraction")
-    if summary[M.TTFT_SCALED_SLO_ATTAINMENT].notna().all():
+    if summary[M.TTFT_SCALED_SLO_ATTAINMENT].notna().any():  # a rate with none judged is a gap
         line(b, M.TTFT_SCALED_SLO_ATTAINMENT, "d-.", "share meeting the scaled TTFT SLO")
     slow = summary[["training_slowdown", "training_slowdown_min", "training_slowdown_max"]] - 1
     b.errorbar(

@@ -15,7 +15,7 @@ from testbed.bubbletea.profile import live_prediction_errors, prediction_error_s
 from testbed.plan.worker_config import read_worker_config
 from testbed.results import analysis as A
 from testbed.results import link_counters as L
-from testbed.results.ttft import request_table, slo_attainment
+from testbed.results.ttft import arrivals, request_table, slo_attainment
 from testbed.spec.bubbletea import BubbleTeaSpec
 from testbed.spec.compute import compute_from_dict
 from testbed.spec.experiment import tokens_per_iteration
@@ -157,12 +157,13 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     first = [r for r in decode_log if r.get("event") == "first_token"]
     decoded = [r for r in decode_log if r.get("event") == "decoded"]
     assigned = [r for r in read_jsonl(run_dir / "requests" / "dispatch.jsonl") if r.get("event") == "assign"]
-    ttft = pd.Series([(r["first_token_ns"] - r["arrival_ns"]) / 1e9 for r in first], dtype=float)
     slo_s = config["bubbletea"].get("ttft_slo_s", BubbleTeaSpec().ttft_slo_s)
     slo_scale = config["bubbletea"].get("ttft_slo_scale", BubbleTeaSpec().ttft_slo_scale)
     alone = ttft_alone_s(run_dir, assigned)
-    requests = request_table(assigned, first, alone)
     end_ns = int(train[T.END_NS].max()) if len(train) else 0  # no prefill after training ends
+    arrived = arrived_requests(run_dir, config, end_ns)
+    requests = request_table(arrived, first, ttft_alone_s(run_dir, arrived))
+    ttft = requests["ttft_s"].dropna()  # every first token is of a request that arrived
     attained, judged = slo_attainment(requests, slo_s, end_ns)
     scaled, scaled_judged = slo_attainment(requests, slo_scale * requests["alone_s"], end_ns)
     delays = train[train[T.KIND].isin((T.FORWARD, T.BACKWARD))]
@@ -213,6 +214,18 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
         M.BUBBLE_OVER_PREDICTED_SHARE: errors.get("over_predicted_share"),
         M.BUBBLE_BEYOND_PREDICTION_SHARE: errors.get("beyond_prediction_share"),
     }
+
+
+def arrived_requests(run_dir: Path, config: dict, end_ns: int) -> list[dict]:
+    """Every request of the run's stream that arrived by ``end_ns``, assigned to a worker or not
+    (``results/ttft.arrivals``); the assignments, for a run folder whose dispatcher did not log
+    the stream's start."""
+    log = read_jsonl(run_dir / "requests" / "dispatch.jsonl")
+    start = next((r["t_ns"] for r in log if r.get("event") == "stream_start"), None)
+    if start is None or not (run_dir / "requests" / "stream.parquet").exists():
+        return [r for r in log if r.get("event") == "assign"]
+    stream = pd.read_parquet(run_dir / "requests" / "stream.parquet")
+    return arrivals(stream, start, end_ns, config["bubbletea"].get("max_prompt_tokens"))
 
 
 def ttft_alone_s(run_dir: Path, assigned: list[dict]) -> pd.Series:

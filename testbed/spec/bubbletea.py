@@ -4,6 +4,7 @@ item 5), its limits and its checks."""
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -113,6 +114,10 @@ def check_bubbletea(source: str, bt: BubbleTeaSpec, iterations: int | None) -> N
 
     if bt.model is not None:
         check_model_size(source, "bubbletea.model", bt.model)
+    for key in ("request_rate", "time_scale", "rate_factor", "ttft_slo_s", "ttft_slo_scale", "guard_ms"):
+        v = getattr(bt, key)
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):  # the Python API takes anything
+            raise bad(f"bubbletea.{key}", v, "is not a number", "give a number, e.g. 1.0")
     for key in ("request_rate", "time_scale", "rate_factor"):
         v = getattr(bt, key)
         if not (math.isfinite(v) and v > 0):
@@ -137,7 +142,7 @@ def check_bubbletea(source: str, bt: BubbleTeaSpec, iterations: int | None) -> N
         raise bad("bubbletea.guard_ms", bt.guard_ms, "is not a finite number of ms >= 0", "give e.g. 3")
     for key in ("max_prompt_tokens", "max_output_tokens", "max_chunk_tokens", "profile_iterations", "max_decode_batch"):
         v = getattr(bt, key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral)):
             raise bad(f"bubbletea.{key}", v, "is not a whole number", "give a count, e.g. 128")
         if v is not None and v < 1:
             raise bad(f"bubbletea.{key}", v, "is not positive", "use 1 or more")

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 #: and judged by it, both measurements in the report: on this 2-core machine one measurement in a
 #: few falls just outside a tolerance while another process takes a core (a rate at 89-94% of its
 #: goodput, an RTT 1.25 ms high on a 20 ms path in a CI run on 2026-12-03); a direction that is
-#: wrong is wrong both times
+#: wrong usually fails both
 SHORT = {"duration_s": 3, "omit_s": 1, "rtt_samples": 20, "attempts": 2}
 #: three_dc's 60 ms east-west path fell about 5.5% short now and then over SHORT's 2 s window, on
 #: every backend; over 5 s after 2 s of warm-up (nearer the CLI's 10 s after 2 s) it has not so far

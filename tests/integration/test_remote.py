@@ -73,7 +73,7 @@ def test_fidelity_across_machines(name, lab, tmp_path, clean_machine):
         # and their agents' trace copying share this machine's two cores, and the directions sent
         # from the machine holding west alone dip most (86-92% of their goodput twice in a row in
         # one full run on 2026-12-03, 81-90% in one of two runs right after the Mininet tests,
-        # 99-100% in four runs alone); a direction that is wrong is wrong every time
+        # 99-100% in four runs alone); a direction that is wrong usually fails every time
         report = check_fidelity(net, **{**LONG_RTT, "attempts": 3})
         bad = [link for link in report["links"] if not link["ok"]]
         for x in report["links"]:

@@ -322,11 +322,19 @@ def test_a_trace_prompt_longer_than_the_unclipped_context_is_refused_with_the_fi
 
 
 @pytest.mark.parametrize(
-    "key, value", [("max_decode_batch", 2.5), ("max_chunk_tokens", True), ("max_output_tokens", "8")]
+    "key, value, problem",
+    [
+        ("max_decode_batch", 2.5, "whole number"),
+        ("max_chunk_tokens", True, "whole number"),
+        ("max_output_tokens", "8", "whole number"),
+        ("ttft_slo_scale", "3x", "not a number"),
+        ("ttft_slo_s", True, "not a number"),
+        ("guard_ms", None, "not a number"),
+    ],
 )
-def test_counts_given_through_the_python_api_must_be_whole_numbers(key, value):
+def test_values_given_through_the_python_api_are_checked_for_their_type(key, value, problem):
     from testbed.spec.bubbletea import check_bubbletea
 
-    with pytest.raises(SpecError, match="whole number") as e:
+    with pytest.raises(SpecError, match=problem) as e:
         check_bubbletea("api", replace(BubbleTeaSpec(), **{key: value}), 8)
     assert e.value.field == f"bubbletea.{key}"

@@ -115,11 +115,22 @@ def test_a_failing_direction_is_measured_again_up_to_attempts(monkeypatch, rates
     first = report["links"][0]
     assert taken == [("east", 0.5)] * measured + [("west", 0.5)]
     assert first["ok"] is ok and len(first["earlier"]) == measured - 1
+    assert all("earlier" not in e for e in first["earlier"])  # each earlier measurement once
     assert [e["measured_rate_mbit"] for e in first["earlier"]] == rates[: measured - 1]
     assert first["measured_rate_mbit"] == rates[measured - 1]
     assert report["attempts"] == attempts and report["ok"] is ok and report["links"][1]["earlier"] == []
 
 
-def test_attempts_under_one_are_refused():
-    with pytest.raises(ValueError, match="attempts=0"):
-        fidelity.check_fidelity(SimpleNamespace(), attempts=0)
+@pytest.mark.parametrize(
+    ("kw", "named"),
+    [
+        ({"attempts": 0}, "attempts=0"),
+        ({"attempts": 2.5}, "attempts=2.5"),
+        ({"attempts": True}, "attempts=True"),
+        ({"rtt_floor_ms": -1.0}, "rtt_floor_ms=-1.0"),
+        ({"rtt_floor_ms": float("nan")}, "rtt_floor_ms=nan"),
+    ],
+)
+def test_bad_attempts_and_floors_are_refused(kw, named):
+    with pytest.raises(ValueError, match=named):
+        fidelity.check_fidelity(SimpleNamespace(), **kw)

@@ -1,5 +1,7 @@
 """Pairing a transfer's two reports (atlas/rendezvous.py)."""
 
+import pytest
+
 from testbed.atlas import rendezvous
 from testbed.atlas.channel import READY, RECV
 from testbed.atlas.rendezvous import Rendezvous
@@ -7,10 +9,12 @@ from testbed.atlas.rendezvous import Rendezvous
 KEY = (0, 2, 0, 5)  # sender rank, receiver rank, iteration, microbatch
 
 
-def test_a_transfer_is_ready_once_both_sides_reported_in_either_order():
+@pytest.mark.parametrize("first, second", [(RECV, READY), (READY, RECV)])
+def test_a_transfer_is_ready_once_both_sides_reported_in_either_order(first, second):
     r = Rendezvous()
-    assert r.report(KEY, RECV, 100) is None
-    assert r.report(KEY, READY, 250) == (250, 100)  # (sender's time, receiver's time)
+    assert r.report(KEY, first, 100) is None
+    t_sender, t_receiver = r.report(KEY, second, 250)  # (sender's time, receiver's time)
+    assert (t_sender, t_receiver) == ((250, 100) if second == READY else (100, 250))
     assert r.half == {}
 
 

@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from testbed.results.ttft import request_table, slo_attainment
+from testbed.results.ttft import arrivals, request_table, slo_attainment
 
 S = 1_000_000_000  # ns per s
 
@@ -42,6 +42,34 @@ def test_a_scaled_slo_is_one_deadline_per_request():
     assert judged == 3 and share == pytest.approx(2 / 3)  # rid 0 (0.5 <= 0.75) and rid 1 (2.5 <= 3)
     # 2 x alone: deadlines 0.5, 3, 3 and 10 s, all four judged; rid 1 needed 2 s and took 2.5
     assert slo_attainment(t, 2 * t["alone_s"], 10 * S) == (0.25, 4)
+
+
+def test_a_request_due_after_the_end_is_left_out_even_where_it_met_its_slo():
+    # rid 0 had its first token 0.5 s after arriving; with a 20 s SLO it is due at 20 s, after
+    # the end at 10 s: judging it would count the fast requests of the last 20 s and not the slow
+    assert slo_attainment(_table(), 20.0, 10 * S) == (None, 0)
+    assert slo_attainment(_table(), 0.6, 10 * S) == (0.25, 4)  # due at 0.6 s: judged, met
+
+
+def test_every_arrival_of_the_stream_by_the_end_counts_assigned_or_not():
+    stream = pd.DataFrame({"rid": [0, 1, 2], "arrival_s": [0.5, 1.25, 9.0], "prompt_tokens": [300, 2000, 50]})
+    t0 = 100 * S
+    got = arrivals(stream, t0, t0 + 5 * S, max_prompt_tokens=1024)
+    assert got == [
+        {"rid": 0, "arrival_ns": t0 + S // 2, "prompt": 300},
+        {"rid": 1, "arrival_ns": t0 + 5 * S // 4, "prompt": 1024},  # clipped as dispatched
+    ]
+    assert arrivals(stream, t0, t0 + 9 * S, None)[-1] == {"rid": 2, "arrival_ns": t0 + 9 * S, "prompt": 50}
+    # a request never assigned (no worker had room) and never served is a miss like any other
+    table = request_table(
+        got, [{"rid": 0, "arrival_ns": t0 + S // 2, "first_token_ns": t0 + S}], pd.Series(dtype=float)
+    )
+    assert slo_attainment(table, 1.0, t0 + 5 * S) == (0.5, 2)
+
+
+def test_alone_times_of_another_length_are_refused():
+    with pytest.raises(ValueError, match="2 TTFTs alone for 1 requests"):
+        request_table([{"rid": 0, "arrival_ns": 0}], [], pd.Series([1.0, 2.0]))
 
 
 def test_no_request_due_gives_none_and_an_unknown_alone_time_is_never_judged():

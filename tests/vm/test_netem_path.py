@@ -206,7 +206,7 @@ def test_topo_check_passes_with_netem(name, link_rate_bps, path_floor_ms, tmp_pa
         # development VM, a single direction each time, the rest exact; once at 86% while other
         # work shared the machine's two cores; both of two_dc's at 72-85% twice in a row on
         # 2026-12-03) is measured again, up to three measurements, every one in the report; a
-        # direction that is wrong is wrong every time
+        # direction that is wrong usually fails every time
         report = check_fidelity(net, **MEASURE, attempts=3, rtt_floor_ms=path_floor_ms[0])
         print(json.dumps(report["links"], indent=1))
         bad = [link for link in report["links"] if not link["ok"]]
