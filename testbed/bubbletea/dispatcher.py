@@ -21,7 +21,7 @@ from pathlib import Path
 
 from testbed.bubbletea.decisions import MIN_CHUNK_TOKENS, WorkerLoad, choose_worker, prefill_seconds
 from testbed.bubbletea.request_table import Request
-from testbed.spec.bubbletea import BubbleTeaSpec
+from testbed.spec.bubbletea import BubbleTeaSpec, dispatched_prompt
 from testbed.trace.clock import now_ns
 
 
@@ -100,11 +100,7 @@ class Dispatcher(threading.Thread):
                 if rank is None:
                     break
                 pending.popleft()
-                prompt = (
-                    r.prompt_tokens
-                    if self.spec.max_prompt_tokens is None
-                    else min(r.prompt_tokens, self.spec.max_prompt_tokens)
-                )
+                prompt = dispatched_prompt(r.prompt_tokens, self.spec.max_prompt_tokens)
                 output = min(r.output_tokens, self.spec.max_output_tokens)
                 self.loads[rank].backlog_s += prefill_seconds(self.spec.model, 0, prompt, self.s_per_flop)
                 msg = {"rid": r.rid, "arrival_ns": arrival_ns, "prompt": prompt, "output": output}

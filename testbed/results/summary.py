@@ -159,10 +159,11 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     assigned = [r for r in read_jsonl(run_dir / "requests" / "dispatch.jsonl") if r.get("event") == "assign"]
     slo_s = config["bubbletea"].get("ttft_slo_s", BubbleTeaSpec().ttft_slo_s)
     slo_scale = config["bubbletea"].get("ttft_slo_scale", BubbleTeaSpec().ttft_slo_scale)
-    alone = ttft_alone_s(run_dir, assigned)
     end_ns = int(train[T.END_NS].max()) if len(train) else 0  # no prefill after training ends
     arrived = arrived_requests(run_dir, config, end_ns)
-    requests = request_table(arrived, first, ttft_alone_s(run_dir, arrived))
+    both = ttft_alone_s(run_dir, assigned + arrived)  # the run's served model read once for both
+    alone = both.iloc[: len(assigned)]
+    requests = request_table(arrived, first, both.iloc[len(assigned) :].reset_index(drop=True))
     ttft = requests["ttft_s"].dropna()  # every first token is of a request that arrived
     attained, judged = slo_attainment(requests, slo_s, end_ns)
     scaled, scaled_judged = slo_attainment(requests, slo_scale * requests["alone_s"], end_ns)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from testbed.spec.bubbletea import dispatched_prompt
+
 
 def arrivals(stream: pd.DataFrame, t0_ns: int, end_ns: int, max_prompt_tokens: int | None) -> list[dict]:
     """The requests of ``stream`` (``request_table.requests_to_frame``'s table) that arrived by
@@ -27,11 +29,10 @@ def arrivals(stream: pd.DataFrame, t0_ns: int, end_ns: int, max_prompt_tokens: i
     plus its ``arrival_s``, as ``bubbletea.dispatcher`` counts it) and ``prompt`` (clipped at
     ``max_prompt_tokens`` as dispatched; None: unclipped)."""
     at = t0_ns + (stream["arrival_s"] * 1e9).astype("int64")
-    came = stream[at <= end_ns]
-    prompt = came["prompt_tokens"] if max_prompt_tokens is None else came["prompt_tokens"].clip(upper=max_prompt_tokens)
+    came = at <= end_ns
     return [
-        {"rid": int(r), "arrival_ns": int(a), "prompt": int(p)}
-        for r, a, p in zip(came["rid"], at[at <= end_ns], prompt)
+        {"rid": int(r), "arrival_ns": int(a), "prompt": dispatched_prompt(int(p), max_prompt_tokens)}
+        for r, a, p in zip(stream["rid"][came], at[came], stream["prompt_tokens"][came])
     ]
 
 

@@ -3,7 +3,9 @@ it), the decode host of each DC, the workers' part of the configuration, and the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from testbed.bubbletea.decisions import seconds_per_flop
 from testbed.bubbletea.dispatcher import Dispatcher
@@ -62,7 +64,11 @@ def start_bubbletea(net: Network, dispatcher: Dispatcher, decode_at: dict[str, s
 
 
 def stop_bubbletea(
-    dispatcher: Dispatcher, cfg: BubbleTeaConfig, workers: list[WorkerSpec], out_dir: Path, progress
+    dispatcher: Dispatcher,
+    cfg: BubbleTeaConfig,
+    workers: list[WorkerSpec],
+    out_dir: Path,
+    progress: Callable[[str], Any],
 ) -> None:
     """Stop the dispatcher, warn (through ``progress``) of a dispatcher that failed, recorded in
     ``out_dir/dispatcher_failed``, or of decode hosts that never listened, and remove the workers'

@@ -81,6 +81,12 @@ def longest_prompt(bt: BubbleTeaSpec) -> int:
     return LONGEST_PROMPT_TOKENS if bt.max_prompt_tokens is None else bt.max_prompt_tokens
 
 
+def dispatched_prompt(prompt_tokens: int, max_prompt_tokens: int | None) -> int:
+    """A prompt's tokens as the dispatcher gives them to a worker: clipped at ``max_prompt_tokens``
+    (None: unclipped)."""
+    return prompt_tokens if max_prompt_tokens is None else min(prompt_tokens, max_prompt_tokens)
+
+
 def served_model(bt: BubbleTeaSpec, training: ModelConfig) -> ModelConfig:
     """The inference model BubbleTea serves: ``bt.model`` when given, else the training model's
     layers, width, heads and vocabulary with a context of ``longest_prompt(bt) +
