@@ -213,30 +213,45 @@ def test_topo_check_passes_with_netem(name, link_rate_bps, path_floor_ms, tmp_pa
     assert not bad, json.dumps(bad, indent=1)
 
 
+def _ping_train(net, count: int = 400) -> tuple[list[float], str]:
+    """``count`` ``ping -U`` round trips from east-h0 to west-h0, 10 ms apart: (times in ms, output)."""
+    out = net.run("east-h0", ["ping", "-U", "-n", "-i", "0.01", "-c", str(count), str(net.host("west-h0").ip)])
+    return parse_ping_ms(out.stdout), out.stdout
+
+
 def test_jitter_and_loss_measured_against_the_configuration(link_rate_bps, path_floor_ms, tmp_path, clean_machine):
     spec = shipped("two_dc", link_rate_bps, jitter="4ms", loss="2%")
     rtt_expected = 2 * spec.links[0].delay_us / 1000
+    # the same path without jitter or loss, measured the same way just before: the box's own
+    # lateness at this moment. Under TCG it drifts: a jittered mean once came 5.4 ms over 2d while
+    # the floor, taken minutes earlier on a 10 ms link, was 2.5 ms (2026-12-03)
+    with make_network(shipped("two_dc", link_rate_bps), out_dir=tmp_path / "plain", delay_mechanism="netem") as net:
+        plain, _ = _ping_train(net)
     with make_network(spec, out_dir=tmp_path, delay_mechanism="netem") as net:
         report = check_fidelity(net, **MEASURE)
         link = report["links"][0]
         assert link["loss_ok"] and link["measured_loss_pct"] is not None, link
-        out = net.run("east-h0", ["ping", "-U", "-n", "-i", "0.01", "-c", "400", str(net.host("west-h0").ip)])
-        times = parse_ping_ms(out.stdout)
+        times, stdout = _ping_train(net)
     # netem's jitter without a distribution table is uniform on [d - j, d + j] in each direction:
-    # the RTT is the sum of two, mean 2d, standard deviation 2j / sqrt(6)
+    # the RTT is the sum of two, mean 2d, standard deviation 2j / sqrt(6). The mean is judged
+    # against the plain path's (what the box adds to 2d then), not against 2d plus a floor
     mean, sd = statistics.fmean(times), statistics.stdev(times)
+    plain_mean = statistics.fmean(plain)
+    print(f"RTT mean {mean:.2f} ms with 4 ms jitter, {plain_mean:.2f} ms without; configured {rtt_expected:g} ms")
     expected_sd = jitter_rtt_sd_ms(4.0)
-    floor, floor_max = path_floor_ms
-    assert abs(mean - rtt_expected) <= 2.0 + floor, mean
+    _, floor_max = path_floor_ms
+    assert abs(mean - plain_mean) <= 2.0, (mean, plain_mean)
     assert 0.75 * expected_sd <= sd <= 1.25 * expected_sd, (sd, expected_sd)
     # bounded, unlike a normal law of the same sd; the emulated CPU stalls now and then (one round
     # trip of 400 took 55.9 ms on a 40 +- 8 ms path once), so 1% of the samples may stray
-    low, high = rtt_expected - 2 * 4.0, rtt_expected + 2 * 4.0 + floor_max + 1.0
+    # beyond the jitter, up to what the plain path took then (its 99th percentile) or the floor's max
+    late = max(rtt_expected + floor_max, statistics.quantiles(plain, n=100)[98])
+    low, high = rtt_expected - 2 * 4.0, late + 2 * 4.0 + 1.0
     outside = [t for t in times if not low <= t <= high]
     assert len(outside) <= 0.01 * len(times), (outside, low, high)
     # 2% each way: a ping round trip is lost with probability 1 - 0.98^2 = 3.96%
     loss = 1 - len(times) / 400
-    assert 0.0 < loss < 0.12, (loss, out.stdout)
+    assert 0.0 < loss < 0.12, (loss, stdout)
 
 
 def test_kill_9_then_clean_inside_the_vm(tmp_path):
