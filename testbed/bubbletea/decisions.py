@@ -138,7 +138,7 @@ class NewBatch:
 
 
 def choose_work(
-    stopped: list[tuple[float, int]],
+    stopped: list[float],
     queued: list[QueuedPrompt],
     cfg: ModelConfig,
     predicted_s: float | None,
@@ -149,8 +149,8 @@ def choose_work(
 ) -> Resume | NewBatch | None:
     """What a worker runs now, ``elapsed_s`` into a bubble predicted ``predicted_s`` long.
 
-    ``stopped``: chunk batches stopped at a layer boundary, as (padded seconds in all, blocks done
-    of the model's ``cfg.n_layers``), oldest first; ``queued``: the requests in no stopped batch.
+    ``stopped``: the padded seconds each pass stopped in an earlier bubble still needs (training's
+    data arrived first), oldest first; ``queued``: the requests in no stopped pass.
     A stopped batch goes first if its rest ends ``guard_s`` before the bubble does (``Resume``);
     else one forward pass (``NewBatch``) over chunks of several requests, taken in queue order
     (any request whose chunk fits, not only the head): each the largest that fits what is left of
@@ -159,8 +159,8 @@ def choose_work(
     of chunked prefill under a token budget follows Sarathi-Serve (Agrawal et al. 2024, OSDI,
     "Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve"), whose budget also
     mixes several requests' chunks in one pass."""
-    for i, (target_s, done) in enumerate(stopped):
-        if may_start(predicted_s, elapsed_s, target_s * (1 - done / cfg.n_layers), guard_s):
+    for i, left_s in enumerate(stopped):
+        if may_start(predicted_s, elapsed_s, left_s, guard_s):
             return Resume(i)
     if predicted_s is None:
         return None

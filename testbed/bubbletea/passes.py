@@ -4,7 +4,8 @@ and one forward pass over chunks of one or more of them (``Pass``)."""
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,11 +29,12 @@ class Job:
     first_start_ns: int | None = None
 
 
-@dataclass
+@dataclass(eq=False)  # a pass is itself: compared by identity
 class Pass:
-    """One forward pass over chunks of ``jobs`` (``tokens`` each), ``target_s`` padded seconds in
-    all, run a block at a time by ``batch``; kept while stopped at a layer boundary (training's
-    data arrived) until a later bubble resumes it."""
+    """One forward pass over chunks of ``jobs`` (``tokens`` each), ``target_s`` padded seconds of
+    the emulated GPU in all. Its blocks are computed by the prefill stream (``prefill_stream.py``)
+    into ``batch``; the worker gives it GPU time in bubbles (``paid_s`` so far) and, when training's
+    data arrives first, keeps it stopped until a later bubble resumes it."""
 
     batch: ChunkBatch
     jobs: list[Job]
@@ -40,6 +42,20 @@ class Pass:
     target_s: float
     #: the order passes were made in: ``stopped`` keeps the oldest first
     seq: int = 0
+    #: the bubbles it has had GPU time in so far
+    slices: int = 0
+    #: emulated GPU seconds given to it so far (it is done at ``target_s``, once computed)
+    paid_s: float = 0.0
+    #: real compute of its blocks so far (ns), and how much of it slices have reported
+    real_ns: int = 0
+    reported_real_ns: int = 0
+    #: set by the prefill stream once every block is computed
+    computed: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+
+    @property
+    def left_s(self) -> float:
+        """Emulated GPU seconds it still needs."""
+        return max(0.0, self.target_s - self.paid_s)
 
 
 def keep_stopped(stopped: list[Pass], work: Pass) -> None:

@@ -36,6 +36,7 @@ from testbed.bubbletea.decisions import (
 from testbed.bubbletea.inference import InferenceModel, prompt_tokens_for, prompt_tokens_from
 from testbed.bubbletea.kv_sender import KVSender
 from testbed.bubbletea.passes import Job, Pass, keep_stopped
+from testbed.bubbletea.prefill_stream import PrefillStream
 from testbed.plan.memory import kv_cache_bytes
 from testbed.plan.worker_config import BubbleTeaConfig
 from testbed.spec.bubbletea import BubbleTeaSpec
@@ -89,6 +90,7 @@ class PrefillServer:
         self.out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.out.setblocking(False)
         self.sender = KVSender(decode_addr, self.budget)
+        self.stream = PrefillStream()
         self.iteration = 0
         #: each slot's prediction when its latest wait began (``observe`` hands it back)
         self._predicted: dict[str, float | None] = {}
@@ -140,7 +142,7 @@ class PrefillServer:
             if work is None:
                 break
             if arrived():  # the data came while the pass was chosen: training goes first
-                if work.batch.layers_done:  # a stopped pass, taken out of ``stopped``: back in it
+                if work.slices:  # a stopped pass, taken out of ``stopped``: back in it
                     keep_stopped(self.stopped, work)
                 break
             ready_ns = self._run_pass(work, arrived)
@@ -180,7 +182,7 @@ class PrefillServer:
             if self.budget.admits(pending + need):
                 free.append(j)
                 pending += need
-        stopped = [(p.target_s, p.batch.layers_done) for p in self.stopped]
+        stopped = [p.left_s for p in self.stopped]
         queued = [QueuedPrompt(j.pos, j.tokens.numel() - j.pos) for j in free]
         work = choose_work(
             stopped, queued, self.cfg, predicted_s, elapsed_s, self.guard_s, self.max_chunk, self.s_per_flop
@@ -198,51 +200,56 @@ class PrefillServer:
         return Pass(batch, jobs, tokens, work.target_s, next(self._passes))
 
     def _run_pass(self, work: Pass, arrived: Callable[[], bool]) -> int | None:
-        """Run (or resume) a forward pass, one block at a time, each padded to its share of
-        ``work.target_s``; between blocks, stop if training's data has arrived (the pass is kept in
-        ``stopped`` for a later bubble). Returns when the data arrived, if it did."""
+        """Give a forward pass (new or stopped) emulated GPU time until it has had ``work.target_s``
+        in all and the prefill stream has computed its blocks, or until training's data arrives:
+        then at once, wherever the pass is (``prefill_stream.py``: training's stream preempts
+        prefill's); a stopped pass is kept in ``stopped`` for a later bubble. Without padding a pass
+        needs no GPU time beyond its real compute. Returns when the data arrived, if it did."""
         t0 = now_ns()
         for job in work.jobs:
             job.first_start_ns = job.first_start_ns or t0
-        part, per_block_s = work.batch, work.target_s / self.cfg.n_layers
-        ready_ns, real, start_block, t_block = None, 0, part.layers_done, t0
-        while not part.done:
-            t_block = now_ns()
-            part.step()
-            real += now_ns() - t_block
-            if self.padded:
-                end = t0 + int(per_block_s * (part.layers_done - start_block) * 1e9)
-                while (left := end - now_ns()) > 0:
-                    if ready_ns is None and arrived():
-                        ready_ns = now_ns()
-                    time.sleep(min(left / 1e9, POLL_S))
-            if ready_ns is None and arrived():
+        self.stream.run(work)
+        due_ns = int(work.left_s * 1e9) if self.padded else 0
+        end, layers0, ready_ns, waited_ns = t0 + due_ns, work.batch.layers_done, None, None
+        while True:
+            if arrived():
                 ready_ns = now_ns()
-            if ready_ns is not None:
-                break  # at a layer boundary: training goes first
-        done = part.done
+                break
+            t = now_ns()
+            if t < end:
+                time.sleep(min((end - t) / 1e9, POLL_S))
+            elif work.computed.is_set():
+                break
+            else:  # its GPU time is given, its blocks are not computed yet: an overrun
+                waited_ns = waited_ns or t
+                work.computed.wait(POLL_S)
         t1 = now_ns()
+        self.stream.check()
+        paid_ns = min(t1 - t0, due_ns)
+        work.paid_s = work.target_s if paid_ns == due_ns else work.paid_s + paid_ns / 1e9
+        done = work.computed.is_set() and work.left_s == 0.0
         first = work.jobs[0]
         self.ev.write(
             T.PREFILL,
             t0,
             t1,
             **{T.ITERATION: self.iteration, T.MICROBATCH: -1},
-            real_ns=real,
+            real_ns=work.real_ns - work.reported_real_ns,
             padded_ns=t1 - t0,
-            target_ns=int(per_block_s * (part.layers_done - start_block) * 1e9),
-            blocks=part.layers_done - start_block,
-            last_block_ns=t1 - t_block,
+            target_ns=paid_ns,
+            **{T.OVERRUN_NS: t1 - waited_ns if waited_ns is not None else 0},
+            blocks=work.batch.layers_done - layers0,
             memory_bytes=self.budget.used_bytes,
             rid=first.rid,
             chunk_start=first.pos,
             tokens=sum(work.tokens) if done else 0,  # a pass's tokens count once, on the slice that completes it
             **{T.CHUNKS: ";".join(f"{j.rid}:{j.pos}:{n}" for j, n in zip(work.jobs, work.tokens))},
         )
+        work.reported_real_ns, work.slices = work.real_ns, work.slices + 1
         if not done:
             keep_stopped(self.stopped, work)
             return ready_ns
-        for job, n, (cache, logits) in zip(work.jobs, work.tokens, part.result()):
+        for job, n, (cache, logits) in zip(work.jobs, work.tokens, work.batch.result()):
             job.cache, job.logits = cache, logits
             job.pos += n
         return ready_ns
@@ -295,6 +302,7 @@ class PrefillServer:
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Send what is finished, then stop (requests still queued are dropped: never completed)."""
+        self.stream.close()
         self.sender.close(timeout_s)
         self.inbox.close()
         self.out.close()

@@ -141,6 +141,9 @@ EXTRA_ROWS = [
     (M.PEAK_GPU_MEMORY_MB, "peak GPU memory (MiB)"),
     (M.GPU_MEMORY_MB, "GPU memory budget (MiB)"),
     (M.TRAINING_OPS_DELAYED_BY_PREFILL, "training ops delayed by prefill"),
+    (M.PREFILL_HOLD_P99_MS, "  their delay p99 (ms)"),
+    (M.TRAINING_OPS_LATE_WITHOUT_PREFILL, "ops late without prefill"),
+    (M.START_AFTER_ARRIVAL_P99_MS_WITHOUT_PREFILL, "  their delay p99 (ms)"),
     (M.BUBBLE_PREDICTION_ERROR_P50_MS, "bubble prediction error p50 (ms)"),
 ]
 

@@ -90,7 +90,15 @@ DECODE_MEAN_BATCH = "decode_mean_batch"
 #: state, activations in flight, the inference model, the KV caches admitted) and its budget
 #: (``gpu_memory_mb``; None: none, no admission control)
 PEAK_GPU_MEMORY_MB, GPU_MEMORY_MB = "peak_gpu_memory_mb", "gpu_memory_mb"
+#: BubbleTea: forward/backward operations whose input arrived while a prefill pass had the GPU and
+#: that started more than 1 ms after it (``results.summary.DELAY_THRESHOLD_NS``), and the 99th
+#: percentile of their start after the arrival (ms); beside them, the same of the operations whose
+#: input arrived while no pass ran: the worker's own path from arrival to start on this machine
+#: (a thread's wake-up, the wait's bookkeeping), the floor the held operations are judged against
 TRAINING_OPS_DELAYED_BY_PREFILL = "training_ops_delayed_by_prefill"
+PREFILL_HOLD_P99_MS = "prefill_hold_p99_ms"
+TRAINING_OPS_LATE_WITHOUT_PREFILL = "training_ops_late_without_prefill"
+START_AFTER_ARRIVAL_P99_MS_WITHOUT_PREFILL = "start_after_arrival_p99_ms_without_prefill"
 BUBBLE_PREDICTION_ERROR_P50_MS, BUBBLE_PREDICTION_ERROR_P99_MS = (
     "bubble_prediction_error_p50_ms",
     "bubble_prediction_error_p99_ms",

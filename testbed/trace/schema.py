@@ -8,7 +8,7 @@ CLOCK_MONOTONIC start and end in nanoseconds (DESIGN.md section 2, "One clock").
 from __future__ import annotations
 
 #: bumped when a column changes meaning; recorded in env.json
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # event columns
 WORKER, HOST, DC, STAGE, REPLICA = "worker", "host", "dc", "stage", "replica"
@@ -27,13 +27,14 @@ CHUNKS = "chunks"
 #: predicted) and the bubble observed (``bubble_ns``: from the end of the worker's previous
 #: compute, or the wait's start, to when the data arrived or the wait ended)
 PREDICTED_BUBBLE_NS, BUBBLE_NS = "predicted_bubble_ns", "bubble_ns"
-#: on a prefill slice, the emulated GPU's time for the blocks it ran (its padding target), how many
-#: blocks (layers) it ran, and the bytes its memory then held (training state, activations in
+#: on a prefill slice (a pass given GPU time in one bubble, ``bubbletea/prefill_stream.py``), the
+#: emulated GPU time it gave the pass (its padding target), how many blocks (layers) the prefill
+#: stream computed meanwhile, and the bytes its memory then held (training state, activations in
 #: flight, the inference model, the KV caches admitted: ``bubbletea.decisions.KVBudget``)
 TARGET_NS, BLOCKS, MEMORY_BYTES = "target_ns", "blocks", "memory_bytes"
-#: on a prefill slice, how long its last block took (ns, padded; more where its real compute
-#: overran): the most a training operation whose data arrived during it was held back
-LAST_BLOCK_NS = "last_block_ns"
+#: on a prefill slice, how long it waited, past the GPU time it gave, for the CPU to finish
+#: computing the pass's blocks (ns; 0: none): an overrun of its target
+OVERRUN_NS = "overrun_ns"
 COLUMNS = [
     WORKER,
     HOST,
@@ -57,7 +58,7 @@ COLUMNS = [
     TARGET_NS,
     BLOCKS,
     MEMORY_BYTES,
-    LAST_BLOCK_NS,
+    OVERRUN_NS,
     RID,
     CHUNK_START,
     TOKENS,

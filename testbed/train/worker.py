@@ -104,25 +104,25 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
 
     def receive(src: int, n: int, it: int, m: int, slot: str) -> tuple[torch.Tensor, int, bool]:
         """Wait for microbatch ``m``'s tensor from ``src`` (traced as a receive wait), filling the
-        bubble with prefill under BubbleTea. Returns (tensor, when it had arrived (ns), whether it
-        arrived while a prefill chunk ran: the operation it feeds then starts late by its start
-        minus that time)."""
+        bubble with prefill under BubbleTea. Returns (tensor, when it had arrived (ns: under
+        BubbleTea when the arrival thread saw it, else the wait's end), whether it arrived while a
+        prefill pass had the GPU: the operation it feeds then starts late by its start minus that
+        time)."""
         buf = torch.empty(act_shape)
         t0 = now_ns()
         ctl.send(RECV, src, rank, it, m)
         works = post_recv_striped(buf, src, m, n)
-        during_prefill = None
+        during_prefill, arrived_ns = False, None
         if server is None:
             for w in works:
                 w.wait()
             ctl.send(DONE, src, rank, it, m)  # the link is free for the next grant at once
         else:  # BubbleTea: a thread sees the arrival (and frees the link) while prefill runs
             arrival = Arrival(works, lambda: ctl.send(DONE, src, rank, it, m))
-            if server.fill(slot, prev_end[0], arrival.is_set) is not None:
-                during_prefill = arrival.wait()  # it arrived while a chunk ran: when it did
-            arrival.wait()
+            during_prefill = server.fill(slot, prev_end[0], arrival.is_set) is not None  # it came during a pass
+            arrived_ns = arrival.wait()  # when it came, as that thread saw it
         t1 = now_ns()
-        ready = during_prefill or t1
+        ready = arrived_ns if arrived_ns is not None else t1
         bubble = server.observe(slot, (ready - prev_end[0]) / 1e9) if server is not None else {}
         ev.write(
             T.RECV_WAIT,
@@ -134,7 +134,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
             ready_ns=ready,
             **bubble,
         )
-        return buf, ready, during_prefill is not None
+        return buf, ready, during_prefill
 
     def computed(kind: str, t0: int, fields: dict, ready: int | None, held: bool) -> None:
         """Pad a forward or backward that started at ``t0`` to its target and trace it, with when its

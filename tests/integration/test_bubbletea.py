@@ -43,23 +43,30 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
     # requests were served: prefilled in bubbles, first token at a decode host, decoded
     assert bt["requests_completed"] >= 5 and bt["requests_decoded"] >= 1, bt
     assert bt["ttft_p50_s"] > 0 and bt["prefill_tokens_per_s"] > 0
-    # a chunk stops at a layer boundary once training's data has arrived (seen by a thread that
-    # waits on gloo's works: train/arrival.py): the slice running then ends within its last block
-    # (its padded time, or its real time where the CPU overran it) and a few ms of the machine's
-    # scheduling; the operation then starts after the worker's own bookkeeping (up to 7.7 ms seen
-    # with 8 processes on 2 cores)
+    # a pass stops the moment training's data has arrived (seen by a thread that waits on gloo's
+    # works: train/arrival.py), wherever it is: the prefill stream yields as a low-priority CUDA
+    # stream does (bubbletea/prefill_stream.py). The slice running then ends within the worker's
+    # poll and the machine's scheduling of its thread: p90 1.0-1.7 ms with 8 processes on 2 cores,
+    # and now and then tens of ms (25 ms once, while the stream's thread, at a lower priority,
+    # held the interpreter when the kernel set it aside). A pass that stopped only at a layer
+    # boundary held operations 8 ms at the median, p90 15-18 ms. The operation then starts after
+    # the worker's own bookkeeping
     ev_bt = pd.read_parquet(tmp_path / "atlas+bubbletea" / "events.parquet")
     slices = ev_bt[ev_bt[T.KIND] == T.PREFILL]
     ops = ev_bt[ev_bt[T.KIND].isin([T.FORWARD, T.BACKWARD])]
     held = ops[ops[T.PREFILL_DELAY_NS].fillna(0) > 0]
+    ended_after = []
     for r in held.itertuples():
         mine = slices[(slices[T.WORKER] == getattr(r, T.WORKER)) & (slices[T.END_NS] <= getattr(r, T.START_NS))]
         assert not mine.empty, f"{r}: held back with no prefill slice before it"
         last = mine.loc[mine[T.END_NS].idxmax()]  # the slice that held it: the last before it started
         assert last[T.END_NS] >= getattr(r, T.READY_NS), "held back by no running slice"
-        assert last[T.END_NS] - getattr(r, T.READY_NS) <= last[T.LAST_BLOCK_NS] + 5e6, (r, last)
+        ended_after.append(last[T.END_NS] - getattr(r, T.READY_NS))
         if getattr(r, T.ITERATION) >= exp.warmup_iterations:  # warm-up pays first-time costs (28.5 ms seen)
             assert getattr(r, T.START_NS) - last[T.END_NS] <= 25e6, (r, last)
+    ended_after = pd.Series(ended_after, dtype=float)
+    print("slices' end after the data arrived (ms):", ended_after.div(1e6).describe().round(2).to_dict())
+    assert len(ended_after) and ended_after.quantile(0.9) <= 3e6
     print("training ops held back by a running chunk (over 1 ms):", bt["training_ops_delayed_by_prefill"])
     assert bt["gpu_utilization"] > bt["training_gpu_utilization"] and 0 < bt["bubble_fill_fraction"] < 1
     assert "ttft_p50_s" not in plain
@@ -94,7 +101,7 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
     assert bt["ttft_alone_p50_s"] > 0
     assert bt["ttft_within_slo_share"] <= bt["ttft_slo_reachable_share"] <= 1
     # every padded kind's overruns are counted: prefill slices against their targets, decode steps
-    assert bt["prefill_overrun_fraction"] == pytest.approx((pre[T.REAL_NS] > pre[T.TARGET_NS]).mean())
+    assert bt["prefill_overrun_fraction"] == pytest.approx((pre[T.OVERRUN_NS] > 0).mean())
     assert 0 <= bt["decode_overrun_fraction"] <= 1
     beyond = (measured[T.BUBBLE_NS] - measured[T.PREDICTED_BUBBLE_NS]).clip(lower=0).sum()
     assert bt["bubble_beyond_prediction_share"] == pytest.approx(beyond / measured[T.BUBBLE_NS].sum())

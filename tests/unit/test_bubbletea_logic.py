@@ -301,13 +301,13 @@ def test_work_choice_resumes_a_stopped_pass_first_then_batches_any_requests_that
     three = [QueuedPrompt(0, 64), QueuedPrompt(0, 64), QueuedPrompt(0, 64)]
     picked = choose_work([], three, CFG, 1.0, 0.0, 0.001, 96, spf)
     assert picked.chunks == ((0, 64), (1, 32))
-    # a pass stopped after 1 of the model's blocks goes first, if its rest fits; one whose rest
-    # does not fit is passed over
-    rest = 0.004 * (1 - 1 / CFG.n_layers)
-    assert choose_work([(0.5, 0), (0.004, 1)], queue, CFG, rest + 0.0015, 0.0, 0.001, 128, spf) == Resume(1)
+    # a stopped pass goes first, if its rest fits; one whose rest does not fit is passed over
+    rest = 0.004
+    assert choose_work([0.5, rest], queue, CFG, rest + 0.0015, 0.0, 0.001, 128, spf) == Resume(1)
+    assert choose_work([0.5, rest], queue, CFG, rest + 0.0015, 0.001, 0.001, 128, spf) != Resume(1)  # 1 ms in
     # nothing fits: None; no prediction: None
     assert choose_work([], queue, CFG, 0.0005, 0.0, 0.001, 128, spf) is None
-    assert choose_work([(0.001, 0)], queue, CFG, None, 0.0, 0.001, 128, spf) is None
+    assert choose_work([0.001], queue, CFG, None, 0.0, 0.001, 128, spf) is None
 
 
 def test_a_trace_prompt_longer_than_the_unclipped_context_is_refused_with_the_fix():

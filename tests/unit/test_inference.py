@@ -496,35 +496,52 @@ def test_a_request_waits_while_its_kv_cache_would_exceed_the_budget(tmp_path):
         server.close()
 
 
-def test_a_pass_batches_several_requests_and_a_stopped_pass_resumes_first(tmp_path):
-    """With room, one forward pass holds chunks of several queued requests (within
-    ``max_chunk_tokens``); a pass stopped when training's data arrives is resumed before any new
-    one, and its requests then end with the caches a straight prefill gives."""
+def _padded_server(tmp_path, chunk_s: float, prior: dict[str, float] | None = None):
+    """A prefill server on an emulated GPU that takes ``chunk_s`` to prefill a fresh 20-token
+    chunk, passes of up to 48 tokens, no guard."""
     from dataclasses import replace
 
-    from testbed.bubbletea.passes import Job
     from testbed.bubbletea.prefill import PrefillServer
     from testbed.spec.bubbletea import BubbleTeaSpec
     from testbed.trace.events import EventWriter
 
     spec = replace(BubbleTeaSpec(), model=CFG, max_chunk_tokens=48, guard_ms=0.0)
-    server = PrefillServer(
-        spec, 1e-12, SEED, 0, EventWriter(tmp_path / "ev.jsonl"), str(tmp_path / "in.sock"),
-        str(tmp_path / "d.sock"), None, False,
+    return PrefillServer(
+        spec, chunk_s / prefill_flops(CFG, 0, 20), SEED, 0, EventWriter(tmp_path / "ev.jsonl"),
+        str(tmp_path / "in.sock"), str(tmp_path / "d.sock"), None, True, prior,
     )  # fmt: skip
+
+
+def test_a_pass_batches_several_requests_and_a_stopped_pass_resumes_first(tmp_path):
+    """With room, one forward pass holds chunks of several queued requests (within
+    ``max_chunk_tokens``); when training's data arrives the pass stops at once, with part of its
+    GPU time given; the prefill stream computes its blocks meanwhile, but it is not done until a
+    later bubble has given it the rest; it is resumed before any new pass, and its requests then
+    end with the caches a straight prefill gives."""
+    from testbed.bubbletea.passes import Job
+    from testbed.trace.clock import now_ns
+
+    server = _padded_server(tmp_path, chunk_s=0.05)
     try:
         tokens = [prompt_tokens_for(rid, n, 0) for rid, n in ((1, 20), (2, 20), (3, 20))]
         jobs = [Job(rid, 0, t, 4) for rid, t in zip((1, 2, 3), tokens)]
         server.jobs.extend(jobs)
         work = server._next_pass(1.0, 0.0)
         assert work.jobs == jobs[:2] and work.tokens == [20, 20]  # 40 of the pass's 48 tokens
-        server._run_pass(work, lambda: True)  # training's data has arrived when the first block ends
-        assert work.batch.layers_done == 1 and server.stopped == [work]
+        assert work.target_s == pytest.approx(0.1)
+        arrival = now_ns() + 30_000_000
+        ready = server._run_pass(work, lambda: now_ns() >= arrival)  # training's data, 30 ms in
+        assert ready is not None and ready >= arrival and server.stopped == [work]
+        assert 0.03 <= work.paid_s < 0.1 and jobs[0].pos == 0
+        # its blocks are computed while it is stopped; it still owes the GPU the rest of its time
+        assert work.computed.wait(10) and work.batch.done and work.left_s > 0
         # a bubble too short for the stopped pass's rest: a new pass, without the stopped one's jobs
-        other = server._next_pass(work.target_s * 0.6, 0.0)  # the rest is 2/3 of it; a lone chunk 1/2
+        other = server._next_pass(work.left_s * 0.9, 0.0)  # a lone 20-token chunk takes 0.05 s
         assert other is not None and other.jobs == [jobs[2]] and server.stopped == [work]
         assert server._next_pass(1.0, 0.0) is work  # resumed before a new pass
-        server._run_pass(work, lambda: False)
+        t0, left = now_ns(), work.left_s
+        assert server._run_pass(work, lambda: False) is None
+        assert (now_ns() - t0) / 1e9 >= left and work.left_s == 0  # the rest of its GPU time
         for job, t in zip(jobs[:2], tokens[:2]):
             want, logits = prefill_chunk(server.model, t, None)
             assert job.pos == 20 and torch.allclose(job.logits, logits, atol=ATOL)
@@ -541,32 +558,25 @@ def test_a_pass_batches_several_requests_and_a_stopped_pass_resumes_first(tmp_pa
 
 def test_data_arriving_while_a_pass_is_chosen_runs_no_block_and_keeps_the_stopped_pass(tmp_path):
     """``fill`` looks again after choosing a pass: training's data that arrived meanwhile goes
-    first (no block runs, no slice is written), and a stopped pass it had taken stays stopped."""
-    from dataclasses import replace
-
+    first (the pass gets no GPU time, no slice is written), and a stopped pass it had taken stays
+    stopped."""
     from testbed.bubbletea.passes import Job
-    from testbed.bubbletea.prefill import PrefillServer
-    from testbed.spec.bubbletea import BubbleTeaSpec
     from testbed.trace.clock import now_ns
-    from testbed.trace.events import EventWriter
 
-    spec = replace(BubbleTeaSpec(), model=CFG, max_chunk_tokens=48, guard_ms=0.0)
-    server = PrefillServer(
-        spec, 1e-12, SEED, 0, EventWriter(tmp_path / "ev.jsonl"), str(tmp_path / "in.sock"),
-        str(tmp_path / "d.sock"), None, False, {"recv": 1.0},
-    )  # fmt: skip
+    server = _padded_server(tmp_path, chunk_s=0.05, prior={"recv": 1.0})
     try:
         server.jobs.append(Job(1, 0, prompt_tokens_for(1, 20, 0), 4))
         work = server._next_pass(1.0, 0.0)
-        server._run_pass(work, lambda: True)  # stopped after its first block
-        assert server.stopped == [work] and work.batch.layers_done == 1
+        server._run_pass(work, lambda: True)  # stopped at once
+        assert server.stopped == [work] and work.slices == 1 and work.left_s > 0
+        paid = work.paid_s
         checks = iter([False, True])  # not yet when fill starts; arrived once the pass is chosen
         assert server.fill("recv", now_ns(), lambda: next(checks)) is None
         assert next(checks, "both looked at") == "both looked at"
-        assert server.stopped == [work] and work.batch.layers_done == 1
+        assert server.stopped == [work] and work.slices == 1 and work.paid_s == paid
         server.ev.close()
         slices = (tmp_path / "ev.jsonl").read_text().splitlines()
-        assert len(slices) == 1  # the first block's slice only
+        assert len(slices) == 1  # the first slice only
     finally:
         server.close()
 
