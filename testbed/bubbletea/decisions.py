@@ -146,6 +146,7 @@ def choose_work(
     guard_s: float,
     max_chunk: int,
     s_per_flop: float,
+    every_bubble: bool = False,
 ) -> Resume | NewBatch | None:
     """What a worker runs now, ``elapsed_s`` into a bubble predicted ``predicted_s`` long.
 
@@ -158,13 +159,34 @@ def choose_work(
     (a prompt's FLOPs do not depend on how it is batched); None when nothing fits. The batching
     of chunked prefill under a token budget follows Sarathi-Serve (Agrawal et al. 2024, OSDI,
     "Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve"), whose budget also
-    mixes several requests' chunks in one pass."""
+    mixes several requests' chunks in one pass.
+
+    ``every_bubble`` (training preempts a pass at once: ``prefill_stream.py``): where nothing fits
+    what is left of a predicted bubble, or the bubble has outlasted its prediction, the oldest
+    stopped pass is resumed, else a pass is started as if the bubble had room for ``max_chunk``
+    tokens; training stops it when its data arrives, and a later bubble resumes it."""
     for i, left_s in enumerate(stopped):
         if may_start(predicted_s, elapsed_s, left_s, guard_s):
             return Resume(i)
     if predicted_s is None:
         return None
-    room, budget, total = predicted_s - elapsed_s - guard_s, max_chunk, 0.0
+    work = _new_batch(queued, cfg, predicted_s - elapsed_s - guard_s, max_chunk, s_per_flop)
+    if work is not None and may_start(predicted_s, elapsed_s, work.target_s, guard_s):
+        return work
+    if not every_bubble:
+        return None
+    if stopped:
+        return Resume(0)
+    return _new_batch(queued, cfg, float("inf"), max_chunk, s_per_flop)
+
+
+def _new_batch(
+    queued: list[QueuedPrompt], cfg: ModelConfig, room: float, max_chunk: int, s_per_flop: float
+) -> NewBatch | None:
+    """One pass over chunks of ``queued``, in queue order, each the largest that fits ``room``
+    seconds less the chunks before it and the pass's ``max_chunk`` tokens less theirs; None when
+    none fits."""
+    budget, total = max_chunk, 0.0
     chunks: list[tuple[int, int]] = []
     for i, q in enumerate(queued):
         n = chunk_that_fits(cfg, q.pos, q.left, budget, room - total, s_per_flop)
@@ -174,9 +196,7 @@ def choose_work(
             budget -= n
         if budget < MIN_CHUNK_TOKENS:
             break
-    if chunks and may_start(predicted_s, elapsed_s, total, guard_s):
-        return NewBatch(tuple(chunks), total)
-    return None
+    return NewBatch(tuple(chunks), total) if chunks else None
 
 
 class SlotPredictor:

@@ -75,7 +75,7 @@ class PrefillServer:
         self.model = InferenceModel(self.cfg, seed)
         self.s_per_flop, self.seed, self.rank, self.ev, self.padded = s_per_flop, seed, rank, ev, padded
         self.guard_s = spec.guard_ms / 1000
-        self.max_chunk = spec.max_chunk_tokens
+        self.max_chunk, self.every = spec.max_chunk_tokens, spec.fill_every_bubble
         self.predictor = SlotPredictor(spec.profile_iterations, prior)
         self.budget = budget or KVBudget(0)
         self.corpus = corpus
@@ -185,7 +185,7 @@ class PrefillServer:
         stopped = [p.left_s for p in self.stopped]
         queued = [QueuedPrompt(j.pos, j.tokens.numel() - j.pos) for j in free]
         work = choose_work(
-            stopped, queued, self.cfg, predicted_s, elapsed_s, self.guard_s, self.max_chunk, self.s_per_flop
+            stopped, queued, self.cfg, predicted_s, elapsed_s, self.guard_s, self.max_chunk, self.s_per_flop, self.every
         )
         if isinstance(work, Resume):
             return self.stopped.pop(work.index)

@@ -40,8 +40,13 @@ class BubbleTeaSpec:
     the context holds ``LONGEST_PROMPT_TOKENS``, and a trace with a longer prompt is refused when
     the run starts); a number clips them to it. Decode stops at ``max_output_tokens``.
     A forward pass holds at most ``max_chunk_tokens`` tokens, over the chunks of one or more
-    requests; a worker starts a pass only if its predicted end plus ``guard_ms`` falls inside the
-    predicted bubble, predicted as the minimum of the slot's last ``profile_iterations`` bubbles.
+    requests, each chunk the largest whose pass ends ``guard_ms`` before the predicted bubble does,
+    predicted as the minimum of the slot's last ``profile_iterations`` bubbles. Training preempts
+    a pass at once (``bubbletea/prefill_stream.py``), so with ``fill_every_bubble`` (the default)
+    a worker keeps prefilling through every bubble: where no chunk fits what is left of the
+    predicted bubble, or the bubble outlasts its prediction, it resumes the oldest stopped pass or
+    starts one of ``max_chunk_tokens``, which training may stop and a later bubble resume; false:
+    a pass starts only where it is predicted to end ``guard_ms`` before the bubble does.
     ``decode``: decode hosts run the decode steps, batching up to ``max_decode_batch`` requests per
     step (continuous batching; a step's target is its roofline time on the emulated GPU: the
     bytes it reads, the blocks' and head's weights and each request's KV cache, or its FLOPs
@@ -62,6 +67,7 @@ class BubbleTeaSpec:
     max_output_tokens: int = 256
     max_chunk_tokens: int = 128
     guard_ms: float = 3.0
+    fill_every_bubble: bool = True
     profile_iterations: int = 3
     decode: bool = True
     max_decode_batch: int = 32
@@ -144,6 +150,8 @@ def check_bubbletea(source: str, bt: BubbleTeaSpec, iterations: int | None) -> N
             "is not a finite number of 1 or more (a multiple of each request's TTFT served alone)",
             "give e.g. 3",
         )
+    if not isinstance(bt.fill_every_bubble, bool):
+        raise bad("bubbletea.fill_every_bubble", bt.fill_every_bubble, "is not true or false", "give true or false")
     if not (math.isfinite(bt.guard_ms) and bt.guard_ms >= 0):
         raise bad("bubbletea.guard_ms", bt.guard_ms, "is not a finite number of ms >= 0", "give e.g. 3")
     for key in ("max_prompt_tokens", "max_output_tokens", "max_chunk_tokens", "profile_iterations", "max_decode_batch"):

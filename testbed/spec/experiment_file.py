@@ -214,6 +214,7 @@ def _parse_bubbletea(source: str, data: Any, training: ModelConfig) -> BubbleTea
         "guard_ms",
         "profile_iterations",
         "decode",
+        "fill_every_bubble",
         "ttft_slo_s",
         "ttft_slo_scale",
         "max_decode_batch",
@@ -242,10 +243,11 @@ def _parse_bubbletea(source: str, data: Any, training: ModelConfig) -> BubbleTea
                 "synthetic stream",
             )
         kw["requests"] = str(path)
-    if "decode" in b.data:
-        if not isinstance(b.data["decode"], bool):
-            raise b.fail("decode", "is not true or false", "write decode: true or decode: false")
-        kw["decode"] = b.data["decode"]
+    for key in ("decode", "fill_every_bubble"):
+        if key in b.data:
+            if not isinstance(b.data[key], bool):
+                raise b.fail(key, "is not true or false", f"write {key}: true or {key}: false")
+            kw[key] = b.data[key]
     if "model" in b.data:
         default = served_model(BubbleTeaSpec(**kw), training)
         kw["model"] = _parse_model(source, b.data["model"], "bubbletea.model", default)

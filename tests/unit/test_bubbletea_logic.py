@@ -310,6 +310,27 @@ def test_work_choice_resumes_a_stopped_pass_first_then_batches_any_requests_that
     assert choose_work([0.001], queue, CFG, None, 0.0, 0.001, 128, spf) is None
 
 
+def test_work_choice_fills_every_bubble_when_training_preempts_prefill():
+    """``every_bubble``: where nothing fits what is left of the predicted bubble (or the bubble has
+    outlasted its prediction) the oldest stopped pass is resumed, else a pass of the full token
+    budget starts; where something fits, the choice is the same as without it."""
+    from testbed.bubbletea.decisions import NewBatch, QueuedPrompt, Resume, choose_work
+
+    spf = 1e-9
+    queue = [QueuedPrompt(0, 200), QueuedPrompt(0, 64)]
+    small = prefill_seconds(CFG, 0, MIN_CHUNK_TOKENS, spf)
+    for elapsed in (0.0, 0.01):  # a bubble too short for any chunk; one past its predicted end
+        assert choose_work([0.5, 0.2], queue, CFG, small / 2, elapsed, 0.0, 128, spf, every_bubble=True) == Resume(0)
+        assert choose_work([0.5], queue, CFG, small / 2, elapsed, 0.0, 128, spf) is None
+        full = choose_work([], queue, CFG, small / 2, elapsed, 0.0, 96, spf, every_bubble=True)
+        assert full == NewBatch(((0, 96),), pytest.approx(prefill_seconds(CFG, 0, 96, spf)))
+    assert choose_work([], [], CFG, 1.0, 0.0, 0.0, 96, spf, every_bubble=True) is None  # nothing queued
+    assert choose_work([0.5], queue, CFG, None, 0.0, 0.0, 96, spf, every_bubble=True) is None  # no bubble known
+    room = prefill_seconds(CFG, 0, 40, spf)
+    fits = choose_work([], queue, CFG, room, 0.0, 0.0, 96, spf)
+    assert fits == choose_work([], queue, CFG, room, 0.0, 0.0, 96, spf, every_bubble=True) and fits.chunks == ((0, 40),)
+
+
 def test_a_trace_prompt_longer_than_the_unclipped_context_is_refused_with_the_fix():
     from testbed.bubbletea.request_table import Request
     from testbed.bubbletea.stream import check_prompts_fit
