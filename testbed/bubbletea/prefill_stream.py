@@ -29,11 +29,11 @@ import time
 
 from testbed.bubbletea.passes import Pass
 
-#: the stream thread's nice value: the CPU's counterpart of a low-priority stream, so that its
-#: real compute takes what training's leaves (on this 2-core machine, default experiment at 4
-#: requests/s, 16 iterations, 2026-12-03: training's compute overran its targets on 0.8% of
-#: operations at nice 10 against 2.0-2.2% at nice 0, prefill slices overran on 32-39% against 17-18%)
-NICE = 10
+#: the stream thread's nice value, the lowest: the CPU's counterpart of a low-priority stream, so
+#: that its real compute takes what training's leaves. On this 2-core machine (default experiment,
+#: 4 requests/s, every bubble filled, `compare --repeat 5`, 2026-12-03) training's compute overran
+#: its targets on 0-1.2% of operations at nice 19, 0.3-4.9% at nice 10
+NICE = 19
 #: how often (s) Python hands the interpreter between the worker's threads (default 5 ms): the
 #: worker's own thread must see training's data within a fraction of a millisecond while the
 #: stream's thread runs Python between torch operations

@@ -219,6 +219,8 @@ def test_declared_decode_hosts_never_train():
         ({"request_rate": 5000}, "bubbletea.request_rate", "above 1000"),
         ({"max_chunk_tokens": 4}, "bubbletea.max_chunk_tokens", "smallest chunk"),
         ({"profile_iterations": 8}, "bubbletea.profile_iterations", "not below iterations"),
+        ({"fill_every_bubble": "yes"}, "bubbletea.fill_every_bubble", "true or false"),
+        ({"fill_every_bubble": 1}, "bubbletea.fill_every_bubble", "true or false"),
     ],
 )
 def test_bad_bubbletea_values_are_refused_at_load_time(section, field, problem):
@@ -351,6 +353,7 @@ def test_a_trace_prompt_longer_than_the_unclipped_context_is_refused_with_the_fi
         ("ttft_slo_scale", "3x", "not a number"),
         ("ttft_slo_s", True, "not a number"),
         ("guard_ms", None, "not a number"),
+        ("fill_every_bubble", "false", "true or false"),
     ],
 )
 def test_values_given_through_the_python_api_are_checked_for_their_type(key, value, problem):
