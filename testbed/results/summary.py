@@ -224,7 +224,8 @@ def start_after_arrival_ns(train: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     """How long after their input arrived the forward and backward operations that received one
     started (ns): (those whose input arrived while a prefill pass had the GPU, their
     ``T.PREFILL_DELAY_NS``; the others, start less ``T.READY_NS``). In a run recorded before the
-    arrival thread's time was kept for every receive (trace schema 1) the others read 0."""
+    arrival thread's time was kept for every receive (trace schema 1), the others' ``READY_NS``
+    is the wait's end, so they count only the worker's bookkeeping after it."""
     ops = train[train[T.KIND].isin((T.FORWARD, T.BACKWARD))]
     if T.PREFILL_DELAY_NS not in ops or T.READY_NS not in ops:
         return pd.Series(dtype=float), pd.Series(dtype=float)
