@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=policy_name,
         metavar="POLICY",
         help=f"{', '.join(POLICIES)}, optionally with parts replaced (/placement=.., /striping=on|off, "
-        "/sharing=tcp|fifo|planned) and followed by +bubbletea (default: the experiment's)",
+        "/sharing=tcp|fifo|planned) and followed by +bubbletea, or by +prefill-alone (the same GPUs "
+        "serving prefill alone, no training) (default: the experiment's)",
     )
     sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
     sp.add_argument(

@@ -77,7 +77,7 @@ def number(lo: float, hi: float, kind: type = float) -> Any:
 
 
 def bubbletea_options(sp: argparse.ArgumentParser) -> None:
-    g = sp.add_argument_group("BubbleTea (policies ending in +bubbletea)")
+    g = sp.add_argument_group("BubbleTea (policies ending in +bubbletea or +prefill-alone)")
     g.add_argument(
         "--requests",
         type=Path,

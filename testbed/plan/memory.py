@@ -126,10 +126,15 @@ def inference_bytes(cfg: ModelConfig, tensor_parallel: int = 1, queued: int = QU
 
 def device_bytes_besides_kv(exp: Experiment, stage: int) -> int:
     """What one emulated GPU of ``stage`` holds under BubbleTea besides its KV caches: its stage's
-    training state and activations in flight (``stage_device_bytes``) and the inference model's
-    weights; the budget ``gpu_memory_mb`` less this is the room BubbleTea's admission control gives
-    the caches of the prompts it prefills (``bubbletea.decisions.KVBudget``)."""
-    train = stage_device_bytes(exp.model, exp.stages, stage, exp.microbatch_size, in_flight(exp, stage))
+    training state and activations in flight (``stage_device_bytes``; none when it serves prefill
+    alone, ``exp.policy.training`` False) and the inference model's weights; the budget
+    ``gpu_memory_mb`` less this is the room BubbleTea's admission control gives the caches of the
+    prompts it prefills (``bubbletea.decisions.KVBudget``)."""
+    train = (
+        stage_device_bytes(exp.model, exp.stages, stage, exp.microbatch_size, in_flight(exp, stage))
+        if exp.policy.training
+        else 0
+    )
     return train + inference_bytes(served_model(exp.bubbletea, exp.model), queued=0)
 
 

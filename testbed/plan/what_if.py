@@ -31,7 +31,7 @@ def _planned_policy(exp: Experiment) -> Policy:
     selection (Atlas's own parts where the experiment does not place pipelines across DCs)."""
     pol = exp.policy if exp.policy.pipeline_across_dcs else parse_policy("atlas")
     name = pol.base if pol.placement == "atlas" else f"{pol.base}/placement=atlas"
-    return parse_policy(name + ("+bubbletea" if pol.bubbletea else ""))
+    return parse_policy(name + pol.name[len(pol.base) :])  # its suffix kept: +bubbletea, +prefill-alone
 
 
 def alternatives(exp: Experiment, topo: TopologySpec) -> list[Plan]:

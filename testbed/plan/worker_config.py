@@ -85,6 +85,9 @@ class BubbleTeaConfig:
     #: no admission control)
     device_bytes: dict[str, int] = field(default_factory=dict)
     gpu_memory_bytes: int | None = None
+    #: prefill served alone, no training (``+prefill-alone``): the workers serve windows of
+    #: ``prior_iteration_s`` (``bubbletea/alone.py``)
+    alone: bool = False
 
     def inbox_of(self, rank: int) -> str:
         return self.inbox.format(rank=rank)

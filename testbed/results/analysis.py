@@ -38,10 +38,12 @@ def training_events(ev: pd.DataFrame) -> pd.DataFrame:
 def iteration_times(ev: pd.DataFrame, warmup: int = 0) -> pd.DataFrame:
     """One row per completed iteration (>= warmup): iteration, start_ns, end_ns, duration_s.
 
-    An iteration ends with its last optimizer step on any worker; it starts where the previous
+    An iteration ends with its last optimizer step on any worker (in a run serving prefill alone,
+    with the end of its last serving window: ``T.SERVING_WINDOW``); it starts where the previous
     iteration ended (the pipeline's period: iterations overlap, a late stage already waits for
     iteration k+1 while an early one finishes k), or, for the first one, at its first operation."""
-    end = ev[ev[T.KIND] == T.OPTIMIZER].groupby(T.ITERATION)[T.END_NS].max().dropna().astype("int64")
+    ends = ev[ev[T.KIND].isin((T.OPTIMIZER, T.SERVING_WINDOW))]
+    end = ends.groupby(T.ITERATION)[T.END_NS].max().dropna().astype("int64")
     first = ev.groupby(T.ITERATION)[T.START_NS].min()
     start = [int(end[k - 1]) if k - 1 in end.index else int(first[k]) for k in end.index]
     out = pd.DataFrame({T.ITERATION: end.index, T.START_NS: start, T.END_NS: end.values})

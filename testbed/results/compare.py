@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from testbed.spec.policy import parse_policy
+from testbed.spec.policy import PREFILL_ALONE_SUFFIX, UnknownPolicy, parse_policy
 from testbed.trace import metrics as M
 
 FIGURES = (M.ITERATION_TIME_S, M.TOKENS_PER_S, M.GPU_UTILIZATION, M.BUBBLE_FRACTION)
@@ -20,6 +20,7 @@ BUBBLETEA_FIGURES = (
     M.TTFT_P50_S,
     M.TTFT_P99_S,
     M.TRAINING_OPS_DELAYED_BY_PREFILL,
+    M.PREFILL_ALONE_SHARE,
 )
 
 
@@ -92,7 +93,40 @@ def aggregate(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                 "noise_floor": max(noise) if noise else None,
             }
         )
-    return {"stats": stats, "speedup": speedup, "bubbletea": slowdown, "steps": steps}
+    return {
+        "stats": stats,
+        "speedup": speedup,
+        "bubbletea": slowdown,
+        "steps": steps,
+        "prefill_alone": measured_alone_shares(stats),
+    }
+
+
+def measured_alone_shares(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """For each ``X+bubbletea`` beside ``X+prefill-alone`` (their medians, ``stats`` as ``aggregate``
+    builds it): its prefill as a share of the same GPUs' serving prefill alone, measured
+    (``M.MEASURED_ALONE_TOKENS_SHARE``, ``M.MEASURED_ALONE_GPU_TIME_SHARE``; None where a median is
+    missing or 0), and the alone run's name (``alone``)."""
+    out = {}
+    for p in stats:
+        try:
+            pol = parse_policy(p)
+        except UnknownPolicy:  # a label of a script's own (``aggregate``'s runs may be named anyhow)
+            continue
+        alone = pol.base + PREFILL_ALONE_SUFFIX
+        if not (pol.bubbletea and pol.training and alone in stats):
+            continue
+
+        def ratio(figure: str, p: str = p, alone: str = alone) -> float | None:
+            a, b = stats[p][figure]["median"], stats[alone][figure]["median"]
+            return a / b if a is not None and b else None
+
+        out[p] = {
+            "alone": alone,
+            M.MEASURED_ALONE_TOKENS_SHARE: ratio(M.PREFILL_TOKENS_PER_S),
+            M.MEASURED_ALONE_GPU_TIME_SHARE: ratio(M.PREFILL_ALONE_SHARE),
+        }
+    return out
 
 
 def _split_pair(pair: str, names: dict[str, Any]) -> tuple[str, str]:
@@ -154,6 +188,13 @@ def format_comparison(result: dict[str, Any]) -> str:
                 f"{_median_text(st, M.PREFILL_TOKENS_PER_S, '13.0f')} {_median_text(st, M.REQUESTS_COMPLETED, '8.0f')} "
                 f"{_median_text(st, M.TTFT_P50_S, '9.3f')} {_median_text(st, M.TTFT_P99_S, '9.3f')} "
                 f"{_median_text(st, M.TRAINING_OPS_DELAYED_BY_PREFILL, '11.0f')}"
+            )
+        for p, d in result.get("prefill_alone", {}).items():
+            tok, gpu = d[M.MEASURED_ALONE_TOKENS_SHARE], d[M.MEASURED_ALONE_GPU_TIME_SHARE]
+            lines.append(
+                f"prefill of {p} as a share of {d['alone']} (measured): "
+                f"{'-' if tok is None else f'{tok:.1%}'} of its tokens/s, "
+                f"{'-' if gpu is None else f'{gpu:.1%}'} of its emulated GPU time"
             )
         for p, d in result.get("bubbletea", {}).items():
             noise = "n/a (use --repeat)" if d["noise_floor"] is None else f"{d['noise_floor']:.1%}"

@@ -36,11 +36,45 @@ def uses_bubbletea(config: dict[str, Any]) -> bool:
         return False
 
 
+def serves_alone(config: dict[str, Any]) -> bool:
+    """Whether a run folder's ``config.json`` served prefill alone, with no training (``+prefill-alone``)."""
+    try:
+        return not parse_policy(str(config.get("policy", DEFAULT_POLICY))).training
+    except UnknownPolicy:
+        return False
+
+
+#: the training figures a run serving prefill alone has none of (its windows are no iterations)
+TRAINING_ONLY = (
+    M.ITERATION_TIME_S,
+    M.ITERATION_TIME_P50_S,
+    M.ITERATION_TIME_P95_S,
+    M.TOKENS_PER_S,
+    M.BUBBLE_FRACTION,
+    M.PREDICTION_ERROR,
+)
+
+
 def summarize(
     ev: pd.DataFrame, config: dict[str, Any], env: dict[str, Any], counters: pd.DataFrame, aborted: bool = False
 ) -> dict[str, Any]:
     """The training figures of a run: ``ev`` its training events, ``config`` its config.json, ``env`` its
-    env.json, ``counters`` its link counters; warm-up iterations are left out of every statistic."""
+    env.json, ``counters`` its link counters; warm-up iterations are left out of every statistic.
+    A run serving prefill alone has ``serving_window_s`` (its windows' mean, s) and its completed
+    windows as iterations, and None for the figures of ``TRAINING_ONLY``."""
+    out = _summarize(ev, config, env, counters, aborted)
+    if serves_alone(config):
+        windows = A.iteration_times(ev) if not ev.empty else pd.DataFrame(columns=[T.ITERATION])
+        out[M.SERVING_WINDOW_S] = out[M.ITERATION_TIME_S]
+        out[M.COMPLETED_ITERATIONS] = int(windows[T.ITERATION].max() + 1) if len(windows) else 0
+        out.update(dict.fromkeys(TRAINING_ONLY))
+        out[M.BUBBLE_FRACTION_PER_STAGE] = []
+    return out
+
+
+def _summarize(
+    ev: pd.DataFrame, config: dict[str, Any], env: dict[str, Any], counters: pd.DataFrame, aborted: bool
+) -> dict[str, Any]:
     warmup = config["warmup_iterations"]
     if ev.empty:
         it = pd.DataFrame(columns=["duration_s"])

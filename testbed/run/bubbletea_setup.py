@@ -21,12 +21,18 @@ from testbed.plan.worker_config import BubbleTeaConfig
 from testbed.spec.experiment import Experiment
 from testbed.trace import schema as T
 
+#: a run serving prefill alone under real compute, whose iteration is not known before the run,
+#: serves windows of this length (s); with padded compute, the predicted iteration's
+ALONE_WINDOW_S = 1.0
+
 
 def prepare_bubbletea(
     net: Network, exp: Experiment, workers: list[WorkerSpec], out_dir: Path
 ) -> tuple[BubbleTeaConfig, Dispatcher, dict[str, str]]:
     """(the workers' BubbleTea configuration, the dispatcher (not started), the decode host of each
-    DC). The stream is written to ``requests/stream.parquet``."""
+    DC). The stream is written to ``requests/stream.parquet``. Serving prefill alone
+    (``+prefill-alone``), a worker's window is the predicted iteration (``ALONE_WINDOW_S`` under
+    real compute), all of it one bubble, and its GPU holds no training state."""
     bt = exp.bubbletea
     reqs = request_stream(exp)
     (out_dir / "requests").mkdir(parents=True, exist_ok=True)
@@ -35,6 +41,9 @@ def prepare_bubbletea(
     s_per_flop = seconds_per_flop(exp)
     control = control_dir()
     prior, iteration_s = bubble_prior(exp, workers)
+    if not exp.policy.training:  # prefill alone: each worker's whole window is its one bubble
+        iteration_s = iteration_s or ALONE_WINDOW_S
+        prior = {str(w.rank): {T.ALONE_SLOT: iteration_s} for w in workers}
     cfg = BubbleTeaConfig(
         spec=bt,
         s_per_flop=s_per_flop,
@@ -45,6 +54,7 @@ def prepare_bubbletea(
         prior_iteration_s=iteration_s,
         device_bytes={str(w.rank): device_bytes_besides_kv(exp, w.stage) for w in workers},
         gpu_memory_bytes=None if exp.gpu_memory_mb is None else int(exp.gpu_memory_mb * 2**20),
+        alone=not exp.policy.training,
     )
     ranks = [w.rank for w in workers]
     d = Dispatcher(bt, reqs, ranks, s_per_flop, Path(cfg.dispatcher), cfg.inbox, out_dir, tuple(hosts))

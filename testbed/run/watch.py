@@ -142,9 +142,8 @@ def watch(
                     e = json.loads(line)
                 except ValueError:  # progress lines only: the analysis reads the events on its own
                     continue
-                if isinstance(e, dict) and e.get(T.KIND) == T.OPTIMIZER and e[T.ITERATION] > shown:
+                if isinstance(e, dict) and e.get(T.KIND) in (T.OPTIMIZER, T.SERVING_WINDOW) and e[T.ITERATION] > shown:
                     shown = e[T.ITERATION]
-                    progress(
-                        f"iteration {shown + 1}/{exp.iterations}  loss {e[T.LOSS]:.4f}  elapsed {now - t_start:.1f} s"
-                    )
+                    what = f"loss {e[T.LOSS]:.4f}" if e.get(T.LOSS) is not None else "serving prefill alone"
+                    progress(f"iteration {shown + 1}/{exp.iterations}  {what}  elapsed {now - t_start:.1f} s")
         time.sleep(0.2)

@@ -17,12 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from testbed.errors import SpecError
 from testbed.plan.allreduce import wan_allreduce_bits
 from testbed.plan.cost_model import optimizer_s, predict, stage_compute_s
 from testbed.plan.placement import place
 from testbed.plan.workers import WorkerSpec
 from testbed.sim.bubbletea import PrefillFigures, prefill_in_bubbles
 from testbed.spec.experiment import Experiment
+from testbed.spec.policy import BUBBLETEA_SUFFIX
 from testbed.spec.routing import RoutingTable
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
 from testbed.trace import metrics as M
@@ -111,10 +113,20 @@ def wan_bits(exp: Experiment, workers: list[WorkerSpec]) -> dict[str, float]:
 
 def simulate_policy(exp: Experiment, policy: str | None = None, workers: list[WorkerSpec] | None = None) -> Figures:
     """The figures of ``exp`` under ``policy`` (default its own), placed as ``workers`` (default
-    as the policy places it). Raises SpecError when the policy cannot place the experiment and
-    ValueError when its schedule cannot complete."""
+    as the policy places it). Raises SpecError when the policy cannot place the experiment or
+    trains nothing (``+prefill-alone``, an emulator measurement) and ValueError when its schedule
+    cannot complete."""
     if policy is not None:
         exp = exp.with_overrides(policy=policy)
+    if not exp.policy.training:
+        raise SpecError(
+            exp.source,
+            "policy",
+            exp.policy.name,
+            "serves prefill alone, with no training: the simulator predicts training runs, and gives "
+            "the prefill a BubbleTea policy's GPUs would serve alone beside it",
+            f"simulate {exp.policy.base}{BUBBLETEA_SUFFIX}",
+        )
     if workers is None:
         workers = place(exp)
     t = predict(exp, exp.topology_spec, workers).iteration_s

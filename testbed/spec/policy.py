@@ -16,10 +16,15 @@ planner, the runner and the report read from the :class:`Policy` value instead o
   the schedule, the compute times and the links: ``plan/grant_plan.py``);
 - ``bubbletea``: prefill of inference requests fills the pipeline bubbles.
 
+``+prefill-alone`` in place of ``+bubbletea`` measures what BubbleTea is set beside: the same
+emulated GPUs (the policy's placement) serving prefill alone, with no training
+(``bubbletea/alone.py``); ``compare`` divides a BubbleTea run's prefill by it.
+
 A policy is named by a preset (``pp-fair``, ``dp-wan``, ``atlas``), optionally followed by parts
 that replace the preset's (``/placement=P``, ``/striping=on|off``, ``/sharing=S``, in any order),
-optionally followed by ``+bubbletea``: ``pp-fair/placement=atlas/striping=on/sharing=fifo`` is
-Atlas without the grant plan. ``compare --ablation`` runs such a chain (``ABLATION``).
+optionally followed by ``+bubbletea`` (or ``+prefill-alone``):
+``pp-fair/placement=atlas/striping=on/sharing=fifo`` is Atlas without the grant plan.
+``compare --ablation`` runs such a chain (``ABLATION``).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ PLACEMENTS = ("file-order", "largest-first", "atlas", "replica-per-dc")
 SHARINGS = ("tcp", "fifo", "planned")
 #: any policy followed by this suffix also fills the pipeline bubbles with prefill (BubbleTea)
 BUBBLETEA_SUFFIX = "+bubbletea"
+#: any policy followed by this suffix places its workers as the policy does and serves prefill alone
+PREFILL_ALONE_SUFFIX = "+prefill-alone"
 #: separates a preset from the parts that replace its own
 PART_SEPARATOR = "/"
 
@@ -48,6 +55,8 @@ class Policy:
     striping: bool
     sharing: str
     bubbletea: bool
+    #: whether the workers train (False: ``+prefill-alone``, prefill served alone on the same GPUs)
+    training: bool = True
 
     @property
     def grants(self) -> bool:
@@ -97,13 +106,17 @@ def known_policies() -> tuple[str, ...]:
 def _usage() -> str:
     return (
         f"use a preset ({', '.join(POLICIES)}), optionally followed by /placement=({'|'.join(PLACEMENTS)}), "
-        f"/striping=(on|off), /sharing=({'|'.join(SHARINGS)}), then optionally {BUBBLETEA_SUFFIX}"
+        f"/striping=(on|off), /sharing=({'|'.join(SHARINGS)}), then optionally {BUBBLETEA_SUFFIX} "
+        f"or {PREFILL_ALONE_SUFFIX}"
     )
 
 
 def parse_policy(name: str) -> Policy:
     """The policy a name stands for. Raises UnknownPolicy."""
-    base, bubbletea = (name[: -len(BUBBLETEA_SUFFIX)], True) if name.endswith(BUBBLETEA_SUFFIX) else (name, False)
+    base, bubbletea, training = name, False, True
+    for suffix in (BUBBLETEA_SUFFIX, PREFILL_ALONE_SUFFIX):
+        if name.endswith(suffix):
+            base, bubbletea, training = name[: -len(suffix)], True, suffix == BUBBLETEA_SUFFIX
     preset, *parts = base.split(PART_SEPARATOR)
     if preset not in BASE_POLICIES:
         raise UnknownPolicy(_usage())
@@ -127,4 +140,4 @@ def parse_policy(name: str) -> Policy:
             f"{name!r}: striping and grants act on stage-boundary transfers across the WAN, which "
             "replica-per-dc does not make; use them with a pipeline placement"
         )
-    return Policy(name, base, preset, placement, striping, sharing, bubbletea)
+    return Policy(name, base, preset, placement, striping, sharing, bubbletea, training)

@@ -65,6 +65,15 @@ TTFT_P50_S, TTFT_P99_S = "ttft_p50_s", "ttft_p99_s"
 #: back at the same emulated time per FLOP, and a prompt's FLOPs do not depend on where it is cut
 #: into chunks (each attends to the KV cache of the ones before)
 PREFILL_ALONE_SHARE, PREFILL_ALONE_TOKENS_PER_S = "prefill_alone_share", "prefill_alone_tokens_per_s"
+#: a run serving prefill alone (``+prefill-alone``): its serving windows' mean length (s); its
+#: ``prefill_alone_share`` is then the share of its hosts' wall time their prefill had the
+#: emulated GPU, which the derivation above takes as 1
+SERVING_WINDOW_S = "serving_window_s"
+#: ``compare``: a BubbleTea run's prefill over that of the same policy's run serving prefill alone,
+#: measured: in tokens per second (the two runs' medians) and in emulated GPU time (their
+#: ``prefill_alone_share`` medians)
+MEASURED_ALONE_TOKENS_SHARE = "measured_alone_tokens_share"
+MEASURED_ALONE_GPU_TIME_SHARE = "measured_alone_gpu_time_share"
 #: the share of the requests assigned to workers whose first token came within ``ttft_slo_s``
 #: (a request not finished by the run's end counts as outside it)
 TTFT_WITHIN_SLO_SHARE, TTFT_SLO_S = "ttft_within_slo_share", "ttft_slo_s"

@@ -72,6 +72,9 @@ ALLREDUCE, OPTIMIZER, IDLE, PREFILL = "allreduce", "optimizer", "idle", "prefill
 SEND_WAIT = "send_wait"
 #: BubbleTea's slots besides the receive waits (``F2``/``B0``): the send drain and the all-reduce
 SEND_DRAIN_SLOT, ALLREDUCE_SLOT = "drain", "allreduce"
+#: prefill served alone (``+prefill-alone``, ``bubbletea/alone.py``): a worker's window of the run,
+#: the counterpart of an iteration, and the one slot its prefill fills
+SERVING_WINDOW, ALONE_SLOT = "serving_window", "alone"
 #: what counts as a worker computing (training): padded forward, backward and the optimizer step
 COMPUTE_KINDS = (FORWARD, BACKWARD, OPTIMIZER)
 

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from testbed.atlas.channel import DONE, READY, RECV, ControlClient
+from testbed.bubbletea.alone import serve_alone
 from testbed.bubbletea.prefill import PrefillServer
 from testbed.model.gpt import Stage, lm_loss
 from testbed.plan.placement import rank_of
@@ -77,6 +78,12 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         dp_groups = [dist.new_group([rank_of(s, r, R) for r in range(R)]) for s in range(S)]
     my_dp = dp_groups[stage]
     startup_mark(cfg, rank, "process_group")
+    bt = cfg.bubbletea
+    if bt is not None and bt.alone:  # no training: the same emulated GPU serves prefill alone
+        alone = PrefillServer.for_worker(bt, exp.seed, rank, me.dc, ev, exp.padded, pre.train_tokens)
+        serve_alone(alone, exp.iterations, bt.prior_iteration_s, ev)
+        finish(cfg, rank, ev, alone)
+        return
     mcfg = exp.model
     model = Stage(pre.full_model, stage, S)
     params = list(model.parameters())
@@ -97,7 +104,6 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     n_prev = exp.wan_connections if prev_rank is not None and dc_of[prev_rank] != me.dc else 1
     n_next = exp.wan_connections if next_rank is not None and dc_of[next_rank] != me.dc else 1
 
-    bt = cfg.bubbletea
     # prompts are real text of the corpus
     server = PrefillServer.for_worker(bt, exp.seed, rank, me.dc, ev, exp.padded, train) if bt is not None else None
     prev_end = [now_ns()]  # end of this worker's latest compute: where a bubble starts
@@ -255,6 +261,11 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         if server is not None:
             server.report(it, (prev_end[0] - last_opt_end) / 1e9 if last_opt_end else bt.prior_iteration_s)
         last_opt_end = prev_end[0]
+    finish(cfg, rank, ev, server)
+
+
+def finish(cfg: WorkerConfig, rank: int, ev: EventWriter, server: PrefillServer | None) -> None:
+    """Send the finished KV caches (BubbleTea), check out with the other workers, close the trace."""
     if server is not None:
         server.close()
     leave_together(rank, len(cfg.workers), cfg.timeout_s)

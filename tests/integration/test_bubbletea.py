@@ -34,7 +34,7 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
     short = replace(exp.bubbletea, request_rate=8.0, max_prompt_tokens=256, max_output_tokens=8, model=None)
     exp = exp.with_overrides(bubbletea=short)
     assert exp.bubbletea.model.n_layers == exp.model.n_layers and exp.bubbletea.model.seq_len == 264
-    result = compare(exp, ["atlas", "atlas+bubbletea"], tmp_path, progress=_quiet)
+    result = compare(exp, ["atlas", "atlas+bubbletea", "atlas+prefill-alone"], tmp_path, progress=_quiet)
     plain, bt = result["policies"]["atlas"], result["policies"]["atlas+bubbletea"]
     # scheduling prefill beside training must not change the math
     a = losses(read_events(tmp_path / "atlas")).tolist()
@@ -170,6 +170,17 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
         print(f"{share}: {len(met)} of {len(due)} due ({len(arrived)} arrived)")
         assert bt[judged] == len(due) and bt[share] == (pytest.approx(len(met) / len(due)) if due else None)
     assert bt["ttft_scaled_slo_judged"] > 0  # 3 x the time alone falls within an 8-iteration run for some
+    # the same GPUs serving prefill alone, measured: no training, windows of the predicted
+    # iteration, requests served through the same path; BubbleTea's prefill set beside it
+    alone = result["policies"]["atlas+prefill-alone"]
+    assert set(read_events(tmp_path / "atlas+prefill-alone")[T.KIND]) == {T.PREFILL, T.SERVING_WINDOW}
+    assert alone["completed_iterations"] == 7 and alone["iteration_time_s"] is None
+    assert alone["serving_window_s"] > 0 and alone["training_gpu_utilization"] == 0
+    assert alone["requests_completed"] >= 5 and alone["prefill_tokens_per_s"] > 0
+    assert alone["gpu_utilization"] == pytest.approx(alone["prefill_alone_share"], abs=0.05)
+    share = result["prefill_alone"]["atlas+bubbletea"]
+    print("BubbleTea's prefill against serving alone (measured):", share, "alone:", alone["gpu_utilization"])
+    assert 0 < share["measured_alone_gpu_time_share"] <= 1 and 0 < share["measured_alone_tokens_share"]
     assert machine_state() == before
 
 

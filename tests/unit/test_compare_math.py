@@ -79,3 +79,25 @@ def test_an_ablation_reports_each_parts_own_contribution():
     # a policy's parts do not make sub-folders
     assert run_folder_name("pp-fair/placement=atlas", 0, 1) == "pp-fair_placement=atlas"
     assert run_folder_name("atlas", 2, 3) == "atlas-2"
+
+
+def test_bubbletea_prefill_is_divided_by_the_same_policy_serving_prefill_alone():
+    def bt(tokens_per_s: float, share: float, t: float | None = 1.0) -> dict:
+        figures = {"prefill_tokens_per_s": tokens_per_s, "prefill_alone_share": share}
+        return {**summary(1.0), "iteration_time_s": t, **figures}
+
+    runs = {
+        "atlas": [summary(1.0)],
+        "atlas+bubbletea": [bt(800, 0.4), bt(900, 0.45)],
+        "atlas+prefill-alone": [bt(2000, 0.9, None), bt(2000, 0.9, None)],
+        "pp-fair+bubbletea": [bt(500, 0.3)],  # no pp-fair+prefill-alone: no share
+    }
+    agg = aggregate(runs)
+    d = agg["prefill_alone"]
+    assert set(d) == {"atlas+bubbletea"} and d["atlas+bubbletea"]["alone"] == "atlas+prefill-alone"
+    assert d["atlas+bubbletea"]["measured_alone_tokens_share"] == pytest.approx(850 / 2000)
+    assert d["atlas+bubbletea"]["measured_alone_gpu_time_share"] == pytest.approx(0.425 / 0.9)
+    text = format_comparison(agg)
+    assert "prefill of atlas+bubbletea as a share of atlas+prefill-alone (measured): 42.5% of its tokens/s" in text
+    assert "training slowdown of atlas+prefill-alone" not in text  # it trains nothing
+    assert aggregate({"a label": [summary(1.0)]})["prefill_alone"] == {}  # labels of a script's own

@@ -595,3 +595,51 @@ def test_prompts_are_real_text_of_the_corpus_the_same_on_every_host():
     assert not torch.equal(a, prompt_tokens_from(text, 8, 20, 0))
     with pytest.raises(InferenceError, match="empty"):
         prompt_tokens_from(torch.empty(0, dtype=torch.uint8), 1, 5, 0)
+
+
+def test_serving_alone_fills_back_to_back_windows_and_resumes_a_pass_cut_by_a_window_end(tmp_path):
+    """Prefill served alone (``+prefill-alone``): the queue is prefilled through consecutive
+    windows, each traced as a serving window; a pass running at a window's end stops there and
+    is resumed in the next window, and every prompt ends prefilled in full."""
+    import json
+
+    from testbed.bubbletea.alone import serve_alone
+    from testbed.bubbletea.passes import Job
+    from testbed.trace import schema as T
+
+    window_s = 0.2  # passes of 48 tokens take about 0.12 s: one spans the first window's end
+    server = _padded_server(tmp_path, chunk_s=0.05, prior={T.ALONE_SLOT: window_s})
+    try:
+        server.jobs.extend(Job(rid, 0, prompt_tokens_for(rid, 60, 0), 4) for rid in (1, 2, 3))
+        serve_alone(server, 4, window_s, server.ev)
+        assert not server.jobs and not server.stopped  # every prompt prefilled in full
+        server.ev.close()
+        rows = [json.loads(line) for line in (tmp_path / "ev.jsonl").read_text().splitlines()]
+        windows = [r for r in rows if r[T.KIND] == T.SERVING_WINDOW]
+        assert [w[T.ITERATION] for w in windows] == [0, 1, 2, 3]
+        for a, b in zip(windows, windows[1:]):
+            assert b[T.START_NS] == a[T.START_NS] + int(window_s * 1e9) and a[T.END_NS] >= b[T.START_NS]
+        slices = [r for r in rows if r[T.KIND] == T.PREFILL]
+        assert sum(s[T.TOKENS] for s in slices) == 180
+        cut = [
+            (a, b)
+            for a, b in zip(slices, slices[1:])
+            if a[T.CHUNKS] == b[T.CHUNKS] and a[T.ITERATION] + 1 == b[T.ITERATION]
+        ]
+        assert cut, f"no pass was stopped at a window's end and resumed in the next: {slices}"
+        for a, _ in cut:
+            end = next(w[T.START_NS] for w in windows if w[T.ITERATION] == a[T.ITERATION] + 1)
+            assert end <= a[T.END_NS] <= end + 20_000_000  # stopped at the window's end
+    finally:
+        server.close()
+
+
+def test_a_serving_window_must_last(tmp_path):
+    from testbed.bubbletea.alone import serve_alone
+
+    server = _padded_server(tmp_path, chunk_s=0.05)
+    try:
+        with pytest.raises(ValueError, match="more than 0 s"):
+            serve_alone(server, 1, 0.0, server.ev)
+    finally:
+        server.close()

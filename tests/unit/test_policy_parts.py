@@ -23,6 +23,14 @@ def test_presets_and_parts():
     assert not parse_policy("dp-wan").pipeline_across_dcs
 
 
+def test_prefill_alone_keeps_the_placement_and_trains_nothing():
+    a = parse_policy("pp-fair/placement=atlas+prefill-alone")
+    assert (a.base, a.placement, a.bubbletea, a.training) == ("pp-fair/placement=atlas", "atlas", True, False)
+    assert parse_policy("atlas+bubbletea").training and parse_policy("atlas").training
+    with pytest.raises(UnknownPolicy, match="prefill-alone"):
+        parse_policy("atlas+prefill-alone+bubbletea")
+
+
 def test_the_ablation_adds_one_part_at_a_time():
     steps = [parse_policy(n) for n in ABLATION]
     parts = [(s.placement, s.striping, s.sharing) for s in steps]

@@ -259,3 +259,31 @@ def test_ttft_alone_is_each_prompt_in_one_pass_at_the_runs_time_per_flop(tmp_pat
     assert got[0] > 2 * 500 / 16 * got[1]
     write_worker_config(tmp_path / "worker_config.json", replace(cfg, bubbletea=None))
     assert ttft_alone_s(tmp_path, assigned).empty  # a run without BubbleTea
+
+
+def test_a_run_serving_prefill_alone_has_windows_not_iterations(tmp_path):
+    """``+prefill-alone``: three 100 ms serving windows (the first warm-up) of two workers that
+    prefill 60 and 40 ms of each; no training figure, the windows as iterations, and the
+    prefill's share of the wall time as its GPU utilization."""
+    rows = []
+    for k in range(3):
+        b = 100 * k
+        for w, busy in ((0, 60), (1, 40)):
+            rows += [
+                op(w, T.PREFILL, k, -1, b + 5, b + 5 + busy, target_ns=busy * MS, tokens=64),
+                op(w, T.SERVING_WINDOW, k, -1, b, b + 100),
+            ]
+    ev = pd.DataFrame(rows, columns=T.COLUMNS)
+    ev[T.TARGET_NS] = pd.to_numeric(ev[T.TARGET_NS])
+    cfg = config(policy="atlas+prefill-alone", bubbletea={})
+    s = summarize(ev[ev[T.KIND] != T.PREFILL], cfg, {}, counters())
+    assert s["serving_window_s"] == pytest.approx(0.1) and s["completed_iterations"] == 3
+    for key in ("iteration_time_s", "tokens_per_s", "bubble_fraction", "prediction_error"):
+        assert s[key] is None, key
+    from testbed.results.summary import bubbletea_stats
+
+    bt = bubbletea_stats(tmp_path, ev, cfg, s["gpu_utilization"])
+    assert bt["gpu_utilization"] == pytest.approx((0.6 + 0.4) / 2) and bt["training_gpu_utilization"] == 0
+    assert bt["prefill_alone_share"] == pytest.approx(0.5)  # 2 x (60 + 40) ms of 2 x 200 ms
+    assert bt["prefill_tokens_per_s"] == pytest.approx(4 * 64 / 0.2)
+    assert bt["bubble_fill_fraction"] is None  # no training: no bubbles

@@ -35,6 +35,11 @@ def test_inside_one_dc_by_hand():
     assert f.wan_utilization == {} and f.wan_utilization_mean is None
 
 
+def test_a_policy_that_trains_nothing_is_not_simulated():
+    with pytest.raises(SpecError, match=r"serves prefill alone.*simulate atlas\+bubbletea"):
+        simulate_policy(exp(topology_spec=topo({"a": 8}), iterations=8), "atlas+prefill-alone")
+
+
 def test_the_wan_carries_the_boundary_transfers_and_the_all_reduce():
     e = exp()  # stages in DCs a and b, 2 replicas, 4 microbatches
     per_direction = 2 * 4 * e.activation_bytes * 8 / TCP_GOODPUT_FRACTION
