@@ -218,8 +218,9 @@ def _train(
     n_conn = wan_connections(exp, exp.topology_spec, workers)
     controller = None
     grant_plan = None
-    profiling = exp.policy.sharing == "planned" and not exp.compute.padded  # plan from iteration 0
-    if exp.policy.grants:
+    # plan from iteration 0; a run serving prefill alone moves no training data: no grants
+    profiling = exp.policy.sharing == "planned" and not exp.compute.padded and exp.policy.training
+    if exp.policy.grants and exp.policy.training:
         grant_plan = plan_grants(exp, exp.topology_spec, workers, n_conn)
         (out_dir / "grant_plan.txt").write_text(format_grant_plan(grant_plan) + "\n")
         if profiling:
