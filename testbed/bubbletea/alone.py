@@ -24,7 +24,9 @@ IDLE_POLL_S = 0.001
 
 def serve_alone(server: PrefillServer, windows: int, window_s: float, ev: EventWriter) -> None:
     """Serve prefill for ``windows`` windows of ``window_s`` seconds each, back to back from now,
-    tracing each window as a ``T.SERVING_WINDOW`` event of its index (``T.ITERATION``) and telling
+    tracing each window as a ``T.SERVING_WINDOW`` event of its index (``T.ITERATION``), with the
+    time its worker had no request queued (``T.QUEUE_EMPTY_NS``: a run whose queue runs empty
+    measures the request rate, not what the GPUs deliver), and telling
     the dispatcher this worker's load after each (``PrefillServer.report``). Raises ValueError
     for a window that is not positive."""
     if not window_s > 0:
@@ -37,10 +39,15 @@ def serve_alone(server: PrefillServer, windows: int, window_s: float, ev: EventW
         def over(end: int = end) -> bool:
             return now_ns() >= end
 
+        empty_ns = 0
         while not over():
             server.fill(T.ALONE_SLOT, t0, over)
             if not over():  # nothing queued, or nothing the policy starts now: look again shortly
-                time.sleep(min(IDLE_POLL_S, max(0.0, (end - now_ns()) / 1e9)))
+                idle = not server.jobs
+                t = now_ns()
+                time.sleep(min(IDLE_POLL_S, max(0.0, (end - t) / 1e9)))
+                if idle:
+                    empty_ns += now_ns() - t
         server.observe(T.ALONE_SLOT, window_s)  # the window was what was predicted: no error to report
-        ev.write(T.SERVING_WINDOW, t0, now_ns(), **{T.ITERATION: k, T.MICROBATCH: -1})
+        ev.write(T.SERVING_WINDOW, t0, now_ns(), **{T.ITERATION: k, T.MICROBATCH: -1, T.QUEUE_EMPTY_NS: empty_ns})
         server.report(k, window_s)

@@ -21,7 +21,11 @@ BUBBLETEA_FIGURES = (
     M.TTFT_P99_S,
     M.TRAINING_OPS_DELAYED_BY_PREFILL,
     M.PREFILL_ALONE_SHARE,
+    M.QUEUE_EMPTY_SHARE,
 )
+#: a run serving prefill alone whose queue was empty longer than this share of its time measured
+#: the request rate more than what its GPUs deliver: ``compare`` says so beside the share
+MAX_QUEUE_EMPTY_SHARE = 0.05
 
 
 def base_policy(name: str) -> str:
@@ -106,7 +110,8 @@ def measured_alone_shares(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """For each ``X+bubbletea`` beside ``X+prefill-alone`` (their medians, ``stats`` as ``aggregate``
     builds it): its prefill as a share of the same GPUs' serving prefill alone, measured
     (``M.MEASURED_ALONE_TOKENS_SHARE``, ``M.MEASURED_ALONE_GPU_TIME_SHARE``; None where a median is
-    missing or 0), and the alone run's name (``alone``)."""
+    missing or 0), the alone run's name (``alone``) and how long its queue was empty
+    (``M.QUEUE_EMPTY_SHARE``, its median)."""
     out = {}
     for p in stats:
         try:
@@ -123,6 +128,7 @@ def measured_alone_shares(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
         out[p] = {
             "alone": alone,
+            M.QUEUE_EMPTY_SHARE: stats[alone][M.QUEUE_EMPTY_SHARE]["median"],
             M.MEASURED_ALONE_TOKENS_SHARE: ratio(M.PREFILL_TOKENS_PER_S),
             M.MEASURED_ALONE_GPU_TIME_SHARE: ratio(M.PREFILL_ALONE_SHARE),
         }
@@ -196,6 +202,12 @@ def format_comparison(result: dict[str, Any]) -> str:
                 f"{'-' if tok is None else f'{tok:.1%}'} of its tokens/s, "
                 f"{'-' if gpu is None else f'{gpu:.1%}'} of its emulated GPU time"
             )
+            empty = d[M.QUEUE_EMPTY_SHARE]
+            if empty is not None and empty > MAX_QUEUE_EMPTY_SHARE:
+                lines.append(
+                    f"  but {d['alone']}'s queue was empty {empty:.1%} of its time: it measured the request rate "
+                    "more than what the GPUs deliver; raise --request-rate (or --iterations) for that"
+                )
         for p, d in result.get("bubbletea", {}).items():
             noise = "n/a (use --repeat)" if d["noise_floor"] is None else f"{d['noise_floor']:.1%}"
             lines.append(

@@ -60,16 +60,28 @@ def summarize(
 ) -> dict[str, Any]:
     """The training figures of a run: ``ev`` its training events, ``config`` its config.json, ``env`` its
     env.json, ``counters`` its link counters; warm-up iterations are left out of every statistic.
-    A run serving prefill alone has ``serving_window_s`` (its windows' mean, s) and its completed
-    windows as iterations, and None for the figures of ``TRAINING_ONLY``."""
+    A run serving prefill alone has ``serving_window_s`` (its windows' mean, s), ``queue_empty_share``
+    (``queue_empty_share``), its completed windows as iterations, and None for the figures of
+    ``TRAINING_ONLY``."""
     out = _summarize(ev, config, env, counters, aborted)
     if serves_alone(config):
         windows = A.iteration_times(ev) if not ev.empty else pd.DataFrame(columns=[T.ITERATION])
         out[M.SERVING_WINDOW_S] = out[M.ITERATION_TIME_S]
+        out[M.QUEUE_EMPTY_SHARE] = queue_empty_share(ev, config["warmup_iterations"])
         out[M.COMPLETED_ITERATIONS] = int(windows[T.ITERATION].max() + 1) if len(windows) else 0
         out.update(dict.fromkeys(TRAINING_ONLY))
         out[M.BUBBLE_FRACTION_PER_STAGE] = []
     return out
+
+
+def queue_empty_share(ev: pd.DataFrame, warmup: int) -> float | None:
+    """Of a prefill-alone run's measured serving windows (index >= ``warmup``), summed over workers,
+    the share in which the worker had no request queued (``T.QUEUE_EMPTY_NS``); None without any."""
+    if ev.empty or T.QUEUE_EMPTY_NS not in ev:
+        return None
+    w = ev[(ev[T.KIND] == T.SERVING_WINDOW) & (ev[T.ITERATION] >= warmup)]
+    span = (w[T.END_NS] - w[T.START_NS]).sum()
+    return float(w[T.QUEUE_EMPTY_NS].fillna(0).sum() / span) if span > 0 else None
 
 
 def _summarize(

@@ -69,6 +69,10 @@ PREFILL_ALONE_SHARE, PREFILL_ALONE_TOKENS_PER_S = "prefill_alone_share", "prefil
 #: ``prefill_alone_share`` is then the share of its hosts' wall time their prefill had the
 #: emulated GPU, which the derivation above takes as 1
 SERVING_WINDOW_S = "serving_window_s"
+#: a run serving prefill alone: the share of its workers' measured windows in which they had no
+#: request queued (``T.QUEUE_EMPTY_NS``): above a few percent, the run measured the request rate
+#: rather than what its GPUs deliver
+QUEUE_EMPTY_SHARE = "queue_empty_share"
 #: ``compare``: a BubbleTea run's prefill over that of the same policy's run serving prefill alone,
 #: measured: in tokens per second (the two runs' medians) and in emulated GPU time (their
 #: ``prefill_alone_share`` medians)

@@ -35,6 +35,8 @@ TARGET_NS, BLOCKS, MEMORY_BYTES = "target_ns", "blocks", "memory_bytes"
 #: on a prefill slice, how long it waited, past the GPU time it gave, for the CPU to finish
 #: computing the pass's blocks (ns; 0: none): an overrun of its target
 OVERRUN_NS = "overrun_ns"
+#: on a serving window (prefill served alone), how long its worker had no request queued (ns)
+QUEUE_EMPTY_NS = "queue_empty_ns"
 COLUMNS = [
     WORKER,
     HOST,
@@ -59,6 +61,7 @@ COLUMNS = [
     BLOCKS,
     MEMORY_BYTES,
     OVERRUN_NS,
+    QUEUE_EMPTY_NS,
     RID,
     CHUNK_START,
     TOKENS,

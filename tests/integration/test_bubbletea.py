@@ -178,9 +178,14 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
     assert alone["serving_window_s"] > 0 and alone["training_gpu_utilization"] == 0
     assert alone["requests_completed"] >= 5 and alone["prefill_tokens_per_s"] > 0
     assert alone["gpu_utilization"] == pytest.approx(alone["prefill_alone_share"], abs=0.05)
+    # 8 requests/s of 256-token prompts keep these GPUs busy about a third of the time: the queue
+    # is empty most of the rest (busy 0.30, seen), and the summary says so
+    assert 0.2 < alone["queue_empty_share"] and alone["gpu_utilization"] + alone["queue_empty_share"] <= 1.01
     share = result["prefill_alone"]["atlas+bubbletea"]
     print("BubbleTea's prefill against serving alone (measured):", share, "alone:", alone["gpu_utilization"])
-    assert 0 < share["measured_alone_gpu_time_share"] <= 1 and 0 < share["measured_alone_tokens_share"]
+    # where the requests, not the GPUs, set the pace, both runs serve about what arrives (0.97 and
+    # 1.05 of the alone run's tokens/s seen)
+    assert 0.7 < share["measured_alone_tokens_share"] < 1.3 and share["queue_empty_share"] == alone["queue_empty_share"]
     assert machine_state() == before
 
 

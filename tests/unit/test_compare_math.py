@@ -89,7 +89,10 @@ def test_bubbletea_prefill_is_divided_by_the_same_policy_serving_prefill_alone()
     runs = {
         "atlas": [summary(1.0)],
         "atlas+bubbletea": [bt(800, 0.4), bt(900, 0.45)],
-        "atlas+prefill-alone": [bt(2000, 0.9, None), bt(2000, 0.9, None)],
+        "atlas+prefill-alone": [
+            {**bt(2000, 0.9, None), "queue_empty_share": 0.08},
+            {**bt(2000, 0.9, None), "queue_empty_share": 0.1},
+        ],
         "pp-fair+bubbletea": [bt(500, 0.3)],  # no pp-fair+prefill-alone: no share
     }
     agg = aggregate(runs)
@@ -100,4 +103,6 @@ def test_bubbletea_prefill_is_divided_by_the_same_policy_serving_prefill_alone()
     text = format_comparison(agg)
     assert "prefill of atlas+bubbletea as a share of atlas+prefill-alone (measured): 42.5% of its tokens/s" in text
     assert "training slowdown of atlas+prefill-alone" not in text  # it trains nothing
+    # its queue ran empty 9% of the time: it measured the request rate, and the comparison says so
+    assert "queue was empty 9.0% of its time" in text and "raise --request-rate" in text
     assert aggregate({"a label": [summary(1.0)]})["prefill_alone"] == {}  # labels of a script's own

@@ -617,6 +617,8 @@ def test_serving_alone_fills_back_to_back_windows_and_resumes_a_pass_cut_by_a_wi
         rows = [json.loads(line) for line in (tmp_path / "ev.jsonl").read_text().splitlines()]
         windows = [r for r in rows if r[T.KIND] == T.SERVING_WINDOW]
         assert [w[T.ITERATION] for w in windows] == [0, 1, 2, 3]
+        assert windows[0][T.QUEUE_EMPTY_NS] == 0  # a queue from the start
+        assert windows[-1][T.QUEUE_EMPTY_NS] > 0.5 * window_s * 1e9  # 180 tokens take about 0.5 s
         for a, b in zip(windows, windows[1:]):
             assert b[T.START_NS] == a[T.START_NS] + int(window_s * 1e9) and a[T.END_NS] >= b[T.START_NS]
         slices = [r for r in rows if r[T.KIND] == T.PREFILL]

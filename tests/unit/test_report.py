@@ -271,13 +271,15 @@ def test_a_run_serving_prefill_alone_has_windows_not_iterations(tmp_path):
         for w, busy in ((0, 60), (1, 40)):
             rows += [
                 op(w, T.PREFILL, k, -1, b + 5, b + 5 + busy, target_ns=busy * MS, tokens=64),
-                op(w, T.SERVING_WINDOW, k, -1, b, b + 100),
+                op(w, T.SERVING_WINDOW, k, -1, b, b + 100, queue_empty_ns=(100 - busy) * MS if w else 0),
             ]
     ev = pd.DataFrame(rows, columns=T.COLUMNS)
-    ev[T.TARGET_NS] = pd.to_numeric(ev[T.TARGET_NS])
+    for c in (T.TARGET_NS, T.QUEUE_EMPTY_NS):
+        ev[c] = pd.to_numeric(ev[c])
     cfg = config(policy="atlas+prefill-alone", bubbletea={})
     s = summarize(ev[ev[T.KIND] != T.PREFILL], cfg, {}, counters())
     assert s["serving_window_s"] == pytest.approx(0.1) and s["completed_iterations"] == 3
+    assert s["queue_empty_share"] == pytest.approx(2 * 60 / 400)  # worker 1 idled 60 ms a window, empty
     for key in ("iteration_time_s", "tokens_per_s", "bubble_fraction", "prediction_error"):
         assert s[key] is None, key
     from testbed.results.summary import bubbletea_stats
