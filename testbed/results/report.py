@@ -120,6 +120,8 @@ EXTRA_ROWS = [
     (M.GRANT_HOLD_P50_MS, "grant hold p50 (ms)"),
     (M.GRANTS_RELEASED_BY_DEADLINE, "grants released by deadline"),
     (M.LINK_BUSY_DURING_GRANTS, "link busy during grants"),
+    (M.SERVING_WINDOW_S, "serving window (s, prefill alone)"),
+    (M.QUEUE_EMPTY_SHARE, "  share with nothing queued"),
     (M.TRAINING_GPU_UTILIZATION, "training GPU utilization"),
     (M.BUBBLE_FILL_FRACTION, "bubble fill fraction"),
     (M.PREFILL_TOKENS_PER_S, "prefill tokens/s"),

@@ -60,9 +60,9 @@ def summarize(
 ) -> dict[str, Any]:
     """The training figures of a run: ``ev`` its training events, ``config`` its config.json, ``env`` its
     env.json, ``counters`` its link counters; warm-up iterations are left out of every statistic.
-    A run serving prefill alone has ``serving_window_s`` (its windows' mean, s), ``queue_empty_share``
-    (``queue_empty_share``), its completed windows as iterations, and None for the figures of
-    ``TRAINING_ONLY``."""
+    A run serving prefill alone has ``serving_window_s`` (its windows' mean, s), the share of them
+    its workers had nothing queued (``queue_empty_share``), its completed windows as iterations,
+    and None for the figures of ``TRAINING_ONLY``."""
     out = _summarize(ev, config, env, counters, aborted)
     if serves_alone(config):
         windows = A.iteration_times(ev) if not ev.empty else pd.DataFrame(columns=[T.ITERATION])
