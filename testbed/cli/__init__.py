@@ -1,11 +1,15 @@
 """The ``testbed`` command line: it parses arguments and calls the package (one module per group of
-commands: ``topo.py``, ``train.py``, ``machine.py``). ``python -m testbed.cli`` runs it too."""
+commands: ``topo.py``, ``train.py``, ``machine.py``, ``sim.py``, each imported only when one of its
+commands runs, so that ``testbed clean`` does not load the simulator and pandas: seconds under an
+emulated CPU). ``python -m testbed.cli`` runs it too."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from testbed.cli.common import (
@@ -15,15 +19,31 @@ from testbed.cli.common import (
     number,
     policy_name,
 )
-from testbed.cli.machine import cmd_clean, cmd_doctor
-from testbed.cli.sim import add_sim_parser
-from testbed.cli.topo import cmd_topo_check, cmd_topo_show, cmd_topo_up
-from testbed.cli.train import cmd_analyze, cmd_compare, cmd_plan, cmd_run, cmd_schedule
 from testbed.errors import SpecError, TestbedError, TestbedWarning
 from testbed.net.features import DELAY_MECHANISMS
 from testbed.run.interrupts import tears_down_on_signals
 from testbed.spec.policy import ABLATION, POLICIES
 from testbed.spec.topology_file import DEFAULT_TOPOLOGY
+
+
+def _command_in(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """The command ``name`` of ``testbed.cli.<module>``, imported when it is called."""
+
+    def command(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module(f"testbed.cli.{module}"), name)(args)
+
+    command.__name__ = name
+    return command
+
+
+cmd_topo_show, cmd_topo_check, cmd_topo_up = (
+    _command_in("topo", n) for n in ("cmd_topo_show", "cmd_topo_check", "cmd_topo_up")
+)
+cmd_run, cmd_compare, cmd_plan, cmd_schedule, cmd_analyze = (
+    _command_in("train", n) for n in ("cmd_run", "cmd_compare", "cmd_plan", "cmd_schedule", "cmd_analyze")
+)
+cmd_clean, cmd_doctor = (_command_in("machine", n) for n in ("cmd_clean", "cmd_doctor"))
+cmd_sim = _command_in("sim", "cmd_sim")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -173,6 +193,32 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
     sp.set_defaults(func=cmd_doctor)
     return p
+
+
+def add_sim_parser(sub) -> None:
+    """The ``sim`` subcommand's arguments."""
+    sp = sub.add_parser("sim", help="simulated iteration time, utilization, bubbles, WAN load per policy (no root)")
+    sp.add_argument(
+        "experiment", nargs="?", default=None, help="an experiment or a scenario (workloads/scenarios), by name or path"
+    )
+    sp.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated (default: {','.join(POLICIES)})")
+    sp.add_argument("--validate", type=Path, metavar="RUN_DIR", help="a measured run beside its simulation")
+    sp.add_argument(
+        "--modelled-window",
+        action="store_true",
+        help="with --validate: model each WAN connection's window even where the run measured its paths",
+    )
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.add_argument(
+        "--sweep",
+        metavar="GRID",
+        help="a scenario over WAN rates and one-way delays on all cores, e.g. wan_rate=100gbit,400gbit,delay=5ms,50ms",
+    )
+    sp.add_argument("--out", type=Path, metavar="DIR", help="--sweep's folder (default sim-sweep-<scenario>)")
+    sp.add_argument(
+        "--timeline", type=Path, metavar="DIR", help="write DIR/POLICY/trace.json and timeline.png of one iteration"
+    )
+    sp.set_defaults(func=cmd_sim)
 
 
 def show_warning(message, category, filename, lineno, file=None, line=None) -> None:

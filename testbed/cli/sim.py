@@ -140,31 +140,3 @@ def write_timeline(exp, folder: Path) -> Path:
 
 def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.4g}"
-
-
-def add_sim_parser(sub) -> None:
-    """The ``sim`` subcommand's arguments."""
-    from testbed.spec.policy import POLICIES
-
-    sp = sub.add_parser("sim", help="simulated iteration time, utilization, bubbles, WAN load per policy (no root)")
-    sp.add_argument(
-        "experiment", nargs="?", default=None, help="an experiment or a scenario (workloads/scenarios), by name or path"
-    )
-    sp.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated (default: {','.join(POLICIES)})")
-    sp.add_argument("--validate", type=Path, metavar="RUN_DIR", help="a measured run beside its simulation")
-    sp.add_argument(
-        "--modelled-window",
-        action="store_true",
-        help="with --validate: model each WAN connection's window even where the run measured its paths",
-    )
-    sp.add_argument("--json", action="store_true", help="print one JSON object")
-    sp.add_argument(
-        "--sweep",
-        metavar="GRID",
-        help="a scenario over WAN rates and one-way delays on all cores, e.g. wan_rate=100gbit,400gbit,delay=5ms,50ms",
-    )
-    sp.add_argument("--out", type=Path, metavar="DIR", help="--sweep's folder (default sim-sweep-<scenario>)")
-    sp.add_argument(
-        "--timeline", type=Path, metavar="DIR", help="write DIR/POLICY/trace.json and timeline.png of one iteration"
-    )
-    sp.set_defaults(func=cmd_sim)

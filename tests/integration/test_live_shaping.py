@@ -20,24 +20,37 @@ from .conftest import goodput_within
 
 def test_link_rate_change_takes_effect_mid_transfer(tmp_path, clean_machine):
     with make_network(load_topology("two_dc"), out_dir=tmp_path) as net:
-        new_rate = 30_000_000
-        changed = {}
+        old_rate, new_rate = 100_000_000, 30_000_000
 
-        def change_later():
-            time.sleep(4.5)
-            changed["t_ns"] = net.shaping.set_wan_class_rate("east", "west", 0x10, new_rate)
+        def measure() -> tuple[float, float]:
+            """One 11 s transfer with the class's rate changed 4.5 s in: the receiver's per-second
+            goodput, steady at the shaped rate apart from a TCP event now and then (bbr, the default
+            here, drains to 4 packets for an RTT every 10 s, its ProbeRTT): the median of 3 whole
+            seconds before the change and of 4 after it."""
+            net.shaping.set_wan_class_rate("east", "west", 0x10, old_rate)
 
-        t = threading.Thread(target=change_later)
-        t.start()
-        result = iperf(net, "east-h0", "west-h0", duration_s=11, omit_s=0).interval_bps
-        t.join()
-        # the receiver's per-second goodput: steady at the shaped rate, apart from a TCP event now
-        # and then (bbr, the default here, drains to 4 packets for an RTT every 10 s, its ProbeRTT):
-        # the median of 3 whole seconds before the change and 4 after it
-        before = statistics.median(result[1:4])
-        after = statistics.median(result[6:10])
-        assert rate_within(before, 100e6 * TCP_GOODPUT_FRACTION), before
-        assert rate_within(after, new_rate * TCP_GOODPUT_FRACTION), after
+            def change_later():
+                time.sleep(4.5)
+                changed["t_ns"] = net.shaping.set_wan_class_rate("east", "west", 0x10, new_rate)
+
+            t = threading.Thread(target=change_later)
+            t.start()
+            result = iperf(net, "east-h0", "west-h0", duration_s=11, omit_s=0).interval_bps
+            t.join()
+            return statistics.median(result[1:4]), statistics.median(result[6:10])
+
+        def within(pair: tuple[float, float]) -> bool:
+            return rate_within(pair[0], old_rate * TCP_GOODPUT_FRACTION) and rate_within(
+                pair[1], new_rate * TCP_GOODPUT_FRACTION
+            )
+
+        # a failing rate measurement is taken again once, as in the fidelity settings (a second
+        # now and then dips by about 10% on this 2-core machine: 89.9 of 95.6 Mbit/s seen once)
+        changed: dict[str, int] = {}
+        taken = [measure()]
+        if not within(taken[-1]):
+            taken.append(measure())
+        assert within(taken[-1]), taken
         assert net.shaping.wan_classes("east", "west")[0x10]["rate_bps"] == new_rate
         log = [json.loads(line) for line in (tmp_path / "shaping.jsonl").read_text().splitlines()]
         change = [e for e in log if e["event"] == "change"]
