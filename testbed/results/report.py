@@ -15,6 +15,7 @@ import pandas as pd
 from testbed.errors import SpecError
 from testbed.results import analysis as A
 from testbed.results import link_counters as L
+from testbed.results.bubbletea_summary import bubbletea_stats
 from testbed.results.chrome_trace import chrome_trace
 from testbed.results.plots import (
     grant_intervals,
@@ -23,7 +24,7 @@ from testbed.results.plots import (
     plot_links,
     plot_timeline,
 )
-from testbed.results.summary import bubbletea_stats, grant_stats, summarize
+from testbed.results.summary import grant_stats, summarize
 from testbed.trace import metrics as M
 from testbed.trace import schema as T
 from testbed.trace.events import read_events, read_link_counters

@@ -104,7 +104,7 @@ DECODE_MEAN_BATCH = "decode_mean_batch"
 #: (``gpu_memory_mb``; None: none, no admission control)
 PEAK_GPU_MEMORY_MB, GPU_MEMORY_MB = "peak_gpu_memory_mb", "gpu_memory_mb"
 #: BubbleTea: forward/backward operations whose input arrived while a prefill pass had the GPU and
-#: that started more than 1 ms after it (``results.summary.DELAY_THRESHOLD_NS``), and the 99th
+#: that started more than 1 ms after it (``results.bubbletea_summary.DELAY_THRESHOLD_NS``), and the 99th
 #: percentile of their start after the arrival (ms); beside them, the same of the operations whose
 #: input arrived while no pass ran: the worker's own path from arrival to start on this machine
 #: (a thread's wake-up, the wait's bookkeeping), the floor the held operations are judged against

@@ -242,7 +242,7 @@ def test_ttft_alone_is_each_prompt_in_one_pass_at_the_runs_time_per_flop(tmp_pat
     from testbed.bubbletea.decisions import prefill_seconds
     from testbed.plan.placement import place
     from testbed.plan.worker_config import BubbleTeaConfig, TrainingConfig, WorkerConfig, write_worker_config
-    from testbed.results.summary import ttft_alone_s
+    from testbed.results.bubbletea_summary import ttft_alone_s
     from testbed.spec.experiment_file import load_experiment
     from testbed.spec.model import ModelConfig
 
@@ -282,7 +282,7 @@ def test_a_run_serving_prefill_alone_has_windows_not_iterations(tmp_path):
     assert s["queue_empty_share"] == pytest.approx(2 * 60 / 400)  # worker 1 idled 60 ms a window, empty
     for key in ("iteration_time_s", "tokens_per_s", "bubble_fraction", "prediction_error"):
         assert s[key] is None, key
-    from testbed.results.summary import bubbletea_stats
+    from testbed.results.bubbletea_summary import bubbletea_stats
 
     bt = bubbletea_stats(tmp_path, ev, cfg, s["gpu_utilization"])
     assert bt["gpu_utilization"] == pytest.approx((0.6 + 0.4) / 2) and bt["training_gpu_utilization"] == 0
