@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from testbed.bubbletea.chunk_batch import ChunkBatch
+from testbed.bubbletea.inference import prompt_tokens_for, prompt_tokens_from
 from testbed.bubbletea.kv_cache import KVCache
 
 
@@ -27,6 +28,28 @@ class Job:
     cache: KVCache | None = None
     logits: torch.Tensor | None = None
     first_start_ns: int | None = None
+
+    @classmethod
+    def of_request(cls, msg: dict, seed: int, corpus: torch.Tensor | None) -> Job:
+        """The job of a request as the dispatcher sends it (``rid``, ``arrival_ns``, ``prompt`` and
+        ``output`` lengths): its prompt real text of ``corpus`` (None: random byte ids, as a trace
+        gives only lengths)."""
+        rid, n = msg["rid"], msg["prompt"]
+        tokens = prompt_tokens_for(rid, n, seed) if corpus is None else prompt_tokens_from(corpus, rid, n, seed)
+        return cls(rid, msg["arrival_ns"], tokens, msg["output"])
+
+    def handoff_header(self, worker: int, end_ns: int) -> dict:
+        """What goes to the decode host with its finished KV cache (``kv_sender.py``)."""
+        return {
+            "rid": self.rid,
+            "arrival_ns": self.arrival_ns,
+            "worker": worker,
+            "prompt_tokens": self.pos,
+            "output_tokens": self.output_tokens,
+            "first_token": int(torch.argmax(self.logits)) if self.logits is not None else None,
+            "prefill_start_ns": self.first_start_ns,
+            "prefill_end_ns": end_ns,
+        }
 
 
 @dataclass(eq=False)  # a pass is itself: compared by identity

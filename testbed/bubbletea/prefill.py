@@ -3,12 +3,14 @@
 A ``PrefillServer`` lives in each training worker beside its stage. The dispatcher sends it
 requests over a Unix datagram socket (outside the emulated network); the worker calls ``fill``
 at every bubble it knows of: after it has posted the receive that the next schedule action waits
-for, it runs forward passes over chunks of one or more queued prompts (``chunk_batch.ChunkBatch``:
-real passes of its inference model with each request's KV cache, padded to the emulated GPU's
-time) for as long as each pass is predicted to end ``guard`` before the bubble does, and polls
-the receive while it pads; a pass stops at a layer boundary when training's data arrives and
-resumes in a later bubble. A finished prompt's KV cache goes, from a background thread, over
-the emulated network (TCP) to the decode host of the worker's DC (``kv_sender.py``).
+for, it gives forward passes over chunks of one or more queued prompts (``chunk_batch.ChunkBatch``:
+real passes of its inference model with each request's KV cache, computed on the low-priority
+stream, ``prefill_stream.py``) emulated GPU time, choosing each with ``decisions.choose_work``
+(passes predicted to end ``guard`` before the bubble does; with ``fill_every_bubble``, through
+the whole bubble), and looks for the training input while it does; a pass stops the moment
+that input arrives, wherever it is, and resumes in a later bubble. A finished prompt's KV cache
+goes, from a background thread, over the emulated network (TCP) to the decode host of the
+worker's DC (``kv_sender.py``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from testbed.bubbletea.decisions import (
     choose_work,
     prefill_seconds,
 )
-from testbed.bubbletea.inference import InferenceModel, prompt_tokens_for, prompt_tokens_from
+from testbed.bubbletea.inference import InferenceModel
 from testbed.bubbletea.kv_sender import KVSender
 from testbed.bubbletea.passes import Job, Pass, keep_stopped
 from testbed.bubbletea.prefill_stream import PrefillStream
@@ -115,16 +117,7 @@ class PrefillServer:
                 msg = json.loads(self.inbox.recv(512))
             except BlockingIOError:
                 return
-            self.jobs.append(
-                Job(
-                    msg["rid"],
-                    msg["arrival_ns"],
-                    prompt_tokens_for(msg["rid"], msg["prompt"], self.seed)
-                    if self.corpus is None
-                    else prompt_tokens_from(self.corpus, msg["rid"], msg["prompt"], self.seed),
-                    msg["output"],
-                )
-            )
+            self.jobs.append(Job.of_request(msg, self.seed, self.corpus))
 
     # --------------------------------------------------------------- the bubbles
     def fill(self, slot: str, prev_end_ns: int, arrived: Callable[[], bool]) -> int | None:
@@ -288,17 +281,7 @@ class PrefillServer:
 
     # --------------------------------------------------------------- KV cache out
     def _finish(self, job: Job) -> None:
-        header = {
-            "rid": job.rid,
-            "arrival_ns": job.arrival_ns,
-            "worker": self.rank,
-            "prompt_tokens": job.pos,
-            "output_tokens": job.output_tokens,
-            "first_token": int(torch.argmax(job.logits)),
-            "prefill_start_ns": job.first_start_ns,
-            "prefill_end_ns": now_ns(),
-        }
-        self.sender.put(header, job.cache, job.kv_bytes)
+        self.sender.put(job.handoff_header(self.rank, now_ns()), job.cache, job.kv_bytes)
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Send what is finished, then stop (requests still queued are dropped: never completed)."""
