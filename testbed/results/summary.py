@@ -61,10 +61,10 @@ def summarize(
     and None for the figures of ``TRAINING_ONLY``."""
     out = _summarize(ev, config, env, counters, aborted)
     if serves_alone(config):
-        windows = A.iteration_times(ev) if not ev.empty else pd.DataFrame(columns=[T.ITERATION])
+        windows = ev.loc[ev[T.KIND] == T.SERVING_WINDOW, T.ITERATION] if not ev.empty else pd.Series(dtype=float)
         out[M.SERVING_WINDOW_S] = out[M.ITERATION_TIME_S]
         out[M.QUEUE_EMPTY_SHARE] = queue_empty_share(ev, config["warmup_iterations"])
-        out[M.COMPLETED_ITERATIONS] = int(windows[T.ITERATION].max() + 1) if len(windows) else 0
+        out[M.COMPLETED_ITERATIONS] = int(windows.max() + 1) if len(windows) else 0
         out.update(dict.fromkeys(TRAINING_ONLY))
         out[M.BUBBLE_FRACTION_PER_STAGE] = []
     return out
