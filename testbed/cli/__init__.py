@@ -208,6 +208,11 @@ def add_sim_parser(sub) -> None:
         action="store_true",
         help="with --validate: model each WAN connection's window even where the run measured its paths",
     )
+    sp.add_argument(
+        "--in-step",
+        action="store_true",
+        help="with --validate: start every pipeline together, not as far apart as the run's started",
+    )
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.add_argument(
         "--sweep",

@@ -22,11 +22,17 @@ from testbed.trace import schema as T
 
 def cmd_sim(args) -> int:
     if args.validate is not None:
-        result = validate_run(args.validate, measured_links=not args.modelled_window)
+        result = validate_run(args.validate, measured_links=not args.modelled_window, measured_starts=not args.in_step)
         if args.json:
             print(json.dumps(result, indent=1))
             return 0
-        print(f"{result['run']} ({result['policy']}; WAN connections: {result['links']}): predicted, measured, error")
+        starts = result["starts"]
+        if result["start_offsets_s"] is not None:
+            starts += " (" + ", ".join(f"{x * 1e3:.1f}" for x in result["start_offsets_s"]) + " ms)"
+        print(
+            f"{result['run']} ({result['policy']}; WAN connections: {result['links']}; pipelines started "
+            f"{starts}): predicted, measured, error"
+        )
         for name, f in result["figures"].items():
             unit = "" if name in ABSOLUTE else " (relative)"
             x, y, e = (f[k] for k in ("predicted", "measured", "error"))

@@ -60,8 +60,11 @@ class LinkTiming:
     """What the simulation needs of one crossed link direction: one transfer's time on it when
     granted, or alone (s), the link's one-way delay (s) and, for fair sharing, how many transfers
     it carries at once before they slow down (``concurrency``: the link's rate over what one
-    transfer's connections fill of it, at least 1)."""
+    transfer's connections fill of it, at least 1) and whether each transfer reaches it as one
+    burst, so that it sends transfers in the order they arrive (``bursts``:
+    ``connections.sent_at_once``; ``fair_share``'s queued flows)."""
 
     transfer_s: float
     delay_s: float
     concurrency: float = 1.0
+    bursts: bool = False

@@ -107,6 +107,19 @@ def one_connection_bps(
     return window_rate_bps(connection_window_bytes(exp, topo, workers), RoutingTable(topo).rtt_us(a, b) / 1e6)
 
 
+def sent_at_once(
+    exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec], a: str, b: str, nbytes: float, connections: int
+) -> bool:
+    """Whether a transfer of ``nbytes`` over ``connections`` from DC ``a`` to DC ``b`` leaves as one
+    burst: each connection's share fits in the window it keeps in flight (measured where the
+    experiment profiles the path, ``PathProfile.window_bytes``; else the modelled window,
+    ``connection_window_bytes``; always where no window is modelled), so all its bytes reach the
+    bottleneck's queue at once (``fair_share``'s queued flows)."""
+    measured = exp.wan_profile.path(a, b) if exp.wan_profile is not None else None
+    window = measured.window_bytes if measured is not None else connection_window_bytes(exp, topo, workers)
+    return window is None or nbytes / connections <= window
+
+
 def connection_rate_bps(rate_bps: float, one_bps: float | None, connections: int) -> float:
     """What ``connections`` TCP connections carry on a path whose link gives ``rate_bps``: each at
     most ``one_bps`` (``one_connection_bps``; None: not limited), together at most the link."""

@@ -63,10 +63,12 @@ def predict(
     workers: list[WorkerSpec],
     block_s: tuple[float, float] | None = None,
     connections: int | None = None,
+    start_offsets_s: tuple[float, ...] | None = None,
 ) -> Prediction:
     """Predicted iteration time of ``exp`` placed as ``workers`` on ``topo`` (see the module doc).
     ``block_s``: per-block (forward, backward) seconds, by default from ``exp`` itself;
-    ``connections`` per cross-DC pipeline transfer, by default ``wan_connections`` of the policy."""
+    ``connections`` per cross-DC pipeline transfer, by default ``wan_connections`` of the policy;
+    ``start_offsets_s``: when each pipeline starts (``simulated_iteration``)."""
     if connections is None:
         connections = wan_connections(exp, topo, workers)
     S, M = exp.stages, exp.microbatches
@@ -75,7 +77,9 @@ def predict(
     fill, steady = sum(step), (M - 1) * max(step)
     if any(dc_of[(s, 0)] != dc_of[(s + 1, 0)] for s in range(S - 1)):
         # the pipeline crosses the WAN: the list-schedule simulation of the schedule tables
-        fill = _pipelined_s(exp, lambda e: simulated_iteration(e, topo, workers, connections, block_s))
+        fill = _pipelined_s(
+            exp, lambda e: simulated_iteration(e, topo, workers, connections, block_s, start_offsets_s=start_offsets_s)
+        )
         steady = 0.0
     allreduce = allreduce_s(exp, topo, workers)
     opt = optimizer_s(exp, block_s)

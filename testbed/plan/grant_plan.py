@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer, boundary_paths
-from testbed.plan.connections import one_connection_bps, transfer_time_s
+from testbed.plan.connections import one_connection_bps, sent_at_once, transfer_time_s
 from testbed.plan.grant_sim import simulate
 from testbed.plan.schedule import Action
 from testbed.plan.workers import WorkerSpec
@@ -141,6 +141,7 @@ def wan_links(
     dc = {w.rank: w.dc for w in workers}
     nbytes = exp.activation_bytes
     one: dict[tuple[str, str], float | None] = {}
+    burst: dict[tuple[str, str], bool] = {}
     links: dict[Hop, LinkTiming] = {}
     rates: dict[Hop, int] = {}
     rtts: dict[Hop, float] = {}
@@ -149,6 +150,7 @@ def wan_links(
         pair = (dc[src], dc[dst])
         if pair not in one:
             one[pair] = one_connection_bps(exp, topo, workers, *pair, nbytes)
+            burst[pair] = sent_at_once(exp, topo, workers, *pair, nbytes, connections)
         for h in path:
             link = topo.link_between(h.src, h.dst)
             assert link is not None  # a routed hop is a link
@@ -156,7 +158,7 @@ def wan_links(
             t = transfer_time_s(nbytes, usable_bps(link.rate_bps) * TCP_GOODPUT_FRACTION, one[pair], connections)
             rates[h], rtts[h] = link.rate_bps, max(rtts.get(h, 0.0), rtt_s)
             if h not in links or links[h].transfer_s < t:
-                links[h] = LinkTiming(t, link.delay_us / 1e6, max(1.0, t / line_s))
+                links[h] = LinkTiming(t, link.delay_us / 1e6, max(1.0, t / line_s), burst[pair])
     one_way = {k: routes.one_way_delay_us(dc[k[0]], dc[k[1]]) / 1e6 for k in paths}
     return WanLinks(links, paths, one_way, rates, rtts)
 
@@ -213,12 +215,19 @@ def simulated_iteration(
     connections: int,
     block_s: tuple[float, float] | None = None,
     timeline: list[tuple[int, int, Action, float, float]] | None = None,
+    start_offsets_s: tuple[float, ...] | None = None,
 ) -> float:
     """One iteration of ``exp`` placed as ``workers`` with its links shared as its policy shares
-    them (``simulate``): without grants as TCP's flows do, all pipelines starting together; under
-    FIFO grants each held for the rendezvous, likewise; under planned grants at the grant plan's
-    offsets (``plan_grants``). Returns the iteration (s); ``timeline`` as ``simulate``'s."""
-    stagger, sharing = (0.0,) * exp.replicas, exp.policy.sharing if exp.policy.grants else "tcp"
+    them (``simulate``): without grants as TCP's flows do, all pipelines starting together, or
+    pipeline r ``start_offsets_s[r]`` s after the first (as a run measured them:
+    ``analysis.pipeline_start_offsets_s``); under FIFO grants each held for the rendezvous,
+    likewise; under planned grants at the grant plan's offsets (``plan_grants``). Returns the
+    iteration (s); ``timeline`` as ``simulate``'s. Raises ValueError when ``start_offsets_s`` does
+    not give every replica."""
+    if start_offsets_s is not None and len(start_offsets_s) != exp.replicas:
+        raise ValueError(f"{len(start_offsets_s)} start offsets for {exp.replicas} replicas")
+    stagger = start_offsets_s or (0.0,) * exp.replicas
+    sharing = exp.policy.sharing if exp.policy.grants else "tcp"
     if sharing == "tcp":
         wan = wan_links(exp, topo, workers, connections, float)
     else:

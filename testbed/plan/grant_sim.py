@@ -17,7 +17,9 @@ the bytes and their flight, where held classes may not borrow (``atlas_borrow`` 
 borrowing, the default, the others use what the notice and the flight leave idle, so a transfer
 holds it only while its bytes pass; on a path of several links a hop's last byte cannot leave
 before the previous hop's last byte has arrived), or, without grants (``tcp``), among the
-transfers on it as TCP's flows share it.
+transfers on it as TCP's flows share it: max-min fairly where each connection sends a window at a
+time, and in the order their bytes went into the link's queue where each transfer leaves as one
+burst (``fair_share``, ``fifo_queue``).
 
 Pure: no kernel, no processes.
 """
@@ -63,7 +65,9 @@ def simulate(
     while the bytes pass, as ``planned``); ``tcp``, no grants: each transfer is one flow over its whole path, the
     flows sharing the links max-min fairly (``fair_share.FairShare``: a link carries
     ``concurrency`` transfers at their speed alone; a flow goes at most at its speed alone on the
-    slowest link of its path), recomputed whenever a transfer starts or ends. ``timeline``, when
+    slowest link of its path), recomputed whenever a transfer starts or ends; a transfer that
+    leaves as one burst on a link (``LinkTiming.bursts``) goes into its queue at its speed alone
+    and leaves in arrival order (``fifo_queue.PacedFifo``). ``timeline``, when
     given, receives every compute action as (stage, replica, action, start s, end s) in the order
     they start. Returns (the iteration time: the
     last worker's last compute or byte on a link, in s; the order in which transfers took each
@@ -168,7 +172,9 @@ def simulate(
         sending_starts(t)
         for h in crossed:
             order[h].append(t)
-        fluid.add(env.now, t, crossed, min(1 / links[h].transfer_s for h in crossed))
+        cap = min(1 / links[h].transfer_s for h in crossed)
+        # a burst is paced at its own rate alone (what BBR paces at: its bandwidth estimate)
+        fluid.add(env.now, t, crossed, cap, pacing=cap if all(links[h].bursts for h in crossed) else None)
         reshare()
 
     def flow_done(v: int, t: Transfer) -> None:

@@ -111,9 +111,15 @@ def wan_bits(exp: Experiment, workers: list[WorkerSpec]) -> dict[str, float]:
     return bits
 
 
-def simulate_policy(exp: Experiment, policy: str | None = None, workers: list[WorkerSpec] | None = None) -> Figures:
+def simulate_policy(
+    exp: Experiment,
+    policy: str | None = None,
+    workers: list[WorkerSpec] | None = None,
+    start_offsets_s: tuple[float, ...] | None = None,
+) -> Figures:
     """The figures of ``exp`` under ``policy`` (default its own), placed as ``workers`` (default
-    as the policy places it). Raises SpecError when the policy cannot place the experiment or
+    as the policy places it), its pipelines starting together or ``start_offsets_s`` apart
+    (``grant_plan.simulated_iteration``). Raises SpecError when the policy cannot place the experiment or
     trains nothing (``+prefill-alone``, an emulator measurement) and ValueError when its schedule
     cannot complete."""
     if policy is not None:
@@ -129,7 +135,7 @@ def simulate_policy(exp: Experiment, policy: str | None = None, workers: list[Wo
         )
     if workers is None:
         workers = place(exp)
-    t = predict(exp, exp.topology_spec, workers).iteration_s
+    t = predict(exp, exp.topology_spec, workers, start_offsets_s=start_offsets_s).iteration_s
     busy = [exp.microbatches * c + optimizer_s(exp) for c in stage_compute_s(exp)]
     util = [min(1.0, b / t) for b in busy]
     rates = {f"{link.a}->{link.b}": link.rate_bps for link in exp.topology_spec.links}

@@ -4,7 +4,11 @@ prediction. Error: (measured - predicted) / measured for times and rates, measur
 for fractions (utilization, bubble fraction). Where the run measured its WAN paths
 (``wan_profile.json``, ``testbed run --profile-wan``), one connection's rate on each is the
 measured one, not the modelled window's (``plan/connections.one_connection_bps``), unless
-``measured_links`` is False. Pure (reads the run's JSON files)."""
+``measured_links`` is False. Likewise the pipelines start each iteration as far apart as they did
+in the run's measured iterations (``analysis.pipeline_start_offsets_s``), unless
+``measured_starts`` is False: the simulator has no model of what sets them apart (the end of the
+all-reduce inside a DC, 0-6 ms apart on the emulator's two cores), and pipelines that start
+together and share a link stay together. Pure (reads the run's files)."""
 
 from __future__ import annotations
 
@@ -15,10 +19,12 @@ from typing import Any
 
 from testbed.errors import SpecError
 from testbed.plan.workers import WorkerSpec
+from testbed.results.analysis import pipeline_start_offsets_s
 from testbed.sim.figures import simulate_policy
 from testbed.spec.experiment import Experiment
 from testbed.spec.wan_profile import WAN_PROFILE_FILE, WanProfile
 from testbed.trace import metrics as M
+from testbed.trace.events import read_events
 
 #: figures compared as relative errors, and as absolute differences
 RELATIVE = (M.ITERATION_TIME_S, M.TOKENS_PER_S)
@@ -27,6 +33,8 @@ ABSOLUTE = (M.GPU_UTILIZATION, M.BUBBLE_FRACTION, M.WAN_UTILIZATION_MEAN)
 
 #: how the simulator took one connection's rate on the WAN paths
 MEASURED_LINKS, MODELLED_WINDOW = "measured (wan_profile.json)", "modelled window"
+#: how the simulator started the pipelines
+MEASURED_STARTS, IN_STEP = "as measured", "in step"
 
 
 @dataclass(frozen=True)
@@ -82,13 +90,18 @@ def load_run(run_dir: Path, measured_links: bool = True) -> MeasuredRun:
     return MeasuredRun(exp, workers, summary, links)
 
 
-def validate_run(run_dir: Path, measured_links: bool = True) -> dict[str, Any]:
-    """``{"run", "policy", "links", "figures": {NAME: {"predicted", "measured", "error"}}}`` for
-    ``run_dir``; ``links``: ``MEASURED_LINKS`` or ``MODELLED_WINDOW``. Raises SpecError as
+def validate_run(run_dir: Path, measured_links: bool = True, measured_starts: bool = True) -> dict[str, Any]:
+    """``{"run", "policy", "links", "starts", "start_offsets_s", "figures": {NAME: {"predicted",
+    "measured", "error"}}}`` for ``run_dir``; ``links``: ``MEASURED_LINKS`` or
+    ``MODELLED_WINDOW``; ``starts``: ``MEASURED_STARTS`` (the offsets used, s) or ``IN_STEP``
+    (where ``measured_starts`` is False or the run has no such offsets). Raises SpecError as
     ``load_run``."""
     run = load_run(run_dir, measured_links)
     exp, summary = run.exp, run.summary
-    predicted = simulate_policy(exp, workers=run.workers).to_dict()
+    offsets = None
+    if measured_starts and exp.replicas > 1 and exp.policy.training:
+        offsets = pipeline_start_offsets_s(read_events(run_dir), exp.warmup_iterations)
+    predicted = simulate_policy(exp, workers=run.workers, start_offsets_s=offsets).to_dict()
     figures = {}
     for name in (*RELATIVE, *ABSOLUTE):
         x, y = predicted.get(name), summary.get(name)
@@ -99,4 +112,11 @@ def validate_run(run_dir: Path, measured_links: bool = True) -> dict[str, Any]:
         else:
             error = y - x
         figures[name] = {"predicted": x, "measured": y, "error": error}
-    return {"run": str(run_dir), "policy": exp.policy.name, "links": run.links, "figures": figures}
+    return {
+        "run": str(run_dir),
+        "policy": exp.policy.name,
+        "links": run.links,
+        "starts": IN_STEP if offsets is None else MEASURED_STARTS,
+        "start_offsets_s": offsets,
+        "figures": figures,
+    }

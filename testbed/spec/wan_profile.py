@@ -51,6 +51,12 @@ class PathProfile:
         """The payload rate of one timed message (bit/s): its bits over ``message_s``."""
         return self.message_bytes * 8 / self.message_s
 
+    @property
+    def window_bytes(self) -> float:
+        """What the connection keeps in flight in bulk (bytes): its bulk goodput over one round
+        trip (Little's law)."""
+        return self.bulk_bps * self.rtt_s / 8
+
     def one_connection_bps(self, nbytes: float) -> float:
         """What one connection carries on this path for a transfer of ``nbytes`` (payload bit/s):
         a transfer up to the timed message's size at the message's rate; a larger one moves its

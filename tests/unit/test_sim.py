@@ -9,17 +9,20 @@ import subprocess
 import sys
 from dataclasses import asdict
 
+import pandas as pd
 import pytest
+from eventrows import event_row
 from experiments import exp, topo
 
 from testbed.errors import SpecError
 from testbed.plan.placement import place
 from testbed.sim.figures import simulate_policy, wan_bits
-from testbed.sim.validate import validate_run
+from testbed.sim.validate import IN_STEP, MEASURED_STARTS, validate_run
 from testbed.spec.experiment import Experiment
 from testbed.spec.experiment_file import load_experiment
 from testbed.spec.model import stage_param_bytes
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
+from testbed.trace import schema as T
 
 
 def test_inside_one_dc_by_hand():
@@ -95,3 +98,24 @@ def test_the_command_prints_json_and_refuses_an_unknown_policy():
     assert set(data) == {"pp-fair", "atlas"} and data["atlas"]["iteration_time_s"] > 0
     bad = subprocess.run([*cli, "--policies", "atlas,nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "'nope'" in bad.stderr
+
+
+def test_validation_starts_the_pipelines_as_far_apart_as_the_run_did(tmp_path):
+    """The sharing experiment, striped under TCP sharing: its four pipelines' bursts share the one
+    link. The run's stage-0 first forwards 0, 1, 2 and 3 ms apart in its one measured iteration:
+    the simulation starts them so and predicts another iteration than in step."""
+    e = load_experiment("sharing").with_overrides(policy="pp-fair/placement=atlas/striping=on", iterations=3)
+    run = _fake_run(tmp_path, e, {"iteration_time_s": 1.0})
+    rows = [
+        event_row(w.rank, w.host, w.dc, 0, w.replica, T.FORWARD, 2, 0, 100 + w.replica, 140 + w.replica)
+        for w in place(e)
+        if w.stage == 0
+    ]
+    pd.DataFrame(rows).to_parquet(run / "events.parquet")
+    got = validate_run(run)
+    assert got["starts"] == MEASURED_STARTS
+    assert got["start_offsets_s"] == pytest.approx((0.0, 0.001, 0.002, 0.003))
+    in_step = validate_run(run, measured_starts=False)
+    assert in_step["starts"] == IN_STEP and in_step["start_offsets_s"] is None
+    predicted = got["figures"]["iteration_time_s"]["predicted"]
+    assert predicted != pytest.approx(in_step["figures"]["iteration_time_s"]["predicted"], rel=1e-3)

@@ -12,7 +12,7 @@ from experiments import exp
 
 from testbed.errors import SpecError
 from testbed.plan.allreduce import allreduce_s, stage_rings
-from testbed.plan.connections import connection_window_bytes, one_connection_bps
+from testbed.plan.connections import connection_window_bytes, one_connection_bps, sent_at_once
 from testbed.plan.placement import place
 from testbed.plan.wan_load import boundary_loads
 from testbed.sim.figures import simulate_policy
@@ -102,3 +102,19 @@ def test_validation_uses_the_runs_profile_unless_told_not_to(tmp_path):
     (tmp_path / WAN_PROFILE_FILE).write_text('{"paths": [{"src": "a"}]}')
     with pytest.raises(SpecError, match="not a WAN profile"):
         validate_run(tmp_path)
+
+
+def test_a_transfer_leaves_as_one_burst_when_each_connection_s_share_fits_its_window():
+    """AB keeps 25 Mbit/s x 20 ms = 62.5 kB in flight: 64 KiB on one connection does not fit, on
+    two (32 KiB each) it does; without a profile the modelled window decides, and with no window
+    modelled every transfer is a burst."""
+    assert AB.window_bytes == pytest.approx(62_500)
+    e = exp(wan_connection_share=0.2)
+    workers = place(e)
+    measured = e.with_overrides(wan_profile=WanProfile((AB,)))
+    assert not sent_at_once(measured, e.topology_spec, workers, "a", "b", 65536, 1)
+    assert sent_at_once(measured, e.topology_spec, workers, "a", "b", 65536, 2)
+    window = connection_window_bytes(e, e.topology_spec, workers)
+    assert sent_at_once(e, e.topology_spec, workers, "b", "a", window, 1)
+    assert not sent_at_once(e, e.topology_spec, workers, "b", "a", window + 1, 1)
+    assert sent_at_once(exp(), e.topology_spec, workers, "a", "b", 1e9, 1)
