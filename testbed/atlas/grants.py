@@ -13,7 +13,10 @@ to share a link (the policy's ``sharing``):
 - ``planned``: the grant plan (``plan/grant_plan.py``) sets the order among waiting transfers (its
   order over an iteration; a transfer it does not list goes by readiness) and the timing: a
   transfer is granted on its path's first hop when its bytes can arrive there (the receiver's
-  ready notice crosses back first), on each further hop one link delay after it was granted on the
+  ready notice crosses back first; gloo writes it to the socket that carries the receiver's own
+  bytes to the sender, so while such bytes of a granted or waiting transfer were leaving when the
+  receive was posted, the notice leaves only once they have passed, as ``plan/grant_sim.py``
+  has it), on each further hop one link delay after it was granted on the
   hop before, and released as soon as the class's byte counter shows its bytes have passed since
   it became ready (``counters``; gloo moves none before; the class also carries the ACKs of its
   pipeline's reverse flow, a few percent, within ``BYTES_PASSED_SHARE``), or at ``done``.
@@ -105,6 +108,11 @@ class GrantLoop:
         self._seq = itertools.count()
         self.deadline_releases = 0
         self._free_since: dict[Hop, int] = dict.fromkeys(all_hops, 0)
+        # planned: per (sender, receiver) pair, its transfers whose bytes have not yet passed their
+        # first hop, with when they could start; the notices queued behind them (transfer -> its
+        # sender's time and the transfers still ahead of its notice)
+        self._leaving: dict[tuple[int, int], dict[TransferKey, int]] = {}
+        self._notices: dict[TransferKey, tuple[int, set[TransferKey]]] = {}
 
     def replan(self, timing: dict[Hop, HopTiming], iteration_ns: int) -> None:
         """Follow a new plan from now on (the first iteration's profile, under real compute):
@@ -151,11 +159,14 @@ class GrantLoop:
                 if nxt is not None:
                     self._grant(hop, _Held(nxt, key, t_ns, t_ns + self._deadline_after(hop)), t_ns)
             return
-        # gloo's ready notice crosses back one one-way delay after the receive was posted; the
-        # simulator behind the plan also queues it behind the receiver's own bytes to the sender
-        # (``plan/grant_sim.py``), which this loop does not see: such a grant can start before the
-        # bytes can come, and the link then idles under it until they do
-        start = max(t_sender, t_receiver + self.notice_ns.get((key[0], key[1]), 0))
+        # gloo's ready notice crosses back one one-way delay after the receive was posted, or after
+        # the receiver's own bytes to the sender that were leaving then
+        ahead = {k for k, since in self._leaving.get((key[1], key[0]), {}).items() if since <= t_receiver}
+        start = NEVER if ahead else max(t_sender, t_receiver + self.notice_ns.get((key[0], key[1]), 0))
+        if ahead:
+            self._notices[key] = (t_sender, ahead)
+        if path:
+            self._leaving.setdefault((key[0], key[1]), {})[key] = start
         assert self.counters is not None
         for i, hop in enumerate(path):
             timing = self.timing[hop]
@@ -170,7 +181,26 @@ class GrantLoop:
         forward = self.stage_of[src] < self.stage_of[dst]
         return Transfer("F" if forward else "B", min(self.stage_of[src], self.stage_of[dst]), mb, self.replica_of[src])
 
+    def _passed(self, key: TransferKey, t_ns: int) -> None:
+        """Planned: ``key``'s bytes have passed its first hop (or it is done, or its grant there
+        ended): the notices queued behind it and nothing else are on their way."""
+        if self._leaving.get((key[0], key[1]), {}).pop(key, None) is None:
+            return
+        for other, (t_sender, ahead) in list(self._notices.items()):
+            ahead.discard(key)
+            if ahead:
+                continue
+            del self._notices[other]
+            start = max(t_sender, t_ns + self.notice_ns.get((other[0], other[1]), 0))
+            self._leaving[(other[0], other[1])][other] = start
+            first = self._path(other)[0]
+            for w in self.waiting[first]:
+                if w.key == other:
+                    w.eligible_ns = start
+
     def _done(self, key: TransferKey, t_ns: int) -> None:
+        if self.sharing == "planned":
+            self._passed(key, t_ns)
         for hop in self._path(key):
             held = self.held[hop]
             if self.sharing == "fifo":
@@ -272,6 +302,8 @@ class GrantLoop:
         assert held is not None
         self.held[hop] = None
         self._free_since[hop] = t_ns
+        if self.sharing == "planned" and self._path(held.key)[0] == hop:
+            self._passed(held.key, t_ns)
         sent = None
         if self.counters is not None and held.base_bytes is not None:
             sent = self.counters(hop, held.replica) - held.base_bytes

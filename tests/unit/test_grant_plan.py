@@ -281,3 +281,40 @@ def test_fifo_grants_leave_the_rendezvous_idle_only_where_held_classes_may_not_b
     )
     planned, _ = simulate(fifo, workers, wan.links, wan.paths, wan.one_way_s, (0.0,) * fifo.replicas, sharing="planned")
     assert borrowing == pytest.approx(planned)
+
+
+def test_a_notice_queued_behind_the_receivers_own_bytes_waits_for_them():
+    """Replica 0's gradient (stage 1 -> 0, link b->a) is granted at 5 ms. At 6 ms stage 1 posts
+    the receive of the next activation: gloo writes its notice behind the gradient's bytes still
+    leaving, so the activation (a->b) is not granted 5 ms later but one notice after the
+    gradient's bytes have passed; a receive posted once they have passed is not held back."""
+    loop, switch, sent, ab, rank = _planned_loop()
+    s0, s1 = rank[(0, 0)], rank[(1, 0)]
+    ba, hop = Hop("b", "a"), Hop("a", "b")
+    loop.handle(msg("recv", s1, s0), 0)
+    loop.handle(msg("ready", s1, s0), 0)
+    loop.tick(5_000_000)
+    assert switch.events == [("grant", ba, 0, 5_000_000)]
+    loop.handle(msg("recv", s0, s1, mb=1), 6_000_000)
+    loop.handle(msg("ready", s0, s1, mb=1), 7_000_000)
+    loop.tick(11_000_000)  # the notice alone would have crossed by now
+    assert [e for e in switch.events if e[0] == "grant"] == [("grant", ba, 0, 5_000_000)]
+    sent[(ba, 0)] = loop.timing[ba].wire_bytes
+    passed = loop.next_wakeup_ns()
+    loop.tick(passed)  # the gradient's bytes have passed: the notice leaves now
+    assert switch.events[-1][:2] == ("release", ba)
+    assert loop.next_wakeup_ns() == passed + D_MS * 1_000_000
+    loop.tick(passed + D_MS * 1_000_000)
+    assert switch.events[-1] == ("grant", hop, 0, passed + D_MS * 1_000_000)
+    # replica 1: its receive posted after its gradient passed goes as usual
+    r0, r1 = rank[(0, 1)], rank[(1, 1)]
+    t = passed + 100_000_000
+    loop.handle(msg("recv", r1, r0), t)
+    loop.handle(msg("ready", r1, r0), t)
+    loop.tick(t + D_MS * 1_000_000)
+    sent[(ba, 1)] = loop.timing[ba].wire_bytes
+    t2 = loop.next_wakeup_ns()
+    loop.tick(t2)
+    loop.handle(msg("recv", r0, r1, mb=1), t2 + 1)
+    loop.handle(msg("ready", r0, r1, mb=1), t2 + 1)
+    assert loop.next_wakeup_ns() == t2 + 1 + D_MS * 1_000_000
