@@ -62,7 +62,7 @@ class LinkTiming:
     it carries at once before they slow down (``concurrency``: the link's rate over what one
     transfer's connections fill of it, at least 1) and whether each transfer reaches it as one
     burst, so that it sends transfers in the order they arrive (``bursts``:
-    ``connections.sent_at_once``; ``fair_share``'s queued flows)."""
+    ``connections.sent_at_once``; ``fair_share``'s bursts)."""
 
     transfer_s: float
     delay_s: float

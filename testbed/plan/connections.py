@@ -114,7 +114,7 @@ def sent_at_once(
     burst: each connection's share fits in the window it keeps in flight (measured where the
     experiment profiles the path, ``PathProfile.window_bytes``; else the modelled window,
     ``connection_window_bytes``; always where no window is modelled), so all its bytes reach the
-    bottleneck's queue at once (``fair_share``'s queued flows)."""
+    bottleneck's queue at once (``fair_share``'s bursts)."""
     measured = exp.wan_profile.path(a, b) if exp.wan_profile is not None else None
     window = measured.window_bytes if measured is not None else connection_window_bytes(exp, topo, workers)
     return window is None or nbytes / connections <= window
