@@ -15,7 +15,7 @@ import pytest
 
 from testbed.plan.worker_config import read_worker_config
 from testbed.run.runner import run_experiment
-from testbed.sim.validate import MEASURED_LINKS
+from testbed.sim.validate import MEASURED_LINKS, MEASURED_STARTS
 from testbed.spec.experiment_file import load_experiment
 from testbed.trace import schema as T
 from testbed.trace.events import read_events
@@ -277,6 +277,9 @@ def test_the_simulator_validates_a_fresh_run(tmp_path, clean_machine):
     assert got.returncode == 0, got.stderr
     result = json.loads(got.stdout)
     assert result["links"] == MEASURED_LINKS
+    # the pipelines start as far apart as the run's did: the first at 0, the others after it
+    assert result["starts"] == MEASURED_STARTS and len(result["start_offsets_s"]) == exp.replicas
+    assert result["start_offsets_s"][0] == 0 and all(x >= 0 for x in result["start_offsets_s"])
     figures = result["figures"]
     assert abs(figures["iteration_time_s"]["error"]) <= 0.10, figures
     assert abs(figures["gpu_utilization"]["error"]) <= 0.05, figures
