@@ -16,8 +16,10 @@ Pure: no kernel, no processes.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 #: times closer than this (s) are one instant
@@ -43,6 +45,9 @@ class PacedFifo:
         self.bursts: list[_Burst] = []
         self.now = 0.0
         self.x = 0.0  # the virtual time: when the byte leaving now went in
+        # caches, until the bursts change: the rate look-up, the next burst done
+        self._table: Callable[[float], tuple[float, float]] | None = None
+        self._next: tuple[float, Hashable] | None = None
 
     def __len__(self) -> int:
         return len(self.bursts)
@@ -50,21 +55,33 @@ class PacedFifo:
     def __contains__(self, flow: Hashable) -> bool:
         return any(b.flow == flow for b in self.bursts)
 
-    def _going_in(self, x: float) -> tuple[float, float]:
-        """(the rate at which bytes went in just after instant ``x``, the next instant it changes)."""
-        rate, nxt = 0.0, math.inf
+    def _going_in(self) -> Callable[[float], tuple[float, float]]:
+        """For any instant ``x``: (the rate at which bytes went in just after ``x``, the next
+        instant that rate changes), from the bursts' edges sorted once per change of the bursts
+        (O(log n) a look-up)."""
+        if self._table is not None:
+            return self._table
+        delta: dict[float, float] = {}
         for b in self.bursts:
-            if b.start <= x + _EPS and x + _EPS < b.end:
-                rate += b.rate
-            for edge in (b.start, b.end):
-                if edge > x + _EPS:
-                    nxt = min(nxt, edge)
-        return rate, nxt
+            delta[b.start] = delta.get(b.start, 0.0) + b.rate
+            delta[b.end] = delta.get(b.end, 0.0) - b.rate
+        edges = sorted(delta)
+        rates = list(itertools.accumulate(delta[t] for t in edges))
+        tiny = self.capacity * 1e-9  # what is left of the rates' sum once every burst has ended
+
+        def at(x: float) -> tuple[float, float]:
+            i = bisect.bisect_right(edges, x + _EPS)
+            rate = rates[i - 1] if i else 0.0
+            return (rate if rate > tiny else 0.0), (edges[i] if i < len(edges) else math.inf)
+
+        self._table = at
+        return at
 
     def _run(self, x: float, now: float, until_t: float = math.inf, until_x: float = math.inf) -> tuple[float, float]:
         """(x, now) advanced until ``now`` reaches ``until_t`` or ``x`` reaches ``until_x``."""
+        going_in = self._going_in()
         while now < until_t - _EPS and x < until_x - _EPS:
-            rate, nxt = self._going_in(x)
+            rate, nxt = going_in(x)
             if x >= now - _EPS and rate <= self.capacity:  # no queue: bytes leave as they go in
                 step = min(until_t, until_x, nxt) - now
                 if math.isinf(step):
@@ -80,7 +97,7 @@ class PacedFifo:
                 dt = min(dt, (now - x) / (speed - 1))
             x, now = min(x + speed * dt, now + dt), now + dt
         while x < now - _EPS and x < until_x - _EPS:  # skip what nothing went in over
-            rate, nxt = self._going_in(x)
+            rate, nxt = going_in(x)
             if rate > 0:
                 break
             x = min(nxt, now, until_x)
@@ -88,6 +105,11 @@ class PacedFifo:
 
     def advance(self, now: float) -> None:
         """The queue as it is at ``now`` (not before the last call's time)."""
+        if now <= self.now:
+            return
+        if not self.bursts:
+            self.x = self.now = now
+            return
         self.x, self.now = self._run(self.x, self.now, until_t=now)
         self.x = min(self.x, self.now)
 
@@ -97,15 +119,18 @@ class PacedFifo:
             raise ValueError(f"pacing rate {rate!r} of {flow!r} is not positive")
         self.advance(now)
         self.bursts.append(_Burst(flow, now, now + 1 / rate, rate))
+        self._table = self._next = None
 
     def next_done(self) -> tuple[float, Hashable] | None:
         """(when, flow) of the next flow whose last byte leaves, if no flow starts before; None
         when the queue carries none."""
         if not self.bursts:
             return None
-        first = min(self.bursts, key=lambda b: b.end)
-        _, t = self._run(self.x, self.now, until_x=first.end)
-        return t, first.flow
+        if self._next is None:  # what the queue does next changes only when the bursts do
+            first = min(self.bursts, key=lambda b: b.end)
+            _, t = self._run(self.x, self.now, until_x=first.end)
+            self._next = (t, first.flow)
+        return self._next
 
     def remove(self, now: float, flow: Hashable) -> None:
         """``flow`` is done at ``now``. Raises KeyError for a flow it does not carry."""
@@ -113,6 +138,7 @@ class PacedFifo:
         for i, b in enumerate(self.bursts):
             if b.flow == flow:
                 del self.bursts[i]
+                self._table = self._next = None
                 return
         raise KeyError(flow)
 
@@ -120,4 +146,4 @@ class PacedFifo:
         """The work per second the link sends of these flows now: all of it while bytes wait."""
         if self.x < self.now - _EPS:
             return self.capacity
-        return min(self.capacity, self._going_in(self.now)[0])
+        return min(self.capacity, self._going_in()(self.now)[0])
