@@ -4,9 +4,9 @@ order they went in, at its capacity. A byte then leaves at a time fixed by the b
 alone, so the queue is described by its *virtual time* ``x``: the instant at which the byte now
 leaving went in (``x`` equals the present while the queue is empty). While the queue holds bytes,
 ``x`` advances at the capacity over the rate at which bytes went in at ``x``; a flow is done when
-``x`` passes the instant its last byte went in. (The fluid FIFO queue of network calculus: Le
-Boudec and Thiran, "Network Calculus", 2001, section 1.1; its departure time of a byte is the
-virtual time used here.)
+``x`` passes the instant its last byte went in. (A FIFO system's cumulative input and output
+functions, the horizontal distance between them being a byte's delay: Le Boudec and Thiran,
+"Network Calculus", 2001, chapter 1.)
 
 Units are the caller's: here capacities and pacing rates in transfers per second, each flow's
 work 1.
