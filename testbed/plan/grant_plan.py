@@ -220,7 +220,7 @@ def simulated_iteration(
     """One iteration of ``exp`` placed as ``workers`` with its links shared as its policy shares
     them (``simulate``): without grants as TCP's flows do, all pipelines starting together, or
     pipeline r ``start_offsets_s[r]`` s after the first (as a run measured them:
-    ``analysis.pipeline_start_offsets_s``); under FIFO grants each held for the rendezvous,
+    ``testbed sim --validate``); under FIFO grants each held for the rendezvous,
     likewise; under planned grants at the grant plan's offsets (``plan_grants``). Returns the
     iteration (s); ``timeline`` as ``simulate``'s. Raises ValueError when ``start_offsets_s`` does
     not give every replica."""

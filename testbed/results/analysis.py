@@ -52,19 +52,6 @@ def iteration_times(ev: pd.DataFrame, warmup: int = 0) -> pd.DataFrame:
     return out
 
 
-def pipeline_start_offsets_s(ev: pd.DataFrame, warmup: int = 0) -> tuple[float, ...] | None:
-    """How far apart the data-parallel pipelines start an iteration (s): in each measured
-    iteration, the start of every replica's first forward on stage 0 after the earliest one's,
-    sorted; the mean of each position over the iterations (the earliest first, so the first is
-    0). None with one replica or no complete iteration."""
-    first = ev[(ev[T.KIND] == T.FORWARD) & (ev[T.STAGE] == 0) & (ev[T.ITERATION] >= warmup)]
-    starts = first.groupby([T.ITERATION, T.REPLICA])[T.START_NS].min().unstack(T.REPLICA).dropna()
-    if starts.shape[1] < 2 or starts.empty:
-        return None
-    rows = np.sort(starts.to_numpy(dtype="float64"), axis=1)
-    return tuple(float(x) for x in ((rows - rows[:, :1]).mean(axis=0) / 1e9))
-
-
 def iteration_stats(it: pd.DataFrame) -> dict:
     d = it["duration_s"]
     if d.empty:

@@ -5,7 +5,7 @@ for fractions (utilization, bubble fraction). Where the run measured its WAN pat
 (``wan_profile.json``, ``testbed run --profile-wan``), one connection's rate on each is the
 measured one, not the modelled window's (``plan/connections.one_connection_bps``), unless
 ``measured_links`` is False. Likewise the pipelines start each iteration as far apart as they did
-in the run's measured iterations (``analysis.pipeline_start_offsets_s``), unless
+in the run's measured iterations (``pipeline_start_offsets_s``), unless
 ``measured_starts`` is False: the simulator has no model of what sets them apart (the end of the
 all-reduce inside a DC, 0-6 ms apart on the emulator's two cores), and pipelines that start
 together and share a link stay together. Pure (reads the run's files)."""
@@ -17,13 +17,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
 from testbed.errors import SpecError
 from testbed.plan.workers import WorkerSpec
-from testbed.results.analysis import pipeline_start_offsets_s
 from testbed.sim.figures import simulate_policy
 from testbed.spec.experiment import Experiment
 from testbed.spec.wan_profile import WAN_PROFILE_FILE, WanProfile
 from testbed.trace import metrics as M
+from testbed.trace import schema as T
 from testbed.trace.events import read_events
 
 #: figures compared as relative errors, and as absolute differences
@@ -88,6 +91,19 @@ def load_run(run_dir: Path, measured_links: bool = True) -> MeasuredRun:
             ) from e
         links = MEASURED_LINKS
     return MeasuredRun(exp, workers, summary, links)
+
+
+def pipeline_start_offsets_s(ev: pd.DataFrame, warmup: int = 0) -> tuple[float, ...] | None:
+    """How far apart the data-parallel pipelines start an iteration (s): in each measured
+    iteration, the start of every replica's first forward on stage 0 after the earliest one's,
+    sorted; the mean of each position over the iterations (the earliest first, so the first is
+    0). None with one replica or no complete iteration."""
+    first = ev[(ev[T.KIND] == T.FORWARD) & (ev[T.STAGE] == 0) & (ev[T.ITERATION] >= warmup)]
+    starts = first.groupby([T.ITERATION, T.REPLICA])[T.START_NS].min().unstack(T.REPLICA).dropna()
+    if starts.shape[1] < 2 or starts.empty:
+        return None
+    rows = np.sort(starts.to_numpy(dtype="float64"), axis=1)
+    return tuple(float(x) for x in ((rows - rows[:, :1]).mean(axis=0) / 1e9))
 
 
 def validate_run(run_dir: Path, measured_links: bool = True, measured_starts: bool = True) -> dict[str, Any]:

@@ -444,23 +444,3 @@ def test_a_wrapper_that_execs_the_command_names_its_start(monkeypatch):
     assert command_start_ns() == pytest.approx(process_start_ns(), abs=1_000_000)
     monkeypatch.setenv(COMMAND_START_ENV, "yesterday")
     assert command_start_ns() == pytest.approx(process_start_ns(), abs=1_000_000)
-
-
-def test_pipeline_start_offsets_sorted_and_averaged_over_measured_iterations():
-    """Stage 0 of replicas 0 and 1 (workers 0 and 3): iteration 0 (warm-up) 50 ms apart; iteration
-    1 replica 1 first by 3 ms, iteration 2 replica 0 first by 1 ms: sorted, (0, 3) and (0, 1),
-    their mean (0, 2) ms. The first forward decides, not a later microbatch's."""
-    ev = frame(
-        [
-            op(0, T.FORWARD, 0, 0, 0, 10),
-            op(3, T.FORWARD, 0, 0, 50, 60),
-            op(0, T.FORWARD, 1, 0, 103, 113),
-            op(3, T.FORWARD, 1, 0, 100, 110),
-            op(3, T.FORWARD, 1, 1, 110, 120),
-            op(0, T.FORWARD, 2, 0, 200, 210),
-            op(3, T.FORWARD, 2, 0, 201, 211),
-            op(1, T.FORWARD, 2, 0, 230, 240),  # stage 1: not a pipeline's start
-        ]
-    )
-    assert A.pipeline_start_offsets_s(ev, warmup=1) == pytest.approx((0.0, 0.002))
-    assert A.pipeline_start_offsets_s(ev[ev[T.WORKER] != 3], warmup=1) is None  # one replica

@@ -17,7 +17,7 @@ from experiments import exp, topo
 from testbed.errors import SpecError
 from testbed.plan.placement import place
 from testbed.sim.figures import simulate_policy, wan_bits
-from testbed.sim.validate import IN_STEP, MEASURED_STARTS, validate_run
+from testbed.sim.validate import IN_STEP, MEASURED_STARTS, pipeline_start_offsets_s, validate_run
 from testbed.spec.experiment import Experiment
 from testbed.spec.experiment_file import load_experiment
 from testbed.spec.model import stage_param_bytes
@@ -119,3 +119,27 @@ def test_validation_starts_the_pipelines_as_far_apart_as_the_run_did(tmp_path):
     assert in_step["starts"] == IN_STEP and in_step["start_offsets_s"] is None
     predicted = got["figures"]["iteration_time_s"]["predicted"]
     assert predicted != pytest.approx(in_step["figures"]["iteration_time_s"]["predicted"], rel=1e-3)
+
+
+def test_pipeline_start_offsets_sorted_and_averaged_over_measured_iterations():
+    """Stage 0 of replicas 0 and 1: iteration 0 (warm-up) 50 ms apart; iteration 1 replica 1
+    first by 3 ms, iteration 2 replica 0 first by 1 ms: sorted, (0, 3) and (0, 1), their mean
+    (0, 2) ms. The first forward decides, not a later microbatch's nor another stage's."""
+
+    def fwd(stage, replica, it, mb, start_ms):
+        return event_row(stage * 2 + replica, "h", "a", stage, replica, T.FORWARD, it, mb, start_ms, start_ms + 10)
+
+    ev = pd.DataFrame(
+        [
+            fwd(0, 0, 0, 0, 0),
+            fwd(0, 1, 0, 0, 50),
+            fwd(0, 0, 1, 0, 103),
+            fwd(0, 1, 1, 0, 100),
+            fwd(0, 1, 1, 1, 110),
+            fwd(0, 0, 2, 0, 200),
+            fwd(0, 1, 2, 0, 201),
+            fwd(1, 0, 2, 0, 190),  # stage 1: not a pipeline's start
+        ]
+    )
+    assert pipeline_start_offsets_s(ev, warmup=1) == pytest.approx((0.0, 0.002))
+    assert pipeline_start_offsets_s(ev[ev[T.REPLICA] == 0], warmup=1) is None  # one replica
