@@ -13,10 +13,8 @@ to share a link (the policy's ``sharing``):
 - ``planned``: the grant plan (``plan/grant_plan.py``) sets the order among waiting transfers (its
   order over an iteration; a transfer it does not list goes by readiness) and the timing: a
   transfer is granted on its path's first hop when its bytes can arrive there (the receiver's
-  ready notice crosses back first; gloo writes it to the socket that carries the receiver's own
-  bytes to the sender, so while such bytes of a granted or waiting transfer were leaving when the
-  receive was posted, the notice leaves only once they have passed, as ``plan/grant_sim.py``
-  has it), on each further hop one link delay after it was granted on the
+  ready notice crosses back first, behind the receiver's own bytes to the sender where they were
+  leaving: ``notices.py``), on each further hop one link delay after it was granted on the
   hop before, and released as soon as the class's byte counter shows its bytes have passed since
   it became ready (``counters``; gloo moves none before; the class also carries the ACKs of its
   pipeline's reverse flow, a few percent, within ``BYTES_PASSED_SHARE``), or at ``done``.
@@ -40,6 +38,7 @@ from dataclasses import dataclass
 from testbed.atlas.channel import DONE, READY, RECV, TransferKey, transfer_key
 from testbed.atlas.classes import CLASS_BASE, Switch, floor_bps
 from testbed.atlas.fifo import GrantQueue
+from testbed.atlas.notices import NEVER, ReadyNotices
 from testbed.atlas.rendezvous import Rendezvous
 from testbed.atlas.timing import HopTiming
 from testbed.plan.grant_plan import FLOOR_SHARE, Hop, Transfer, boundary_paths
@@ -49,7 +48,6 @@ __all__ = ["CLASS_BASE", "FLOOR_SHARE", "GrantLoop", "GrantQueue", "Hop", "HopTi
 MIN_CHECK_NS = 500_000
 #: a grant's bytes have passed once the class sent this share of the transfer's expected wire bytes
 BYTES_PASSED_SHARE = 0.97
-NEVER = 2**62
 
 
 @dataclass
@@ -108,11 +106,7 @@ class GrantLoop:
         self._seq = itertools.count()
         self.deadline_releases = 0
         self._free_since: dict[Hop, int] = dict.fromkeys(all_hops, 0)
-        # planned: per (sender, receiver) pair, its transfers whose bytes have not yet passed their
-        # first hop, with when they could start; the notices queued behind them (transfer -> its
-        # sender's time and the transfers still ahead of its notice)
-        self._leaving: dict[tuple[int, int], dict[TransferKey, int]] = {}
-        self._notices: dict[TransferKey, tuple[int, set[TransferKey]]] = {}
+        self.notices = ReadyNotices(self.notice_ns)  # planned: when each transfer's bytes can go
 
     def replan(self, timing: dict[Hop, HopTiming], iteration_ns: int) -> None:
         """Follow a new plan from now on (the first iteration's profile, under real compute):
@@ -159,22 +153,16 @@ class GrantLoop:
                 if nxt is not None:
                     self._grant(hop, _Held(nxt, key, t_ns, t_ns + self._deadline_after(hop)), t_ns)
             return
-        # gloo's ready notice crosses back one one-way delay after the receive was posted, or after
-        # the receiver's own bytes to the sender that were leaving then
-        ahead = {k for k, since in self._leaving.get((key[1], key[0]), {}).items() if since <= t_receiver}
-        start = NEVER if ahead else max(t_sender, t_receiver + self.notice_ns.get((key[0], key[1]), 0))
-        if ahead:
-            self._notices[key] = (t_sender, ahead)
-        if path:
-            self._leaving.setdefault((key[0], key[1]), {})[key] = start
+        if not path:
+            return
+        start = self.notices.ready(key, t_sender, t_receiver)
         assert self.counters is not None
         for i, hop in enumerate(path):
             timing = self.timing[hop]
             rank = (key[2], timing.position.get(self._transfer(key), len(timing.position)), next(self._seq))
             eligible = start if i == 0 else NEVER
             self.waiting[hop].append(_Waiting(replica, key, eligible, rank, self.counters(hop, replica)))
-        if path:
-            self._dispatch(path[0], t_ns)
+        self._dispatch(path[0], t_ns)
 
     def _transfer(self, key: TransferKey) -> Transfer:
         src, dst, _, mb = key
@@ -183,18 +171,9 @@ class GrantLoop:
 
     def _passed(self, key: TransferKey, t_ns: int) -> None:
         """Planned: ``key``'s bytes have passed its first hop (or it is done, or its grant there
-        ended): the notices queued behind it and nothing else are on their way."""
-        if self._leaving.get((key[0], key[1]), {}).pop(key, None) is None:
-            return
-        for other, (t_sender, ahead) in list(self._notices.items()):
-            ahead.discard(key)
-            if ahead:
-                continue
-            del self._notices[other]
-            start = max(t_sender, t_ns + self.notice_ns.get((other[0], other[1]), 0))
-            self._leaving[(other[0], other[1])][other] = start
-            first = self._path(other)[0]
-            for w in self.waiting[first]:
+        ended): the transfers whose notices waited behind them become due."""
+        for other, start in self.notices.passed(key, t_ns):
+            for w in self.waiting[self._path(other)[0]]:
                 if w.key == other:
                     w.eligible_ns = start
 
