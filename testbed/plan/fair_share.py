@@ -14,7 +14,8 @@ On a one-link path its bytes wait in the link's drop-tail queue with those of th
 before, and leave in the order they went in (``fifo_queue.PacedFifo``): a burst that starts a few
 ms before another ends well before it, where fair shares would end them together. (Measured on
 the sharing experiment, striped: four 64 KiB transfers sent 0, 4, 7 and 14 ms apart arrived 66,
-84, 89 and 94 ms after each was sent: 22 ms of the link each.) The ACK-clocked flows share what the bursts leave.
+84, 89 and 94 ms after each was sent: 22 ms of the link each.) The ACK-clocked flows share what
+the bursts leave.
 
 Units are the caller's: here capacities and caps are in transfers per second, each flow's work 1.
 
@@ -115,7 +116,6 @@ class FairShare:
         if pacing is not None and len(path) == 1:
             if path[0] not in self.queues:
                 self.queues[path[0]] = PacedFifo(self.capacity[path[0]])
-                self.queues[path[0]].advance(now)
             self.queues[path[0]].add(now, flow, pacing)
         else:
             c = self.classes.setdefault((path, cap), _Class(path, cap))
