@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 
+from testbed.bubbletea.bubble_end import Deadline
 from testbed.bubbletea.prefill import PrefillServer
 from testbed.trace import schema as T
 from testbed.trace.clock import now_ns
@@ -36,13 +37,11 @@ def serve_alone(server: PrefillServer, windows: int, window_s: float, ev: EventW
     for k in range(windows):
         t0, end = start + k * window_ns, start + (k + 1) * window_ns
 
-        def over(end: int = end) -> bool:
-            return now_ns() >= end
-
+        over = Deadline(end)
         empty_ns = 0
-        while not over():
+        while not over.is_set():
             server.fill(T.ALONE_SLOT, t0, over)
-            if not over():  # nothing queued, or nothing the policy starts now: look again shortly
+            if not over.is_set():  # nothing queued, or nothing the policy starts now: look again shortly
                 idle = not server.jobs
                 t = now_ns()
                 time.sleep(min(IDLE_POLL_S, max(0.0, (end - t) / 1e9)))

@@ -18,12 +18,11 @@ from __future__ import annotations
 import itertools
 import json
 import socket
-import time
 from collections import deque
-from collections.abc import Callable
 
 import torch
 
+from testbed.bubbletea.bubble_end import BubbleEnd
 from testbed.bubbletea.chunk_batch import ChunkBatch
 from testbed.bubbletea.decisions import (
     LOOKAHEAD,
@@ -46,7 +45,9 @@ from testbed.trace import schema as T
 from testbed.trace.clock import now_ns
 from testbed.trace.events import EventWriter
 
-POLL_S = 0.00025  # how often a padding chunk looks whether the training input has arrived
+#: how often a pass that has had its GPU time, waiting for the prefill stream to compute its
+#: blocks (an overrun), looks whether the training input has arrived (s)
+POLL_S = 0.00025
 
 
 class PrefillServer:
@@ -120,21 +121,23 @@ class PrefillServer:
             self.jobs.append(Job.of_request(msg, self.seed, self.corpus))
 
     # --------------------------------------------------------------- the bubbles
-    def fill(self, slot: str, prev_end_ns: int, arrived: Callable[[], bool]) -> int | None:
+    def fill(self, slot: str, prev_end_ns: int, arrived: BubbleEnd) -> int | None:
         """Run prefill chunks in the bubble before ``slot``, which began at ``prev_end_ns`` (the end
-        of this worker's previous compute). It looks whether the input has arrived before choosing
-        each pass and again once it is chosen (choosing takes time), and starts none if it has.
-        Returns when the training input arrived if it did while a chunk ran (else None: the
-        caller's wait measures it)."""
+        of this worker's previous compute) and ends when ``arrived`` is set (training's input).
+        It looks whether the input has arrived before choosing each pass and again once it is
+        chosen (choosing takes time), and starts none if it has. Returns when this thread saw the
+        training input if it arrived while a chunk ran (else None: the caller's wait measures it).
+        A slice stopped by the input is traced through ``EventWriter.defer``: the caller writes it
+        once its operation has started."""
         self.poll_inbox()
         predicted = self.predictor.predict(slot)
         self._predicted[slot] = predicted
         ready_ns = None
-        while self.jobs and predicted is not None and not arrived():
+        while self.jobs and predicted is not None and not arrived.is_set():
             work = self._next_pass(predicted, (now_ns() - prev_end_ns) / 1e9)
             if work is None:
                 break
-            if arrived():  # the data came while the pass was chosen: training goes first
+            if arrived.is_set():  # the data came while the pass was chosen: training goes first
                 if work.slices:  # a stopped pass, taken out of ``stopped``: back in it
                     keep_stopped(self.stopped, work)
                 break
@@ -146,18 +149,6 @@ class PrefillServer:
             if ready_ns is not None:
                 break
         return ready_ns
-
-    def fill_until(self, slot: str, since_ns: int, done: Callable[[], bool]) -> int | None:
-        """``fill`` a wait that began at ``since_ns`` and ends when ``done()`` (the send drain, the
-        all-reduce); returns when it ended if that was while a chunk ran (else None)."""
-        seen: list[int] = []
-
-        def ended() -> bool:
-            if not seen and done():
-                seen.append(now_ns())
-            return bool(seen)
-
-        return self.fill(slot, since_ns, ended)
 
     def _next_pass(self, predicted_s: float, elapsed_s: float) -> Pass | None:
         """The forward pass to run now (``decisions.choose_work``): a stopped one resumed, or a new
@@ -192,12 +183,14 @@ class PrefillServer:
         batch = ChunkBatch(self.model, [(j.tokens[j.pos : j.pos + n], j.cache) for j, n in zip(jobs, tokens)])
         return Pass(batch, jobs, tokens, work.target_s, next(self._passes))
 
-    def _run_pass(self, work: Pass, arrived: Callable[[], bool]) -> int | None:
+    def _run_pass(self, work: Pass, arrived: BubbleEnd) -> int | None:
         """Give a forward pass (new or stopped) emulated GPU time until it has had ``work.target_s``
         in all and the prefill stream has computed its blocks, or until training's data arrives:
         then at once, wherever the pass is (``prefill_stream.py``: training's stream preempts
-        prefill's); a stopped pass is kept in ``stopped`` for a later bubble. Without padding a pass
-        needs no GPU time beyond its real compute. Returns when the data arrived, if it did."""
+        prefill's; this thread waits on ``arrived``, woken by it); a stopped pass is kept in
+        ``stopped`` for a later bubble, and its slice's event is deferred (``fill``). Without
+        padding a pass needs no GPU time beyond its real compute. Returns when this thread saw the
+        data, if it arrived."""
         t0 = now_ns()
         for job in work.jobs:
             job.first_start_ns = job.first_start_ns or t0
@@ -205,12 +198,12 @@ class PrefillServer:
         due_ns = int(work.left_s * 1e9) if self.padded else 0
         end, layers0, ready_ns, waited_ns = t0 + due_ns, work.batch.layers_done, None, None
         while True:
-            if arrived():
+            if arrived.is_set():
                 ready_ns = now_ns()
                 break
             t = now_ns()
             if t < end:
-                time.sleep(min((end - t) / 1e9, POLL_S))
+                arrived.wait((end - t) / 1e9)
             elif work.computed.is_set():
                 break
             else:  # its GPU time is given, its blocks are not computed yet: an overrun
@@ -222,7 +215,8 @@ class PrefillServer:
         work.paid_s = work.target_s if paid_ns == due_ns else work.paid_s + paid_ns / 1e9
         done = work.computed.is_set() and work.left_s == 0.0
         first = work.jobs[0]
-        self.ev.write(
+        trace = self.ev.write if ready_ns is None else self.ev.defer  # stopped: training first
+        trace(
             T.PREFILL,
             t0,
             t1,

@@ -136,6 +136,44 @@ def overrun_fraction(ev: pd.DataFrame, targets_ns: dict[str, int], warmup: int =
     return float((ops[T.REAL_NS] > target).mean())
 
 
+#: an operation that starts more than this after its input arrived counts as started late (1 ms:
+#: BubbleTea's "without slowing training", the issue's threshold)
+LATE_START_NS = 1_000_000
+
+
+def start_after_arrival(ev: pd.DataFrame, warmup: int = 0) -> pd.DataFrame:
+    """The forward and backward operations of the measured iterations that received their input
+    (one row each): ``late_ns``, how long after the input arrived they started (start less
+    ``T.READY_NS``: when the worker first saw the input, as its own wait returned, or under
+    BubbleTea as the thread waiting for it saw it), and ``held``, whether it arrived while a prefill
+    pass had the GPU (``T.PREFILL_DELAY_NS`` > 0). The same definition for every policy, so a run
+    without BubbleTea gives the floor: this machine's own path from an arrival to the operation's
+    start. Empty for a run traced without ``T.READY_NS``."""
+    if ev.empty or T.READY_NS not in ev:
+        return pd.DataFrame(columns=["late_ns", "held"])
+    ops = measured(ev, warmup)
+    ops = ops[ops[T.KIND].isin((T.FORWARD, T.BACKWARD)) & ops[T.READY_NS].notna()]
+    held = ops[T.PREFILL_DELAY_NS].fillna(0) > 0 if T.PREFILL_DELAY_NS in ops else False
+    return pd.DataFrame({"late_ns": (ops[T.START_NS] - ops[T.READY_NS]).astype(float), "held": held})
+
+
+def late_start_figures(late: pd.DataFrame) -> dict:
+    """``start_after_arrival``'s table as the summary's figures: how many operations were judged,
+    how many started late (``LATE_START_NS``), and the 50th and 99th percentile of their start after
+    the arrival (ms; None without operations)."""
+    ms = late["late_ns"] / 1e6
+
+    def q(x: float) -> float | None:
+        return float(ms.quantile(x)) if len(ms) else None
+
+    return {
+        M.TRAINING_OPS_WITH_INPUT: int(len(ms)),
+        M.TRAINING_OPS_STARTED_LATE: int((late["late_ns"] > LATE_START_NS).sum()),
+        M.START_AFTER_ARRIVAL_P50_MS: q(0.5),
+        M.START_AFTER_ARRIVAL_P99_MS: q(0.99),
+    }
+
+
 def compute_headroom(ev: pd.DataFrame, targets_ns: dict[str, int], warmup: int = 0) -> float | None:
     """Smallest ratio, over operation kinds, of the padding target to the median real duration
     (the issue asks for at least 4x on the development machine)."""

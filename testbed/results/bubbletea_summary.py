@@ -21,9 +21,6 @@ from testbed.trace import metrics as M
 from testbed.trace import schema as T
 from testbed.trace.jsonl import read_jsonl
 
-#: a training operation held back longer than this by a running prefill chunk counts as delayed
-DELAY_THRESHOLD_NS = 1_000_000
-
 
 def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_utilization: float | None) -> dict:
     """GPU utilization with and without prefill, and, under BubbleTea, how the bubbles were filled
@@ -44,10 +41,11 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     ``peak_gpu_memory_mb`` (the most a training host's emulated GPU held while
     prefilling, KV caches admitted included) beside ``gpu_memory_mb``,
     ``training_ops_delayed_by_prefill`` (forward/backward operations
-    whose input had arrived while a pass had the GPU and which started more than 1 ms later) with
-    ``prefill_hold_p99_ms``, the same of the operations whose input arrived while no pass ran
-    (``training_ops_late_without_prefill``, ``start_after_arrival_p99_ms_without_prefill``: the
-    floor, ``start_after_arrival_ns``), and the
+    of the measured iterations whose input had arrived while a pass had the GPU and which started
+    more than 1 ms later) with ``prefill_hold_p99_ms``, the same of the operations whose input
+    arrived while no pass ran (``training_ops_late_without_prefill``,
+    ``start_after_arrival_p99_ms_without_prefill``; ``analysis.start_after_arrival``: the run
+    without BubbleTea has the floor), and the
     error of the bubbles the workers' slot predictors predicted as they placed chunks, against the
     bubbles observed (``bubbletea.profile.live_prediction_errors``, ``prediction_error_stats``),
     with the share of those waits' time past their predicted end (``bubble_beyond_prediction_share``)."""
@@ -85,7 +83,8 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     ttft = requests["ttft_s"].dropna()  # every first token is of a request that arrived
     attained, judged = slo_attainment(requests, slo_s, end_ns)
     scaled, scaled_judged = slo_attainment(requests, slo_scale * requests["alone_s"], end_ns)
-    held, unheld = start_after_arrival_ns(train)
+    late = A.start_after_arrival(train, warmup)
+    held, unheld = late.loc[late["held"], "late_ns"], late.loc[~late["held"], "late_ns"]
     windows = B.bubble_windows(train)
     windows.to_parquet(run_dir / "bubbles.parquet", index=False)  # the bubble profile's raw material
     errors = prediction_error_stats(live_prediction_errors(ev, warmup))  # the predictor that placed the chunks
@@ -124,31 +123,15 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
         if (batched := [r for r in decoded if r.get("decode_mean_batch") is not None])
         and (steps := sum(r["output_tokens"] - 1 for r in batched))
         else None,
-        M.TRAINING_OPS_DELAYED_BY_PREFILL: int((held > DELAY_THRESHOLD_NS).sum()),
+        M.TRAINING_OPS_DELAYED_BY_PREFILL: int((held > A.LATE_START_NS).sum()),
         M.PREFILL_HOLD_P99_MS: float(held.quantile(0.99) / 1e6) if len(held) else None,
-        M.TRAINING_OPS_LATE_WITHOUT_PREFILL: int((unheld > DELAY_THRESHOLD_NS).sum()),
+        M.TRAINING_OPS_LATE_WITHOUT_PREFILL: int((unheld > A.LATE_START_NS).sum()),
         M.START_AFTER_ARRIVAL_P99_MS_WITHOUT_PREFILL: float(unheld.quantile(0.99) / 1e6) if len(unheld) else None,
         M.BUBBLE_PREDICTION_ERROR_P50_MS: errors.get("abs_error_p50_ms"),
         M.BUBBLE_PREDICTION_ERROR_P99_MS: errors.get("abs_error_p99_ms"),
         M.BUBBLE_OVER_PREDICTED_SHARE: errors.get("over_predicted_share"),
         M.BUBBLE_BEYOND_PREDICTION_SHARE: errors.get("beyond_prediction_share"),
     }
-
-
-def start_after_arrival_ns(train: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
-    """How long after their input arrived the forward and backward operations that received one
-    started (ns): (those whose input arrived while a prefill pass had the GPU, their
-    ``T.PREFILL_DELAY_NS``; the others, start less ``T.READY_NS``). In a run recorded before the
-    arrival thread's time was kept for every receive (trace schema 1), the others' ``READY_NS``
-    is the wait's end, so they count only the worker's bookkeeping after it."""
-    ops = train[train[T.KIND].isin((T.FORWARD, T.BACKWARD))]
-    if T.PREFILL_DELAY_NS not in ops or T.READY_NS not in ops:
-        return pd.Series(dtype=float), pd.Series(dtype=float)
-    ops = ops[ops[T.READY_NS].notna()]
-    held = ops[T.PREFILL_DELAY_NS].fillna(0) > 0
-    return ops.loc[held, T.PREFILL_DELAY_NS].astype(float), (
-        ops.loc[~held, T.START_NS] - ops.loc[~held, T.READY_NS]
-    ).astype(float)
 
 
 def prefill_overrun_fraction(pre: pd.DataFrame) -> float | None:

@@ -50,7 +50,9 @@ def aggregate(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     speed-up of each policy over the one before it in ``runs``' order (an ablation's parts, one at a
     time), next to the larger spread of the two against themselves (the noise floor); and for each
     ``X+bubbletea`` run beside ``X``, the training slowdown (median iteration time with BubbleTea
-    over without) next to the noise floor (the larger spread of the two against themselves)."""
+    over without) next to the noise floor (the larger spread of the two against themselves), and
+    each run's count of operations that started over 1 ms after their input arrived, with and
+    without BubbleTea (``M.TRAINING_OPS_STARTED_LATE``: the runs without it are the floor)."""
     stats = {}
     for policy, summaries in runs.items():
         stats[policy] = {
@@ -73,7 +75,11 @@ def aggregate(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                     for x in (stats[p][M.ITERATION_TIME_S]["spread"], stats[base][M.ITERATION_TIME_S]["spread"])
                     if x is not None
                 ]
-                slowdown[p] = {"training_slowdown": tp / tb, "noise_floor": max(noise) if noise else None}
+                slowdown[p] = {
+                    "training_slowdown": tp / tb,
+                    "noise_floor": max(noise) if noise else None,
+                    M.TRAINING_OPS_STARTED_LATE: {q: _values(runs[q], M.TRAINING_OPS_STARTED_LATE) for q in (p, base)},
+                }
     speedup = {}
     for a in runs:
         for b in runs:
@@ -141,6 +147,18 @@ def _split_pair(pair: str, names: dict[str, Any]) -> tuple[str, str]:
         if pair.startswith(a + "/") and pair[len(a) + 1 :] in names:
             return a, pair[len(a) + 1 :]
     raise ValueError(f"not a pair of compared policies: {pair}")
+
+
+def _values(summaries: list[dict[str, Any]], figure: str) -> list[float]:
+    return [s[figure] for s in summaries if s.get(figure) is not None]
+
+
+def _counts_text(values: list[float]) -> str:
+    """Repeated counts as "median (min-max)", or "-" without any."""
+    if not values:
+        return "-"
+    mid = f"{statistics.median(values):.0f}"
+    return mid if len(values) == 1 else f"{mid} ({min(values):.0f}-{max(values):.0f})"
 
 
 def _median_text(figures: dict[str, Any], figure: str, fmt: str) -> str:
@@ -214,4 +232,10 @@ def format_comparison(result: dict[str, Any]) -> str:
                 f"training slowdown of {p} over {base_policy(p)}: "
                 f"{d['training_slowdown'] - 1:+.1%} (noise floor {noise})"
             )
+            late = d.get(M.TRAINING_OPS_STARTED_LATE)
+            if late and any(late.values()):
+                lines.append(
+                    f"  operations started >1 ms after their input arrived: {p} {_counts_text(late[p])}, "
+                    f"{base_policy(p)} {_counts_text(late[base_policy(p)])} (the floor)"
+                )
     return "\n".join(lines)

@@ -48,6 +48,10 @@ TRAINING_ONLY = (
     M.TOKENS_PER_S,
     M.BUBBLE_FRACTION,
     M.PREDICTION_ERROR,
+    M.TRAINING_OPS_WITH_INPUT,
+    M.TRAINING_OPS_STARTED_LATE,
+    M.START_AFTER_ARRIVAL_P50_MS,
+    M.START_AFTER_ARRIVAL_P99_MS,
 )
 
 
@@ -127,6 +131,7 @@ def _summarize(
         M.DELAY_MECHANISM: env.get("delay_mechanism"),
         M.WAN_COMPUTE_RATIO: A.nan_to_none(A.wan_compute_ratio(ev, warmup)) if not ev.empty else None,
         M.COMPUTE_OVERRUN_FRACTION: overrun,
+        **A.late_start_figures(A.start_after_arrival(ev, warmup)),
         M.REPRESENTATIVE: overrun <= MAX_REPRESENTATIVE_OVERRUN,
         M.COMPUTE_HEADROOM: (A.compute_headroom(ev, targets, warmup) if compute.padded and not ev.empty else None),
         M.WAN_UTILIZATION_MEAN: (

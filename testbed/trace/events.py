@@ -18,16 +18,32 @@ from testbed.trace.jsonl import open_jsonl, read_jsonl, write_row
 
 class EventWriter:
     """Appends events of one worker as JSON lines, flushed at once (survives the writer's death).
-    ``fixed``: columns every row carries (worker, host, dc, stage, replica)."""
+    ``fixed``: columns every row carries (worker, host, dc, stage, replica). ``defer`` keeps an
+    event to be written by ``write_deferred`` (or the next ``write``, before its own): the worker
+    writes a receive's wait once the operation it feeds has started, off that operation's
+    critical path; a worker killed in between loses at most those events."""
 
     def __init__(self, path: Path, **fixed: Any) -> None:
         self._f = open_jsonl(path)
         self.fixed = fixed
+        self._deferred: list[dict[str, Any]] = []
+
+    def _row(self, kind: str, start_ns: int, end_ns: int, fields: dict[str, Any]) -> dict[str, Any]:
+        return {**self.fixed, T.KIND: kind, T.START_NS: start_ns, T.END_NS: end_ns, **fields}
 
     def write(self, kind: str, start_ns: int, end_ns: int, **fields: Any) -> None:
-        write_row(self._f, {**self.fixed, T.KIND: kind, T.START_NS: start_ns, T.END_NS: end_ns, **fields})
+        self.write_deferred()
+        write_row(self._f, self._row(kind, start_ns, end_ns, fields))
+
+    def defer(self, kind: str, start_ns: int, end_ns: int, **fields: Any) -> None:
+        self._deferred.append(self._row(kind, start_ns, end_ns, fields))
+
+    def write_deferred(self) -> None:
+        while self._deferred:
+            write_row(self._f, self._deferred.pop(0))
 
     def close(self) -> None:
+        self.write_deferred()
         self._f.close()
 
 

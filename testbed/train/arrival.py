@@ -18,10 +18,12 @@ from testbed.trace.clock import now_ns
 
 
 class Arrival:
-    """The works ``works`` (gloo sends or receives) waited on by a daemon thread: ``is_set()``
-    says whether all have finished, ``t_ns`` when (``trace.clock.now_ns``); ``on_done`` is called
-    in that thread right then (Atlas's "done" message: the link is free at once). ``wait()``
-    blocks until they have and re-raises what a ``wait`` raised (a timeout, a dead peer)."""
+    """The works ``works`` (gloo sends, receives or an all-reduce) waited on by a daemon thread:
+    ``is_set()`` says whether all have finished, ``t_ns`` when (``trace.clock.now_ns``), and
+    ``wait(timeout)`` blocks until they have, as ``threading.Event.wait`` (so a prefill pass is
+    woken by the arrival: ``bubbletea/bubble_end.BubbleEnd``); ``on_done`` is called in that thread
+    right then (Atlas's "done" message: the link is free at once). ``arrived_ns()`` blocks until
+    they have and re-raises what a work's ``wait`` raised (a timeout, a dead peer)."""
 
     def __init__(self, works: Sequence[Any], on_done: Callable[[], None] | None = None) -> None:
         self.t_ns: int | None = None
@@ -45,7 +47,12 @@ class Arrival:
     def is_set(self) -> bool:
         return self._done.is_set()
 
-    def wait(self) -> int:
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every work has finished or ``timeout`` seconds have passed (None: no
+        limit); returns whether they have."""
+        return self._done.wait(timeout)
+
+    def arrived_ns(self) -> int:
         """Block until every work has finished; returns when they did (ns). Raises what a work's
         ``wait`` raised."""
         self._done.wait()

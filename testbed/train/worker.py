@@ -109,43 +109,38 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     prev_end = [now_ns()]  # end of this worker's latest compute: where a bubble starts
 
     def receive(src: int, n: int, it: int, m: int, slot: str) -> tuple[torch.Tensor, int, bool]:
-        """Wait for microbatch ``m``'s tensor from ``src`` (traced as a receive wait), filling the
-        bubble with prefill under BubbleTea. Returns (tensor, when it had arrived (ns: under
-        BubbleTea when the arrival thread saw it, else the wait's end), whether it arrived while a
-        prefill pass had the GPU: the operation it feeds then starts late by its start minus that
-        time)."""
+        """Wait for microbatch ``m``'s tensor from ``src`` (traced as a receive wait, written once
+        the operation it feeds has started: ``computed``), filling the bubble with prefill under
+        BubbleTea. Returns (tensor, when it had arrived (ns: when this worker first saw it, as the
+        waiting thread under BubbleTea, else as this thread's wait returned), whether it arrived
+        while a prefill pass had the GPU: the operation it feeds then starts late by its start
+        minus that time)."""
         buf = torch.empty(act_shape)
         t0 = now_ns()
         ctl.send(RECV, src, rank, it, m)
         works = post_recv_striped(buf, src, m, n)
-        during_prefill, arrived_ns = False, None
+        during_prefill = False
         if server is None:
             for w in works:
                 w.wait()
+            ready = now_ns()
             ctl.send(DONE, src, rank, it, m)  # the link is free for the next grant at once
         else:  # BubbleTea: a thread sees the arrival (and frees the link) while prefill runs
             arrival = Arrival(works, lambda: ctl.send(DONE, src, rank, it, m))
-            during_prefill = server.fill(slot, prev_end[0], arrival.is_set) is not None  # it came during a pass
-            arrived_ns = arrival.wait()  # when it came, as that thread saw it
+            during_prefill = server.fill(slot, prev_end[0], arrival) is not None  # it came during a pass
+            ready = arrival.arrived_ns()  # when it came, as that thread saw it
         t1 = now_ns()
-        ready = arrived_ns if arrived_ns is not None else t1
         bubble = server.observe(slot, (ready - prev_end[0]) / 1e9) if server is not None else {}
-        ev.write(
-            T.RECV_WAIT,
-            t0,
-            t1,
-            **{T.ITERATION: it, T.MICROBATCH: m},
-            bytes=act_bytes,
-            peer=src,
-            ready_ns=ready,
-            **bubble,
-        )
+        fields = {T.ITERATION: it, T.MICROBATCH: m}
+        ev.defer(T.RECV_WAIT, t0, t1, **fields, bytes=act_bytes, peer=src, ready_ns=ready, **bubble)
         return buf, ready, during_prefill
 
     def computed(kind: str, t0: int, fields: dict, ready: int | None, held: bool) -> None:
         """Pad a forward or backward that started at ``t0`` to its target and trace it, with when its
-        input had arrived (``ready``) and whether a prefill chunk held it back (``held``)."""
-        real, padded = padder.finish(kind, t0)
+        input had arrived (``ready``) and whether a prefill chunk held it back (``held``). The
+        events put off until it started are written while it is padded (the host's work overlaps
+        the emulated GPU's)."""
+        real, padded = padder.finish(kind, t0, meanwhile=ev.write_deferred)
         prev_end[0] = now_ns()
         ev.write(
             kind,
@@ -214,29 +209,26 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
                     pending.extend(send(inp.grad, prev_rank, n_prev, it, m))
         fields = {T.ITERATION: it, T.MICROBATCH: -1}
         t0 = now_ns()
-        drained = None
+        bubble = {}
         if server is None:
             for w in pending:
                 w.wait()
         else:  # BubbleTea: fill the wait for the sends to drain (a gloo work is waited on once)
             drain = Arrival(pending)
-            if server.fill(T.SEND_DRAIN_SLOT, prev_end[0], drain.is_set) is not None:
-                drained = drain.wait()
-            drain.wait()
-        bubble = {}
-        if server is not None:
-            bubble = server.observe(T.SEND_DRAIN_SLOT, ((drained or now_ns()) - prev_end[0]) / 1e9)
+            server.fill(T.SEND_DRAIN_SLOT, prev_end[0], drain)
+            bubble = server.observe(T.SEND_DRAIN_SLOT, (drain.arrived_ns() - prev_end[0]) / 1e9)
         ev.write(T.SEND_WAIT, t0, now_ns(), **fields, **bubble)
         if R > 1:
             t0 = now_ns()
             flat = torch.cat([p.grad.reshape(-1) for p in params])
             work = dist.all_reduce(flat, group=my_dp, async_op=True)
-            if server is not None:  # BubbleTea: fill while the gradients travel (and the peers arrive)
-                reduced = server.fill_until(T.ALLREDUCE_SLOT, t0, work.is_completed)
-            work.wait()
             bubble = {}
-            if server is not None:
-                bubble = server.observe(T.ALLREDUCE_SLOT, ((reduced or now_ns()) - t0) / 1e9)
+            if server is None:
+                work.wait()
+            else:  # BubbleTea: fill while the gradients travel (and the peers arrive)
+                reduced = Arrival([work])
+                server.fill(T.ALLREDUCE_SLOT, t0, reduced)
+                bubble = server.observe(T.ALLREDUCE_SLOT, (reduced.arrived_ns() - t0) / 1e9)
             flat /= R
             offset = 0
             for p in params:

@@ -444,3 +444,30 @@ def test_a_wrapper_that_execs_the_command_names_its_start(monkeypatch):
     assert command_start_ns() == pytest.approx(process_start_ns(), abs=1_000_000)
     monkeypatch.setenv(COMMAND_START_ENV, "yesterday")
     assert command_start_ns() == pytest.approx(process_start_ns(), abs=1_000_000)
+
+
+# ---- start of an operation after its input arrived ----------------------------------------------
+
+
+def test_start_after_arrival_of_the_measured_operations_that_received_an_input():
+    """start less ready, forward and backward only, warm-up left out; held where a prefill pass
+    had the GPU when the input came; the figures count those over 1 ms."""
+    ev = frame(
+        [
+            op(1, T.FORWARD, 0, 0, 10.0, 20.0, ready_ns=5 * MS),  # warm-up: left out
+            op(1, T.FORWARD, 1, 0, 100.2, 110.0, ready_ns=100 * MS),  # 0.2 ms
+            op(1, T.BACKWARD, 1, 0, 203.0, 230.0, ready_ns=200 * MS, prefill_delay_ns=3 * MS),  # 3 ms, held
+            op(2, T.FORWARD, 1, 0, 301.5, 310.0, ready_ns=300 * MS, prefill_delay_ns=0),  # 1.5 ms
+            op(0, T.FORWARD, 1, 0, 100.0, 110.0),  # stage 0 receives nothing
+            op(1, T.RECV_WAIT, 1, 0, 90.0, 100.0, ready_ns=100 * MS),  # not an operation
+        ]
+    )
+    ev[T.READY_NS] = pd.to_numeric(ev[T.READY_NS])
+    late = A.start_after_arrival(ev, warmup=1)
+    assert sorted(late["late_ns"] / MS) == pytest.approx([0.2, 1.5, 3.0])
+    assert list(late.sort_values("late_ns")["held"]) == [False, False, True]
+    fig = A.late_start_figures(late)
+    assert fig["training_ops_with_input"] == 3 and fig["training_ops_started_late"] == 2
+    assert fig["start_after_arrival_p50_ms"] == pytest.approx(1.5)
+    empty = A.late_start_figures(A.start_after_arrival(ev.drop(columns=[T.READY_NS]), warmup=1))
+    assert empty["training_ops_with_input"] == 0 and empty["start_after_arrival_p99_ms"] is None

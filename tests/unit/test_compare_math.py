@@ -106,3 +106,28 @@ def test_bubbletea_prefill_is_divided_by_the_same_policy_serving_prefill_alone()
     # its queue ran empty 9% of the time: it measured the request rate, and the comparison says so
     assert "queue was empty 9.0% of its time" in text and "raise --request-rate" in text
     assert aggregate({"a label": [summary(1.0)]})["prefill_alone"] == {}  # labels of a script's own
+
+
+def test_operations_started_late_are_set_beside_the_runs_without_bubbletea():
+    """Each run's count of operations that started over 1 ms after their input arrived, with and
+    without BubbleTea (the floor), as median (min-max); no line where the runs do not have it."""
+
+    def late(t: float, n: int) -> dict:
+        return {**summary(t), "training_ops_started_late": n}
+
+    runs = {
+        "atlas": [late(1.00, 9), late(1.02, 13)],
+        "atlas+bubbletea": [late(1.01, 14), late(1.03, 10), late(1.0, 12)],
+    }
+    agg = aggregate(runs)
+    assert agg["bubbletea"]["atlas+bubbletea"]["training_ops_started_late"] == {
+        "atlas+bubbletea": [14, 10, 12],
+        "atlas": [9, 13],
+    }
+    text = format_comparison(agg)
+    assert (
+        "operations started >1 ms after their input arrived: atlas+bubbletea 12 (10-14), atlas 11 (9-13) (the floor)"
+        in text
+    )
+    plain = {"atlas": [summary(1.0)], "atlas+bubbletea": [summary(1.01)]}
+    assert "operations started" not in format_comparison(aggregate(plain))

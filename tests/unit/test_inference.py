@@ -1,8 +1,11 @@
 """Chunked prefill with a KV cache, greedy decode, cache bytes, chunking and FLOPs."""
 
+import threading
+
 import pytest
 import torch
 
+from testbed.bubbletea.bubble_end import Deadline
 from testbed.bubbletea.chunk_batch import decode_batch
 from testbed.bubbletea.inference import (
     InferenceModel,
@@ -19,6 +22,23 @@ from testbed.spec.model import ModelConfig, decode_flops, prefill_flops
 CFG = ModelConfig(n_layers=3, d_model=32, n_heads=4, seq_len=64)
 SEED = 5
 ATOL = 1e-5
+
+
+_SET = threading.Event()
+_SET.set()  # training's input already in
+
+
+class _Looks:
+    """A bubble end that answers each look from ``answers`` (and never blocks)."""
+
+    def __init__(self, answers) -> None:
+        self.answers = answers
+
+    def is_set(self) -> bool:
+        return next(self.answers)
+
+    def wait(self, timeout=None) -> bool:
+        return self.is_set()
 
 
 @pytest.fixture(scope="module")
@@ -485,7 +505,7 @@ def test_a_request_waits_while_its_kv_cache_would_exceed_the_budget(tmp_path):
         server.jobs.extend([first, second])
         work = server._next_pass(predicted_s=1.0, elapsed_s=0.0)
         assert work.jobs == [first] and work.tokens == [32]  # the second's cache would not fit beside it
-        server._run_pass(work, lambda: False)
+        server._run_pass(work, threading.Event())
         assert first.pos == 32 and budget.held_bytes == one and budget.peak_bytes == 1000 + one
         assert not budget.admits(one)
         server.jobs.remove(first)
@@ -512,6 +532,36 @@ def _padded_server(tmp_path, chunk_s: float, prior: dict[str, float] | None = No
     )  # fmt: skip
 
 
+def test_a_pass_waits_on_its_bubble_end_for_the_rest_of_its_time_rather_than_polling(tmp_path):
+    """While a pass has the emulated GPU, the worker's thread blocks on the bubble's end (woken by
+    the thread that sees training's input: ``bubble_end.py``) for the rest of the pass's time, not
+    in polls of ``POLL_S``."""
+    from testbed.bubbletea.passes import Job
+    from testbed.bubbletea.prefill import POLL_S
+
+    class NeverEnds:
+        def __init__(self) -> None:
+            self.timeouts: list[float] = []
+
+        def is_set(self) -> bool:
+            return False
+
+        def wait(self, timeout=None) -> bool:
+            self.timeouts.append(timeout)
+            threading.Event().wait(timeout)
+            return False
+
+    server = _padded_server(tmp_path, chunk_s=0.05)
+    try:
+        server.jobs.append(Job(1, 0, prompt_tokens_for(1, 20, 0), 4))
+        work = server._next_pass(1.0, 0.0)
+        end = NeverEnds()
+        assert server._run_pass(work, end) is None and work.left_s == 0
+        assert end.timeouts[0] == pytest.approx(0.05, abs=0.01) and end.timeouts[0] > 100 * POLL_S
+    finally:
+        server.close()
+
+
 def test_a_pass_batches_several_requests_and_a_stopped_pass_resumes_first(tmp_path):
     """With room, one forward pass holds chunks of several queued requests (within
     ``max_chunk_tokens``); when training's data arrives the pass stops at once, with part of its
@@ -530,7 +580,7 @@ def test_a_pass_batches_several_requests_and_a_stopped_pass_resumes_first(tmp_pa
         assert work.jobs == jobs[:2] and work.tokens == [20, 20]  # 40 of the pass's 48 tokens
         assert work.target_s == pytest.approx(0.1)
         arrival = now_ns() + 30_000_000
-        ready = server._run_pass(work, lambda: now_ns() >= arrival)  # training's data, 30 ms in
+        ready = server._run_pass(work, Deadline(arrival))  # training's data, 30 ms in
         assert ready is not None and ready >= arrival and server.stopped == [work]
         assert 0.03 <= work.paid_s < 0.1 and jobs[0].pos == 0
         # its blocks are computed while it is stopped; it still owes the GPU the rest of its time
@@ -540,7 +590,7 @@ def test_a_pass_batches_several_requests_and_a_stopped_pass_resumes_first(tmp_pa
         assert other is not None and other.jobs == [jobs[2]] and server.stopped == [work]
         assert server._next_pass(1.0, 0.0) is work  # resumed before a new pass
         t0, left = now_ns(), work.left_s
-        assert server._run_pass(work, lambda: False) is None
+        assert server._run_pass(work, threading.Event()) is None
         assert (now_ns() - t0) / 1e9 >= left and work.left_s == 0  # the rest of its GPU time
         for job, t in zip(jobs[:2], tokens[:2]):
             want, logits = prefill_chunk(server.model, t, None)
@@ -567,11 +617,11 @@ def test_data_arriving_while_a_pass_is_chosen_runs_no_block_and_keeps_the_stoppe
     try:
         server.jobs.append(Job(1, 0, prompt_tokens_for(1, 20, 0), 4))
         work = server._next_pass(1.0, 0.0)
-        server._run_pass(work, lambda: True)  # stopped at once
+        server._run_pass(work, _SET)  # stopped at once
         assert server.stopped == [work] and work.slices == 1 and work.left_s > 0
         paid = work.paid_s
         checks = iter([False, True])  # not yet when fill starts; arrived once the pass is chosen
-        assert server.fill("recv", now_ns(), lambda: next(checks)) is None
+        assert server.fill("recv", now_ns(), _Looks(checks)) is None
         assert next(checks, "both looked at") == "both looked at"
         assert server.stopped == [work] and work.slices == 1 and work.paid_s == paid
         server.ev.close()

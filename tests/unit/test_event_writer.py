@@ -1,0 +1,54 @@
+"""The workers' event writer putting events off the critical path, and padding that lets host
+work overlap the emulated GPU's compute."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from testbed.trace.clock import now_ns
+from testbed.trace.events import EventWriter
+from testbed.train.padding import Padder
+
+
+def kinds(path) -> list[str]:
+    return [json.loads(line)["kind"] for line in path.read_text().splitlines()]
+
+
+def test_a_deferred_event_is_written_later_and_before_the_next_written_one(tmp_path):
+    path = tmp_path / "w0.jsonl"
+    ev = EventWriter(path, worker=0)
+    ev.defer("recv_wait", 1, 2, microbatch=0)
+    assert kinds(path) == []  # not yet: its operation has not started
+    ev.write("forward", 3, 4)
+    assert kinds(path) == ["recv_wait", "forward"]  # in the order they were traced
+    ev.defer("prefill", 5, 6)
+    ev.defer("recv_wait", 6, 7)
+    ev.write_deferred()
+    ev.write_deferred()  # nothing left: written once
+    ev.defer("send_wait", 8, 9)
+    ev.close()  # closing writes what is still deferred
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["kind"] for r in rows] == ["recv_wait", "forward", "prefill", "recv_wait", "send_wait"]
+    assert rows[0] == {"worker": 0, "kind": "recv_wait", "start_ns": 1, "end_ns": 2, "microbatch": 0}
+
+
+def test_host_work_meanwhile_is_not_counted_as_the_operations_real_compute():
+    padder = Padder({"forward": 30.0}, enabled=True)
+    done = []
+    t0 = now_ns()
+    real, padded = padder.finish("forward", t0, meanwhile=lambda: (time.sleep(0.01), done.append(1)))
+    assert done == [1] and real < 10_000_000  # measured before the 10 ms of host work
+    assert padded == 30_000_000 and now_ns() - t0 >= 30_000_000  # padded to its target
+    unpadded = Padder({"forward": 30.0}, enabled=False)
+    real, padded = unpadded.finish("forward", now_ns(), meanwhile=lambda: done.append(2))
+    assert done == [1, 2] and padded == real
+
+
+def test_a_deadline_ends_its_bubble_at_its_time_and_never_sleeps_past_it():
+    from testbed.bubbletea.bubble_end import Deadline
+
+    end = Deadline(now_ns() + 20_000_000)
+    assert not end.is_set() and end.wait(0.001) is False  # a short wait, still before it
+    assert end.wait(10.0) is True  # woken at the deadline, not after 10 s
+    assert now_ns() - end.t_ns < 1e9 and end.is_set() and end.wait(5.0) is True
