@@ -73,7 +73,9 @@ def main() -> None:
                 f"(training's share {row['training_gpu_utilization']}), fill {row['bubble_fill_fraction']}, "
                 f"requests {row['requests_completed']}/{row['requests_assigned']}, TTFT p50 {row['ttft_p50_s']} s "
                 f"p99 {row['ttft_p99_s']} s, TTFT SLO met {row[M.TTFT_SLO_ATTAINMENT]} (absolute) "
-                f"{row[M.TTFT_SCALED_SLO_ATTAINMENT]} (scaled), delayed ops {row['training_ops_delayed_by_prefill']}",
+                f"{row[M.TTFT_SCALED_SLO_ATTAINMENT]} (scaled), delayed ops {row['training_ops_delayed_by_prefill']}, "
+                f"ops started >1 ms after their input {row[M.TRAINING_OPS_STARTED_LATE]} with BubbleTea, "
+                f"{row[M.TRAINING_OPS_STARTED_LATE + '_plain']} without (of {row[M.TRAINING_OPS_WITH_INPUT]})",
                 flush=True,
             )
     runs = pd.DataFrame(rows)

@@ -121,19 +121,30 @@ class PrefillServer:
             self.jobs.append(Job.of_request(msg, self.seed, self.corpus))
 
     # --------------------------------------------------------------- the bubbles
+    def bubble_to_fill(self, slot: str) -> float | None:
+        """The predicted bubble before ``slot`` (s; recorded for ``observe``) where ``fill`` would
+        run anything in it if it began now: a request queued (or a stopped pass's), the inbox read
+        first; else None. Where it is None the worker waits for its input itself, with no thread
+        between it and the input (``train/worker.py``): a request that comes during that bubble
+        waits for the next one."""
+        self.poll_inbox()
+        self._predicted[slot] = predicted = self.predictor.predict(slot)
+        return predicted if self.jobs else None
+
     def fill(self, slot: str, prev_end_ns: int, arrived: BubbleEnd) -> int | None:
         """Run prefill chunks in the bubble before ``slot``, which began at ``prev_end_ns`` (the end
-        of this worker's previous compute) and ends when ``arrived`` is set (training's input).
-        It looks whether the input has arrived before choosing each pass and again once it is
-        chosen (choosing takes time), and starts none if it has. Returns when this thread saw the
-        training input if it arrived while a chunk ran (else None: the caller's wait measures it).
-        A slice stopped by the input is traced through ``EventWriter.defer``: the caller writes it
-        once its operation has started."""
-        self.poll_inbox()
-        predicted = self.predictor.predict(slot)
-        self._predicted[slot] = predicted
+        of this worker's previous compute) and ends when ``arrived`` is set (training's input),
+        where ``bubble_to_fill`` says there is anything to run. It looks whether the input has arrived
+        before choosing each pass and again once it is chosen (choosing takes time), and starts
+        none if it has. Returns when this thread saw the training input if it arrived while a
+        chunk ran (else None: the caller's wait measures it). A slice stopped by the input is
+        traced through ``EventWriter.defer``: the caller writes it once its operation has
+        started."""
+        predicted = self.bubble_to_fill(slot)
+        if predicted is None:
+            return None
         ready_ns = None
-        while self.jobs and predicted is not None and not arrived.is_set():
+        while self.jobs and not arrived.is_set():
             work = self._next_pass(predicted, (now_ns() - prev_end_ns) / 1e9)
             if work is None:
                 break

@@ -25,13 +25,18 @@ FIGURES = (
     M.TTFT_SLO_ATTAINMENT,
     M.TTFT_SCALED_SLO_ATTAINMENT,
     M.TRAINING_OPS_DELAYED_BY_PREFILL,
+    M.TRAINING_OPS_WITH_INPUT,
+    M.TRAINING_OPS_STARTED_LATE,
 )
+#: the plain run's figures a row keeps, as ``<figure>_plain``: operations started late without
+#: BubbleTea are the floor of the BubbleTea run's (``analysis.start_after_arrival``)
+PLAIN_FIGURES = (M.TRAINING_OPS_STARTED_LATE,)
 
 
 def sweep_row(rate_per_s: float, repeat: int, plain: dict, bubbletea: dict) -> dict:
     """One pair's row: the rate, the repeat, both iteration times (s, mean), the pair's training
-    slowdown (BubbleTea's iteration time over the plain run's, a ratio as ``compare``'s) and the
-    BubbleTea run's ``FIGURES``."""
+    slowdown (BubbleTea's iteration time over the plain run's, a ratio as ``compare``'s), the
+    BubbleTea run's ``FIGURES`` and the plain run's ``PLAIN_FIGURES`` (suffixed ``_plain``)."""
     return {
         "rate_per_s": rate_per_s,
         "repeat": repeat,
@@ -39,6 +44,7 @@ def sweep_row(rate_per_s: float, repeat: int, plain: dict, bubbletea: dict) -> d
         "iteration_time_bubbletea_s": bubbletea[M.ITERATION_TIME_S],
         "training_slowdown": bubbletea[M.ITERATION_TIME_S] / plain[M.ITERATION_TIME_S],
         **{k: bubbletea.get(k) for k in FIGURES},
+        **{f"{k}_plain": plain.get(k) for k in PLAIN_FIGURES},
     }
 
 
@@ -46,12 +52,20 @@ def sweep_summary(rows: pd.DataFrame) -> pd.DataFrame:
     """Per rate, as ``testbed compare`` reports a pair of policies (``results/compare.py``): the
     training slowdown (the median BubbleTea iteration time over the median plain one, a ratio) and
     the noise floor (the larger ``spread`` of the two policies' iteration times; None below two
-    repeats); the median, min and max of every ``FIGURES`` entry over the repeats (columns
-    ``<figure>``, ``<figure>_min``, ``<figure>_max``), the pairs' own slowdowns' min and max
-    (``training_slowdown_min``/``_max``) and the repeats."""
+    repeats); the median, min and max of every ``FIGURES`` entry and of the plain runs'
+    ``PLAIN_FIGURES`` over the repeats (columns ``<figure>``, ``<figure>_min``, ``<figure>_max``;
+    ``<figure>_plain`` and so on), the pairs' own slowdowns' min and max
+    (``training_slowdown_min``/``_max``) and the repeats. Rows of a sweep recorded before a
+    figure was kept have it empty."""
+    rows = rows.copy()
+    cols = [*FIGURES, *(f"{k}_plain" for k in PLAIN_FIGURES)]
+    for c in cols:
+        if c not in rows:
+            rows[c] = None
+        rows[c] = pd.to_numeric(rows[c])
     g = rows.groupby("rate_per_s")
-    out = g[list(FIGURES)].median()
-    out = out.join(g[list(FIGURES)].min().add_suffix("_min")).join(g[list(FIGURES)].max().add_suffix("_max"))
+    out = g[cols].median()
+    out = out.join(g[cols].min().add_suffix("_min")).join(g[cols].max().add_suffix("_max"))
     out["training_slowdown"] = g["iteration_time_bubbletea_s"].median() / g["iteration_time_s"].median()
     out["training_slowdown_min"] = g["training_slowdown"].min()
     out["training_slowdown_max"] = g["training_slowdown"].max()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -108,31 +109,41 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     server = PrefillServer.for_worker(bt, exp.seed, rank, me.dc, ev, exp.padded, train) if bt is not None else None
     prev_end = [now_ns()]  # end of this worker's latest compute: where a bubble starts
 
+    def wait_filling(
+        works: list, slot: str, since_ns: int, on_done: Callable[[], None] | None = None
+    ) -> tuple[int, bool, dict[str, int]]:
+        """Wait for gloo ``works`` (a bubble that began at ``since_ns``), filling it with prefill
+        under BubbleTea where there is anything to prefill; ``on_done`` is called the moment they
+        have finished (Atlas's "done": the link is free at once). Returns (when they had finished
+        (ns): when this worker first saw it, as its own wait returned, or as the thread waiting on
+        them while prefill ran saw it; whether that was while a prefill pass had the GPU; the wait
+        event's bubble fields, ``PrefillServer.observe``)."""
+        filled = False
+        if server is None or server.bubble_to_fill(slot) is None:  # nothing to prefill: wait itself
+            for w in works:
+                w.wait()
+            ready = now_ns()
+            if on_done is not None:
+                on_done()
+        else:  # a thread sees the works finish (and frees the link) while prefill runs
+            arrival = Arrival(works, on_done)
+            filled = server.fill(slot, since_ns, arrival) is not None
+            ready = arrival.arrived_ns()
+        bubble = server.observe(slot, (ready - since_ns) / 1e9) if server is not None else {}
+        return ready, filled, bubble
+
     def receive(src: int, n: int, it: int, m: int, slot: str) -> tuple[torch.Tensor, int, bool]:
         """Wait for microbatch ``m``'s tensor from ``src`` (traced as a receive wait, written once
-        the operation it feeds has started: ``computed``), filling the bubble with prefill under
-        BubbleTea. Returns (tensor, when it had arrived (ns: when this worker first saw it, as the
-        waiting thread under BubbleTea, else as this thread's wait returned), whether it arrived
-        while a prefill pass had the GPU: the operation it feeds then starts late by its start
-        minus that time)."""
+        the operation it feeds has started: ``computed``), filling the bubble (``wait_filling``).
+        Returns (tensor, when it had arrived, whether it arrived while a prefill pass had the
+        GPU: the operation it feeds then starts late by its start minus that time)."""
         buf = torch.empty(act_shape)
         t0 = now_ns()
         ctl.send(RECV, src, rank, it, m)
         works = post_recv_striped(buf, src, m, n)
-        during_prefill = False
-        if server is None:
-            for w in works:
-                w.wait()
-            ready = now_ns()
-            ctl.send(DONE, src, rank, it, m)  # the link is free for the next grant at once
-        else:  # BubbleTea: a thread sees the arrival (and frees the link) while prefill runs
-            arrival = Arrival(works, lambda: ctl.send(DONE, src, rank, it, m))
-            during_prefill = server.fill(slot, prev_end[0], arrival) is not None  # it came during a pass
-            ready = arrival.arrived_ns()  # when it came, as that thread saw it
-        t1 = now_ns()
-        bubble = server.observe(slot, (ready - prev_end[0]) / 1e9) if server is not None else {}
+        ready, during_prefill, bubble = wait_filling(works, slot, prev_end[0], lambda: ctl.send(DONE, src, rank, it, m))
         fields = {T.ITERATION: it, T.MICROBATCH: m}
-        ev.defer(T.RECV_WAIT, t0, t1, **fields, bytes=act_bytes, peer=src, ready_ns=ready, **bubble)
+        ev.defer(T.RECV_WAIT, t0, now_ns(), **fields, bytes=act_bytes, peer=src, ready_ns=ready, **bubble)
         return buf, ready, during_prefill
 
     def computed(kind: str, t0: int, fields: dict, ready: int | None, held: bool) -> None:
@@ -209,26 +220,14 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
                     pending.extend(send(inp.grad, prev_rank, n_prev, it, m))
         fields = {T.ITERATION: it, T.MICROBATCH: -1}
         t0 = now_ns()
-        bubble = {}
-        if server is None:
-            for w in pending:
-                w.wait()
-        else:  # BubbleTea: fill the wait for the sends to drain (a gloo work is waited on once)
-            drain = Arrival(pending)
-            server.fill(T.SEND_DRAIN_SLOT, prev_end[0], drain)
-            bubble = server.observe(T.SEND_DRAIN_SLOT, (drain.arrived_ns() - prev_end[0]) / 1e9)
+        _, _, bubble = wait_filling(pending, T.SEND_DRAIN_SLOT, prev_end[0])  # the sends drain
         ev.write(T.SEND_WAIT, t0, now_ns(), **fields, **bubble)
         if R > 1:
             t0 = now_ns()
             flat = torch.cat([p.grad.reshape(-1) for p in params])
             work = dist.all_reduce(flat, group=my_dp, async_op=True)
-            bubble = {}
-            if server is None:
-                work.wait()
-            else:  # BubbleTea: fill while the gradients travel (and the peers arrive)
-                reduced = Arrival([work])
-                server.fill(T.ALLREDUCE_SLOT, t0, reduced)
-                bubble = server.observe(T.ALLREDUCE_SLOT, (reduced.arrived_ns() - t0) / 1e9)
+            # BubbleTea fills while the gradients travel (and the peers arrive)
+            _, _, bubble = wait_filling([work], T.ALLREDUCE_SLOT, t0)
             flat /= R
             offset = 0
             for p in params:

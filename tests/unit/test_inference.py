@@ -532,6 +532,26 @@ def _padded_server(tmp_path, chunk_s: float, prior: dict[str, float] | None = No
     )  # fmt: skip
 
 
+def test_a_bubble_is_filled_only_with_something_queued_and_a_prediction(tmp_path):
+    """``bubble_to_fill``: the slot's predicted bubble where a request is queued, else None (the
+    worker then waits for its input itself); the prediction is kept for the wait's event either
+    way, and ``fill`` of such a bubble runs nothing."""
+    from testbed.bubbletea.passes import Job
+    from testbed.trace import schema as T
+    from testbed.trace.clock import now_ns
+
+    server = _padded_server(tmp_path, chunk_s=0.05, prior={"recv": 0.2})
+    try:
+        assert server.bubble_to_fill("recv") is None  # nothing queued
+        assert server.observe("recv", 0.25) == {T.BUBBLE_NS: 250_000_000, T.PREDICTED_BUBBLE_NS: 200_000_000}
+        assert server.fill("recv", now_ns(), threading.Event()) is None and not server.stopped
+        server.jobs.append(Job(1, 0, prompt_tokens_for(1, 20, 0), 4))
+        assert server.bubble_to_fill("other") is None  # no prediction for that slot yet
+        assert server.bubble_to_fill("recv") == pytest.approx(0.25)  # refined by the bubble observed
+    finally:
+        server.close()
+
+
 def test_a_pass_waits_on_its_bubble_end_for_the_rest_of_its_time_rather_than_polling(tmp_path):
     """While a pass has the emulated GPU, the worker's thread blocks on the bubble's end (woken by
     the thread that sees training's input: ``bubble_end.py``) for the rest of the pass's time, not

@@ -50,3 +50,25 @@ def test_the_operating_point_is_the_most_utilized_rate_that_meets_the_slo():
     assert slo_operating_point(summary) == {"rate_per_s": 0.5, "gpu_utilization": 0.62, "attainment": 0.92}
     summary["ttft_scaled_slo_attainment"] = [0.89, 0.5, 0.2, 0.0]
     assert slo_operating_point(summary) is None  # 89% is not 90%
+
+
+def test_operations_started_late_are_kept_for_both_runs_of_a_pair():
+    """The BubbleTea run's count beside the plain run's (``_plain``, the floor), with their medians
+    and ranges per rate; a sweep recorded before the figure has it empty."""
+
+    def late(it_s: float, n: int) -> dict:
+        return {"iteration_time_s": it_s, "training_ops_started_late": n, "training_ops_with_input": 512}
+
+    rows = pd.DataFrame(
+        [sweep_row(4.0, i, late(1.0, p), late(1.01, b)) for i, (p, b) in enumerate(((30, 50), (34, 61), (28, 44)))]
+    )
+    assert list(rows["training_ops_started_late_plain"]) == [30, 34, 28]
+    s = sweep_summary(rows).set_index("rate_per_s")
+    assert s.loc[4.0, "training_ops_started_late"] == 50 and s.loc[4.0, "training_ops_started_late_max"] == 61
+    assert s.loc[4.0, "training_ops_started_late_plain"] == 30
+    assert (s.loc[4.0, "training_ops_started_late_plain_min"], s.loc[4.0, "training_ops_started_late_plain_max"]) == (
+        28,
+        34,
+    )
+    old = rows.drop(columns=["training_ops_started_late_plain", "training_ops_started_late"])
+    assert sweep_summary(old)["training_ops_started_late_plain"].isna().all()
