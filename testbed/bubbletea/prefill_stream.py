@@ -6,18 +6,19 @@ executing in a low priority stream" (CUDA C++ Programming Guide, section "Stream
 compute capability 3.5 and later, at thread-block granularity, microseconds). The emulator keeps
 that split between what is computed and when:
 
-- **what**: a ``PrefillStream`` thread computes the blocks of the worker's forward passes for real
-  (``chunk_batch.ChunkBatch.step``), one block at a time, the pass the worker is paying for first,
-  then any other pass not yet computed (a pass stopped in an earlier bubble goes on being computed
-  while training runs: its results are only used once the pass has had all its GPU time);
+- **what**: a ``PrefillStream`` thread (``SCHED_IDLE``) computes the blocks of the worker's
+  forward passes for real (``chunk_batch.ChunkBatch.step``), one block at a time, the pass the
+  worker is paying for first, then any other pass not yet computed (a pass stopped in an earlier
+  bubble goes on being computed while training runs: its results are only used once the pass has
+  had all its GPU time);
 - **when**: the worker's own thread gives a pass emulated GPU time only inside bubbles
   (``prefill.PrefillServer._run_pass``), and stops giving it the moment training's data arrives,
   wherever the pass is, as the high-priority stream's kernel would take the SMs. A pass is done
   when it has had its whole target time and its blocks are computed; a bubble that has given a pass
   its whole target time and still waits for the CPU to finish its blocks is an overrun, counted.
 
-torch releases the GIL while an operation computes, so the worker's thread sees training's data
-arrive within its poll interval while this thread computes.
+torch releases the GIL while an operation computes, so the worker's thread, woken by the thread
+that sees training's data arrive (``train/arrival.py``), runs while this thread computes.
 """
 
 from __future__ import annotations
@@ -29,11 +30,15 @@ import time
 
 from testbed.bubbletea.passes import Pass
 
-#: the stream thread's nice value, the lowest: the CPU's counterpart of a low-priority stream, so
-#: that its real compute takes what training's leaves. On this 2-core machine (default experiment,
-#: 4 requests/s, every bubble filled, `compare --repeat 5`, 2026-12-03) training's compute overran
-#: its targets on 0-1.2% of operations at nice 19, 0.3-4.9% at nice 10
-NICE = 19
+#: the stream thread's scheduling class: SCHED_IDLE, the CPU's counterpart of a low-priority
+#: stream. A waking thread of any other class preempts a SCHED_IDLE one at once (the kernel's
+#: wake-up preemption, kernel/sched/fair.c), so the worker's thread takes the CPU back the moment
+#: training's data arrives; at nice 19 the fair scheduler may let the stream finish its slice
+#: first (EEVDF's run-to-parity). On four_dc at 4 requests/s (16 iterations, two interleaved
+#: pairs, 2026-12-04), against nice 19: iteration time 1.069-1.078 -> 1.060-1.062 s, operations
+#: started over 1 ms after their input 93-97 -> 80-85 of 672, prefill slices overrunning
+#: 3.3-4.0% -> 0.9-2.2% (at nice 10, on the default experiment, training's own compute overran)
+SCHED_POLICY = os.SCHED_IDLE
 #: how often (s) Python hands the interpreter between the worker's threads (default 5 ms): the
 #: worker's own thread must see training's data within a fraction of a millisecond while the
 #: stream's thread runs Python between torch operations
@@ -79,7 +84,7 @@ class PrefillStream:
             return self._pending[0]
 
     def _loop(self) -> None:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)  # this thread only (Linux)
+        os.sched_setscheduler(threading.get_native_id(), SCHED_POLICY, os.sched_param(0))  # this thread only
         while (work := self._next()) is not None:
             t = time.monotonic_ns()
             try:

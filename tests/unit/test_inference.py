@@ -715,3 +715,25 @@ def test_a_serving_window_must_last(tmp_path):
             serve_alone(server, 1, 0.0, server.ev)
     finally:
         server.close()
+
+
+def test_the_prefill_stream_thread_runs_in_the_lowest_scheduling_class():
+    """The stream's thread is SCHED_IDLE (any other thread that wakes takes its CPU at once, as a
+    high-priority CUDA stream's kernel takes a low-priority one's SMs); the thread that made it
+    keeps its own class."""
+    import os
+    import time
+
+    from testbed.bubbletea.prefill_stream import PrefillStream
+
+    before = os.sched_getscheduler(0)
+    stream = PrefillStream()
+    try:
+        tid = stream._thread.native_id
+        deadline = time.monotonic() + 5
+        while os.sched_getscheduler(tid) != os.SCHED_IDLE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert os.sched_getscheduler(tid) == os.SCHED_IDLE
+        assert os.sched_getscheduler(0) == before != os.SCHED_IDLE
+    finally:
+        stream.close()
