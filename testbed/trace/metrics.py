@@ -105,16 +105,16 @@ DECODE_MEAN_BATCH = "decode_mean_batch"
 PEAK_GPU_MEMORY_MB, GPU_MEMORY_MB = "peak_gpu_memory_mb", "gpu_memory_mb"
 #: every run: of the forward/backward operations of the measured iterations that received their
 #: input (``TRAINING_OPS_WITH_INPUT``), those that started more than 1 ms after it arrived, and the
-#: 50th and 99th percentile of their start after the arrival (ms): ``results.analysis.start_after_arrival``
+#: 50th and 99th percentile of their start after the arrival (ms): ``results.analysis.start_after_arrival``.
+#: A run without BubbleTea gives the floor of the same policy's run with it
 TRAINING_OPS_WITH_INPUT = "training_ops_with_input"
 TRAINING_OPS_STARTED_LATE = "training_ops_started_late"
 START_AFTER_ARRIVAL_P50_MS = "start_after_arrival_p50_ms"
 START_AFTER_ARRIVAL_P99_MS = "start_after_arrival_p99_ms"
-#: BubbleTea: forward/backward operations whose input arrived while a prefill pass had the GPU and
+#: BubbleTea: of those, the operations whose input arrived while a prefill pass had the GPU and
 #: that started more than 1 ms after it (``results.analysis.LATE_START_NS``), and the 99th
 #: percentile of their start after the arrival (ms); beside them, the same of the operations whose
-#: input arrived while no pass ran: the worker's own path from arrival to start on this machine
-#: (a thread's wake-up, the wait's bookkeeping), the floor the held operations are judged against
+#: input arrived while no pass ran
 TRAINING_OPS_DELAYED_BY_PREFILL = "training_ops_delayed_by_prefill"
 PREFILL_HOLD_P99_MS = "prefill_hold_p99_ms"
 TRAINING_OPS_LATE_WITHOUT_PREFILL = "training_ops_late_without_prefill"
