@@ -11,8 +11,6 @@ run's prefill by this run's (``results/compare.py``).
 
 from __future__ import annotations
 
-import time
-
 from testbed.bubbletea.bubble_end import Deadline
 from testbed.bubbletea.prefill import PrefillServer
 from testbed.trace import schema as T
@@ -35,16 +33,15 @@ def serve_alone(server: PrefillServer, windows: int, window_s: float, ev: EventW
     window_ns = int(window_s * 1e9)
     start = now_ns()
     for k in range(windows):
-        t0, end = start + k * window_ns, start + (k + 1) * window_ns
-
-        over = Deadline(end)
+        t0 = start + k * window_ns
+        over = Deadline(t0 + window_ns)
         empty_ns = 0
         while not over.is_set():
             server.fill(T.ALONE_SLOT, t0, over)
             if not over.is_set():  # nothing queued, or nothing the policy starts now: look again shortly
                 idle = not server.jobs
                 t = now_ns()
-                time.sleep(min(IDLE_POLL_S, max(0.0, (end - t) / 1e9)))
+                over.wait(IDLE_POLL_S)
                 if idle:
                     empty_ns += now_ns() - t
         server.observe(T.ALONE_SLOT, window_s)  # the window was what was predicted: no error to report

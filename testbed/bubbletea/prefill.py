@@ -132,17 +132,19 @@ class PrefillServer:
         return predicted if self.jobs else None
 
     def fill(self, slot: str, prev_end_ns: int, arrived: BubbleEnd) -> int | None:
-        """Run prefill chunks in the bubble before ``slot``, which began at ``prev_end_ns`` (the end
-        of this worker's previous compute) and ends when ``arrived`` is set (training's input),
-        where ``bubble_to_fill`` says there is anything to run. It looks whether the input has arrived
-        before choosing each pass and again once it is chosen (choosing takes time), and starts
-        none if it has. Returns when this thread saw the training input if it arrived while a
-        chunk ran (else None: the caller's wait measures it). A slice stopped by the input is
-        traced through ``EventWriter.defer``: the caller writes it once its operation has
-        started."""
+        """``fill_predicted`` of the bubble before ``slot`` where ``bubble_to_fill`` says there is
+        anything to run in it (else None, at once)."""
         predicted = self.bubble_to_fill(slot)
-        if predicted is None:
-            return None
+        return None if predicted is None else self.fill_predicted(predicted, prev_end_ns, arrived)
+
+    def fill_predicted(self, predicted: float, prev_end_ns: int, arrived: BubbleEnd) -> int | None:
+        """Run prefill chunks in a bubble predicted to last ``predicted`` s (``bubble_to_fill``'s),
+        which began at ``prev_end_ns`` (the end of this worker's previous compute) and ends when
+        ``arrived`` is set (training's input). It looks whether the input has arrived before
+        choosing each pass and again once it is chosen (choosing takes time), and starts none if
+        it has. Returns when this thread saw the training input if it arrived while a chunk ran
+        (else None: the caller's wait measures it). A slice stopped by the input is traced through
+        ``EventWriter.defer``: the caller writes it once its operation has started."""
         ready_ns = None
         while self.jobs and not arrived.is_set():
             work = self._next_pass(predicted, (now_ns() - prev_end_ns) / 1e9)

@@ -57,9 +57,7 @@ def aggregate(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     for policy, summaries in runs.items():
         stats[policy] = {
             f: {
-                "median": statistics.median(v)
-                if (v := [s.get(f) for s in summaries if s.get(f) is not None])
-                else None,
+                "median": statistics.median(v) if (v := _values(summaries, f)) else None,
                 "spread": spread([s.get(f) for s in summaries]),
             }
             for f in FIGURES + BUBBLETEA_FIGURES

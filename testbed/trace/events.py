@@ -39,8 +39,9 @@ class EventWriter:
         self._deferred.append(self._row(kind, start_ns, end_ns, fields))
 
     def write_deferred(self) -> None:
-        while self._deferred:
-            write_row(self._f, self._deferred.pop(0))
+        for row in self._deferred:
+            write_row(self._f, row)
+        self._deferred.clear()
 
     def close(self) -> None:
         self.write_deferred()

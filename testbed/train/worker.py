@@ -119,7 +119,8 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         them while prefill ran saw it; whether that was while a prefill pass had the GPU; the wait
         event's bubble fields, ``PrefillServer.observe``)."""
         filled = False
-        if server is None or server.bubble_to_fill(slot) is None:  # nothing to prefill: wait itself
+        predicted = server.bubble_to_fill(slot) if server is not None else None
+        if server is None or predicted is None:  # nothing to prefill: wait itself
             for w in works:
                 w.wait()
             ready = now_ns()
@@ -127,7 +128,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
                 on_done()
         else:  # a thread sees the works finish (and frees the link) while prefill runs
             arrival = Arrival(works, on_done)
-            filled = server.fill(slot, since_ns, arrival) is not None
+            filled = server.fill_predicted(predicted, since_ns, arrival) is not None
             ready = arrival.arrived_ns()
         bubble = server.observe(slot, (ready - since_ns) / 1e9) if server is not None else {}
         return ready, filled, bubble

@@ -43,12 +43,3 @@ def test_host_work_meanwhile_is_not_counted_as_the_operations_real_compute():
     unpadded = Padder({"forward": 30.0}, enabled=False)
     real, padded = unpadded.finish("forward", now_ns(), meanwhile=lambda: done.append(2))
     assert done == [1, 2] and padded == real
-
-
-def test_a_deadline_ends_its_bubble_at_its_time_and_never_sleeps_past_it():
-    from testbed.bubbletea.bubble_end import Deadline
-
-    end = Deadline(now_ns() + 20_000_000)
-    assert not end.is_set() and end.wait(0.001) is False  # a short wait, still before it
-    assert end.wait(10.0) is True  # woken at the deadline, not after 10 s
-    assert now_ns() - end.t_ns < 1e9 and end.is_set() and end.wait(5.0) is True

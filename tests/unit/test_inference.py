@@ -737,3 +737,12 @@ def test_the_prefill_stream_thread_runs_in_the_lowest_scheduling_class():
         assert os.sched_getscheduler(0) == before != os.SCHED_IDLE
     finally:
         stream.close()
+
+
+def test_a_deadline_ends_its_bubble_at_its_time_and_never_sleeps_past_it():
+    from testbed.trace.clock import now_ns
+
+    end = Deadline(now_ns() + 20_000_000)
+    assert not end.is_set() and end.wait(0.001) is False  # a short wait, still before it
+    assert end.wait(10.0) is True  # woken at the deadline, not after 10 s
+    assert now_ns() - end.t_ns < 1e9 and end.is_set() and end.wait(5.0) is True
