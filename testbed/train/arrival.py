@@ -11,7 +11,7 @@ works instead and records when they finished.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from testbed.trace.clock import now_ns
@@ -21,15 +21,13 @@ class Arrival:
     """The works ``works`` (gloo sends, receives or an all-reduce) waited on by a daemon thread:
     ``is_set()`` says whether all have finished, ``t_ns`` when (``trace.clock.now_ns``), and
     ``wait(timeout)`` blocks until they have, as ``threading.Event.wait`` (so a prefill pass is
-    woken by the arrival: ``bubbletea/bubble_end.BubbleEnd``); ``on_done`` is called in that thread
-    right then (Atlas's "done" message: the link is free at once). ``arrived_ns()`` blocks until
+    woken by the arrival: ``bubbletea/bubble_end.BubbleEnd``). ``arrived_ns()`` blocks until
     they have and re-raises what a work's ``wait`` raised (a timeout, a dead peer)."""
 
-    def __init__(self, works: Sequence[Any], on_done: Callable[[], None] | None = None) -> None:
+    def __init__(self, works: Sequence[Any]) -> None:
         self.t_ns: int | None = None
         self._error: BaseException | None = None
         self._done = threading.Event()
-        self._on_done = on_done
         self._thread = threading.Thread(target=self._wait_all, args=(list(works),), daemon=True)
         self._thread.start()
 
@@ -41,8 +39,6 @@ class Arrival:
             self._error = e
         self.t_ns = now_ns()
         self._done.set()
-        if self._on_done is not None and self._error is None:
-            self._on_done()
 
     def is_set(self) -> bool:
         return self._done.is_set()
