@@ -1,8 +1,9 @@
 """Handing finished KV caches to the decode host of a worker's DC (BubbleTea), from a thread of
-the worker, so that prefill never waits on the network: one TCP connection, reconnected when the
-decode host drops it; a cache's bytes stay held against the worker's memory budget
-(``decisions.KVBudget``) until they are handed off or given up. The frame: two big-endian
-lengths (``FRAME``: header, payload), the JSON header, the cache's bytes (``kv_cache.KVCache``).
+the worker's prefill stream (``prefill_stream.py``), so that prefill never waits on the network:
+one TCP connection, reconnected when the decode host drops it; a cache's bytes stay held against
+the worker's memory budget (``decisions.KVBudget``) until they are handed off or given up
+(``release``). The frame: two big-endian lengths (``FRAME``: header, payload), the JSON header,
+the cache's bytes (``kv_cache.KVCache``).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from testbed.bubbletea.decisions import KVBudget
 from testbed.bubbletea.kv_cache import KVCache
 from testbed.trace.clock import now_ns
 
@@ -27,10 +28,10 @@ SEND_ATTEMPTS = 4  # tries to deliver one KV cache to the decode host before the
 
 class KVSender:
     """Sends each ``put`` cache to ``addr``'s ``DECODE_PORT`` in order (None: no decode host, the
-    caches are dropped), releasing its bytes from ``budget`` once done."""
+    caches are dropped), calling ``release`` with its held bytes once done."""
 
-    def __init__(self, addr: str | None, budget: KVBudget) -> None:
-        self.addr, self.budget = addr, budget
+    def __init__(self, addr: str | None, release: Callable[[int], None]) -> None:
+        self.addr, self.release = addr, release
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -51,7 +52,7 @@ class KVSender:
                 break
             header, cache, held = item
             if self.addr is None or cache is None:
-                self.budget.release(held)
+                self.release(held)
                 continue
             payload = cache.buffers()  # no copy: the training thread is not kept from the lock
             size = sum(b.nbytes for b in payload)
@@ -73,6 +74,6 @@ class KVSender:
                         print(f"request {header['rid']}: KV cache not delivered to {self.addr}: {e}", file=sys.stderr)
                     else:
                         time.sleep(0.1 * (attempt + 1))
-            self.budget.release(held)  # handed off (or given up): the GPU no longer holds it
+            self.release(held)  # handed off (or given up): the GPU no longer holds it
         if sock is not None:
             sock.close()

@@ -1,17 +1,15 @@
-"""What a worker's prefill keeps (BubbleTea, ``prefill.py``): a request being prefilled (``Job``)
-and one forward pass over chunks of one or more of them (``Pass``)."""
+"""What a worker's prefill keeps of its work (BubbleTea, ``prefill.py``): a request being prefilled
+(``Job``) and one forward pass over chunks of one or more of them (``Pass``). The tensors, prompts
+and KV caches, are in the prefill stream's process (``prefill_stream.py``)."""
 
 from __future__ import annotations
 
 import bisect
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from testbed.bubbletea.chunk_batch import ChunkBatch
 from testbed.bubbletea.inference import prompt_tokens_for, prompt_tokens_from
-from testbed.bubbletea.kv_cache import KVCache
 
 
 @dataclass
@@ -25,8 +23,6 @@ class Job:
     pos: int = 0
     #: the bytes of its whole prompt's KV cache, held against the memory budget once admitted
     kv_bytes: int = 0
-    cache: KVCache | None = None
-    logits: torch.Tensor | None = None
     first_start_ns: int | None = None
 
     @classmethod
@@ -39,14 +35,14 @@ class Job:
         return cls(rid, msg["arrival_ns"], tokens, msg["output"])
 
     def handoff_header(self, worker: int, end_ns: int) -> dict:
-        """What goes to the decode host with its finished KV cache (``kv_sender.py``)."""
+        """What goes to the decode host with its finished KV cache (``kv_sender.py``; the prefill
+        stream adds its first token, ``first_token``)."""
         return {
             "rid": self.rid,
             "arrival_ns": self.arrival_ns,
             "worker": worker,
             "prompt_tokens": self.pos,
             "output_tokens": self.output_tokens,
-            "first_token": int(torch.argmax(self.logits)) if self.logits is not None else None,
             "prefill_start_ns": self.first_start_ns,
             "prefill_end_ns": end_ns,
         }
@@ -56,10 +52,10 @@ class Job:
 class Pass:
     """One forward pass over chunks of ``jobs`` (``tokens`` each), ``target_s`` padded seconds of
     the emulated GPU in all. Its blocks are computed by the prefill stream (``prefill_stream.py``)
-    into ``batch``; the worker gives it GPU time in bubbles (``paid_s`` so far) and, when training's
-    data arrives first, keeps it stopped until a later bubble resumes it."""
+    in its ``slot``; the worker gives it GPU time in bubbles (``paid_s`` so far) and, when
+    training's data arrives first, keeps it stopped until a later bubble resumes it."""
 
-    batch: ChunkBatch
+    slot: int
     jobs: list[Job]
     tokens: list[int]
     target_s: float
@@ -69,11 +65,8 @@ class Pass:
     slices: int = 0
     #: emulated GPU seconds given to it so far (it is done at ``target_s``, once computed)
     paid_s: float = 0.0
-    #: real compute of its blocks so far (ns), and how much of it slices have reported
-    real_ns: int = 0
+    #: how much of its blocks' real compute (ns) slices have reported
     reported_real_ns: int = 0
-    #: set by the prefill stream once every block is computed
-    computed: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
     @property
     def left_s(self) -> float:

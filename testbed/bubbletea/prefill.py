@@ -5,12 +5,12 @@ requests over a Unix datagram socket (outside the emulated network); the worker 
 at every bubble it knows of: after it has posted the receive that the next schedule action waits
 for, it gives forward passes over chunks of one or more queued prompts (``chunk_batch.ChunkBatch``:
 real passes of its inference model with each request's KV cache, computed on the low-priority
-stream, ``prefill_stream.py``) emulated GPU time, choosing each with ``decisions.choose_work``
+stream, a process of its own: ``prefill_stream.py``) emulated GPU time, choosing each with ``decisions.choose_work``
 (passes predicted to end ``guard`` before the bubble does; with ``fill_every_bubble``, through
 the whole bubble), and looks for the training input while it does; a pass stops the moment
 that input arrives, wherever it is, and resumes in a later bubble. A finished prompt's KV cache
-goes, from a background thread, over the emulated network (TCP) to the decode host of the
-worker's DC (``kv_sender.py``).
+goes, from a thread of the stream's process, over the emulated network (TCP) to the decode host
+of the worker's DC (``kv_sender.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from collections import deque
 import torch
 
 from testbed.bubbletea.bubble_end import BubbleEnd
-from testbed.bubbletea.chunk_batch import ChunkBatch
 from testbed.bubbletea.decisions import (
     LOOKAHEAD,
     KVBudget,
@@ -35,9 +34,8 @@ from testbed.bubbletea.decisions import (
     prefill_seconds,
 )
 from testbed.bubbletea.inference import InferenceModel
-from testbed.bubbletea.kv_sender import KVSender
 from testbed.bubbletea.passes import Job, Pass, keep_stopped
-from testbed.bubbletea.prefill_stream import PrefillStream
+from testbed.bubbletea.prefill_stream import Part, PrefillStream
 from testbed.plan.memory import kv_cache_bytes
 from testbed.plan.worker_config import BubbleTeaConfig
 from testbed.spec.bubbletea import BubbleTeaSpec
@@ -46,7 +44,7 @@ from testbed.trace.clock import now_ns
 from testbed.trace.events import EventWriter
 
 #: how often a pass that has had its GPU time, waiting for the prefill stream to compute its
-#: blocks (an overrun), looks whether the training input has arrived (s)
+#: blocks (an overrun), looks whether they are (s); the training input's arrival wakes it at once
 POLL_S = 0.00025
 
 
@@ -86,14 +84,14 @@ class PrefillServer:
         #: passes stopped at a layer boundary, oldest first (their jobs are in ``jobs`` too)
         self.stopped: list[Pass] = []
         self._passes = itertools.count()
+        self.stream = PrefillStream(self.model, decode_addr)
+        self._released = 0  # KV cache bytes the stream had handed off when last looked at
         self.inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.inbox.bind(inbox)
         self.inbox.setblocking(False)
         self.dispatcher = dispatcher
         self.out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.out.setblocking(False)
-        self.sender = KVSender(decode_addr, self.budget)
-        self.stream = PrefillStream()
         self.iteration = 0
         #: each slot's prediction when its latest wait began (``observe`` hands it back)
         self._predicted: dict[str, float | None] = {}
@@ -168,6 +166,7 @@ class PrefillServer:
         one over chunks of the queued requests in no stopped pass. Admission control: a request
         not yet started waits while its KV cache would not fit beside those admitted (taken in
         queue order, each counting against the next)."""
+        self._sync_budget()
         busy = {id(j) for p in self.stopped for j in p.jobs}
         free, pending = [], 0
         for j in self.jobs:
@@ -189,12 +188,16 @@ class PrefillServer:
         if not isinstance(work, NewBatch):
             return None
         jobs, tokens = [free[i] for i, _ in work.chunks], [n for _, n in work.chunks]
+        # a request's first chunk carries its prompt to the stream
+        parts = [Part(j.rid, j.pos, n, None if j.pos else j.tokens.numpy().tobytes()) for j, n in zip(jobs, tokens)]
+        slot = self.stream.add(parts)
+        if slot is None:  # every slot of the stream in use: only stopped passes go on
+            return None
         for job in jobs:
             if not job.kv_bytes:  # admitted: its cache is held until handed to the decode host
                 job.kv_bytes = kv_cache_bytes(self.cfg, job.tokens.numel())
                 self.budget.hold(job.kv_bytes)
-        batch = ChunkBatch(self.model, [(j.tokens[j.pos : j.pos + n], j.cache) for j, n in zip(jobs, tokens)])
-        return Pass(batch, jobs, tokens, work.target_s, next(self._passes))
+        return Pass(slot, jobs, tokens, work.target_s, next(self._passes))
 
     def _run_pass(self, work: Pass, arrived: BubbleEnd) -> int | None:
         """Give a forward pass (new or stopped) emulated GPU time until it has had ``work.target_s``
@@ -207,9 +210,10 @@ class PrefillServer:
         t0 = now_ns()
         for job in work.jobs:
             job.first_start_ns = job.first_start_ns or t0
-        self.stream.run(work)
+        stream, slot = self.stream, work.slot
+        stream.run(slot)
         due_ns = int(work.left_s * 1e9) if self.padded else 0
-        end, layers0, ready_ns, waited_ns = t0 + due_ns, work.batch.layers_done, None, None
+        end, layers0, ready_ns, waited_ns = t0 + due_ns, stream.layers_done(slot), None, None
         while True:
             if arrived.is_set():
                 ready_ns = now_ns()
@@ -217,16 +221,18 @@ class PrefillServer:
             t = now_ns()
             if t < end:
                 arrived.wait((end - t) / 1e9)
-            elif work.computed.is_set():
+            elif stream.computed(slot):
                 break
             else:  # its GPU time is given, its blocks are not computed yet: an overrun
                 waited_ns = waited_ns or t
-                work.computed.wait(POLL_S)
+                arrived.wait(POLL_S)
         t1 = now_ns()
-        self.stream.check()
+        stream.check()
         paid_ns = min(t1 - t0, due_ns)
         work.paid_s = work.target_s if paid_ns == due_ns else work.paid_s + paid_ns / 1e9
-        done = work.computed.is_set() and work.left_s == 0.0
+        real_ns, layers = stream.real_ns(slot), stream.layers_done(slot)
+        done = layers == stream.n_layers and work.left_s == 0.0
+        self._sync_budget()
         first = work.jobs[0]
         trace = self.ev.write if ready_ns is None else self.ev.defer  # stopped: training first
         trace(
@@ -234,24 +240,24 @@ class PrefillServer:
             t0,
             t1,
             **{T.ITERATION: self.iteration, T.MICROBATCH: -1},
-            real_ns=work.real_ns - work.reported_real_ns,
+            real_ns=real_ns - work.reported_real_ns,
             padded_ns=t1 - t0,
             target_ns=paid_ns,
             **{T.OVERRUN_NS: t1 - waited_ns if waited_ns is not None else 0},
-            blocks=work.batch.layers_done - layers0,
+            blocks=layers - layers0,
             memory_bytes=self.budget.used_bytes,
             rid=first.rid,
             chunk_start=first.pos,
             tokens=sum(work.tokens) if done else 0,  # a pass's tokens count once, on the slice that completes it
             **{T.CHUNKS: ";".join(f"{j.rid}:{j.pos}:{n}" for j, n in zip(work.jobs, work.tokens))},
         )
-        work.reported_real_ns, work.slices = work.real_ns, work.slices + 1
+        work.reported_real_ns, work.slices = real_ns, work.slices + 1
         if not done:
             keep_stopped(self.stopped, work)
             return ready_ns
-        for job, n, (cache, logits) in zip(work.jobs, work.tokens, work.batch.result()):
-            job.cache, job.logits = cache, logits
+        for job, n in zip(work.jobs, work.tokens):  # the stream holds their caches
             job.pos += n
+        stream.done(slot)
         return ready_ns
 
     def observe(self, slot: str, bubble_s: float) -> dict[str, int]:
@@ -288,11 +294,17 @@ class PrefillServer:
 
     # --------------------------------------------------------------- KV cache out
     def _finish(self, job: Job) -> None:
-        self.sender.put(job.handoff_header(self.rank, now_ns()), job.cache, job.kv_bytes)
+        self.stream.finish(job.rid, job.handoff_header(self.rank, now_ns()), job.kv_bytes)
+
+    def _sync_budget(self) -> None:
+        """Release from the budget the KV caches the stream has handed off since last looked at."""
+        released = self.stream.released_bytes()
+        self.budget.release(released - self._released)
+        self._released = released
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Send what is finished, then stop (requests still queued are dropped: never completed)."""
-        self.stream.close()
-        self.sender.close(timeout_s)
+        self.stream.close(timeout_s)
+        self._sync_budget()
         self.inbox.close()
         self.out.close()

@@ -1,6 +1,7 @@
 """Chunked prefill with a KV cache, greedy decode, cache bytes, chunking and FLOPs."""
 
 import threading
+import time
 
 import pytest
 import torch
@@ -261,7 +262,7 @@ def test_the_kv_sender_sends_the_caches_own_memory_in_the_wire_format(model):
     with socket.create_server(("127.0.0.1", DECODE_PORT)) as srv:
         budget = KVBudget(0)
         budget.hold(1000)
-        sender = KVSender("127.0.0.1", budget)
+        sender = KVSender("127.0.0.1", budget.release)
         sender.put({"rid": 7}, cache, 1000)
         conn, _ = srv.accept()
         sender.close()  # sends what is queued, then closes its connection
@@ -604,7 +605,10 @@ def test_a_pass_batches_several_requests_and_a_stopped_pass_resumes_first(tmp_pa
         assert ready is not None and ready >= arrival and server.stopped == [work]
         assert 0.03 <= work.paid_s < 0.1 and jobs[0].pos == 0
         # its blocks are computed while it is stopped; it still owes the GPU the rest of its time
-        assert work.computed.wait(10) and work.batch.done and work.left_s > 0
+        deadline = time.monotonic() + 10
+        while not server.stream.computed(work.slot) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert server.stream.computed(work.slot) and work.left_s > 0
         # a bubble too short for the stopped pass's rest: a new pass, without the stopped one's jobs
         other = server._next_pass(work.left_s * 0.9, 0.0)  # a lone 20-token chunk takes 0.05 s
         assert other is not None and other.jobs == [jobs[2]] and server.stopped == [work]
@@ -612,12 +616,12 @@ def test_a_pass_batches_several_requests_and_a_stopped_pass_resumes_first(tmp_pa
         t0, left = now_ns(), work.left_s
         assert server._run_pass(work, threading.Event()) is None
         assert (now_ns() - t0) / 1e9 >= left and work.left_s == 0  # the rest of its GPU time
-        for job, t in zip(jobs[:2], tokens[:2]):
+        for job, t in zip(jobs[:2], tokens[:2]):  # the stream's process holds the caches
             want, logits = prefill_chunk(server.model, t, None)
-            assert job.pos == 20 and torch.allclose(job.logits, logits, atol=ATOL)
+            cache, got = server.stream.result(job.rid)
+            assert job.pos == 20 and torch.allclose(got, logits, atol=ATOL)
             assert all(
-                torch.allclose(a, b, atol=ATOL)
-                for a, b in zip(job.cache.keys + job.cache.values, want.keys + want.values)
+                torch.allclose(a, b, atol=ATOL) for a, b in zip(cache.keys + cache.values, want.keys + want.values)
             )
         server.jobs.remove(jobs[0])
         server.jobs.remove(jobs[1])
@@ -717,26 +721,98 @@ def test_a_serving_window_must_last(tmp_path):
         server.close()
 
 
-def test_the_prefill_stream_thread_runs_in_the_lowest_scheduling_class():
-    """The stream's thread is SCHED_IDLE (any other thread that wakes takes its CPU at once, as a
-    high-priority CUDA stream's kernel takes a low-priority one's SMs); the thread that made it
-    keeps its own class."""
+def test_the_prefill_stream_is_a_process_in_the_lowest_scheduling_class(model):
+    """The stream is a process of its own (no interpreter lock shared with the worker's thread),
+    SCHED_IDLE (any other thread that wakes takes its CPU at once, as a high-priority CUDA
+    stream's kernel takes a low-priority one's SMs); the worker keeps its own class."""
     import os
-    import time
 
     from testbed.bubbletea.prefill_stream import PrefillStream
 
     before = os.sched_getscheduler(0)
-    stream = PrefillStream()
+    stream = PrefillStream(model, None)
     try:
-        tid = stream._thread.native_id
+        assert stream.pid != os.getpid()
         deadline = time.monotonic() + 5
-        while os.sched_getscheduler(tid) != os.SCHED_IDLE and time.monotonic() < deadline:
+        while os.sched_getscheduler(stream.pid) != os.SCHED_IDLE and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert os.sched_getscheduler(tid) == os.SCHED_IDLE
+        assert os.sched_getscheduler(stream.pid) == os.SCHED_IDLE
         assert os.sched_getscheduler(0) == before != os.SCHED_IDLE
     finally:
         stream.close()
+    assert not os.path.exists(f"/proc/{stream.pid}")  # ended, and reaped
+
+
+def test_the_prefill_stream_computes_a_pass_and_hands_its_errors_to_the_worker(model):
+    """A pass added to the stream is computed block by block in its process (its counters in shared
+    memory); a pass the model refuses (a chunk past the context) is raised again, with the model's
+    message, in the worker's thread by ``check``."""
+    from testbed.bubbletea.prefill_stream import Part, PrefillStream
+
+    stream = PrefillStream(model, None)
+    try:
+        prompt = prompt_tokens_for(1, 20, 0)
+        slot = stream.add([Part(1, 0, 20, prompt.numpy().tobytes())])
+        stream.run(slot)
+        deadline = time.monotonic() + 10
+        while not stream.computed(slot) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert stream.layers_done(slot) == CFG.n_layers and stream.real_ns(slot) > 0
+        stream.check()  # nothing raised
+        cache, logits = stream.result(1)
+        want, want_logits = prefill_chunk(model, prompt, None)
+        assert cache.length == 20 and torch.allclose(logits, want_logits, atol=ATOL)
+        stream.done(slot)
+        too_long = prompt_tokens_for(2, CFG.seq_len + 1, 0)
+        bad = stream.add([Part(2, 0, CFG.seq_len + 1, too_long.numpy().tobytes())])
+        deadline = time.monotonic() + 10
+        while not stream.computed(bad) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        with pytest.raises(InferenceError, match="seq_len|context|positions"):
+            stream.check()
+    finally:
+        stream.close()
+
+
+def test_the_prefill_stream_ends_with_its_worker_even_one_killed(tmp_path):
+    """A worker killed with -9 leaves no prefill stream behind (the kernel's parent-death signal)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import sys, time\n"
+        "from testbed.bubbletea.inference import InferenceModel\n"
+        "from testbed.bubbletea.prefill_stream import PrefillStream\n"
+        "from testbed.spec.model import ModelConfig\n"
+        "stream = PrefillStream(InferenceModel(ModelConfig(n_layers=2, d_model=32, n_heads=2), 0), None)\n"
+        "print(stream.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    worker = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(worker.stdout.readline())
+        assert os.path.exists(f"/proc/{pid}")
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _alive(pid)
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended but not reaped by init yet, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_a_deadline_ends_its_bubble_at_its_time_and_never_sleeps_past_it():
