@@ -1,13 +1,15 @@
-"""What ends a bubble, as the prefill server sees it: training's input arriving
-(``train/arrival.Arrival``) or a serving window's end (``Deadline``, ``alone.py``).
+"""What ends a bubble, as the prefill server sees it: training's input arriving (``Arrived``, set
+by the worker's thread, which waits on gloo itself) or a serving window's end (``Deadline``,
+``alone.py``).
 
 The server waits on it rather than sleeping between looks, so that a pass stops as soon as the
-thread that saw the input wakes it: with a fixed poll the operation that input feeds started on
-average half a poll interval later, on top of the machine's own wake-up time.
+input is in; the pass's GPU time ends at the bubble's end, ``t_ns``, as a high-priority stream's
+kernel takes the GPU the moment its input is there.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Protocol
 
@@ -16,11 +18,33 @@ from testbed.trace.clock import now_ns
 
 class BubbleEnd(Protocol):
     """``threading.Event``'s reading side: ``is_set()`` whether the bubble has ended; ``wait(timeout)``
-    blocks until it has or ``timeout`` seconds have passed (None: no limit) and returns ``is_set()``."""
+    blocks until it has or ``timeout`` seconds have passed (None: no limit) and returns ``is_set()``;
+    ``t_ns`` when it ended (``trace.clock.now_ns``), once ``is_set()``."""
+
+    @property
+    def t_ns(self) -> int | None: ...
 
     def is_set(self) -> bool: ...
 
     def wait(self, timeout: float | None = None) -> bool: ...
+
+
+class Arrived:
+    """A bubble that ends when another thread says training's input has arrived: ``end(t_ns)``."""
+
+    def __init__(self) -> None:
+        self.t_ns: int | None = None
+        self._event = threading.Event()
+
+    def end(self, t_ns: int) -> None:
+        self.t_ns = t_ns
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
 
 
 class Deadline:

@@ -18,11 +18,12 @@ from __future__ import annotations
 import itertools
 import json
 import socket
+import threading
 from collections import deque
 
 import torch
 
-from testbed.bubbletea.bubble_end import BubbleEnd
+from testbed.bubbletea.bubble_end import Arrived, BubbleEnd
 from testbed.bubbletea.decisions import (
     LOOKAHEAD,
     KVBudget,
@@ -95,6 +96,7 @@ class PrefillServer:
         self.iteration = 0
         #: each slot's prediction when its latest wait began (``observe`` hands it back)
         self._predicted: dict[str, float | None] = {}
+        self._filling: Fill | None = None
 
     @classmethod
     def for_worker(
@@ -125,9 +127,25 @@ class PrefillServer:
         first; else None. Where it is None the worker waits for its input itself, with no thread
         between it and the input (``train/worker.py``): a request that comes during that bubble
         waits for the next one."""
+        self.settle()
         self.poll_inbox()
         self._predicted[slot] = predicted = self.predictor.predict(slot)
         return predicted if self.jobs else None
+
+    def start_fill(self, predicted: float, prev_end_ns: int) -> Fill:
+        """``fill_predicted`` of a bubble from a thread of its own, while the caller waits for
+        training's input itself (no thread between the input and the operation it feeds): the
+        caller says when the input arrived with ``Fill.end``. Every other call of the server first
+        waits for that thread to be done (``settle``)."""
+        self.settle()
+        self._filling = fill = Fill(self, predicted, prev_end_ns)
+        return fill
+
+    def settle(self) -> None:
+        """Wait until the bubble filled from a thread (``start_fill``), ended, is done with."""
+        fill, self._filling = self._filling, None
+        if fill is not None:
+            fill.settle()
 
     def fill(self, slot: str, prev_end_ns: int, arrived: BubbleEnd) -> int | None:
         """``fill_predicted`` of the bubble before ``slot`` where ``bubble_to_fill`` says there is
@@ -140,9 +158,9 @@ class PrefillServer:
         which began at ``prev_end_ns`` (the end of this worker's previous compute) and ends when
         ``arrived`` is set (training's input). It looks whether the input has arrived before
         choosing each pass and again once it is chosen (choosing takes time), and starts none if
-        it has. Returns when this thread saw the training input if it arrived while a chunk ran
-        (else None: the caller's wait measures it). A slice stopped by the input is traced through
-        ``EventWriter.defer``: the caller writes it once its operation has started."""
+        it has. Returns when the bubble ended if a pass had the GPU then (else None). A slice
+        stopped by the input is traced through ``EventWriter.defer``: the worker writes it once
+        its operation has started."""
         ready_ns = None
         while self.jobs and not arrived.is_set():
             work = self._next_pass(predicted, (now_ns() - prev_end_ns) / 1e9)
@@ -151,6 +169,8 @@ class PrefillServer:
             if arrived.is_set():  # the data came while the pass was chosen: training goes first
                 if work.slices:  # a stopped pass, taken out of ``stopped``: back in it
                     keep_stopped(self.stopped, work)
+                else:  # a new one, never started: the stream forgets it
+                    self.stream.drop(work.slot)
                 break
             ready_ns = self._run_pass(work, arrived)
             for job in work.jobs:
@@ -202,11 +222,11 @@ class PrefillServer:
     def _run_pass(self, work: Pass, arrived: BubbleEnd) -> int | None:
         """Give a forward pass (new or stopped) emulated GPU time until it has had ``work.target_s``
         in all and the prefill stream has computed its blocks, or until training's data arrives:
-        then at once, wherever the pass is (``prefill_stream.py``: training's stream preempts
-        prefill's; this thread waits on ``arrived``, woken by it); a stopped pass is kept in
-        ``stopped`` for a later bubble, and its slice's event is deferred (``fill``). Without
-        padding a pass needs no GPU time beyond its real compute. Returns when this thread saw the
-        data, if it arrived."""
+        then its GPU time ends at the arrival (``arrived.t_ns``), wherever the pass is
+        (``prefill_stream.py``: training's stream preempts prefill's; this thread waits on
+        ``arrived``, woken by it); a stopped pass is kept in ``stopped`` for a later bubble, and
+        its slice's event is deferred (``fill``). Without padding a pass needs no GPU time beyond
+        its real compute. Returns when the data arrived, if it did."""
         t0 = now_ns()
         for job in work.jobs:
             job.first_start_ns = job.first_start_ns or t0
@@ -216,7 +236,7 @@ class PrefillServer:
         end, layers0, ready_ns, waited_ns = t0 + due_ns, stream.layers_done(slot), None, None
         while True:
             if arrived.is_set():
-                ready_ns = now_ns()
+                ready_ns = max(t0, arrived.t_ns or t0)  # (it may have come as the pass was given)
                 break
             t = now_ns()
             if t < end:
@@ -226,7 +246,7 @@ class PrefillServer:
             else:  # its GPU time is given, its blocks are not computed yet: an overrun
                 waited_ns = waited_ns or t
                 arrived.wait(POLL_S)
-        t1 = now_ns()
+        t1 = now_ns() if ready_ns is None else ready_ns
         stream.check()
         paid_ns = min(t1 - t0, due_ns)
         work.paid_s = work.target_s if paid_ns == due_ns else work.paid_s + paid_ns / 1e9
@@ -243,7 +263,7 @@ class PrefillServer:
             real_ns=real_ns - work.reported_real_ns,
             padded_ns=t1 - t0,
             target_ns=paid_ns,
-            **{T.OVERRUN_NS: t1 - waited_ns if waited_ns is not None else 0},
+            **{T.OVERRUN_NS: max(0, t1 - waited_ns) if waited_ns is not None else 0},
             blocks=layers - layers0,
             memory_bytes=self.budget.used_bytes,
             rid=first.rid,
@@ -276,6 +296,7 @@ class PrefillServer:
 
     def report(self, iteration: int, iteration_s: float) -> None:
         """Tell the dispatcher this worker's predicted bubbles and queued prefill (after each iteration)."""
+        self.settle()
         self.iteration = iteration + 1
         msg = {
             "ev": "profile",
@@ -304,7 +325,40 @@ class PrefillServer:
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Send what is finished, then stop (requests still queued are dropped: never completed)."""
+        self.settle()
         self.stream.close(timeout_s)
         self._sync_budget()
         self.inbox.close()
         self.out.close()
+
+
+class Fill:
+    """A bubble filled by ``server.fill_predicted`` from a thread of its own (``start_fill``):
+    ``end(t_ns)`` says training's input arrived at ``t_ns``; ``settle()`` waits until the thread is
+    done and returns whether a pass had the GPU when the input came (training's operation then
+    started late by its start minus ``t_ns``, as ``prefill_delay_ns``). Raises again, from
+    ``settle``, what the thread raised."""
+
+    def __init__(self, server: PrefillServer, predicted: float, prev_end_ns: int) -> None:
+        self.arrived = Arrived()
+        self._held: int | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(server, predicted, prev_end_ns), name="bubble-fill", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, server: PrefillServer, predicted: float, prev_end_ns: int) -> None:
+        try:
+            self._held = server.fill_predicted(predicted, prev_end_ns, self.arrived)
+        except BaseException as e:  # noqa: BLE001 - raised again in the worker's thread by settle()
+            self._error = e
+
+    def end(self, t_ns: int) -> None:
+        self.arrived.end(t_ns)
+
+    def settle(self) -> bool:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._held is not None

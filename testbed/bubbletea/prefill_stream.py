@@ -125,7 +125,14 @@ class PrefillStream:
         return self._shared[_FIRST_SLOT + 2 * slot + 1]
 
     def done(self, slot: int) -> None:
-        """The pass in ``slot`` has had its GPU time and its blocks: the slot is free again."""
+        """The pass in ``slot`` has had its GPU time and its blocks: its requests' caches and
+        logits become its results, and the slot is free again."""
+        self._conn.send(("done", slot))
+        self._free.append(slot)
+
+    def drop(self, slot: int) -> None:
+        """Forget the pass in ``slot``, done or not (its results are not kept): the slot is free."""
+        self._conn.send(("drop", slot))
         self._free.append(slot)
 
     # ------------------------------------------------------------------ requests
@@ -179,6 +186,7 @@ class _Stream:
         self.caches: dict[int, KVCache] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.passes: dict[int, tuple[ChunkBatch, list[Part]]] = {}  # by slot, in the order given
+        self.computed: dict[int, tuple[ChunkBatch, list[Part]]] = {}  # by slot, until done or dropped
         self.preferred: int | None = None
 
     def handle(self, msg: tuple) -> bool:
@@ -197,6 +205,13 @@ class _Stream:
             )
         elif kind == "run":
             self.preferred = msg[1]
+        elif kind == "done":
+            batch, parts = self.computed.pop(msg[1])
+            for p, (cache, logits) in zip(parts, batch.result()):
+                self.caches[p.rid], self.logits[p.rid] = cache, logits
+        elif kind == "drop":
+            self.passes.pop(msg[1], None)
+            self.computed.pop(msg[1], None)
         elif kind == "finish":
             _, rid, header, held = msg
             self.prompts.pop(rid, None)
@@ -219,10 +234,8 @@ class _Stream:
         batch.step()
         i = _FIRST_SLOT + 2 * slot
         self.shared[i + 1] += time.monotonic_ns() - t
-        if batch.done:  # its results before the count says so: the worker reads them after
-            for p, (cache, logits) in zip(parts, batch.result()):
-                self.caches[p.rid], self.logits[p.rid] = cache, logits
-            del self.passes[slot]
+        if batch.done:  # its results are taken when the worker says it is done (its GPU time had)
+            self.computed[slot] = self.passes.pop(slot)
         self.shared[i] = batch.layers_done
 
     def serve(self) -> None:

@@ -7,6 +7,7 @@ that dies still leaves every completed operation on disk; ``to_parquet`` turns t
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,31 +22,42 @@ class EventWriter:
     ``fixed``: columns every row carries (worker, host, dc, stage, replica). ``defer`` keeps an
     event to be written by ``write_deferred`` (or the next ``write``, before its own): the worker
     writes a receive's wait once the operation it feeds has started, off that operation's
-    critical path; a worker killed in between loses at most those events."""
+    critical path; a worker killed in between loses at most those events. Thread-safe (a worker's
+    bubble filler writes beside it, ``bubbletea/prefill.py``)."""
 
     def __init__(self, path: Path, **fixed: Any) -> None:
         self._f = open_jsonl(path)
         self.fixed = fixed
         self._deferred: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
 
     def _row(self, kind: str, start_ns: int, end_ns: int, fields: dict[str, Any]) -> dict[str, Any]:
         return {**self.fixed, T.KIND: kind, T.START_NS: start_ns, T.END_NS: end_ns, **fields}
 
     def write(self, kind: str, start_ns: int, end_ns: int, **fields: Any) -> None:
-        self.write_deferred()
-        write_row(self._f, self._row(kind, start_ns, end_ns, fields))
+        row = self._row(kind, start_ns, end_ns, fields)
+        with self._lock:
+            self._write_deferred()
+            write_row(self._f, row)
 
     def defer(self, kind: str, start_ns: int, end_ns: int, **fields: Any) -> None:
-        self._deferred.append(self._row(kind, start_ns, end_ns, fields))
+        row = self._row(kind, start_ns, end_ns, fields)
+        with self._lock:
+            self._deferred.append(row)
 
     def write_deferred(self) -> None:
+        with self._lock:
+            self._write_deferred()
+
+    def _write_deferred(self) -> None:
         for row in self._deferred:
             write_row(self._f, row)
         self._deferred.clear()
 
     def close(self) -> None:
-        self.write_deferred()
-        self._f.close()
+        with self._lock:
+            self._write_deferred()
+            self._f.close()
 
 
 def read_events(run_dir: Path) -> pd.DataFrame:

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from testbed.atlas.channel import DONE, READY, RECV, ControlClient
 from testbed.bubbletea.alone import serve_alone
-from testbed.bubbletea.prefill import PrefillServer
+from testbed.bubbletea.prefill import Fill, PrefillServer
 from testbed.model.gpt import Stage, lm_loss
 from testbed.plan.placement import rank_of
 from testbed.plan.schedule import make_schedule
@@ -37,7 +37,6 @@ from testbed.trace import schema as T
 from testbed.trace.clock import now_ns, sleep_until
 from testbed.trace.events import EventWriter
 from testbed.trace.startup import mark_startup
-from testbed.train.arrival import Arrival
 from testbed.train.data import batch
 from testbed.train.padding import Padder
 from testbed.train.preload import Preloaded, preload
@@ -108,38 +107,37 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     server = PrefillServer.for_worker(bt, exp.seed, rank, me.dc, ev, exp.padded, train) if bt is not None else None
     prev_end = [now_ns()]  # end of this worker's latest compute: where a bubble starts
 
-    def wait_filling(works: list, slot: str, since_ns: int) -> tuple[int, bool, dict[str, int]]:
-        """Wait for gloo ``works`` (a bubble that began at ``since_ns``), filling it with prefill
-        under BubbleTea where there is anything to prefill. Returns (when they had finished (ns):
-        when this worker first saw it, as its own wait returned, or as the thread waiting on them
-        while prefill ran saw it; whether that was while a prefill pass had the GPU; the wait
-        event's bubble fields, ``PrefillServer.observe``)."""
-        filled = False
+    def wait_filling(works: list, slot: str, since_ns: int) -> tuple[int, Fill | None, dict[str, int]]:
+        """Wait for gloo ``works`` (a bubble that began at ``since_ns``), this thread itself, as
+        without BubbleTea; under BubbleTea, where there is anything to prefill, a thread fills the
+        bubble meanwhile (``PrefillServer.start_fill``) and is told when the works finished.
+        Returns (when they had finished (ns), as this thread's wait returned; the bubble's fill,
+        if any: ``Fill.settle`` says whether a prefill pass had the GPU then; the wait event's
+        bubble fields, ``PrefillServer.observe``)."""
         predicted = server.bubble_to_fill(slot) if server is not None else None
-        if server is None or predicted is None:  # nothing to prefill: wait itself
+        fill = server.start_fill(predicted, since_ns) if server is not None and predicted is not None else None
+        try:
             for w in works:
                 w.wait()
+        finally:
             ready = now_ns()
-        else:  # a thread sees the works finish while prefill runs
-            arrival = Arrival(works)
-            filled = server.fill_predicted(predicted, since_ns, arrival) is not None
-            ready = arrival.arrived_ns()
+            if fill is not None:
+                fill.end(ready)
         bubble = server.observe(slot, (ready - since_ns) / 1e9) if server is not None else {}
-        return ready, filled, bubble
+        return ready, fill, bubble
 
-    def receive(src: int, n: int, it: int, m: int, slot: str) -> tuple[torch.Tensor, int, bool]:
+    def receive(src: int, n: int, it: int, m: int, slot: str) -> tuple[torch.Tensor, int, Fill | None]:
         """Wait for microbatch ``m``'s tensor from ``src`` (traced as a receive wait, written once
         the operation it feeds has started: ``computed``), filling the bubble (``wait_filling``).
-        Returns (tensor, when it had arrived, whether it arrived while a prefill pass had the
-        GPU: the operation it feeds then starts late by its start minus that time)."""
+        Returns (tensor, when it had arrived, the bubble's fill if any)."""
         buf = torch.empty(act_shape)
         t0 = now_ns()
         ctl.send(RECV, src, rank, it, m)
         works = post_recv_striped(buf, src, m, n)
-        ready, during_prefill, bubble = wait_filling(works, slot, prev_end[0])
+        ready, fill, bubble = wait_filling(works, slot, prev_end[0])
         fields = {T.ITERATION: it, T.MICROBATCH: m}
         ev.defer(T.RECV_WAIT, t0, now_ns(), **fields, bytes=act_bytes, peer=src, ready_ns=ready, **bubble)
-        return buf, ready, during_prefill
+        return buf, ready, fill
 
     def link_free(src: int, it: int, m: int) -> None:
         """Atlas's "done": microbatch ``m``'s transfer from ``src`` is in, its link free. Sent once
@@ -150,11 +148,12 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         input 12-19 -> 4-6 of 192 without BubbleTea, start p50 0.30-0.33 -> 0.10-0.11 ms)."""
         ctl.send(DONE, src, rank, it, m)
 
-    def computed(kind: str, t0: int, fields: dict, ready: int | None, held: bool) -> None:
+    def computed(kind: str, t0: int, fields: dict, ready: int | None, fill: Fill | None) -> None:
         """Pad a forward or backward that started at ``t0`` to its target and trace it, with when its
-        input had arrived (``ready``) and whether a prefill chunk held it back (``held``). The
-        events put off until it started are written while it is padded (the host's work overlaps
-        the emulated GPU's)."""
+        input had arrived (``ready``) and whether a prefill pass had the GPU then (``fill``: it
+        held the operation back). The events put off until it started are written while it is
+        padded (the host's work overlaps the emulated GPU's)."""
+        held = fill is not None and fill.settle()  # the filling thread's slice is deferred by now
         real, padded = padder.finish(kind, t0, meanwhile=ev.write_deferred)
         prev_end[0] = now_ns()
         ev.write(
@@ -195,12 +194,12 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         for a in actions:
             m = a.microbatch
             fields = {T.ITERATION: it, T.MICROBATCH: m}
-            ready, held = None, False
+            ready, fill = None, None
             if a.kind == "F":
                 if first:
                     inp = x[m * mb : (m + 1) * mb]
                 else:
-                    inp, ready, held = receive(prev_rank, n_prev, it, m, f"F{m}")
+                    inp, ready, fill = receive(prev_rank, n_prev, it, m, f"F{m}")
                     inp.requires_grad_()
                 t0 = now_ns()
                 if not first:
@@ -210,7 +209,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
                     loss = lm_loss(outp, y[m * mb : (m + 1) * mb]) / M
                     loss_sum += loss.item()
                     outp = loss
-                computed(T.FORWARD, t0, fields, ready, held)
+                computed(T.FORWARD, t0, fields, ready, fill)
                 saved[m] = (inp, outp)
                 if not last:
                     pending.extend(send(outp.detach(), next_rank, n_next, it, m))
@@ -218,12 +217,12 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
                 inp, outp = saved.pop(m)
                 grad = None
                 if not last:
-                    grad, ready, held = receive(next_rank, n_next, it, m, f"B{m}")
+                    grad, ready, fill = receive(next_rank, n_next, it, m, f"B{m}")
                 t0 = now_ns()
                 if not last:
                     link_free(next_rank, it, m)
                 outp.backward(grad)
-                computed(T.BACKWARD, t0, fields, ready, held)
+                computed(T.BACKWARD, t0, fields, ready, fill)
                 if not first:
                     pending.extend(send(inp.grad, prev_rank, n_prev, it, m))
         fields = {T.ITERATION: it, T.MICROBATCH: -1}

@@ -43,15 +43,12 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
     # requests were served: prefilled in bubbles, first token at a decode host, decoded
     assert bt["requests_completed"] >= 5 and bt["requests_decoded"] >= 1, bt
     assert bt["ttft_p50_s"] > 0 and bt["prefill_tokens_per_s"] > 0
-    # a pass stops the moment training's data has arrived (seen by a thread that waits on gloo's
-    # works: train/arrival.py, which wakes the worker's thread), wherever it is: the prefill stream
-    # yields as a low-priority CUDA stream does (bubbletea/prefill_stream.py). The slice running
-    # then ends within the machine's scheduling of the worker's thread: p90 0.7-1.7 ms with 8
-    # processes on 2 cores (before the thread was woken, it polled every 0.25 ms),
-    # and now and then tens of ms (25 ms once, while the stream's thread, at a lower priority,
-    # held the interpreter when the kernel set it aside). A pass that stopped only at a layer
-    # boundary held operations 8 ms at the median, p90 15-18 ms. The operation then starts after
-    # the worker's own bookkeeping
+    # a pass stops the moment training's data has arrived, wherever it is: the prefill stream
+    # yields as a low-priority CUDA stream does (bubbletea/prefill_stream.py). The worker's thread
+    # waits on gloo's works itself, as without BubbleTea, and tells the thread filling the bubble
+    # (PrefillServer.start_fill): the slice running then ends at the arrival, to the clock's
+    # reading (after it only when the pass was given the GPU as the data came). The operation
+    # then starts after the worker's own bookkeeping
     ev_bt = pd.read_parquet(tmp_path / "atlas+bubbletea" / "events.parquet")
     slices = ev_bt[ev_bt[T.KIND] == T.PREFILL]
     ops = ev_bt[ev_bt[T.KIND].isin([T.FORWARD, T.BACKWARD])]
@@ -67,7 +64,7 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
             assert getattr(r, T.START_NS) - last[T.END_NS] <= 25e6, (r, last)
     ended_after = pd.Series(ended_after, dtype=float)
     print("slices' end after the data arrived (ms):", ended_after.div(1e6).describe().round(2).to_dict())
-    assert len(ended_after) and ended_after.quantile(0.9) <= 3e6
+    assert len(ended_after) and ended_after.quantile(0.9) <= 0.1e6
     print("training ops held back by a running chunk (over 1 ms):", bt["training_ops_delayed_by_prefill"])
     # every run counts the operations that started over 1 ms after their input arrived, by one
     # definition (results/analysis.start_after_arrival): the run without BubbleTea is the floor

@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from testbed.bubbletea.bubble_end import Deadline
+from testbed.bubbletea.bubble_end import Arrived, Deadline
 from testbed.bubbletea.chunk_batch import decode_batch
 from testbed.bubbletea.inference import (
     InferenceModel,
@@ -25,12 +25,14 @@ SEED = 5
 ATOL = 1e-5
 
 
-_SET = threading.Event()
-_SET.set()  # training's input already in
+_SET = Arrived()
+_SET.end(0)  # training's input already in
 
 
 class _Looks:
     """A bubble end that answers each look from ``answers`` (and never blocks)."""
+
+    t_ns = None
 
     def __init__(self, answers) -> None:
         self.answers = answers
@@ -506,7 +508,7 @@ def test_a_request_waits_while_its_kv_cache_would_exceed_the_budget(tmp_path):
         server.jobs.extend([first, second])
         work = server._next_pass(predicted_s=1.0, elapsed_s=0.0)
         assert work.jobs == [first] and work.tokens == [32]  # the second's cache would not fit beside it
-        server._run_pass(work, threading.Event())
+        server._run_pass(work, Arrived())
         assert first.pos == 32 and budget.held_bytes == one and budget.peak_bytes == 1000 + one
         assert not budget.admits(one)
         server.jobs.remove(first)
@@ -545,7 +547,7 @@ def test_a_bubble_is_filled_only_with_something_queued_and_a_prediction(tmp_path
     try:
         assert server.bubble_to_fill("recv") is None  # nothing queued
         assert server.observe("recv", 0.25) == {T.BUBBLE_NS: 250_000_000, T.PREDICTED_BUBBLE_NS: 200_000_000}
-        assert server.fill("recv", now_ns(), threading.Event()) is None and not server.stopped
+        assert server.fill("recv", now_ns(), Arrived()) is None and not server.stopped
         server.jobs.append(Job(1, 0, prompt_tokens_for(1, 20, 0), 4))
         assert server.bubble_to_fill("other") is None  # no prediction for that slot yet
         assert server.bubble_to_fill("recv") == pytest.approx(0.25)  # refined by the bubble observed
@@ -602,8 +604,8 @@ def test_a_pass_batches_several_requests_and_a_stopped_pass_resumes_first(tmp_pa
         assert work.target_s == pytest.approx(0.1)
         arrival = now_ns() + 30_000_000
         ready = server._run_pass(work, Deadline(arrival))  # training's data, 30 ms in
-        assert ready is not None and ready >= arrival and server.stopped == [work]
-        assert 0.03 <= work.paid_s < 0.1 and jobs[0].pos == 0
+        assert ready == arrival and server.stopped == [work]  # its GPU time ends at the arrival
+        assert 0.02 <= work.paid_s <= 0.03 and jobs[0].pos == 0
         # its blocks are computed while it is stopped; it still owes the GPU the rest of its time
         deadline = time.monotonic() + 10
         while not server.stream.computed(work.slot) and time.monotonic() < deadline:
@@ -612,9 +614,10 @@ def test_a_pass_batches_several_requests_and_a_stopped_pass_resumes_first(tmp_pa
         # a bubble too short for the stopped pass's rest: a new pass, without the stopped one's jobs
         other = server._next_pass(work.left_s * 0.9, 0.0)  # a lone 20-token chunk takes 0.05 s
         assert other is not None and other.jobs == [jobs[2]] and server.stopped == [work]
+        server.stream.drop(other.slot)  # never run: the stream forgets it
         assert server._next_pass(1.0, 0.0) is work  # resumed before a new pass
         t0, left = now_ns(), work.left_s
-        assert server._run_pass(work, threading.Event()) is None
+        assert server._run_pass(work, Arrived()) is None
         assert (now_ns() - t0) / 1e9 >= left and work.left_s == 0  # the rest of its GPU time
         for job, t in zip(jobs[:2], tokens[:2]):  # the stream's process holds the caches
             want, logits = prefill_chunk(server.model, t, None)
@@ -625,7 +628,56 @@ def test_a_pass_batches_several_requests_and_a_stopped_pass_resumes_first(tmp_pa
             )
         server.jobs.remove(jobs[0])
         server.jobs.remove(jobs[1])
-        assert server._next_pass(1.0, 0.0).jobs == [jobs[2]]  # (the pass made above was never run)
+        assert server._next_pass(1.0, 0.0).jobs == [jobs[2]]
+    finally:
+        server.close()
+
+
+def test_a_bubble_filled_from_its_own_thread_ends_when_the_worker_says_the_input_came(tmp_path):
+    """``start_fill``: a thread fills the bubble while the worker's thread waits for its input
+    itself; ``Fill.end`` stops the pass there, its GPU time and its slice ending at the input's
+    time; ``settle`` says a pass had the GPU then; the next bubble waits for the thread first."""
+    import json
+
+    from testbed.bubbletea.passes import Job
+    from testbed.trace import schema as T
+    from testbed.trace.clock import now_ns
+
+    server = _padded_server(tmp_path, chunk_s=0.05, prior={"recv": 1.0})
+    try:
+        server.jobs.append(Job(1, 0, prompt_tokens_for(1, 20, 0), 4))
+        predicted = server.bubble_to_fill("recv")
+        t0 = now_ns()
+        fill = server.start_fill(predicted, t0)
+        time.sleep(0.02)
+        arrived = now_ns()
+        fill.end(arrived)
+        assert fill.settle() is True
+        [work] = server.stopped
+        assert work.slices == 1 and 0.01 <= work.paid_s <= (arrived - t0) / 1e9
+        assert server.bubble_to_fill("recv") is not None  # the next bubble, once the thread is done
+        server.ev.write_deferred()
+        [row] = [json.loads(line) for line in (tmp_path / "ev.jsonl").read_text().splitlines()]
+        assert row[T.KIND] == T.PREFILL and row[T.END_NS] == arrived
+    finally:
+        server.close()
+
+
+def test_a_bubble_fill_raises_its_error_in_the_worker(tmp_path):
+    """What the filling thread raises is raised again in the worker's thread, by ``settle``."""
+    from testbed.bubbletea.passes import Job
+
+    def boom(*_):
+        raise RuntimeError("a fault of the filling thread's")
+
+    server = _padded_server(tmp_path, chunk_s=0.05, prior={"recv": 1.0})
+    try:
+        server.jobs.append(Job(1, 0, prompt_tokens_for(1, 20, 0), 4))
+        server._next_pass = boom
+        fill = server.start_fill(1.0, 0)
+        fill.end(1)
+        with pytest.raises(RuntimeError, match="filling thread"):
+            server.settle()
     finally:
         server.close()
 
@@ -759,10 +811,10 @@ def test_the_prefill_stream_computes_a_pass_and_hands_its_errors_to_the_worker(m
             time.sleep(0.005)
         assert stream.layers_done(slot) == CFG.n_layers and stream.real_ns(slot) > 0
         stream.check()  # nothing raised
+        stream.done(slot)  # its GPU time had: its results are the request's
         cache, logits = stream.result(1)
         want, want_logits = prefill_chunk(model, prompt, None)
         assert cache.length == 20 and torch.allclose(logits, want_logits, atol=ATOL)
-        stream.done(slot)
         too_long = prompt_tokens_for(2, CFG.seq_len + 1, 0)
         bad = stream.add([Part(2, 0, CFG.seq_len + 1, too_long.numpy().tobytes())])
         deadline = time.monotonic() + 10
