@@ -5,10 +5,11 @@ requests over a Unix datagram socket (outside the emulated network); the worker 
 at every bubble it knows of: after it has posted the receive that the next schedule action waits
 for, it gives forward passes over chunks of one or more queued prompts (``chunk_batch.ChunkBatch``:
 real passes of its inference model with each request's KV cache, computed on the low-priority
-stream, a process of its own: ``prefill_stream.py``) emulated GPU time, choosing each with ``decisions.choose_work``
-(passes predicted to end ``guard`` before the bubble does; with ``fill_every_bubble``, through
-the whole bubble), and looks for the training input while it does; a pass stops the moment
-that input arrives, wherever it is, and resumes in a later bubble. A finished prompt's KV cache
+stream, a process of its own: ``prefill_stream.py``) emulated GPU time, choosing each with
+``decisions.choose_work`` (passes predicted to end ``guard`` before the bubble does; with
+``fill_every_bubble``, through the whole bubble), from a thread of its own while the worker's
+thread waits for the training input (``start_fill``); a pass stops the moment that input
+arrives, wherever it is, and resumes in a later bubble. A finished prompt's KV cache
 goes, from a thread of the stream's process, over the emulated network (TCP) to the decode host
 of the worker's DC (``kv_sender.py``).
 """
@@ -124,9 +125,8 @@ class PrefillServer:
     def bubble_to_fill(self, slot: str) -> float | None:
         """The predicted bubble before ``slot`` (s; recorded for ``observe``) where ``fill`` would
         run anything in it if it began now: a request queued (or a stopped pass's), the inbox read
-        first; else None. Where it is None the worker waits for its input itself, with no thread
-        between it and the input (``train/worker.py``): a request that comes during that bubble
-        waits for the next one."""
+        first; else None. Where it is None no thread fills the bubble (``train/worker.py``): a
+        request that comes during it waits for the next one."""
         self.settle()
         self.poll_inbox()
         self._predicted[slot] = predicted = self.predictor.predict(slot)
@@ -167,10 +167,7 @@ class PrefillServer:
             if work is None:
                 break
             if arrived.is_set():  # the data came while the pass was chosen: training goes first
-                if work.slices:  # a stopped pass, taken out of ``stopped``: back in it
-                    keep_stopped(self.stopped, work)
-                else:  # a new one, never started: the stream forgets it
-                    self.stream.drop(work.slot)
+                self._not_run(work)
                 break
             ready_ns = self._run_pass(work, arrived)
             for job in work.jobs:
@@ -219,6 +216,14 @@ class PrefillServer:
                 self.budget.hold(job.kv_bytes)
         return Pass(slot, jobs, tokens, work.target_s, next(self._passes))
 
+    def _not_run(self, work: Pass) -> None:
+        """``work`` was chosen but training's data came before it had the GPU: a stopped pass goes
+        back among ``stopped``; a new one the stream forgets (its requests stay queued)."""
+        if work.slices:
+            keep_stopped(self.stopped, work)
+        else:
+            self.stream.drop(work.slot)
+
     def _run_pass(self, work: Pass, arrived: BubbleEnd) -> int | None:
         """Give a forward pass (new or stopped) emulated GPU time until it has had ``work.target_s``
         in all and the prefill stream has computed its blocks, or until training's data arrives:
@@ -228,15 +233,13 @@ class PrefillServer:
         its slice's event is deferred (``fill``). Without padding a pass needs no GPU time beyond
         its real compute. Returns when the data arrived, if it did."""
         t0 = now_ns()
-        for job in work.jobs:
-            job.first_start_ns = job.first_start_ns or t0
         stream, slot = self.stream, work.slot
         stream.run(slot)
         due_ns = int(work.left_s * 1e9) if self.padded else 0
         end, layers0, ready_ns, waited_ns = t0 + due_ns, stream.layers_done(slot), None, None
         while True:
             if arrived.is_set():
-                ready_ns = max(t0, arrived.t_ns or t0)  # (it may have come as the pass was given)
+                ready_ns = arrived.t_ns if arrived.t_ns is not None else now_ns()
                 break
             t = now_ns()
             if t < end:
@@ -246,6 +249,11 @@ class PrefillServer:
             else:  # its GPU time is given, its blocks are not computed yet: an overrun
                 waited_ns = waited_ns or t
                 arrived.wait(POLL_S)
+        if ready_ns is not None and ready_ns <= t0:  # it came as the pass was given: it had no GPU time
+            self._not_run(work)
+            return None
+        for job in work.jobs:
+            job.first_start_ns = job.first_start_ns or t0
         t1 = now_ns() if ready_ns is None else ready_ns
         stream.check()
         paid_ns = min(t1 - t0, due_ns)

@@ -16,7 +16,9 @@ Per worker of the emulator (fp32 throughout, 4 bytes a value; the simulator's sc
 - the transfers' buffers: a received activation or gradient per microbatch in flight;
 - with BubbleTea: the inference model (every parameter) and the KV caches of the queued requests:
   one at full context, the others at a long prompt's length (``QUEUED_PROMPT_TOKENS``) plus the
-  output (2 x n_layers x positions x d_model values; ``bubbletea/kv_cache.py``).
+  output (2 x n_layers x positions x d_model values; ``bubbletea/kv_cache.py``), held by the
+  worker's prefill stream, a process forked from the worker (``bubbletea/prefill_stream.py``)
+  that adds its own written pages as a worker does (a second ``RUNTIME_BYTES``).
 
 Interpreter, torch and gloo take a share on top. Workers on this machine are forked from one
 launcher that imported torch (``train/launcher.py``), so its ~300 MiB of interpreter and torch is
@@ -174,8 +176,9 @@ def worker_memory(exp: Experiment, stage: int) -> WorkerMemory:
         blocks * block_activation_bytes(cfg, exp.microbatch_size) + activation_bytes(cfg, exp.microbatch_size)
     )
     bt = inference_bytes(served_model(exp.bubbletea, exp.model)) if exp.policy.bubbletea else 0
+    runtime = 2 * RUNTIME_BYTES if exp.policy.bubbletea else RUNTIME_BYTES  # and the prefill stream's
     return WorkerMemory(
-        stage, cfg.params() * FP32_BYTES, 3 * stage_params(cfg, exp.stages, stage) * FP32_BYTES, acts, bt
+        stage, cfg.params() * FP32_BYTES, 3 * stage_params(cfg, exp.stages, stage) * FP32_BYTES, acts, bt, runtime
     )
 
 

@@ -55,6 +55,8 @@ def test_bubbletea_adds_the_inference_model():
     with_bt = e.with_overrides(policy="atlas+bubbletea")
     assert worker_memory(e, 0).bubbletea_bytes == 0
     assert worker_memory(with_bt, 0).bubbletea_bytes > 4 * e.bubbletea.model.params()
+    # the prefill stream's process adds its written pages as a worker does
+    assert worker_memory(with_bt, 0).runtime_bytes == 2 * worker_memory(e, 0).runtime_bytes == 2 * RUNTIME_BYTES
 
 
 def test_the_default_experiment_fits_a_small_machine():

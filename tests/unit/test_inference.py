@@ -25,10 +25,6 @@ SEED = 5
 ATOL = 1e-5
 
 
-_SET = Arrived()
-_SET.end(0)  # training's input already in
-
-
 class _Looks:
     """A bubble end that answers each look from ``answers`` (and never blocks)."""
 
@@ -682,6 +678,28 @@ def test_a_bubble_fill_raises_its_error_in_the_worker(tmp_path):
         server.close()
 
 
+def test_a_pass_given_the_gpu_after_the_data_came_had_none_of_it(tmp_path):
+    """Training's data that came before a pass was given the GPU (its time stamped before the pass
+    began) leaves the pass without GPU time: no slice, a new pass forgotten, its request queued."""
+    from testbed.bubbletea.passes import Job
+    from testbed.trace.clock import now_ns
+
+    server = _padded_server(tmp_path, chunk_s=0.05)
+    try:
+        job = Job(1, 0, prompt_tokens_for(1, 20, 0), 4)
+        server.jobs.append(job)
+        work = server._next_pass(1.0, 0.0)
+        came = Arrived()
+        came.end(now_ns())  # before the pass begins
+        assert server._run_pass(work, came) is None
+        assert not server.stopped and work.slices == 0 and job.first_start_ns is None
+        server.ev.close()
+        assert (tmp_path / "ev.jsonl").read_text() == ""
+        assert server._next_pass(1.0, 0.0).jobs == [job]  # still queued, from its start
+    finally:
+        server.close()
+
+
 def test_data_arriving_while_a_pass_is_chosen_runs_no_block_and_keeps_the_stopped_pass(tmp_path):
     """``fill`` looks again after choosing a pass: training's data that arrived meanwhile goes
     first (the pass gets no GPU time, no slice is written), and a stopped pass it had taken stays
@@ -693,7 +711,7 @@ def test_data_arriving_while_a_pass_is_chosen_runs_no_block_and_keeps_the_stoppe
     try:
         server.jobs.append(Job(1, 0, prompt_tokens_for(1, 20, 0), 4))
         work = server._next_pass(1.0, 0.0)
-        server._run_pass(work, _SET)  # stopped at once
+        server._run_pass(work, Deadline(now_ns() + 5_000_000))  # stopped 5 ms in
         assert server.stopped == [work] and work.slices == 1 and work.left_s > 0
         paid = work.paid_s
         checks = iter([False, True])  # not yet when fill starts; arrived once the pass is chosen
