@@ -18,7 +18,9 @@ Per worker of the emulator (fp32 throughout, 4 bytes a value; the simulator's sc
   one at full context, the others at a long prompt's length (``QUEUED_PROMPT_TOKENS``) plus the
   output (2 x n_layers x positions x d_model values; ``bubbletea/kv_cache.py``), held by the
   worker's prefill stream, a process forked from the worker (``bubbletea/prefill_stream.py``)
-  that adds its own written pages as a worker does (a second ``RUNTIME_BYTES``).
+  that adds its own written pages as a worker does (a second ``RUNTIME_BYTES``; on the default
+  experiment under atlas+bubbletea, 2026-12-04, each stream's PSS was 85-94 MiB beside its
+  worker's 87-95 MiB, the pages they share split between them).
 
 Interpreter, torch and gloo take a share on top. Workers on this machine are forked from one
 launcher that imported torch (``train/launcher.py``), so its ~300 MiB of interpreter and torch is
