@@ -8,8 +8,6 @@ interpreter (no GIL shared with the runner's threads) at a real-time priority, s
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import json
 import os
 import select
@@ -24,6 +22,7 @@ from testbed.atlas.channel import MAX_MESSAGE_BYTES, REPLAN, REPLAN_FILE, STOP, 
 from testbed.atlas.grants import NEVER, GrantLoop, Hop
 from testbed.atlas.switch import GrantSwitch
 from testbed.atlas.timing import timing_from_json
+from testbed.lifetime import die_with_parent
 
 
 def serve_messages(
@@ -80,7 +79,7 @@ def serve(plan_path: str) -> None:
     to the plan's ``error_file`` and exits with status 1."""
     plan = json.loads(Path(plan_path).read_text())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner handles Ctrl-C and stops us
-    _die_with_parent()
+    die_with_parent()
     _raise_priority()
     switch = GrantSwitch(GrantSwitch.batches_from_json(plan["switch"]), Path(plan["log"]), Path(plan["shaping_log"]))
     loop = grant_loop_from_plan(plan, switch)
@@ -130,12 +129,6 @@ def _raise_priority() -> None:
             os.setpriority(os.PRIO_PROCESS, 0, -10)
         except OSError:
             pass
-
-
-def _die_with_parent() -> None:
-    """prctl(PR_SET_PDEATHSIG, SIGTERM): if the runner is killed (even with kill -9), so is this."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.prctl(1, signal.SIGTERM)
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ class KVCache:
         """The cache in the wire format (``to_bytes``) as buffers, the header first, then one over
         each tensor's own memory (the tensors are float32; one that is not contiguous is copied
         first): a socket sends them without a copy in Python, so a sending thread holds the
-        interpreter lock only briefly and the worker's training thread is not kept waiting."""
+        interpreter lock only briefly and the thread computing beside it is not kept waiting."""
         head = _KV_HEADER.pack(KV_MAGIC, self.n_layers, self.n_heads, self.length, self.head_dim)
         parts = [np.asarray(t.contiguous().numpy(), dtype="<f4") for pair in zip(self.keys, self.values) for t in pair]
         return [memoryview(head), *(memoryview(a.reshape(-1)).cast("B") for a in parts)]

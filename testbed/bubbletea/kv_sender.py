@@ -54,7 +54,7 @@ class KVSender:
             if self.addr is None or cache is None:
                 self.release(held)
                 continue
-            payload = cache.buffers()  # no copy: the training thread is not kept from the lock
+            payload = cache.buffers()  # no copy: the stream's thread is not kept from the lock
             size = sum(b.nbytes for b in payload)
             header = {**header, "kv_bytes": size, "sent_ns": now_ns()}
             data = json.dumps(header).encode()

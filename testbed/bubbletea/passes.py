@@ -1,6 +1,6 @@
 """What a worker's prefill keeps of its work (BubbleTea, ``prefill.py``): a request being prefilled
-(``Job``) and one forward pass over chunks of one or more of them (``Pass``). The tensors, prompts
-and KV caches, are in the prefill stream's process (``prefill_stream.py``)."""
+(``Job``) and one forward pass over chunks of one or more of them (``Pass``). A request's KV
+cache is in the prefill stream's process (``prefill_stream.py``); a pass's chunks go there with it."""
 
 from __future__ import annotations
 

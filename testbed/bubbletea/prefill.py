@@ -135,8 +135,9 @@ class PrefillServer:
     def start_fill(self, predicted: float, prev_end_ns: int) -> Fill:
         """``fill_predicted`` of a bubble from a thread of its own, while the caller waits for
         training's input itself (no thread between the input and the operation it feeds): the
-        caller says when the input arrived with ``Fill.end``. Every other call of the server first
-        waits for that thread to be done (``settle``)."""
+        caller says when the input arrived with ``Fill.end``. Every call of the server but
+        ``observe`` (which that thread never touches) first waits for that thread to be done
+        (``settle``)."""
         self.settle()
         self._filling = fill = Fill(self, predicted, prev_end_ns)
         return fill
@@ -205,8 +206,7 @@ class PrefillServer:
         if not isinstance(work, NewBatch):
             return None
         jobs, tokens = [free[i] for i, _ in work.chunks], [n for _, n in work.chunks]
-        # a request's first chunk carries its prompt to the stream
-        parts = [Part(j.rid, j.pos, n, None if j.pos else j.tokens.numpy().tobytes()) for j, n in zip(jobs, tokens)]
+        parts = [Part(j.rid, j.pos, j.tokens[j.pos : j.pos + n].numpy().tobytes()) for j, n in zip(jobs, tokens)]
         slot = self.stream.add(parts)
         if slot is None:  # every slot of the stream in use: only stopped passes go on
             return None

@@ -10,10 +10,11 @@ that split between what is computed and when:
   worker's forward passes for real (``chunk_batch.ChunkBatch.step``), one block at a time, the
   pass the worker is paying for first, then any other pass not yet computed (a pass stopped in an
   earlier bubble goes on being computed while training runs: its results are only used once the
-  pass has had all its GPU time). It holds the requests' prompts and KV caches, and hands each
-  finished cache to the decode host (``kv_sender.py``);
-- **when**: the worker's own thread gives a pass emulated GPU time only inside bubbles
-  (``prefill.PrefillServer._run_pass``), and stops giving it the moment training's data arrives,
+  pass has had all its GPU time). It holds the requests' KV caches (their tokens come with each
+  pass, chunk by chunk), and hands each finished cache to the decode host (``kv_sender.py``);
+- **when**: a thread of the worker gives a pass emulated GPU time only inside bubbles
+  (``prefill.PrefillServer._run_pass``, from ``prefill.Fill``), and stops giving it the moment
+  training's data arrives (its GPU time ending at the arrival),
   wherever the pass is, as the high-priority stream's kernel would take the SMs. A pass is done
   when it has had its whole target time and its blocks are computed; a bubble that has given a pass
   its whole target time and still waits for the CPU to finish its blocks is an overrun, counted.
@@ -23,18 +24,21 @@ which it holds between its many small torch operations, so that the worker's thr
 training's data, waited for it (and a ``SCHED_IDLE`` thread set aside by the kernel while holding
 the lock held training back until the kernel ran it again). The worker's side only sends
 messages (a pipe) and reads counters the process writes (shared memory): each pass's blocks
-computed and real compute time, and the bytes of KV caches handed off.
+computed and real compute time, and the bytes of KV caches handed off. A pass's counters sit in
+a slot; the process writes, first, which pass it has taken up there, so that the worker never
+reads a slot's earlier pass's counters as its new pass's.
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import multiprocessing as mp
 import os
 import signal
-import sys
 import time
 import traceback
+from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -45,6 +49,7 @@ from testbed.bubbletea.chunk_batch import ChunkBatch
 from testbed.bubbletea.inference import InferenceModel
 from testbed.bubbletea.kv_cache import KVCache
 from testbed.bubbletea.kv_sender import KVSender
+from testbed.lifetime import die_with_parent
 
 #: the stream process's scheduling class: SCHED_IDLE, the CPU's counterpart of a low-priority
 #: stream. A waking thread of any other class preempts a SCHED_IDLE one at once (the kernel's
@@ -56,24 +61,26 @@ from testbed.bubbletea.kv_sender import KVSender
 #: slices overrunning 3.3-4.0% -> 0.9-2.2%. The KV sender's thread keeps the normal class.
 SCHED_POLICY = os.SCHED_IDLE
 #: passes a worker may have in the stream at once (stopped ones included): the shared counters'
-#: places; a worker with none free starts no new pass until one is done
+#: places; a worker with none free starts no new pass until one is done (``add`` gives None)
 SLOTS = 256
 #: the shared counters: an error flag, the KV cache bytes handed off so far, then per slot
-#: (blocks computed, real compute ns)
-_ERROR, _RELEASED, _FIRST_SLOT = 0, 1, 2
-#: Linux's prctl(PR_SET_PDEATHSIG): the stream ends with the worker, even one killed with -9
-PR_SET_PDEATHSIG = 1
+#: (the pass the process has taken up there, its blocks computed, its real compute ns)
+_ERROR, _RELEASED, _FIRST_SLOT, _PER_SLOT = 0, 1, 2, 3
+
+
+def _at(slot: int) -> int:
+    """Where ``slot``'s counters begin in the shared array."""
+    return _FIRST_SLOT + _PER_SLOT * slot
 
 
 @dataclass(frozen=True)
 class Part:
-    """One request's chunk in a pass: ``n`` tokens of request ``rid`` from position ``start``;
-    ``prompt`` (int64 bytes) with a request's first chunk, which the stream has not seen yet."""
+    """One request's chunk in a pass: its tokens (int64 bytes) at positions ``start``.. of
+    request ``rid``."""
 
     rid: int
     start: int
-    n: int
-    prompt: bytes | None = None
+    tokens: bytes
 
 
 class PrefillStream:
@@ -87,14 +94,19 @@ class PrefillStream:
     def __init__(self, model: InferenceModel, decode_addr: str | None) -> None:
         ctx = mp.get_context("fork")  # the worker's model and imports, shared copy-on-write
         self.n_layers = model.cfg.n_layers
-        self._shared = ctx.RawArray(ctypes.c_int64, _FIRST_SLOT + 2 * SLOTS)
+        self._shared = ctx.RawArray(ctypes.c_int64, _at(SLOTS))
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(
-            target=_serve, args=(child, self._shared, model, decode_addr), name="prefill-stream", daemon=True
+            target=_serve,
+            args=(child, self._shared, model, decode_addr, os.getpid()),
+            name="prefill-stream",
+            daemon=True,
         )
         self._proc.start()
         child.close()
-        self._free = list(range(SLOTS - 1, -1, -1))
+        self._free = deque(range(SLOTS))  # the longest free first
+        self._owner = [0] * SLOTS  # the pass (its id, from 1) each slot was last given
+        self._ids = itertools.count(1)
 
     @property
     def pid(self) -> int | None:
@@ -105,9 +117,9 @@ class PrefillStream:
         """Give the stream a new pass over ``parts``; returns its slot (None: no slot free)."""
         if not self._free:
             return None
-        slot = self._free.pop()
-        self._shared[_FIRST_SLOT + 2 * slot] = self._shared[_FIRST_SLOT + 2 * slot + 1] = 0
-        self._conn.send(("pass", slot, parts))
+        slot = self._free.popleft()
+        self._owner[slot] = pass_id = next(self._ids)
+        self._conn.send(("pass", slot, pass_id, parts))
         return slot
 
     def run(self, slot: int) -> None:
@@ -115,14 +127,21 @@ class PrefillStream:
         self._conn.send(("run", slot))
 
     def layers_done(self, slot: int) -> int:
-        return self._shared[_FIRST_SLOT + 2 * slot]
+        return self._counters(slot)[0]
 
     def computed(self, slot: int) -> bool:
         return self.layers_done(slot) == self.n_layers
 
     def real_ns(self, slot: int) -> int:
         """Real compute of the pass's blocks so far (ns)."""
-        return self._shared[_FIRST_SLOT + 2 * slot + 1]
+        return self._counters(slot)[1]
+
+    def _counters(self, slot: int) -> tuple[int, int]:
+        """(blocks computed, real ns) of the pass in ``slot``: none before the process has taken it up."""
+        i = _at(slot)
+        if self._shared[i] != self._owner[slot]:
+            return 0, 0
+        return self._shared[i + 1], self._shared[i + 2]
 
     def done(self, slot: int) -> None:
         """The pass in ``slot`` has had its GPU time and its blocks: its requests' caches and
@@ -146,8 +165,9 @@ class PrefillStream:
         return self._shared[_RELEASED]
 
     def result(self, rid: int, timeout_s: float = 30.0) -> tuple[KVCache, torch.Tensor]:
-        """Request ``rid``'s KV cache and last logits (vocab,) so far (for tests). Raises what
-        the process raised, or TimeoutError."""
+        """Request ``rid``'s KV cache and last logits (vocab,) so far, for inspection (tests), from
+        the thread that gives passes GPU time and never while it does. Raises what the process
+        raised, or TimeoutError."""
         self._conn.send(("result", rid))
         if not self._conn.poll(timeout_s):
             raise TimeoutError(f"the prefill stream did not answer for request {rid} within {timeout_s} s")
@@ -158,13 +178,19 @@ class PrefillStream:
         return KVCache.from_bytes(cache), torch.frombuffer(bytearray(logits), dtype=torch.float32)
 
     def check(self) -> None:
-        """Raise, in the caller's thread, what the stream's process raised."""
+        """Raise, in the caller's thread, what the stream's process raised (each error once)."""
         if self._shared[_ERROR] and self._conn.poll():
-            _, error = self._conn.recv()
+            try:
+                _, error = self._conn.recv()
+            except EOFError:  # the process has ended: nothing more to hand over
+                return
+            finally:
+                self._shared[_ERROR] = 0
             raise error
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Send the finished KV caches (within ``timeout_s``), then end the process."""
+        """Send the finished KV caches (within ``timeout_s``), then end the process. Raises what
+        it raised meanwhile."""
         if self._proc.is_alive():
             try:
                 self._conn.send(("close", timeout_s))
@@ -174,35 +200,35 @@ class PrefillStream:
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join()
-        self._conn.close()
+        try:
+            self.check()
+        finally:
+            self._conn.close()
 
 
 class _Stream:
-    """The process's side: the prompts and caches of the worker's requests, its passes."""
+    """The process's side: the KV caches of the worker's requests, and its passes."""
 
     def __init__(self, conn: Connection, shared: Any, model: InferenceModel, sender: KVSender) -> None:
         self.conn, self.shared, self.model, self.sender = conn, shared, model, sender
-        self.prompts: dict[int, torch.Tensor] = {}
         self.caches: dict[int, KVCache] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.passes: dict[int, tuple[ChunkBatch, list[Part]]] = {}  # by slot, in the order given
         self.computed: dict[int, tuple[ChunkBatch, list[Part]]] = {}  # by slot, until done or dropped
         self.preferred: int | None = None
+        self.taking: int | None = None
 
     def handle(self, msg: tuple) -> bool:
         """One message from the worker; False for ``close``."""
         kind = msg[0]
         if kind == "pass":
-            _, slot, parts = msg
-            for p in parts:
-                if p.prompt is not None:
-                    self.prompts[p.rid] = torch.frombuffer(bytearray(p.prompt), dtype=torch.int64)
-            self.passes[slot] = (
-                ChunkBatch(
-                    self.model, [(self.prompts[p.rid][p.start : p.start + p.n], self.caches.get(p.rid)) for p in parts]
-                ),
-                parts,
-            )
+            _, slot, pass_id, parts = msg
+            i = _at(slot)
+            self.shared[i + 1] = self.shared[i + 2] = 0
+            self.shared[i] = pass_id  # taken up: its counters are the worker's to read
+            self.taking = slot  # a pass the model refuses: ``fail`` ends the worker's wait on it
+            self.passes[slot] = (ChunkBatch(self.model, [self._part(p) for p in parts]), parts)
+            self.taking = None
         elif kind == "run":
             self.preferred = msg[1]
         elif kind == "done":
@@ -214,7 +240,6 @@ class _Stream:
             self.computed.pop(msg[1], None)
         elif kind == "finish":
             _, rid, header, held = msg
-            self.prompts.pop(rid, None)
             logits = self.logits.pop(rid, None)
             header["first_token"] = int(torch.argmax(logits)) if logits is not None else None
             self.sender.put(header, self.caches.pop(rid, None), held)
@@ -226,17 +251,28 @@ class _Stream:
             return False
         return True
 
+    def _part(self, p: Part) -> tuple[torch.Tensor, KVCache | None]:
+        """A part's tokens and its request's cache so far, which must end where the chunk starts."""
+        cache = self.caches.get(p.rid)
+        held = cache.length if cache is not None else 0
+        if held != p.start:
+            raise RuntimeError(
+                f"request {p.rid}: its chunk starts at position {p.start} but its KV cache holds {held} "
+                "positions (a pass's results applied twice or not at all: a bug of the testbed)"
+            )
+        return torch.frombuffer(bytearray(p.tokens), dtype=torch.int64), cache
+
     def step(self) -> None:
         """Compute the next block of the preferred pass (or of the oldest not computed)."""
         slot = self.preferred if self.preferred in self.passes else next(iter(self.passes))
         batch, parts = self.passes[slot]
         t = time.monotonic_ns()
         batch.step()
-        i = _FIRST_SLOT + 2 * slot
-        self.shared[i + 1] += time.monotonic_ns() - t
+        i = _at(slot)
+        self.shared[i + 2] += time.monotonic_ns() - t
         if batch.done:  # its results are taken when the worker says it is done (its GPU time had)
             self.computed[slot] = self.passes.pop(slot)
-        self.shared[i] = batch.layers_done
+        self.shared[i + 1] = batch.layers_done
 
     def serve(self) -> None:
         """Handle messages and compute blocks until ``close`` or the worker is gone."""
@@ -253,24 +289,22 @@ class _Stream:
                 self.fail(e)
 
     def fail(self, e: Exception) -> None:
-        """Hand ``e`` to the worker (``PrefillStream.check``); its pass counts as computed, so that
-        a wait on it ends."""
+        """Hand ``e`` to the worker (``PrefillStream.check``); every pass not computed (and one the
+        model refused) counts as computed, so that a wait on it ends."""
         try:
             self.conn.send(("error", e))
         except Exception:  # noqa: BLE001 - not picklable: its text instead
-            self.conn.send(("error", RuntimeError(traceback.format_exc())))
-        self.shared[_ERROR] = 1
-        for slot in list(self.passes):
-            self.shared[_FIRST_SLOT + 2 * slot] = self.model.cfg.n_layers
+            self.conn.send(("error", RuntimeError("".join(traceback.format_exception(e)))))
+        self.shared[_ERROR] = 1  # before any wait on a pass ends: the waiter's check() then raises
+        for slot in [*self.passes, *([self.taking] if self.taking is not None else [])]:
+            self.shared[_at(slot) + 1] = self.model.cfg.n_layers
         self.passes.clear()
+        self.taking = None
 
 
-def _serve(conn: Connection, shared: Any, model: InferenceModel, decode_addr: str | None) -> None:
+def _serve(conn: Connection, shared: Any, model: InferenceModel, decode_addr: str | None, worker_pid: int) -> None:
     """The stream process's body."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:  # the worker died before the line above
-        sys.exit(0)
+    die_with_parent(signal.SIGKILL, worker_pid)
     torch.set_num_threads(1)
 
     def release(n: int) -> None:

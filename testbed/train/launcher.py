@@ -30,14 +30,10 @@ import sys
 import traceback
 from typing import Any
 
+from testbed.lifetime import die_with_parent
+
 CLONE_NEWNET = 0x40000000
-PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-
-
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """prctl(PR_SET_PDEATHSIG): this process gets ``sig`` when its parent dies (even by kill -9)."""
-    _libc.prctl(PR_SET_PDEATHSIG, sig)
 
 
 def enter_netns(path: str) -> None:

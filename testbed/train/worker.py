@@ -66,6 +66,11 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         Path(cfg.out_dir) / "events" / f"w{rank}.jsonl",
         **{T.WORKER: rank, T.HOST: me.host, T.DC: me.dc, T.STAGE: stage, T.REPLICA: replica},
     )
+    bt = cfg.bubbletea
+    # BubbleTea's prefill stream is a process forked from this one (bubbletea/prefill_stream.py):
+    # made before the process group, it inherits none of gloo's threads or sockets
+    corpus = pre.train_tokens  # prompts are real text of it
+    server = None if bt is None else PrefillServer.for_worker(bt, exp.seed, rank, me.dc, ev, exp.padded, corpus)
     dist.init_process_group(
         "gloo",
         init_method=cfg.init_method,
@@ -77,11 +82,9 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         dp_groups = [dist.new_group([rank_of(s, r, R) for r in range(R)]) for s in range(S)]
     my_dp = dp_groups[stage]
     startup_mark(cfg, rank, "process_group")
-    bt = cfg.bubbletea
-    if bt is not None and bt.alone:  # no training: the same emulated GPU serves prefill alone
-        alone = PrefillServer.for_worker(bt, exp.seed, rank, me.dc, ev, exp.padded, pre.train_tokens)
-        serve_alone(alone, exp.iterations, bt.prior_iteration_s, ev)
-        finish(cfg, rank, ev, alone)
+    if bt is not None and server is not None and bt.alone:  # no training: the GPU serves prefill alone
+        serve_alone(server, exp.iterations, bt.prior_iteration_s, ev)
+        finish(cfg, rank, ev, server)
         return
     mcfg = exp.model
     model = Stage(pre.full_model, stage, S)
@@ -103,8 +106,6 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     n_prev = exp.wan_connections if prev_rank is not None and dc_of[prev_rank] != me.dc else 1
     n_next = exp.wan_connections if next_rank is not None and dc_of[next_rank] != me.dc else 1
 
-    # prompts are real text of the corpus
-    server = PrefillServer.for_worker(bt, exp.seed, rank, me.dc, ev, exp.padded, train) if bt is not None else None
     prev_end = [now_ns()]  # end of this worker's latest compute: where a bubble starts
 
     def wait_filling(works: list, slot: str, since_ns: int) -> tuple[int, Fill | None, dict[str, int]]:

@@ -24,8 +24,6 @@ is how that path is tested here (``scripts/vm_check``; the suite's ``tests/integ
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import hashlib
 import json
 import os
@@ -40,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from testbed.lifetime import die_with_parent
 from testbed.net.features import boot_id
 
 CACHE = Path("/var/cache/testbed/vm")
@@ -103,8 +102,8 @@ sleep 30
 
 
 def _die_with_parent() -> None:
-    """In the qemu child: prctl(PR_SET_PDEATHSIG, SIGKILL), so no VM outlives a killed run."""
-    ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl(1, signal.SIGKILL)
+    """In the qemu child: SIGKILL when the test dies, so no VM outlives a killed run."""
+    die_with_parent(signal.SIGKILL)
 
 
 class VmError(Exception):
