@@ -19,12 +19,11 @@ from __future__ import annotations
 import itertools
 import json
 import socket
-import threading
 from collections import deque
 
 import torch
 
-from testbed.bubbletea.bubble_end import Arrived, BubbleEnd
+from testbed.bubbletea.bubble_end import BubbleEnd
 from testbed.bubbletea.decisions import (
     LOOKAHEAD,
     KVBudget,
@@ -35,9 +34,11 @@ from testbed.bubbletea.decisions import (
     choose_work,
     prefill_seconds,
 )
+from testbed.bubbletea.fill import Fill
 from testbed.bubbletea.inference import InferenceModel
 from testbed.bubbletea.passes import Job, Pass, keep_stopped
-from testbed.bubbletea.prefill_stream import Part, PrefillStream
+from testbed.bubbletea.prefill_stream import PrefillStream
+from testbed.bubbletea.stream_process import Part
 from testbed.plan.memory import kv_cache_bytes
 from testbed.plan.worker_config import BubbleTeaConfig
 from testbed.spec.bubbletea import BubbleTeaSpec
@@ -139,7 +140,7 @@ class PrefillServer:
         ``observe`` (which that thread never touches) first waits for that thread to be done
         (``settle``)."""
         self.settle()
-        self._filling = fill = Fill(self, predicted, prev_end_ns)
+        self._filling = fill = Fill(lambda arrived: self.fill_predicted(predicted, prev_end_ns, arrived))
         return fill
 
     def settle(self) -> None:
@@ -338,35 +339,3 @@ class PrefillServer:
         self._sync_budget()
         self.inbox.close()
         self.out.close()
-
-
-class Fill:
-    """A bubble filled by ``server.fill_predicted`` from a thread of its own (``start_fill``):
-    ``end(t_ns)`` says training's input arrived at ``t_ns``; ``settle()`` waits until the thread is
-    done and returns whether a pass had the GPU when the input came (training's operation then
-    started late by its start minus ``t_ns``, as ``prefill_delay_ns``). Raises again, from
-    ``settle``, what the thread raised."""
-
-    def __init__(self, server: PrefillServer, predicted: float, prev_end_ns: int) -> None:
-        self.arrived = Arrived()
-        self._held: int | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._run, args=(server, predicted, prev_end_ns), name="bubble-fill", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self, server: PrefillServer, predicted: float, prev_end_ns: int) -> None:
-        try:
-            self._held = server.fill_predicted(predicted, prev_end_ns, self.arrived)
-        except BaseException as e:  # noqa: BLE001 - raised again in the worker's thread by settle()
-            self._error = e
-
-    def end(self, t_ns: int) -> None:
-        self.arrived.end(t_ns)
-
-    def settle(self) -> bool:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._held is not None

@@ -27,7 +27,8 @@ import torch.distributed as dist
 
 from testbed.atlas.channel import DONE, READY, RECV, ControlClient
 from testbed.bubbletea.alone import serve_alone
-from testbed.bubbletea.prefill import Fill, PrefillServer
+from testbed.bubbletea.fill import Fill
+from testbed.bubbletea.prefill import PrefillServer
 from testbed.model.gpt import Stage, lm_loss
 from testbed.plan.placement import rank_of
 from testbed.plan.schedule import make_schedule

@@ -603,10 +603,7 @@ def test_a_pass_batches_several_requests_and_a_stopped_pass_resumes_first(tmp_pa
         assert ready == arrival and server.stopped == [work]  # its GPU time ends at the arrival
         assert 0.02 <= work.paid_s <= 0.03 and jobs[0].pos == 0
         # its blocks are computed while it is stopped; it still owes the GPU the rest of its time
-        deadline = time.monotonic() + 10
-        while not server.stream.computed(work.slot) and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert server.stream.computed(work.slot) and work.left_s > 0
+        assert _computed_within(server.stream, work.slot) and work.left_s > 0
         # a bubble too short for the stopped pass's rest: a new pass, without the stopped one's jobs
         other = server._next_pass(work.left_s * 0.9, 0.0)  # a lone 20-token chunk takes 0.05 s
         assert other is not None and other.jobs == [jobs[2]] and server.stopped == [work]
@@ -817,16 +814,15 @@ def test_the_prefill_stream_computes_a_pass_and_hands_its_errors_to_the_worker(m
     """A pass added to the stream is computed block by block in its process (its counters in shared
     memory); a pass the model refuses (a chunk past the context) is raised again, with the model's
     message, in the worker's thread by ``check``."""
-    from testbed.bubbletea.prefill_stream import Part, PrefillStream
+    from testbed.bubbletea.prefill_stream import PrefillStream
+    from testbed.bubbletea.stream_process import Part
 
     stream = PrefillStream(model, None)
     try:
         prompt = prompt_tokens_for(1, 20, 0)
         slot = stream.add([Part(1, 0, prompt.numpy().tobytes())])
         stream.run(slot)
-        deadline = time.monotonic() + 10
-        while not stream.computed(slot) and time.monotonic() < deadline:
-            time.sleep(0.005)
+        _computed_within(stream, slot)
         assert stream.layers_done(slot) == CFG.n_layers and stream.real_ns(slot) > 0
         stream.check()  # nothing raised
         stream.done(slot)  # its GPU time had: its results are the request's
@@ -835,10 +831,7 @@ def test_the_prefill_stream_computes_a_pass_and_hands_its_errors_to_the_worker(m
         assert cache.length == 20 and torch.allclose(logits, want_logits, atol=ATOL)
         too_long = prompt_tokens_for(2, CFG.seq_len + 1, 0)
         bad = stream.add([Part(2, 0, too_long.numpy().tobytes())])
-        deadline = time.monotonic() + 10
-        while not stream.computed(bad) and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert stream.computed(bad) and time.monotonic() < deadline  # a wait on it ends at once
+        assert _computed_within(stream, bad)  # a wait on it ends at once
         with pytest.raises(InferenceError, match="seq_len|context|positions"):
             stream.check()
     finally:
@@ -853,7 +846,8 @@ def test_a_reused_slot_shows_none_of_its_earlier_pass(model):
     import signal
     from collections import deque
 
-    from testbed.bubbletea.prefill_stream import Part, PrefillStream, _at
+    from testbed.bubbletea.prefill_stream import PrefillStream
+    from testbed.bubbletea.stream_process import Part, slot_at
 
     stream = PrefillStream(model, None)
     try:
@@ -864,15 +858,13 @@ def test_a_reused_slot_shows_none_of_its_earlier_pass(model):
         try:
             second = stream.add([Part(2, 0, prompt_tokens_for(2, 20, 0).numpy().tobytes())])
             assert second == first == 0
-            i = _at(0)  # the first pass's last block, written after the worker gave the slot again
+            i = slot_at(0)  # the first pass's last block, written after the worker gave the slot again
             stream._shared[i], stream._shared[i + 1], stream._shared[i + 2] = stream._owner[0] - 1, CFG.n_layers, 10**6
             assert stream.layers_done(0) == 0 and stream.real_ns(0) == 0 and not stream.computed(0)
         finally:
             os.kill(stream.pid, signal.SIGCONT)
         stream.run(0)
-        deadline = time.monotonic() + 10
-        while not stream.computed(0) and time.monotonic() < deadline:
-            time.sleep(0.005)
+        _computed_within(stream, 0)
         stream.done(0)
         cache, _ = stream.result(2)
         assert cache.length == 20
@@ -911,6 +903,14 @@ def test_the_prefill_stream_ends_with_its_worker_even_one_killed(tmp_path):
     finally:
         worker.kill()
         worker.wait()
+
+
+def _computed_within(stream, slot: int, timeout_s: float = 10.0) -> bool:
+    """Whether the pass in ``slot`` of ``stream`` is computed within ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while not stream.computed(slot) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return stream.computed(slot)
 
 
 def _alive(pid: int) -> bool:
