@@ -61,8 +61,8 @@ class WanShaper:
         ``(src DC, dst DC)``."""
         out = {}
         for src, dst in wan_ends:
-            end = self.plan.wan_ends[(src, dst)]
-            out[(src, dst)] = netlink_tc.read_classes(self.handles.ipr(self.plan.routers[src].netns), end.ifname)
+            netns, ifname = self.plan.routers[src].netns, self.plan.wan_ends[(src, dst)].ifname
+            out[(src, dst)] = netlink_tc.read_classes(self.handles.ipr(netns), self.handles.ifindex(netns, ifname))
         return out
 
     def queued_packets(self) -> int:
