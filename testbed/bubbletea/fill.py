@@ -12,10 +12,12 @@ from testbed.bubbletea.bubble_end import Arrived, BubbleEnd
 
 class Fill:
     """``fill(arrived)`` (``PrefillServer.fill_predicted`` of one bubble) run in a thread of its own:
-    ``end(t_ns)`` says training's input arrived at ``t_ns``; ``settle()`` waits until the thread is
-    done and returns whether a pass had the GPU when the input came (training's operation then
-    started late by its start minus ``t_ns``, as ``prefill_delay_ns``). Raises again, from
-    ``settle``, what the thread raised."""
+    ``end(t_ns)`` says training's input arrived at ``t_ns`` and ``wake()`` wakes the thread to
+    stop its pass there (apart: ``bubble_end.Arrived``; the worker wakes it once the operation the
+    input feeds has started); ``settle()`` wakes it, waits until it is done and returns whether a
+    pass had the GPU when the input came (training's operation then started late by its start
+    minus ``t_ns``, as ``prefill_delay_ns``). Raises again, from ``settle``, what the thread
+    raised."""
 
     def __init__(self, fill: Callable[[BubbleEnd], int | None]) -> None:
         self.arrived = Arrived()
@@ -33,7 +35,11 @@ class Fill:
     def end(self, t_ns: int) -> None:
         self.arrived.end(t_ns)
 
+    def wake(self) -> None:
+        self.arrived.wake()
+
     def settle(self) -> bool:
+        self.arrived.wake()
         self._thread.join()
         if self._error is not None:
             raise self._error

@@ -136,7 +136,8 @@ class PrefillServer:
     def start_fill(self, predicted: float, prev_end_ns: int) -> Fill:
         """``fill_predicted`` of a bubble from a thread of its own, while the caller waits for
         training's input itself (no thread between the input and the operation it feeds): the
-        caller says when the input arrived with ``Fill.end``. Every call of the server but
+        caller says when the input arrived with ``Fill.end`` and wakes the thread with
+        ``Fill.wake`` once its operation has started. Every call of the server but
         ``observe`` (which that thread never touches) first waits for that thread to be done
         (``settle``)."""
         self.settle()
@@ -144,7 +145,7 @@ class PrefillServer:
         return fill
 
     def settle(self) -> None:
-        """Wait until the bubble filled from a thread (``start_fill``), ended, is done with."""
+        """Wake the thread that filled a bubble (``start_fill``), ended, and wait until it is done."""
         fill, self._filling = self._filling, None
         if fill is not None:
             fill.settle()

@@ -112,7 +112,8 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     def wait_filling(works: list, slot: str, since_ns: int) -> tuple[int, Fill | None, dict[str, int]]:
         """Wait for gloo ``works`` (a bubble that began at ``since_ns``), this thread itself, as
         without BubbleTea; under BubbleTea, where there is anything to prefill, a thread fills the
-        bubble meanwhile (``PrefillServer.start_fill``) and is told when the works finished.
+        bubble meanwhile (``PrefillServer.start_fill``) and is told when the works finished
+        (``Fill.end``; it is woken later: ``started``, or the server's next call).
         Returns (when they had finished (ns), as this thread's wait returned; the bubble's fill,
         if any: ``Fill.settle`` says whether a prefill pass had the GPU then; the wait event's
         bubble fields, ``PrefillServer.observe``)."""
@@ -141,14 +142,18 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         ev.defer(T.RECV_WAIT, t0, now_ns(), **fields, bytes=act_bytes, peer=src, ready_ns=ready, **bubble)
         return buf, ready, fill
 
-    def link_free(src: int, it: int, m: int) -> None:
-        """Atlas's "done": microbatch ``m``'s transfer from ``src`` is in, its link free. Sent once
-        the operation it feeds has started, as a GPU's kernel starts on the data while its host
-        sends the message: the controller (real-time class) that the message wakes then takes
-        this worker's CPU during its padded compute, not between the data's arrival and the
-        operation's start (on default, 8 iterations: operations started over 1 ms after their
-        input 12-19 -> 4-6 of 192 without BubbleTea, start p50 0.30-0.33 -> 0.10-0.11 ms)."""
+    def started(src: int, it: int, m: int, fill: Fill | None) -> None:
+        """The operation fed by microbatch ``m``'s transfer from ``src`` has started: tell Atlas's
+        controller the transfer is in, its link free ("done"), and wake the thread that filled
+        the bubble, if any (``Fill.wake``), to end its prefill pass at the arrival. Both only now,
+        as a GPU's kernel starts on the data while its host sends messages: the threads woken
+        (the controller in the real-time class) then take this worker's CPU during its padded
+        compute, not between the data's arrival and the operation's start (on default, 8
+        iterations: operations started over 1 ms after their input 12-19 -> 4-6 of 192 without
+        BubbleTea, start p50 0.30-0.33 -> 0.10-0.11 ms; the filling thread: ``Arrived``)."""
         ctl.send(DONE, src, rank, it, m)
+        if fill is not None:
+            fill.wake()
 
     def computed(kind: str, t0: int, fields: dict, ready: int | None, fill: Fill | None) -> None:
         """Pad a forward or backward that started at ``t0`` to its target and trace it, with when its
@@ -205,7 +210,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
                     inp.requires_grad_()
                 t0 = now_ns()
                 if not first:
-                    link_free(prev_rank, it, m)
+                    started(prev_rank, it, m, fill)
                 outp = model(inp)
                 if last:
                     loss = lm_loss(outp, y[m * mb : (m + 1) * mb]) / M
@@ -222,7 +227,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
                     grad, ready, fill = receive(next_rank, n_next, it, m, f"B{m}")
                 t0 = now_ns()
                 if not last:
-                    link_free(next_rank, it, m)
+                    started(next_rank, it, m, fill)
                 outp.backward(grad)
                 computed(T.BACKWARD, t0, fields, ready, fill)
                 if not first:

@@ -626,6 +626,22 @@ def test_a_pass_batches_several_requests_and_a_stopped_pass_resumes_first(tmp_pa
         server.close()
 
 
+def test_an_arrival_marked_wakes_a_waiting_thread_only_when_told():
+    """``Arrived.end`` marks the bubble ended (``is_set``, ``t_ns``) without waking a thread in
+    ``wait``: the worker wakes it once its operation has started (``wake``)."""
+    came, seen = Arrived(), []
+    waiter = threading.Thread(target=lambda: seen.append(came.wait(30.0)))
+    waiter.start()
+    came.end(123)
+    assert came.is_set() and came.t_ns == 123
+    waiter.join(0.2)
+    assert waiter.is_alive() and not seen  # marked, not woken: still waiting
+    came.wake()
+    waiter.join(5.0)
+    assert seen == [True]
+    assert came.wait(0.0) is True  # once woken, a wait returns at once
+
+
 def test_a_bubble_filled_from_its_own_thread_ends_when_the_worker_says_the_input_came(tmp_path):
     """``start_fill``: a thread fills the bubble while the worker's thread waits for its input
     itself; ``Fill.end`` stops the pass there, its GPU time and its slice ending at the input's
