@@ -4,7 +4,7 @@ emulated WAN (DESIGN.md section 2), so control traffic never perturbs what is me
 Per cross-DC transfer (sender rank ``src``, receiver rank ``dst``, iteration ``it``, microbatch
 ``mb``) the sender says ``ready`` when it starts the send, the receiver ``recv`` when it posts the
 receive (gloo moves data only once both are there) and ``done`` once the data has arrived,
-right after the operation it feeds has started (``train/worker.py``'s ``started``).
+right after the operation it feeds has started (``train/worker.py``'s ``operation_started``).
 Workers never wait for the controller: a message that cannot be sent is dropped. The runner ends
 the controller with ``stop``, and with ``replan`` tells it to read the plan made from the first
 iteration's profiled compute (real compute only) from ``REPLAN_FILE`` beside its log.

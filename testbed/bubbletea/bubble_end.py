@@ -18,8 +18,11 @@ from testbed.trace.clock import now_ns
 
 class BubbleEnd(Protocol):
     """``threading.Event``'s reading side: ``is_set()`` whether the bubble has ended; ``wait(timeout)``
-    blocks until it has or ``timeout`` seconds have passed (None: no limit) and returns ``is_set()``;
-    ``t_ns`` when it ended (``trace.clock.now_ns``), once ``is_set()``."""
+    blocks until the waiting thread is to look again (the bubble has ended and, for ``Arrived``,
+    the worker has woken it) or ``timeout`` seconds have passed (None: no limit), and returns
+    ``is_set()``; ``t_ns`` when it ended (``trace.clock.now_ns``), once ``is_set()``;
+    ``until_woken()``, once it has ended, blocks until the thread may act on the end (at once
+    but for ``Arrived``, until woken)."""
 
     @property
     def t_ns(self) -> int | None: ...
@@ -28,18 +31,23 @@ class BubbleEnd(Protocol):
 
     def wait(self, timeout: float | None = None) -> bool: ...
 
+    def until_woken(self) -> None: ...
+
 
 class Arrived:
     """A bubble that ends when another thread says training's input has arrived: ``end(t_ns)``
-    marks it ended without waking a thread that ``wait``s; ``wake()`` wakes it.
+    marks it ended without waking a thread that ``wait``s; ``wake()`` wakes it (and ends the
+    bubble now if nothing ended it before).
 
     Apart, so that the worker's thread marks the arrival at once and wakes the filling thread
     only once training's operation has started: woken at the arrival, that thread took the
     worker's CPU (the kernel runs a thread it wakes) or its interpreter lock between the
-    arrival and the operation's start (default, 4 requests/s, 8 iterations: operations started
-    over 1 ms after their input 9-17 -> 5-8 of 192, start p50 0.20-0.21 -> 0.09-0.13 ms). A
-    waiting thread that wakes on its own (its timeout) sees the mark and ends its pass's GPU time
-    at ``t_ns`` all the same."""
+    arrival and the operation's start (default, 4 requests/s, 8 iterations, two runs each at
+    8cd5dc6 and with the split, 2026-12-04: operations started over 1 ms after their input
+    17 and 9 -> 5 and 8 of 192, start p50 0.20-0.21 -> 0.09-0.13 ms). A filling thread that
+    wakes on its own (its pass's time is up, or it looks whether an overrunning pass's blocks
+    are computed) sees the mark, ends its pass's GPU time at ``t_ns`` all the same, and waits
+    to be woken (``until_woken``) before doing anything else."""
 
     def __init__(self) -> None:
         self.t_ns: int | None = None
@@ -49,6 +57,8 @@ class Arrived:
         self.t_ns = t_ns
 
     def wake(self) -> None:
+        if self.t_ns is None:  # woken unended (an error on the worker's side): ends now
+            self.t_ns = now_ns()
         self._event.set()
 
     def is_set(self) -> bool:
@@ -58,6 +68,9 @@ class Arrived:
         """Block until woken (``wake``) or ``timeout`` s have passed; returns ``is_set()``."""
         self._event.wait(timeout)
         return self.is_set()
+
+    def until_woken(self) -> None:
+        self._event.wait()
 
 
 class Deadline:
@@ -74,3 +87,6 @@ class Deadline:
         if left_s > 0:
             time.sleep(left_s if timeout is None else min(left_s, timeout))
         return self.is_set()
+
+    def until_woken(self) -> None:
+        pass

@@ -47,7 +47,8 @@ from testbed.trace.clock import now_ns
 from testbed.trace.events import EventWriter
 
 #: how often a pass that has had its GPU time, waiting for the prefill stream to compute its
-#: blocks (an overrun), looks whether they are (s); the training input's arrival wakes it at once
+#: blocks (an overrun), looks whether they are (s); the worker wakes it at once once the operation
+#: that training's input feeds has started (``bubble_end.Arrived``)
 POLL_S = 0.00025
 
 
@@ -170,6 +171,7 @@ class PrefillServer:
             if work is None:
                 break
             if arrived.is_set():  # the data came while the pass was chosen: training goes first
+                arrived.until_woken()
                 self._not_run(work)
                 break
             ready_ns = self._run_pass(work, arrived)
@@ -231,9 +233,10 @@ class PrefillServer:
         in all and the prefill stream has computed its blocks, or until training's data arrives:
         then its GPU time ends at the arrival (``arrived.t_ns``), wherever the pass is
         (``prefill_stream.py``: training's stream preempts prefill's; this thread waits on
-        ``arrived``, woken by it); a stopped pass is kept in ``stopped`` for a later bubble, and
-        its slice's event is deferred (``fill``). Without padding a pass needs no GPU time beyond
-        its real compute. Returns when the data arrived, if it did."""
+        ``arrived``, woken by the worker once its operation has started, and does nothing more
+        until then: ``BubbleEnd.until_woken``); a stopped pass is kept in ``stopped`` for a later
+        bubble, and its slice's event is deferred (``fill``). Without padding a pass needs no GPU
+        time beyond its real compute. Returns when the data arrived, if it did."""
         t0 = now_ns()
         stream, slot = self.stream, work.slot
         stream.run(slot)
@@ -251,6 +254,8 @@ class PrefillServer:
             else:  # its GPU time is given, its blocks are not computed yet: an overrun
                 waited_ns = waited_ns or t
                 arrived.wait(POLL_S)
+        if ready_ns is not None:
+            arrived.until_woken()
         if ready_ns is not None and ready_ns <= t0:  # it came as the pass was given: it had no GPU time
             self._not_run(work)
             return None

@@ -215,7 +215,7 @@ class WanShaper:
     def wan_classes(self, src_dc: str, dst_dc: str) -> dict[int, dict[str, int]]:
         """HTB classes on the WAN egress ``src_dc`` -> ``dst_dc`` as read back from the kernel."""
         ipr, egress = self._wan(src_dc, dst_dc)
-        return netlink_tc.read_classes(ipr, egress.ifname)
+        return netlink_tc.read_classes(ipr, self.handles.ifindex(egress.netns, egress.ifname))
 
     def wan_tc_argv(self, src_dc: str, dst_dc: str) -> list[list[str]]:
         """The tc(8) commands equivalent to the current shaping of one WAN egress."""

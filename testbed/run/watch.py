@@ -5,7 +5,6 @@ and the WAN classes' counters (sampled into ``link_counters.jsonl``)."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -31,16 +30,9 @@ class RunError(TestbedError):
     """A worker crashed or hung; the run was aborted (its traces are kept)."""
 
 
-#: the link sampler thread's nice value: the lowest priority of the normal class. A sample costs
-#: about 10 ms of CPU (pyroute2 parses each class's dump); at the default priority it took a
-#: waking worker's CPU for up to a slice, so that training operations started over 1 ms after
-#: their input arrived. Lowered, it runs where the emulated GPUs leave the CPU free.
-SAMPLER_NICE = 19
-
-
 class LinkSampler(threading.Thread):
     """Samples every WAN class's counters (bytes sent, queue drops, overlimits, backlog) every
-    ``interval_s`` into link_counters.jsonl, from a thread at ``SAMPLER_NICE``."""
+    ``interval_s`` into link_counters.jsonl."""
 
     def __init__(self, net: Network, path: Path, interval_s: float = 0.1) -> None:
         super().__init__(name="link-sampler", daemon=True)
@@ -50,7 +42,6 @@ class LinkSampler(threading.Thread):
     def run(self) -> None:
         from pyroute2.netlink.exceptions import NetlinkError
 
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SAMPLER_NICE)  # this thread only (Linux)
         with open_jsonl(self.path) as f:
             while not self._halt.wait(self.interval_s):
                 try:

@@ -113,7 +113,8 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         """Wait for gloo ``works`` (a bubble that began at ``since_ns``), this thread itself, as
         without BubbleTea; under BubbleTea, where there is anything to prefill, a thread fills the
         bubble meanwhile (``PrefillServer.start_fill``) and is told when the works finished
-        (``Fill.end``; it is woken later: ``started``, or the server's next call).
+        (``Fill.end``; it is woken later: ``operation_started``, or at once where no input feeds an
+        operation).
         Returns (when they had finished (ns), as this thread's wait returned; the bubble's fill,
         if any: ``Fill.settle`` says whether a prefill pass had the GPU then; the wait event's
         bubble fields, ``PrefillServer.observe``)."""
@@ -142,7 +143,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         ev.defer(T.RECV_WAIT, t0, now_ns(), **fields, bytes=act_bytes, peer=src, ready_ns=ready, **bubble)
         return buf, ready, fill
 
-    def started(src: int, it: int, m: int, fill: Fill | None) -> None:
+    def operation_started(src: int, it: int, m: int, fill: Fill | None) -> None:
         """The operation fed by microbatch ``m``'s transfer from ``src`` has started: tell Atlas's
         controller the transfer is in, its link free ("done"), and wake the thread that filled
         the bubble, if any (``Fill.wake``), to end its prefill pass at the arrival. Both only now,
@@ -210,7 +211,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
                     inp.requires_grad_()
                 t0 = now_ns()
                 if not first:
-                    started(prev_rank, it, m, fill)
+                    operation_started(prev_rank, it, m, fill)
                 outp = model(inp)
                 if last:
                     loss = lm_loss(outp, y[m * mb : (m + 1) * mb]) / M
@@ -227,21 +228,25 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
                     grad, ready, fill = receive(next_rank, n_next, it, m, f"B{m}")
                 t0 = now_ns()
                 if not last:
-                    started(next_rank, it, m, fill)
+                    operation_started(next_rank, it, m, fill)
                 outp.backward(grad)
                 computed(T.BACKWARD, t0, fields, ready, fill)
                 if not first:
                     pending.extend(send(inp.grad, prev_rank, n_prev, it, m))
         fields = {T.ITERATION: it, T.MICROBATCH: -1}
         t0 = now_ns()
-        _, _, bubble = wait_filling(pending, T.SEND_DRAIN_SLOT, prev_end[0])  # the sends drain
+        _, fill, bubble = wait_filling(pending, T.SEND_DRAIN_SLOT, prev_end[0])  # the sends drain
+        if fill is not None:  # no operation waits on the sends: the filling thread is woken at once
+            fill.wake()
         ev.write(T.SEND_WAIT, t0, now_ns(), **fields, **bubble)
         if R > 1:
             t0 = now_ns()
             flat = torch.cat([p.grad.reshape(-1) for p in params])
             work = dist.all_reduce(flat, group=my_dp, async_op=True)
             # BubbleTea fills while the gradients travel (and the peers arrive)
-            _, _, bubble = wait_filling([work], T.ALLREDUCE_SLOT, t0)
+            _, fill, bubble = wait_filling([work], T.ALLREDUCE_SLOT, t0)
+            if fill is not None:  # the optimizer step waits for no transfer: woken at once
+                fill.wake()
             flat /= R
             offset = 0
             for p in params:

@@ -33,9 +33,13 @@ def test_two_dc_kernel_state_matches_plan(tmp_path, clean_machine):
         peer_mac = _ns(west_r.netns, "ip", "-o", "link", "show", far.ifname).split("link/ether ")[1].split()[0]
         assert f"{end.peer_ip} lladdr {peer_mac} PERMANENT" in _ns(east_r.netns, "ip", "neigh", "show", "dev", "w-west")
         # shaping: HTB with the link rate on each end's egress
+        counters = net.wan_counters()  # what the link sampler reads while training
         for src, dst in (("east", "west"), ("west", "east")):
             classes = net.shaping.wan_classes(src, dst)
             assert classes[0x1]["rate_bps"] == classes[0x10]["rate_bps"] == spec.links[0].rate_bps
+            assert {m: c["rate_bps"] for m, c in counters[(src, dst)].items()} == {
+                m: c["rate_bps"] for m, c in classes.items()
+            }
         leaf = "netem" if net.mechanism == "netem" else "pfifo"
         assert read_qdiscs(net.handles.ipr(east_r.netns), "w-west") == ["htb", leaf]
         if net.mechanism == "nfqueue":

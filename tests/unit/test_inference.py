@@ -39,6 +39,9 @@ class _Looks:
     def wait(self, timeout=None) -> bool:
         return self.is_set()
 
+    def until_woken(self) -> None:
+        pass
+
 
 @pytest.fixture(scope="module")
 def model():
@@ -642,10 +645,13 @@ def test_an_arrival_marked_wakes_a_waiting_thread_only_when_told():
     assert came.wait(0.0) is True  # once woken, a wait returns at once
 
 
-def test_a_bubble_filled_from_its_own_thread_ends_when_the_worker_says_the_input_came(tmp_path):
+@pytest.mark.parametrize("woken_after_s", [0.0, 0.08])
+def test_a_bubble_filled_from_its_own_thread_ends_when_the_worker_says_the_input_came(tmp_path, woken_after_s):
     """``start_fill``: a thread fills the bubble while the worker's thread waits for its input
     itself; ``Fill.end`` stops the pass there, its GPU time and its slice ending at the input's
-    time; ``settle`` says a pass had the GPU then; the next bubble waits for the thread first."""
+    time, even when the thread is woken (``settle``) only after the pass's time was up (0.08 s
+    against a 0.05 s pass); ``settle`` says a pass had the GPU then; the next bubble waits for
+    the thread first."""
     import json
 
     from testbed.bubbletea.passes import Job
@@ -661,6 +667,7 @@ def test_a_bubble_filled_from_its_own_thread_ends_when_the_worker_says_the_input
         time.sleep(0.02)
         arrived = now_ns()
         fill.end(arrived)
+        time.sleep(woken_after_s)
         assert fill.settle() is True
         [work] = server.stopped
         assert work.slices == 1 and 0 < work.paid_s <= (arrived - t0) / 1e9
@@ -704,6 +711,7 @@ def test_a_pass_given_the_gpu_after_the_data_came_had_none_of_it(tmp_path):
         work = server._next_pass(1.0, 0.0)
         came = Arrived()
         came.end(now_ns())  # before the pass begins
+        came.wake()
         assert server._run_pass(work, came) is None
         assert not server.stopped and work.slices == 0 and job.first_start_ns is None
         server.ev.close()
