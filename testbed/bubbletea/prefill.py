@@ -47,7 +47,7 @@ from testbed.trace.clock import now_ns
 from testbed.trace.events import EventWriter
 
 #: how often a pass that has had its GPU time, waiting for the prefill stream to compute its
-#: blocks (an overrun), looks whether they are (s); the worker wakes it at once once the operation
+#: blocks (an overrun), looks whether they are (s); the worker wakes it as soon as the operation
 #: that training's input feeds has started (``bubble_end.Arrived``)
 POLL_S = 0.00025
 
