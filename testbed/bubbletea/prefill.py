@@ -17,8 +17,6 @@ of the worker's DC (``kv_sender.py``).
 from __future__ import annotations
 
 import itertools
-import json
-import socket
 from collections import deque
 
 import torch
@@ -34,6 +32,7 @@ from testbed.bubbletea.decisions import (
     choose_work,
     prefill_seconds,
 )
+from testbed.bubbletea.dispatcher_link import DispatcherLink
 from testbed.bubbletea.fill import Fill
 from testbed.bubbletea.inference import InferenceModel
 from testbed.bubbletea.passes import Job, Pass, keep_stopped
@@ -90,12 +89,7 @@ class PrefillServer:
         self._passes = itertools.count()
         self.stream = PrefillStream(self.model, decode_addr)
         self._released = 0  # KV cache bytes the stream had handed off when last looked at
-        self.inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.inbox.bind(inbox)
-        self.inbox.setblocking(False)
-        self.dispatcher = dispatcher
-        self.out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.out.setblocking(False)
+        self.link = DispatcherLink(inbox, dispatcher)
         self.iteration = 0
         #: each slot's prediction when its latest wait began (``observe`` hands it back)
         self._predicted: dict[str, float | None] = {}
@@ -116,12 +110,7 @@ class PrefillServer:
 
     # --------------------------------------------------------------- requests in
     def poll_inbox(self) -> None:
-        while True:
-            try:
-                msg = json.loads(self.inbox.recv(512))
-            except BlockingIOError:
-                return
-            self.jobs.append(Job.of_request(msg, self.seed, self.corpus))
+        self.jobs.extend(Job.of_request(msg, self.seed, self.corpus) for msg in self.link.requests())
 
     # --------------------------------------------------------------- the bubbles
     def bubble_to_fill(self, slot: str) -> float | None:
@@ -256,9 +245,9 @@ class PrefillServer:
                 arrived.wait(POLL_S)
         if ready_ns is not None:
             arrived.until_woken()
-        if ready_ns is not None and ready_ns <= t0:  # it came as the pass was given: it had no GPU time
-            self._not_run(work)
-            return None
+            if ready_ns <= t0:  # it came as the pass was given: it had no GPU time
+                self._not_run(work)
+                return None
         for job in work.jobs:
             job.first_start_ns = job.first_start_ns or t0
         t1 = now_ns() if ready_ns is None else ready_ns
@@ -313,20 +302,18 @@ class PrefillServer:
         """Tell the dispatcher this worker's predicted bubbles and queued prefill (after each iteration)."""
         self.settle()
         self.iteration = iteration + 1
-        msg = {
-            "ev": "profile",
-            "rank": self.rank,
-            "it": iteration,
-            "bubble_s": self.predictor.per_iteration_s(),
-            "largest_s": self.predictor.largest_s(),
-            "iteration_s": iteration_s,
-            "backlog_s": self.backlog_s(),
-            "ready": self.predictor.ready,
-        }
-        try:
-            self.out.sendto(json.dumps(msg).encode(), self.dispatcher)
-        except OSError:
-            pass
+        self.link.send(
+            {
+                "ev": "profile",
+                "rank": self.rank,
+                "it": iteration,
+                "bubble_s": self.predictor.per_iteration_s(),
+                "largest_s": self.predictor.largest_s(),
+                "iteration_s": iteration_s,
+                "backlog_s": self.backlog_s(),
+                "ready": self.predictor.ready,
+            }
+        )
 
     # --------------------------------------------------------------- KV cache out
     def _finish(self, job: Job) -> None:
@@ -343,5 +330,4 @@ class PrefillServer:
         self.settle()
         self.stream.close(timeout_s)
         self._sync_budget()
-        self.inbox.close()
-        self.out.close()
+        self.link.close()

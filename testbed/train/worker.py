@@ -18,7 +18,6 @@ insert work between actions, none of which those schedules expose.
 from __future__ import annotations
 
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from testbed.trace import schema as T
 from testbed.trace.clock import now_ns, sleep_until
 from testbed.trace.events import EventWriter
 from testbed.trace.startup import mark_startup
+from testbed.train.checkout import leave_together
 from testbed.train.data import batch
 from testbed.train.padding import Padder
 from testbed.train.preload import Preloaded, preload
@@ -281,22 +281,6 @@ def finish(cfg: WorkerConfig, rank: int, ev: EventWriter, server: PrefillServer 
     leave_together(rank, len(cfg.workers), cfg.timeout_s)
     ev.close()
     dist.destroy_process_group()
-
-
-def leave_together(rank: int, world: int, timeout_s: float) -> None:
-    """Check out of the run through the process group's store (hosted by rank 0): every worker has
-    finished its last operation, so no gloo traffic is needed (with gloo's lazy connections, a
-    collective barrier would open pairs that never talked, through a store that rank 0 may
-    already be tearing down). Rank 0 stays until every worker has checked out."""
-    store = dist.distributed_c10d._get_default_store()
-    store.add("testbed/checked_out", 1)
-    if rank != 0:
-        return
-    deadline = time.monotonic() + timeout_s
-    while store.add("testbed/checked_out", 0) < world:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"only {store.add('testbed/checked_out', 0)} of {world} workers checked out")
-        time.sleep(0.01)
 
 
 if __name__ == "__main__":
