@@ -8,14 +8,17 @@ iterations seen) and every decode host listens (it says so with a
 ``decode_ready`` datagram); each request, at its arrival time, goes to the worker
 ``decisions.choose_worker`` picks, or waits in the dispatcher until one has room. Every
 assignment is a line of ``requests/dispatch.jsonl`` (arrival and assignment times, worker).
+
+The thread waits in one place: on the profile socket, until a datagram comes, the next request
+arrives, or ``POLL_S`` passes (to see ``stop``); it never sleeps past an arrival.
 """
 
 from __future__ import annotations
 
 import json
+import select
 import socket
 import threading
-import time
 from collections import deque
 from pathlib import Path
 
@@ -23,6 +26,18 @@ from testbed.bubbletea.decisions import MIN_CHUNK_TOKENS, WorkerLoad, choose_wor
 from testbed.bubbletea.request_table import Request
 from testbed.spec.bubbletea import BubbleTeaSpec, dispatched_prompt
 from testbed.trace.clock import now_ns
+
+POLL_S = 0.05  # the longest wait on the socket: how soon ``stop`` is seen
+
+
+def wait_s(now_ns: int, next_arrival_ns: int | None, pending: bool) -> float:
+    """How long the dispatcher may wait on its socket, in seconds: until the next request's
+    arrival (``next_arrival_ns``, None when no request is to come or the stream has not started),
+    at most ``POLL_S``; ``POLL_S`` while requests wait for a worker with room (only a profile
+    datagram, which ends the wait at once, can make room); 0 when an arrival is due."""
+    if pending or next_arrival_ns is None:
+        return POLL_S
+    return min(POLL_S, max(0.0, (next_arrival_ns - now_ns) / 1e9))
 
 
 class Dispatcher(threading.Thread):
@@ -48,7 +63,7 @@ class Dispatcher(threading.Thread):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock_path.unlink(missing_ok=True)
         self.sock.bind(str(self.sock_path))
-        self.sock.settimeout(0.005)
+        self.sock.setblocking(False)
         self.out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.out.setblocking(False)
         self._halt = threading.Event()
@@ -56,11 +71,13 @@ class Dispatcher(threading.Thread):
         self.failed: BaseException | None = None
         self.smallest_chunk_s = prefill_seconds(spec.model, 0, MIN_CHUNK_TOKENS, s_per_flop)
 
-    def _profiles(self) -> None:
+    def _profiles(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for a datagram, then take in every one queued."""
+        select.select([self.sock], [], [], timeout_s)
         while True:
             try:
                 msg = json.loads(self.sock.recv(1024))
-            except (TimeoutError, BlockingIOError):
+            except BlockingIOError:
                 return
             if msg.get("ev") == "decode_ready":
                 self.decode_waiting.discard(msg["dc"])
@@ -84,7 +101,8 @@ class Dispatcher(threading.Thread):
         pending: deque[tuple[Request, int]] = deque()
         upcoming = deque(self.requests)
         while not self._halt.is_set():
-            self._profiles()
+            next_ns = self.t0_ns + int(upcoming[0].arrival_s * 1e9) if self.t0_ns is not None and upcoming else None
+            self._profiles(wait_s(now_ns(), next_ns, bool(pending)))
             if self.t0_ns is None:
                 if self._ready():
                     self.t0_ns = now_ns()
@@ -109,10 +127,6 @@ class Dispatcher(threading.Thread):
                 except OSError:
                     continue  # the worker is gone (end of run): the request is not completed
                 self.log.write(json.dumps({"event": "assign", **msg, "assigned_ns": now_ns(), "worker": rank}) + "\n")
-            if upcoming and not pending:
-                wait = (self.t0_ns + int(upcoming[0].arrival_s * 1e9) - now_ns()) / 1e9
-                if wait > 0.005:
-                    time.sleep(min(wait, 0.05))
 
     def stop(self) -> None:
         self._halt.set()

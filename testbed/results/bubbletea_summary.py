@@ -30,7 +30,8 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     iterations' wall time), ``prefill_alone_share`` and ``prefill_alone_tokens_per_s``
     (defined in ``trace/metrics.py``), ``requests_assigned``, ``requests_completed`` (first token at a decode
     host), ``requests_decoded``, ``ttft_p50_s``/``ttft_p99_s`` (arrival to first token at the decode
-    host, KV transfer included), ``ttft_within_slo_share`` (of the requests assigned, those whose
+    host, KV transfer included), ``dispatch_delay_p50_ms``/``_p99_ms`` (arrival to assignment,
+    over the requests assigned), ``ttft_within_slo_share`` (of the requests assigned, those whose
     first token came within ``ttft_slo_s``), ``ttft_alone_p50_s`` and ``ttft_slo_reachable_share``
     (the same requests on GPUs serving prefill alone, ``ttft_alone_s``), ``ttft_slo_attainment`` and
     ``ttft_scaled_slo_attainment`` with how many requests each judged (against ``ttft_slo_s`` and
@@ -73,6 +74,7 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
     first = [r for r in decode_log if r.get("event") == "first_token"]
     decoded = [r for r in decode_log if r.get("event") == "decoded"]
     assigned = [r for r in read_jsonl(run_dir / "requests" / "dispatch.jsonl") if r.get("event") == "assign"]
+    dispatch_ms = pd.Series([(r["assigned_ns"] - r["arrival_ns"]) / 1e6 for r in assigned], dtype=float)
     slo_s = config["bubbletea"].get("ttft_slo_s", BubbleTeaSpec().ttft_slo_s)
     slo_scale = config["bubbletea"].get("ttft_slo_scale", BubbleTeaSpec().ttft_slo_scale)
     end_ns = int(train[T.END_NS].max()) if len(train) else 0  # no prefill after training ends
@@ -102,6 +104,8 @@ def bubbletea_stats(run_dir: Path, ev: pd.DataFrame, config: dict, training_util
         M.REQUESTS_DECODED: len(decoded),
         M.TTFT_P50_S: float(ttft.quantile(0.5)) if len(ttft) else None,
         M.TTFT_P99_S: float(ttft.quantile(0.99)) if len(ttft) else None,
+        M.DISPATCH_DELAY_P50_MS: float(dispatch_ms.quantile(0.5)) if len(dispatch_ms) else None,
+        M.DISPATCH_DELAY_P99_MS: float(dispatch_ms.quantile(0.99)) if len(dispatch_ms) else None,
         M.TTFT_WITHIN_SLO_SHARE: float((ttft <= slo_s).sum() / len(assigned)) if assigned else None,
         M.TTFT_SLO_S: slo_s,
         M.TTFT_ALONE_P50_S: float(alone.quantile(0.5)) if len(alone) else None,

@@ -132,6 +132,8 @@ EXTRA_ROWS = [
     (M.REQUESTS_COMPLETED, "requests completed"),
     (M.TTFT_P50_S, "TTFT p50 (s)"),
     (M.TTFT_P99_S, "TTFT p99 (s)"),
+    (M.DISPATCH_DELAY_P50_MS, "  of it, arrival to dispatch p50 (ms)"),
+    (M.DISPATCH_DELAY_P99_MS, "  of it, arrival to dispatch p99 (ms)"),
     (M.TTFT_WITHIN_SLO_SHARE, "share of requests within the TTFT SLO"),
     (M.TTFT_ALONE_P50_S, "TTFT p50 serving prefill alone (s)"),
     (M.TTFT_SLO_REACHABLE_SHARE, "share within the SLO serving prefill alone"),

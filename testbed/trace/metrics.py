@@ -59,6 +59,9 @@ REQUESTS_ASSIGNED, REQUESTS_COMPLETED, REQUESTS_DECODED = (
     "requests_decoded",
 )
 TTFT_P50_S, TTFT_P99_S = "ttft_p50_s", "ttft_p99_s"
+#: from a request's arrival to the dispatcher's handing it to a worker (ms; part of its TTFT): the
+#: dispatcher's own lag, plus the wait while no worker's predicted bubble had room
+DISPATCH_DELAY_P50_MS, DISPATCH_DELAY_P99_MS = "dispatch_delay_p50_ms", "dispatch_delay_p99_ms"
 #: BubbleTea's prefill of the measured window as a share of what the same training hosts deliver
 #: serving prefill alone (no training), and that rate (tokens/s over all of them): the slices'
 #: padded targets over the hosts' wall time, since alone each host runs the same chunks back to

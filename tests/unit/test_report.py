@@ -284,7 +284,16 @@ def test_a_run_serving_prefill_alone_has_windows_not_iterations(tmp_path):
         assert s[key] is None, key
     from testbed.results.bubbletea_summary import bubbletea_stats
 
+    (tmp_path / "requests").mkdir()
+    (tmp_path / "requests" / "dispatch.jsonl").write_text(
+        "".join(
+            json.dumps({"event": "assign", "rid": rid, "arrival_ns": a, "assigned_ns": a + d, "worker": 0}) + "\n"
+            for rid, a, d in ((0, 10 * MS, 2 * MS), (1, 50 * MS, 10 * MS))
+        )
+    )
     bt = bubbletea_stats(tmp_path, ev, cfg, s["gpu_utilization"])
+    assert bt["requests_assigned"] == 2
+    assert bt["dispatch_delay_p50_ms"] == pytest.approx(6.0) and bt["dispatch_delay_p99_ms"] == pytest.approx(9.92)
     assert bt["gpu_utilization"] == pytest.approx((0.6 + 0.4) / 2) and bt["training_gpu_utilization"] == 0
     assert bt["prefill_alone_share"] == pytest.approx(0.5)  # 2 x (60 + 40) ms of 2 x 200 ms
     assert bt["prefill_tokens_per_s"] == pytest.approx(4 * 64 / 0.2)
