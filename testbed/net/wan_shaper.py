@@ -47,6 +47,10 @@ class WanShaper:
         self._egress: dict[tuple[str, str], EgressPlan] = {}
         self._lock = threading.Lock()
         self._rtnl: dict[str, socket.socket] = {}  # plain rtnetlink sockets by namespace, for batches
+        #: the counters' own sockets by namespace (``counters`` is called from the link sampler's
+        #: thread while batches go out on the others), used under ``_counters_lock``
+        self._counter_socks: dict[str, socket.socket] = {}
+        self._counters_lock = threading.Lock()
 
     # ----------------------------------------------------------------- installing and reading
     def install(self, egress: EgressPlan) -> None:
@@ -57,12 +61,17 @@ class WanShaper:
             self._write(self.now_ns(), "add", egress.netns, egress.ifname, cls, 0)
 
     def counters(self, wan_ends: Sequence[tuple[str, str]]) -> dict[tuple[str, str], dict[int, dict[str, int]]]:
-        """The HTB classes with their counters (``netlink_tc.read_classes``) of the WAN egresses
-        ``(src DC, dst DC)``."""
+        """The HTB classes with their counters of the WAN egresses ``(src DC, dst DC)``, in
+        ``netlink_tc.read_classes``' form, read on plain rtnetlink sockets
+        (``rtnl_raw.read_htb_classes``: this is the link sampler's read, ten times a second)."""
         out = {}
-        for src, dst in wan_ends:
-            netns, ifname = self.plan.routers[src].netns, self.plan.wan_ends[(src, dst)].ifname
-            out[(src, dst)] = netlink_tc.read_classes(self.handles.ipr(netns), self.handles.ifindex(netns, ifname))
+        with self._counters_lock:
+            for src, dst in wan_ends:
+                netns, ifname = self.plan.routers[src].netns, self.plan.wan_ends[(src, dst)].ifname
+                if netns not in self._counter_socks:
+                    self._counter_socks[netns] = rtnl_raw.rtnl_socket(netns)
+                index = self.handles.ifindex(netns, ifname)
+                out[(src, dst)] = rtnl_raw.read_htb_classes(self._counter_socks[netns], index)
         return out
 
     def queued_packets(self) -> int:
@@ -86,6 +95,10 @@ class WanShaper:
         for sock in self._rtnl.values():
             sock.close()
         self._rtnl.clear()
+        with self._counters_lock:
+            for sock in self._counter_socks.values():
+                sock.close()
+            self._counter_socks.clear()
         self._log.close()
 
     def _rtnl_socket(self, netns: str) -> socket.socket:
