@@ -23,6 +23,8 @@ from testbed.atlas.grants import NEVER, GrantLoop, Hop
 from testbed.atlas.switch import GrantSwitch
 from testbed.atlas.timing import timing_from_json
 from testbed.lifetime import die_with_parent
+from testbed.trace import task_names
+from testbed.trace.task_names import name_this_thread
 
 
 def serve_messages(
@@ -80,6 +82,7 @@ def serve(plan_path: str) -> None:
     plan = json.loads(Path(plan_path).read_text())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner handles Ctrl-C and stops us
     die_with_parent()
+    name_this_thread(task_names.CONTROLLER)
     _raise_priority()
     switch = GrantSwitch(GrantSwitch.batches_from_json(plan["switch"]), Path(plan["log"]), Path(plan["shaping_log"]))
     loop = grant_loop_from_plan(plan, switch)

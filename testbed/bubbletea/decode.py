@@ -32,7 +32,9 @@ from testbed.bubbletea.kv_cache import InferenceError, KVCache
 from testbed.bubbletea.kv_sender import DECODE_PORT, FRAME
 from testbed.plan.worker_config import WorkerConfig, read_worker_config
 from testbed.spec.bubbletea import BubbleTeaSpec
+from testbed.trace import task_names
 from testbed.trace.clock import now_ns, sleep_until
+from testbed.trace.task_names import name_this_thread
 
 
 def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
@@ -179,6 +181,7 @@ class _Decoding:
 
 
 def main(config_path: str, dc: str) -> None:
+    name_this_thread(task_names.DECODE)
     torch.set_num_threads(1)
     try:
         os.nice(10)  # decode hosts must not take CPU time from the emulated GPUs that train

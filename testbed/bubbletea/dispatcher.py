@@ -25,7 +25,9 @@ from pathlib import Path
 from testbed.bubbletea.decisions import MIN_CHUNK_TOKENS, WorkerLoad, choose_worker, prefill_seconds
 from testbed.bubbletea.request_table import Request
 from testbed.spec.bubbletea import BubbleTeaSpec, dispatched_prompt
+from testbed.trace import task_names
 from testbed.trace.clock import now_ns
+from testbed.trace.task_names import name_this_thread
 
 POLL_S = 0.05  # the longest wait on the socket: how soon ``stop`` is seen
 
@@ -93,6 +95,7 @@ class Dispatcher(threading.Thread):
 
     def run(self) -> None:
         try:
+            name_this_thread(task_names.DISPATCHER)
             self._run()
         except BaseException as e:  # noqa: BLE001 - reported by the runner
             self.failed = e

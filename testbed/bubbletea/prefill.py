@@ -42,6 +42,7 @@ from testbed.plan.memory import kv_cache_bytes
 from testbed.plan.worker_config import BubbleTeaConfig
 from testbed.spec.bubbletea import BubbleTeaSpec
 from testbed.trace import schema as T
+from testbed.trace import task_names
 from testbed.trace.clock import now_ns
 from testbed.trace.events import EventWriter
 
@@ -87,7 +88,7 @@ class PrefillServer:
         #: passes stopped at a layer boundary, oldest first (their jobs are in ``jobs`` too)
         self.stopped: list[Pass] = []
         self._passes = itertools.count()
-        self.stream = PrefillStream(self.model, decode_addr)
+        self.stream = PrefillStream(self.model, decode_addr, task_names.STREAM.format(rank=rank))
         self._released = 0  # KV cache bytes the stream had handed off when last looked at
         self.link = DispatcherLink(inbox, dispatcher)
         self.iteration = 0
@@ -131,7 +132,8 @@ class PrefillServer:
         ``observe`` (which that thread never touches) first waits for that thread to be done
         (``settle``)."""
         self.settle()
-        self._filling = fill = Fill(lambda arrived: self.fill_predicted(predicted, prev_end_ns, arrived))
+        name = task_names.FILL.format(rank=self.rank)
+        self._filling = fill = Fill(lambda arrived: self.fill_predicted(predicted, prev_end_ns, arrived), name)
         return fill
 
     def settle(self) -> None:

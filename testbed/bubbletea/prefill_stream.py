@@ -53,14 +53,14 @@ class PrefillStream:
     bytes added to ``released_bytes`` once handed off. ``close`` sends what is finished and ends
     the process."""
 
-    def __init__(self, model: InferenceModel, decode_addr: str | None) -> None:
+    def __init__(self, model: InferenceModel, decode_addr: str | None, name: str = "prefill-stream") -> None:
         ctx = mp.get_context("fork")  # the worker's model and imports, shared copy-on-write
         self.n_layers = model.cfg.n_layers
         self._shared = ctx.RawArray(ctypes.c_int64, slot_at(SLOTS))
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(
             target=serve_stream,
-            args=(child, self._shared, model, decode_addr, os.getpid()),
+            args=(child, self._shared, model, decode_addr, os.getpid(), name),
             name="prefill-stream",
             daemon=True,
         )

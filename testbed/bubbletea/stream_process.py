@@ -20,6 +20,7 @@ from testbed.bubbletea.inference import InferenceModel
 from testbed.bubbletea.kv_cache import KVCache
 from testbed.bubbletea.kv_sender import KVSender
 from testbed.lifetime import die_with_parent
+from testbed.trace.task_names import name_this_thread
 
 #: the stream process's scheduling class: SCHED_IDLE, the CPU's counterpart of a low-priority
 #: stream. A waking thread of any other class preempts a SCHED_IDLE one at once (the kernel's
@@ -150,10 +151,11 @@ class StreamProcess:
 
 
 def serve_stream(
-    conn: Connection, shared: Any, model: InferenceModel, decode_addr: str | None, worker_pid: int
+    conn: Connection, shared: Any, model: InferenceModel, decode_addr: str | None, worker_pid: int, name: str
 ) -> None:
-    """The stream process's body."""
+    """The stream process's body; ``name``: the process's (``trace.task_names.STREAM``)."""
     die_with_parent(signal.SIGKILL, worker_pid)
+    name_this_thread(name)  # before the sender's thread: it inherits the name
     torch.set_num_threads(1)
 
     def release(n: int) -> None:

@@ -37,7 +37,10 @@ def cmd_clean(args) -> int:
         print("nothing to clean")
     for r in targets:
         if args.dry_run:
-            print(f"would remove run {r.prefix}: {len(r.namespaces)} namespaces, {len(r.processes)} processes")
+            print(
+                f"would remove run {r.prefix}: {len(r.namespaces)} namespaces, {len(r.processes)} processes"
+                + (f", {len(r.trace_instances)} tracefs instances" if r.trace_instances else "")
+            )
             continue
         if r.kind == "remote":
             notes = clean_remote_run(r)
@@ -50,7 +53,11 @@ def cmd_clean(args) -> int:
                 )
                 continue
         removed = clean_run(r)
-        print(f"removed run {r.prefix}: {len(removed['namespaces'])} namespaces, {len(removed['processes'])} processes")
+        traced = removed["trace_instances"]
+        print(
+            f"removed run {r.prefix}: {len(removed['namespaces'])} namespaces, {len(removed['processes'])} processes"
+            + (f", {len(traced)} tracefs instances" if traced else "")
+        )
     return 0
 
 

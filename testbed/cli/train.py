@@ -65,6 +65,7 @@ def cmd_run(args) -> int:
             t_command_ns=command_start_ns(),  # start-up is counted from the command
             force=args.force,
             profile_wan=args.profile_wan,
+            sched_trace=args.sched_trace,
             **backend(args),
         )
     except SpecError:

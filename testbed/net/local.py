@@ -46,6 +46,7 @@ from testbed.net.network import ManagedNetwork
 from testbed.net.registry import RunRecord, control_sockets
 from testbed.net.shaping import plan_shaping
 from testbed.net.topology_record import default_out_dir, write_topology_record
+from testbed.net.tracefs import SchedTrace
 from testbed.net.wan_shaper import WanShaper
 from testbed.spec.addressing import AddressPlan, HostAddr, new_run_prefix
 from testbed.spec.routing import RoutingTable
@@ -256,6 +257,12 @@ class LocalNetwork(LocalFiles, ManagedNetwork):
     def adopt(self, proc: Any, what: str) -> None:
         """Register a process started otherwise (a forked worker) and stop it at teardown."""
         self.processes.adopt(proc, what)
+
+    def sched_trace(self) -> SchedTrace:
+        """A recorder of this machine's scheduler for this run (not started; ``net/tracefs.py``).
+        Raises FeatureError where tracefs is missing."""
+        assert self.record is not None, "not built"
+        return SchedTrace(self.record)
 
     def host_machine(self, host: str) -> str | None:
         """Every host runs on this machine."""

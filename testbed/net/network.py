@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from testbed.errors import DelayElementError, SpecError, TestbedError
 from testbed.net.signals import deferred_signals, signals_deferred
+from testbed.net.tracefs import SchedTrace
 from testbed.spec.addressing import AddressPlan, HostAddr
 from testbed.spec.routing import RoutingTable
 from testbed.spec.topology import TopologySpec
@@ -88,9 +89,10 @@ class LiveShaping(Protocol):
 @runtime_checkable
 class LocalHosts(Protocol):
     """Hosts whose namespaces live on this machine (the netns and Mininet backends): a process of
-    this machine may enter one (``netns_path``), a helper may start beside them, and a process
+    this machine may enter one (``netns_path``), a helper may start beside them, a process
     started otherwise (forked by the worker launcher) is adopted: registered for ``testbed clean``
-    and stopped at teardown."""
+    and stopped at teardown; and this machine's scheduler may be recorded for the run
+    (``sched_trace``, ``tracefs.SchedTrace``)."""
 
     def netns_path(self, host: str) -> str: ...
 
@@ -99,6 +101,8 @@ class LocalHosts(Protocol):
     def start_local(self, argv: Sequence[str], what: str, **kwargs: Any) -> subprocess.Popen: ...
 
     def adopt(self, proc: Process, what: str) -> None: ...
+
+    def sched_trace(self) -> SchedTrace: ...
 
 
 class Network(Protocol):

@@ -76,6 +76,8 @@ class RunRecord:
     processes: list[ProcessEntry] = field(default_factory=list)
     #: --backend remote: {"inventory": Inventory.to_dict(), "roots": {machine: run folder there}}
     remote: dict = field(default_factory=dict)
+    #: tracefs instances the run made (``--sched-trace``, ``net/tracefs.py``), by path
+    trace_instances: list[str] = field(default_factory=list)
 
     @classmethod
     def new(cls, prefix: str, kind: str = "topology", out_dir: str = "") -> RunRecord:
@@ -105,6 +107,14 @@ class RunRecord:
 
     def forget_process(self, pid: int) -> None:
         self.processes = [p for p in self.processes if p.pid != pid]
+        self.save()
+
+    def add_trace_instance(self, path: str) -> None:
+        self.trace_instances.append(path)
+        self.save()
+
+    def forget_trace_instance(self, path: str) -> None:
+        self.trace_instances = [p for p in self.trace_instances if p != path]
         self.save()
 
     def owner_alive(self) -> bool:
@@ -166,6 +176,21 @@ def _reap(pid: int) -> None:
         pass
 
 
+def remove_trace_instance(path: str) -> bool:
+    """Remove the tracefs instance at ``path`` (``<tracefs>/instances/<name>``; removing its
+    directory removes its buffers, settings and events). Returns True if it was there. Raises
+    ValueError for a path that is not an instance's, OSError if the kernel refuses (a reader
+    holds it open)."""
+    p = Path(path)
+    if p.parent.name != "instances" or p.parent.parent.name not in ("tracing",):
+        raise ValueError(f"{path} is not a tracefs instance")
+    try:
+        p.rmdir()
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def existing_namespaces() -> set[str]:
     return set(_netns.listnetns())
 
@@ -173,9 +198,13 @@ def existing_namespaces() -> set[str]:
 def clean_run(rec: RunRecord) -> dict[str, list]:
     """Remove what ``rec`` lists: stop its processes, delete its namespaces, drop its file.
 
-    Returns what was removed: ``{"processes": [pid, ...], "namespaces": [name, ...]}``.
+    Returns what was removed: ``{"processes": [pid, ...], "namespaces": [name, ...],
+    "trace_instances": [path, ...]}``.
     """
-    removed: dict[str, list] = {"processes": [], "namespaces": []}
+    removed: dict[str, list] = {"processes": [], "namespaces": [], "trace_instances": []}
+    for path in rec.trace_instances:
+        if remove_trace_instance(path):
+            removed["trace_instances"].append(path)
     for p in rec.processes:
         if stop_process(p.pid, p.start):
             removed["processes"].append(p.pid)

@@ -24,6 +24,7 @@ from testbed.results.plots import (
     plot_links,
     plot_timeline,
 )
+from testbed.results.sched_trace import sched_stats
 from testbed.results.summary import grant_stats, summarize
 from testbed.trace import metrics as M
 from testbed.trace import schema as T
@@ -80,6 +81,7 @@ def finalize(run_dir: Path, aborted: bool = False) -> dict[str, Any]:
     summary = summarize(A.training_events(ev) if not ev.empty else ev, config, env, counters, aborted)
     summary.update(grant_stats(run_dir))
     summary.update(bubbletea_stats(run_dir, ev, config, summary[M.GPU_UTILIZATION]))
+    summary.update(sched_stats(run_dir, ev, config["warmup_iterations"]))
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     if not ev.empty:
         (run_dir / "trace.json").write_text(json.dumps(chrome_trace(ev, read_jsonl(run_dir / SHAPING_LOG))))
@@ -153,6 +155,11 @@ EXTRA_ROWS = [
     (M.TRAINING_OPS_LATE_WITHOUT_PREFILL, "ops late without prefill"),
     (M.START_AFTER_ARRIVAL_P99_MS_WITHOUT_PREFILL, "  their delay p99 (ms)"),
     (M.BUBBLE_PREDICTION_ERROR_P50_MS, "bubble prediction error p50 (ms)"),
+    (M.SCHED_LATE_OPS, "late ops in the sched trace"),
+    (M.SCHED_LATE_RUNNING_MS, "  their thread on a CPU (ms)"),
+    (M.SCHED_LATE_RUNNABLE_MS, "  waiting for a CPU (ms)"),
+    (M.SCHED_LATE_SLEEPING_MS, "  asleep (ms)"),
+    (M.SCHED_EVENTS_LOST, "  sched events lost"),
 ]
 
 
@@ -171,6 +178,11 @@ def format_summary(s: dict[str, Any]) -> str:
         v = s.get(key)
         if v is not None:
             lines.append(f"  {label:<28} {v:.4g}" if isinstance(v, float) else f"  {label:<28} {v}")
+    if s.get(M.SCHED_CPU_WHILE_RUNNABLE_MS):
+        lines.append(
+            f"  {'  CPUs ran meanwhile (ms)':<28} "
+            + ", ".join(f"{role} {ms:.1f}" for role, ms in s[M.SCHED_CPU_WHILE_RUNNABLE_MS].items())
+        )
     if not s[M.REPRESENTATIVE]:
         lines.append("  WARNING: more than 5% of operations overran their compute target: not representative")
     measured = s[M.COMPLETED_ITERATIONS] - s[M.WARMUP_ITERATIONS]

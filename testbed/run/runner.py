@@ -18,6 +18,7 @@ from testbed.bubbletea.stream import request_stream
 from testbed.errors import SpecError, TestbedError
 from testbed.net.network import LocalHosts, Network
 from testbed.net.registry import control_dir
+from testbed.net.tracefs import SchedTrace, tracefs_root
 from testbed.plan.connections import socket_buffer_cap, wan_connections
 from testbed.plan.cost_model import predict
 from testbed.plan.grant_plan import format_grant_plan, plan_grants
@@ -25,6 +26,7 @@ from testbed.plan.memory import gpu_shortfall
 from testbed.plan.placement import WorkerSpec, decode_hosts, place
 from testbed.plan.worker_config import STAGGER_FILE, TrainingConfig, WorkerConfig, write_worker_config
 from testbed.results.report import finalize
+from testbed.results.sched_trace import write_sched_trace
 from testbed.run.backends import make_network, offers_live_shaping, runs_here
 from testbed.run.bubbletea_setup import prepare_bubbletea, start_bubbletea, stop_bubbletea
 from testbed.run.fit import check_corpus, check_iteration_time, check_memory
@@ -35,6 +37,7 @@ from testbed.run.wan_profiling import profile_wan_paths
 from testbed.run.watch import LinkSampler, RunError, watch
 from testbed.spec.experiment import Experiment
 from testbed.trace.clock import now_ns
+from testbed.trace.schema import SCHED_FILE
 from testbed.trace.startup import mark_startup
 from testbed.train.corpus import corpus_bytes, corpus_sha256
 
@@ -103,6 +106,7 @@ def run_experiment(
     force: bool = False,
     plan_note: str | None = None,
     profile_wan: bool = False,
+    sched_trace: bool = False,
 ) -> dict[str, Any]:
     """Run ``exp`` on ``backend`` (``backends.py``) and return its summary (also in
     ``out_dir/summary.json``). ``launcher``: a worker launcher to reuse (``compare``); without one,
@@ -111,11 +115,23 @@ def run_experiment(
     the cost model predicts to take longer than ``fit.MAX_ITERATION_S``; ``plan_note``: which plan the
     planner chose and why (``what_if.best_plan``), recorded in config.json. ``profile_wan``: before training,
     measure one TCP connection on each WAN path training uses (``net/wan_probe.py``) into
-    ``wan_profile.json``, for ``testbed sim --validate``. Raises SpecError for a run
-    refused before building (``check_runnable``), RunError when a worker fails; PrivilegeError,
-    FeatureError, BuildError from the network."""
+    ``wan_profile.json``, for ``testbed sim --validate``. ``sched_trace``: record the kernel
+    scheduler's events while training (``net/tracefs.py``, ``results/sched_trace.py``; hosts on
+    this machine only). Raises SpecError for a run refused before building (``check_runnable``),
+    RunError when a worker fails; PrivilegeError, FeatureError, BuildError from the network (and
+    FeatureError, before building, where tracefs cannot record the scheduler)."""
     t_begin_ns = t_command_ns or now_ns()
     workers = check_runnable(exp, backend, force)
+    if sched_trace:
+        if not runs_here(backend):
+            raise SpecError(
+                "--sched-trace",
+                "(option)",
+                backend,
+                "traces this machine's scheduler",
+                "use --backend netns or mininet",
+            )
+        tracefs_root()  # FeatureError, before anything is built, where the kernel cannot trace
     check_fresh_out_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     mark_startup(out_dir, "run_start", t_ns=t_begin_ns)
@@ -135,6 +151,7 @@ def run_experiment(
             t_begin_ns,
             plan_note,
             profile_wan,
+            sched_trace,
         )
     finally:
         if own is not None:
@@ -155,6 +172,7 @@ def _run(
     t_begin_ns: int,
     plan_note: str | None = None,
     profile_wan: bool = False,
+    sched_trace: bool = False,
 ) -> dict[str, Any]:
     topo = exp.topology_spec
     corpus_sha = corpus_sha256(corpus_bytes(Path(exp.data) if exp.data else None))
@@ -179,7 +197,10 @@ def _run(
                 mark_startup(out_dir, "wan_profiled")
             if own_launcher is not None and isinstance(net, LocalHosts):
                 net.adopt(own_launcher.proc, "worker launcher")  # registered for testbed clean
-            _train(net, exp, workers, out_dir, hang, progress, t_start, launcher if runs_here(backend) else None)
+            tracer = net.sched_trace() if sched_trace and isinstance(net, LocalHosts) else None
+            _train(
+                net, exp, workers, out_dir, hang, progress, t_start, launcher if runs_here(backend) else None, tracer
+            )
     except (TestbedError, KeyboardInterrupt) as e:  # RunError, a dead delay element or agent: traces kept
         error = e
         if not isinstance(e, (RunError, KeyboardInterrupt)) and not (out_dir / "events").exists():
@@ -210,8 +231,10 @@ def _train(
     progress: Callable[[str], Any],
     t_start: float,
     launcher: Launcher | None,
+    tracer: SchedTrace | None = None,
 ) -> None:
-    """Start the controller, BubbleTea's processes and the workers on the built ``net``; watch them."""
+    """Start the controller, BubbleTea's processes and the workers on the built ``net``; watch them
+    (with ``tracer``, the kernel's scheduler recorded meanwhile into ``sched.parquet``)."""
     # gloo connects each pair when it first talks instead of the whole mesh up front: seconds of
     # start-up, more so with many striped connections (torch's TORCH_GLOO_LAZY_INIT)
     worker_env = {"OMP_NUM_THREADS": "1", "TORCH_GLOO_LAZY_INIT": "1"}
@@ -269,6 +292,8 @@ def _train(
     sampler = LinkSampler(net, out_dir / "link_counters.jsonl")
     sampler.start()
     try:
+        if tracer is not None:
+            tracer.start()
         profile = (
             replan_from_profile(exp, workers, n_conn, controller, out_dir, out_dir / STAGGER_FILE, progress)
             if profiling and controller is not None
@@ -276,8 +301,23 @@ def _train(
         )
         watch(net, exp, workers, procs, out_dir, hang_s, progress, t_start, controller, profile)
     finally:
+        if tracer is not None:
+            tracer.stop()  # the teardown below is not training: not recorded
         sampler.stop()
         if controller is not None:
             controller.stop()
         if dispatcher is not None and bt is not None:
             stop_bubbletea(dispatcher, bt, workers, out_dir, progress)
+        if tracer is not None:
+            _save_sched_trace(tracer, out_dir, progress)
+
+
+def _save_sched_trace(tracer: SchedTrace, out_dir: Path, progress: Callable[[str], Any]) -> None:
+    """Write what ``tracer`` recorded into the run folder, then remove its tracefs instance."""
+    try:
+        if tracer.started:
+            lost = tracer.lost_events()
+            write_sched_trace(out_dir, tracer.lines(), lost)
+            progress(f"scheduler trace in {out_dir / SCHED_FILE}" + (f" ({lost} events lost)" if lost else ""))
+    finally:
+        tracer.close()

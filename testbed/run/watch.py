@@ -18,9 +18,11 @@ from testbed.plan.placement import WorkerSpec
 from testbed.run.profile import FirstIterationProfile
 from testbed.spec.experiment import Experiment
 from testbed.trace import schema as T
+from testbed.trace import task_names
 from testbed.trace.clock import now_ns
 from testbed.trace.jsonl import open_jsonl, write_row
 from testbed.trace.shaping_log import class_id
+from testbed.trace.task_names import name_this_thread
 
 #: Extra time before a run's first event: workers import torch and join the process group.
 STARTUP_S = 120.0
@@ -42,6 +44,7 @@ class LinkSampler(threading.Thread):
     def run(self) -> None:
         from pyroute2.netlink.exceptions import NetlinkError
 
+        name_this_thread(task_names.SAMPLER)
         with open_jsonl(self.path) as f:
             while not self._halt.wait(self.interval_s):
                 try:

@@ -130,3 +130,16 @@ BUBBLE_OVER_PREDICTED_SHARE = "bubble_over_predicted_share"
 #: of the predicted waits' observed time, the part after their predicted end, which prefill
 #: cannot fill (``bubbletea.profile.prediction_error_stats``)
 BUBBLE_BEYOND_PREDICTION_SHARE = "bubble_beyond_prediction_share"
+
+# the scheduler trace (``testbed run --sched-trace``, ``results/sched_trace.py``): of the operations
+# started late, the ms their workers' main threads spent on a CPU, on a run queue waiting for one,
+# and asleep, between their input and their start; what the CPUs ran while they waited, by role
+# (ms; ``trace/task_names.py``); and how many of the kernel's events did not fit its buffers
+SCHED_LATE_OPS = "sched_late_ops"
+SCHED_LATE_RUNNING_MS, SCHED_LATE_RUNNABLE_MS, SCHED_LATE_SLEEPING_MS = (
+    "sched_late_running_ms",
+    "sched_late_runnable_ms",
+    "sched_late_sleeping_ms",
+)
+SCHED_CPU_WHILE_RUNNABLE_MS = "sched_cpu_while_runnable_ms"
+SCHED_EVENTS_LOST = "sched_events_lost"

@@ -86,3 +86,14 @@ T_NS, LINK, CLASSID, TX_BYTES, RATE_BPS = "t_ns", "link", "classid", "tx_bytes",
 #: cumulative packets the class's queue dropped and times it was throttled; bytes queued now
 DROPS, OVERLIMITS, BACKLOG_BYTES = "drops", "overlimits", "backlog_bytes"
 LINK_COUNTER_COLUMNS = [T_NS, LINK, CLASSID, TX_BYTES, RATE_BPS, DROPS, OVERLIMITS, BACKLOG_BYTES]
+
+# the scheduler's events (``sched.parquet``, ``testbed run --sched-trace``: net/tracefs.py), one
+# row each: a context switch on ``cpu`` at ``t_ns`` from task ``prev_pid`` (left in state
+# ``prev_state``: ``R``/``R+`` preempted, still runnable; ``S``, ``D`` and the rest asleep) to
+# ``next_pid``; or a wake-up of ``next_pid`` (toward ``cpu``). Task ids are thread ids; ``*_tgid``
+# their process (-1: unknown); ``next_comm`` the kernel's name of the task (``trace/task_names.py``)
+SCHED_SWITCH, SCHED_WAKEUP = "switch", "wakeup"
+EVENT, CPU, PREV_PID, PREV_TGID, PREV_STATE = "event", "cpu", "prev_pid", "prev_tgid", "prev_state"
+NEXT_PID, NEXT_TGID, NEXT_COMM = "next_pid", "next_tgid", "next_comm"
+SCHED_COLUMNS = [EVENT, T_NS, CPU, PREV_PID, PREV_TGID, PREV_STATE, NEXT_PID, NEXT_TGID, NEXT_COMM]
+SCHED_FILE = "sched.parquet"

@@ -31,6 +31,8 @@ import traceback
 from typing import Any
 
 from testbed.lifetime import die_with_parent
+from testbed.trace import task_names
+from testbed.trace.task_names import name_this_thread
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
@@ -89,6 +91,7 @@ def _child(req: dict[str, Any], cfg: Any, pre: Any, proto_fd: int, launcher_pid:
 def serve(parent_pid: int | None = None) -> None:
     """The launcher's loop (see the module docstring)."""
     die_with_parent()
+    name_this_thread(task_names.LAUNCHER)
     if parent_pid is not None and os.getppid() != parent_pid:  # the runner died before the line above
         return
     proto = os.fdopen(os.dup(1), "w", buffering=1)

@@ -34,9 +34,11 @@ from testbed.plan.schedule import make_schedule
 from testbed.plan.worker_config import WorkerConfig, read_stagger, read_worker_config
 from testbed.spec.model import activation_bytes, activation_shape
 from testbed.trace import schema as T
+from testbed.trace import task_names
 from testbed.trace.clock import now_ns, sleep_until
 from testbed.trace.events import EventWriter
 from testbed.trace.startup import mark_startup
+from testbed.trace.task_names import name_this_thread
 from testbed.train.checkout import leave_together
 from testbed.train.data import batch
 from testbed.train.padding import Padder
@@ -58,6 +60,7 @@ def main(config_path: str, rank: int) -> None:
 
 def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     """Train as worker ``rank`` of the run configured by ``cfg``, from ``pre``."""
+    name_this_thread(task_names.WORKER.format(rank=rank))  # before gloo's threads: they inherit it
     exp, me = cfg.training, cfg.worker(rank)
     S, R, M, mb = exp.stages, exp.replicas, exp.microbatches, exp.microbatch_size
     stage, replica = me.stage, me.replica

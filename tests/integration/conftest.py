@@ -56,15 +56,17 @@ def registered_prefixes() -> set[str]:
 
 def machine_state(ignore: set[str] = frozenset()) -> dict:
     """What the testbed could leave behind in the root namespace: namespaces, links, qdiscs,
-    iptables rules, registered runs. Items naming a prefix in ``ignore`` (runs that were there before
-    the test, e.g. a user's experiment or a run killed earlier) are left out, so that a test compares
-    only what it made itself."""
+    iptables rules, registered runs, tracefs instances (``--sched-trace``). Items naming a prefix
+    in ``ignore`` (runs that were there before the test, e.g. a user's experiment or a run killed
+    earlier) are left out, so that a test compares only what it made itself."""
     netns = sorted(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else []
     links = sorted(re.findall(r"^\d+: ([^:@]+)", _run(["ip", "-o", "link", "show"]), re.M))
     qdiscs = sorted(line.split(" refcnt")[0] for line in _run(["tc", "qdisc", "show"]).splitlines())
     rules = sorted(line for line in _run(["iptables-save"]).splitlines() if not line.startswith(("#", ":")))
     runs = sorted(os.listdir("/run/testbed/runs")) if os.path.isdir("/run/testbed/runs") else []
-    state = {"netns": netns, "links": links, "qdiscs": qdiscs, "iptables": rules, "runs": runs}
+    instances = "/sys/kernel/tracing/instances"
+    traces = sorted(os.listdir(instances)) if os.path.isdir(instances) else []
+    state = {"netns": netns, "links": links, "qdiscs": qdiscs, "iptables": rules, "runs": runs, "tracefs": traces}
     return {key: [item for item in items if not any(p in item for p in ignore)] for key, items in state.items()}
 
 

@@ -681,9 +681,14 @@ def test_a_bubble_filled_from_its_own_thread_ends_when_the_worker_says_the_input
 
 def test_a_bubble_fill_raises_its_error_in_the_worker(tmp_path):
     """What the filling thread raises is raised again in the worker's thread, by ``settle``."""
+    import threading
+
     from testbed.bubbletea.passes import Job
 
+    called = threading.Event()
+
     def boom(*_):
+        called.set()
         raise RuntimeError("a fault of the filling thread's")
 
     server = _padded_server(tmp_path, chunk_s=0.05, prior={"recv": 1.0})
@@ -691,6 +696,7 @@ def test_a_bubble_fill_raises_its_error_in_the_worker(tmp_path):
         server.jobs.append(Job(1, 0, prompt_tokens_for(1, 20, 0), 4))
         server._next_pass = boom
         fill = server.start_fill(1.0, 0)
+        assert called.wait(5)  # the data comes after the thread chose its pass (before, it chooses none)
         fill.end(1)
         with pytest.raises(RuntimeError, match="filling thread"):
             server.settle()

@@ -1,5 +1,6 @@
 """The run registry: records round-trip, PIDs are matched with their start time, dead owners found."""
 
+import json
 import os
 import subprocess
 
@@ -110,3 +111,23 @@ def test_clean_removes_the_runs_control_sockets_only(state_dir):
     rec.save()
     clean_run(rec)
     assert not any(p.exists() for p in mine) and all(p.exists() for p in other)
+
+
+def test_trace_instances_round_trip_and_only_an_instance_is_ever_removed(state_dir, tmp_path):
+    rec = RunRecord("tb1234", os.getpid(), proc_start_time(os.getpid()), 1000.5)
+    rec.save()
+    rec.add_trace_instance("/sys/kernel/tracing/instances/tb1234-sched")
+    assert RunRecord.load(rec.path).trace_instances == ["/sys/kernel/tracing/instances/tb1234-sched"]
+    rec.forget_trace_instance("/sys/kernel/tracing/instances/tb1234-sched")
+    assert RunRecord.load(rec.path).trace_instances == []
+    # a record from before the field loads with none
+    data = {k: v for k, v in json.loads(rec.path.read_text()).items() if k != "trace_instances"}
+    rec.path.write_text(json.dumps(data))
+    assert RunRecord.load(rec.path).trace_instances == []
+    keep = tmp_path / "instances" / "mine"
+    keep.mkdir(parents=True)
+    for path in (tmp_path, keep, "/sys/kernel/tracing"):  # not <tracefs>/instances/<name>
+        with pytest.raises(ValueError, match="not a tracefs instance"):
+            registry.remove_trace_instance(str(path))
+    assert keep.is_dir()
+    assert registry.remove_trace_instance("/sys/kernel/tracing/instances/tb1234-never-made") is False

@@ -1,0 +1,229 @@
+"""A run's scheduler trace (``sched.parquet``, ``testbed run --sched-trace``) read against its late
+training operations: for each forward or backward that started more than ``LATE_START_NS`` after
+its worker saw its input (``analysis.start_after_arrival``), what the worker's main thread did
+meanwhile (ran, waited on a run queue for a CPU, slept) and, while it waited for a CPU, what each
+CPU ran instead, by role (``trace/task_names.py``, relative to the late operation's worker: its
+own gloo threads, its own prefill, other workers, the delay elements...).
+
+The trace's lines are the kernel's text (``net/tracefs.py``): timestamps in microseconds, so
+every figure here is good to a microsecond."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from testbed.results import analysis as A
+from testbed.trace import metrics as M
+from testbed.trace import schema as T
+from testbed.trace.task_names import role_of
+
+_LINE = re.compile(
+    r"^\s*(?P<comm>.*?)-(?P<pid>\d+)\s+\(\s*(?P<tgid>[\d-]+)\)\s+\[(?P<cpu>\d+)\]\s+\S+\s+"
+    r"(?P<sec>\d+)\.(?P<usec>\d{6}): (?P<event>sched_switch|sched_wakeup): (?P<rest>.*)$"
+)
+_SWITCH = re.compile(r"prev_comm=.* prev_pid=(\d+) prev_prio=-?\d+ prev_state=(\S+) ==> next_comm=(.*) next_pid=(\d+) ")
+_WAKEUP = re.compile(r"comm=(.*) pid=(\d+) prio=-?\d+ target_cpu=(\d+)")
+
+#: a late operation's main thread, between its input and its start: on a CPU, on a run queue
+#: waiting for one (woken, or preempted), or asleep (waiting on a lock, a socket...)
+RUNNING, RUNNABLE, SLEEPING = "running", "runnable", "sleeping"
+
+
+def parse_sched_lines(lines: Iterable[str]) -> pd.DataFrame:
+    """The kernel's ``sched_switch`` and ``sched_wakeup`` lines (tracefs ``trace``, with
+    ``record-tgid``) as a table of ``T.SCHED_COLUMNS``, in the order given. A task's process id
+    (``*_tgid``) comes from the lines where it is the running task (-1 where it never is).
+    Lines of other events and malformed lines are left out."""
+    rows, tgid_of = [], {}
+    for line in lines:
+        m = _LINE.match(line)
+        if not m:
+            continue
+        pid, tgid = int(m["pid"]), m["tgid"]
+        if tgid.isdigit():
+            tgid_of[pid] = int(tgid)
+        t_ns = int(m["sec"]) * 1_000_000_000 + int(m["usec"]) * 1000
+        if m["event"] == "sched_switch":
+            s = _SWITCH.match(m["rest"] + " ")
+            if s:
+                rows.append((T.SCHED_SWITCH, t_ns, int(m["cpu"]), int(s[1]), s[2], int(s[4]), s[3]))
+        else:
+            w = _WAKEUP.match(m["rest"])
+            if w:
+                rows.append((T.SCHED_WAKEUP, t_ns, int(w[3]), pid, "", int(w[2]), w[1]))
+    df = pd.DataFrame(rows, columns=[T.EVENT, T.T_NS, T.CPU, T.PREV_PID, T.PREV_STATE, T.NEXT_PID, T.NEXT_COMM])
+    df[T.PREV_TGID] = df[T.PREV_PID].map(tgid_of).fillna(-1).astype("int64")
+    df[T.NEXT_TGID] = df[T.NEXT_PID].map(tgid_of).fillna(-1).astype("int64")
+    return df[T.SCHED_COLUMNS].astype({T.T_NS: "int64", T.CPU: "int64", T.PREV_PID: "int64", T.NEXT_PID: "int64"})
+
+
+def worker_pids(sched: pd.DataFrame) -> dict[int, int]:
+    """Each worker's main thread id, by rank: of the tasks named ``task_names.WORKER`` whose thread
+    id is their process id, the one switched to most often (a process the worker forks carries
+    its name until it names itself: the prefill stream, ``task_names.STREAM``)."""
+    sw = sched[sched[T.EVENT] == T.SCHED_SWITCH]
+    best: dict[int, tuple[int, int]] = {}  # rank -> (switches, pid)
+    for (comm, pid, tgid), g in sw.groupby([T.NEXT_COMM, T.NEXT_PID, T.NEXT_TGID]):
+        role, rank = role_of(comm, pid == tgid)
+        if role == "worker" and rank is not None and (len(g), int(pid)) > best.get(rank, (0, 0)):
+            best[rank] = (len(g), int(pid))
+    return {rank: pid for rank, (_, pid) in best.items()}
+
+
+def relative_role(comm: str, pid: int, tgid: int, worker: int, rank_of_pid: dict[int, int]) -> str:
+    """The role of task ``pid`` (process ``tgid``) named ``comm`` as seen from worker ``worker``'s
+    late operation: its own threads (``own threads``: gloo's and torch's, whatever their names, by
+    their process: ``rank_of_pid``, each worker's main thread id to its rank), its own ``own
+    fill``/``own stream``, the same of ``other workers``, or the role ``role_of`` gives
+    (``delay element``, ``idle``...)."""
+    role, rank = role_of(comm, pid == tgid)
+    if rank is None and tgid in rank_of_pid and pid != tgid:
+        role, rank = "worker thread", rank_of_pid[tgid]
+    if rank is None:
+        return role
+    own = rank == worker
+    return {
+        "worker": "own main thread" if own else "other workers",
+        "worker thread": "own threads" if own else "other workers' threads",
+        "fill": "own fill" if own else "other workers' fills",
+        "stream": "own stream" if own else "other workers' streams",
+    }[role]
+
+
+class _Cpus:
+    """Which task each CPU ran when: per CPU, the switch times and the task switched to."""
+
+    def __init__(self, sw: pd.DataFrame) -> None:
+        self.t: dict[int, np.ndarray] = {}
+        self.task: dict[int, pd.DataFrame] = {}
+        for cpu, g in sw.sort_values(T.T_NS, kind="stable").groupby(T.CPU):
+            self.t[int(cpu)] = g[T.T_NS].to_numpy()
+            self.task[int(cpu)] = g[[T.NEXT_COMM, T.NEXT_PID, T.NEXT_TGID]].reset_index(drop=True)
+
+    def time_by_role(self, a: int, b: int, worker: int, rank_of_pid: dict[int, int], into: dict[str, float]) -> None:
+        """Add to ``into`` each role's CPU time (ms) in [a, b) over all CPUs (``relative_role``);
+        time before a CPU's first switch counts as ``unknown``."""
+        for cpu, t in self.t.items():
+            i = max(0, int(np.searchsorted(t, a, side="right")) - 1)
+            if t[0] > a:
+                into["unknown"] = into.get("unknown", 0.0) + (min(b, t[0]) - a) / 1e6
+            while i < len(t) and t[i] < b:
+                lo, hi = max(a, t[i]), min(b, t[i + 1] if i + 1 < len(t) else b)
+                if hi > lo:
+                    comm, pid, tgid = self.task[cpu].iloc[i]
+                    role = relative_role(comm, pid, tgid, worker, rank_of_pid)
+                    into[role] = into.get(role, 0.0) + (hi - lo) / 1e6
+                i += 1
+
+
+def _states(events: pd.DataFrame, pid: int) -> tuple[np.ndarray, list[str]]:
+    """The state timeline of task ``pid``: the times it changed state and the state from each."""
+    mine = events[(events[T.NEXT_PID] == pid) | ((events[T.EVENT] == T.SCHED_SWITCH) & (events[T.PREV_PID] == pid))]
+    times, states = [], []
+    for ev, prev, prev_state, nxt, t in zip(
+        mine[T.EVENT], mine[T.PREV_PID], mine[T.PREV_STATE], mine[T.NEXT_PID], mine[T.T_NS]
+    ):
+        if ev == T.SCHED_WAKEUP:
+            if states and states[-1] == RUNNING:
+                continue
+            state = RUNNABLE
+        elif nxt == pid:
+            state = RUNNING
+        else:
+            state = RUNNABLE if prev == pid and prev_state.startswith("R") else SLEEPING
+        times.append(t)
+        states.append(state)
+    return np.asarray(times, dtype=np.int64), states
+
+
+def late_start_causes(ev: pd.DataFrame, sched: pd.DataFrame, warmup: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(one row per late operation of the measured iterations: ``worker``, ``kind``,
+    ``iteration``, ``microbatch``, ``ready_ns``, ``start_ns``, ``late_ms`` and the ms its worker's
+    main thread spent ``running``, ``runnable`` and ``sleeping`` in between (and ``unknown``,
+    before the trace saw it); one row per (late operation, role): ``op`` (the first table's
+    index), ``role`` and ``cpu_ms``, the CPU time all CPUs gave that role while the operation's
+    thread was runnable; ``idle``: a CPU that ran nothing). ``ev``: the run's events;
+    ``sched``: ``parse_sched_lines``' table."""
+    train = A.training_events(ev).reset_index(drop=True)
+    starts = A.start_after_arrival(train, warmup)
+    late = starts[starts["late_ns"] > A.LATE_START_NS]  # indexed as ``train``
+    cols = [T.WORKER, T.KIND, T.ITERATION, T.MICROBATCH, T.READY_NS, T.START_NS]
+    ops = train.loc[late.index, cols].astype({T.READY_NS: "int64"}).reset_index(drop=True)
+    ops["late_ms"] = late["late_ns"].to_numpy() / 1e6
+    for s in (RUNNING, RUNNABLE, SLEEPING, "unknown"):
+        ops[s] = 0.0
+    by_role: list[tuple[int, str, float]] = []
+    if ops.empty or sched.empty:
+        return ops, pd.DataFrame(by_role, columns=["op", "role", "cpu_ms"])
+    sched = sched.sort_values(T.T_NS, kind="stable")
+    cpus = _Cpus(sched[sched[T.EVENT] == T.SCHED_SWITCH])
+    pids = worker_pids(sched)
+    rank_of_pid = {pid: rank for rank, pid in pids.items()}
+    timelines = {rank: _states(sched, pid) for rank, pid in pids.items()}
+    for k, op in ops.iterrows():
+        a, b, w = int(op[T.READY_NS]), int(op[T.START_NS]), int(op[T.WORKER])
+        times, states = timelines.get(w, (np.zeros(0, dtype=np.int64), []))
+        i = int(np.searchsorted(times, a, side="right")) - 1
+        cursor, roles = a, {}
+        if i < 0:  # the trace never saw the thread before: unknown until its first change
+            first = int(times[0]) if len(times) else b
+            ops.at[k, "unknown"] += (min(b, first) - a) / 1e6
+            cursor, i = min(b, first), 0
+        while cursor < b and i < len(times):
+            hi = min(b, int(times[i + 1])) if i + 1 < len(times) else b
+            if hi > cursor:
+                ops.at[k, states[i]] += (hi - cursor) / 1e6
+                if states[i] == RUNNABLE:
+                    cpus.time_by_role(cursor, hi, w, rank_of_pid, roles)
+                cursor = hi
+            i += 1
+        by_role += [(k, role, ms) for role, ms in roles.items()]
+    return ops, pd.DataFrame(by_role, columns=["op", "role", "cpu_ms"])
+
+
+def cause_totals(ops: pd.DataFrame, by_role: pd.DataFrame) -> dict:
+    """The late operations' states and the CPU time by role while they were runnable, summed over
+    all of them (ms; roles largest first), as the summary's figures (``M.SCHED_*``)."""
+    roles = by_role.groupby("role")["cpu_ms"].sum().sort_values(ascending=False) if len(by_role) else pd.Series()
+    return {
+        M.SCHED_LATE_OPS: int(len(ops)),
+        M.SCHED_LATE_RUNNING_MS: float(ops[RUNNING].sum()),
+        M.SCHED_LATE_RUNNABLE_MS: float(ops[RUNNABLE].sum()),
+        M.SCHED_LATE_SLEEPING_MS: float(ops[SLEEPING].sum()),
+        M.SCHED_CPU_WHILE_RUNNABLE_MS: {str(r): round(float(ms), 3) for r, ms in roles.items()},
+    }
+
+
+#: beside ``T.SCHED_FILE``: how the trace was taken (``lost_events``: events the kernel's buffers
+#: could not hold, each CPU's overrun and dropped events)
+SCHED_INFO_FILE = "sched.json"
+#: one row per late operation, its states and the CPU time by role while it waited (a column each)
+LATE_STARTS_FILE = "late_starts.csv"
+
+
+def write_sched_trace(run_dir: Path, lines: Iterable[str], lost_events: int) -> None:
+    """Write a run's scheduler trace (the kernel's lines) to ``T.SCHED_FILE``, and how it was
+    taken to ``SCHED_INFO_FILE``."""
+    parse_sched_lines(lines).to_parquet(run_dir / T.SCHED_FILE, index=False)
+    (run_dir / SCHED_INFO_FILE).write_text(json.dumps({"lost_events": lost_events, "clock": "mono"}) + "\n")
+
+
+def sched_stats(run_dir: Path, ev: pd.DataFrame, warmup: int) -> dict:
+    """The summary's figures of a run traced with ``--sched-trace`` (``cause_totals``, and
+    ``M.SCHED_EVENTS_LOST``; nothing for a run traced without), writing ``LATE_STARTS_FILE``."""
+    path = run_dir / T.SCHED_FILE
+    if not path.exists() or ev.empty:
+        return {}
+    ops, by_role = late_start_causes(ev, pd.read_parquet(path), warmup)
+    wide = by_role.pivot_table(index="op", columns="role", values="cpu_ms", aggfunc="sum") if len(by_role) else None
+    table = ops.join(wide.add_prefix("cpu_ms: ")) if wide is not None else ops
+    table.to_csv(run_dir / LATE_STARTS_FILE, index=False)
+    info_path = run_dir / SCHED_INFO_FILE
+    info = json.loads(info_path.read_text()) if info_path.exists() else {}
+    return {**cause_totals(ops, by_role), M.SCHED_EVENTS_LOST: info.get("lost_events")}

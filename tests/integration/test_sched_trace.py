@@ -1,0 +1,81 @@
+"""``testbed run --sched-trace`` on a real run: the kernel's scheduler recorded in a tracefs
+instance of the run's own, every process and thread the testbed starts named for it, each late
+operation's time accounted for; and the instance removed at the end, or by ``testbed clean``
+after its run was killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from testbed.net.registry import stale_runs
+from testbed.results.sched_trace import LATE_STARTS_FILE, worker_pids
+from testbed.spec.addressing import new_run_prefix
+from testbed.trace import schema as T
+
+from .conftest import REPO, run_cli
+
+
+def test_a_traced_run_names_its_tasks_and_accounts_for_each_late_start(tmp_path, clean_machine):
+    out = tmp_path / "run"
+    r = run_cli("run", "--policy", "atlas+bubbletea", "--iterations", "4", "--sched-trace", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    sched = pd.read_parquet(out / T.SCHED_FILE)
+    assert list(sched.columns) == T.SCHED_COLUMNS and len(sched) > 1000
+    assert (sched[T.EVENT] == T.SCHED_WAKEUP).any() and sched[T.T_NS].is_monotonic_increasing
+    workers = json.loads((out / "config.json").read_text())["workers"]
+    assert sorted(worker_pids(sched)) == sorted(w["rank"] for w in workers)  # each worker's main thread
+    names = set(sched[T.NEXT_COMM])
+    for name in ("tb-atlas", "tb-decode", "tb-dispatch", "tb-sampler"):
+        assert name in names, (name, sorted(n for n in names if n.startswith("tb-")))
+    for suffix in ("-pf", "-fill"):  # BubbleTea's prefill streams and the threads filling bubbles
+        assert any(n.startswith("tb-w") and n.endswith(suffix) for n in names), suffix
+    assert (
+        any(n.startswith("nfq_delay") for n in names)
+        or json.loads((out / "env.json").read_text())["delay_mechanism"] == "netem"
+    )
+    # the trace is on the run's clock: it covers the training's events
+    ev = pd.read_parquet(out / "events.parquet")
+    assert sched[T.T_NS].min() < ev[T.START_NS].min() + 5e9 and sched[T.T_NS].max() > ev[T.END_NS].max() - 1e9
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["sched_events_lost"] == 0, summary
+    late = pd.read_csv(out / LATE_STARTS_FILE)
+    assert len(late) == summary["sched_late_ops"] == summary["training_ops_started_late"]
+    for row in late.itertuples():  # every late operation's wait is accounted for, state by state
+        accounted = row.running + row.runnable + row.sleeping + row.unknown
+        assert accounted == pytest.approx(row.late_ms, abs=0.002), row
+    assert "late ops in the sched trace" in r.stdout
+
+
+def test_testbed_clean_removes_the_instance_of_a_killed_run(tmp_path, clean_machine):
+    # a process that makes a run's tracefs instance, registered, then is killed with -9
+    code = (
+        "import sys, time\n"
+        "from testbed.net.registry import RunRecord\n"
+        "from testbed.net.tracefs import SchedTrace\n"
+        "t = SchedTrace(RunRecord.new(sys.argv[1], out_dir=sys.argv[2]))\n"
+        "t.start()\n"
+        "print(t.path, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    prefix = new_run_prefix()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, prefix, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    path = proc.stdout.readline().strip()
+    assert path.endswith(f"instances/{prefix}-sched") and os.path.isdir(path)
+    assert open(os.path.join(path, "trace_clock")).read().split("[")[1].startswith("mono")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    time.sleep(0.1)
+    assert prefix in [rec.prefix for rec in stale_runs()]
+    r = run_cli("clean", "--run", prefix)
+    assert r.returncode == 0, r.stderr
+    assert "1 tracefs instances" in r.stdout and not os.path.exists(path)

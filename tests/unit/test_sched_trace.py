@@ -1,0 +1,139 @@
+"""The scheduler trace read against late operations (``results/sched_trace.py``) and the task names
+it relies on (``trace/task_names.py``), on hand-written kernel lines."""
+
+from __future__ import annotations
+
+import threading
+
+import pandas as pd
+import pytest
+from eventrows import MS, event_row
+
+from testbed.results.sched_trace import cause_totals, late_start_causes, parse_sched_lines, worker_pids
+from testbed.trace import schema as T
+from testbed.trace.task_names import name_this_thread, role_of
+
+
+def switch(t_s: str, cpu: int, prev: tuple[str, int, int], state: str, nxt: tuple[str, int]) -> str:
+    """A ``sched_switch`` line as tracefs prints it with record-tgid: (comm, pid, tgid) of the task
+    switched from, its state, (comm, pid) of the task switched to."""
+    comm, pid, tgid = prev
+    return (
+        f"{comm:>16}-{pid:<7} ({tgid:>7}) [{cpu:03d}] d..2. {t_s}: sched_switch: prev_comm={comm} prev_pid={pid} "
+        f"prev_prio=120 prev_state={state} ==> next_comm={nxt[0]} next_pid={nxt[1]} next_prio=120"
+    )
+
+
+def wakeup(t_s: str, cpu: int, waker: tuple[str, int, int], woken: tuple[str, int]) -> str:
+    comm, pid, tgid = waker
+    return (
+        f"{comm:>16}-{pid:<7} ({tgid:>7}) [{cpu:03d}] dNs4. {t_s}: sched_wakeup: comm={woken[0]} pid={woken[1]} "
+        f"prio=120 target_cpu={cpu:03d}"
+    )
+
+
+IDLE0, IDLE1 = ("swapper/0", 0, 0), ("swapper/1", 0, 0)
+W0, W0_GLOO, W1, DELAY = ("tb-w0", 100, 100), ("tb-w0", 101, 100), ("tb-w1", 200, 200), ("nfq_delay-3f2a1", 300, 300)
+LINES = [
+    "# tracer: nop",
+    switch("1.000000", 0, IDLE0, "R", W0[:2]),
+    switch("1.000000", 1, IDLE1, "R", W1[:2]),
+    switch("1.001000", 0, W0, "S", W0_GLOO[:2]),  # worker 0's main thread sleeps (waits on gloo)
+    wakeup("1.002000", 0, W0_GLOO, W0[:2]),  # gloo wakes it: runnable
+    switch("1.002000", 0, W0_GLOO, "R+", DELAY[:2]),  # the delay element takes the CPU
+    switch("1.003000", 1, W1, "R+", ("gloo_tcp_loop", 201)),  # a thread of worker 1's that names itself
+    "          <idle>-0       (-------) [000] d..2. 1.003000: sched_stat_runtime: not read",
+    switch("1.004000", 0, DELAY, "S", W0[:2]),  # worker 0 runs at last
+    switch("1.003500", 1, ("gloo_tcp_loop", 201, 200), "S", W1[:2]),
+    switch("1.005000", 1, W1, "S", IDLE1[:2]),
+    # worker 0 forks its prefill stream, which runs once under the worker's name before naming itself
+    switch("1.006000", 1, IDLE1, "R", ("tb-w0", 400)),
+    switch("1.006500", 1, ("tb-w0", 400, 400), "S", IDLE1[:2]),
+]
+
+
+def test_parsed_lines_keep_switches_and_wakeups_with_each_tasks_process():
+    df = parse_sched_lines(LINES)
+    assert list(df.columns) == T.SCHED_COLUMNS
+    # comments and other events left out
+    assert list(df[T.EVENT]) == [T.SCHED_SWITCH] * 3 + [T.SCHED_WAKEUP] + [T.SCHED_SWITCH] * 7
+    assert df[T.T_NS].iloc[2] == 1_001_000_000 and df[T.T_NS].iloc[-1] == 1_006_500_000
+    gloo = df.iloc[2]
+    assert (gloo[T.NEXT_PID], gloo[T.NEXT_TGID], gloo[T.NEXT_COMM], gloo[T.PREV_STATE]) == (101, 100, "tb-w0", "S")
+    woken = df.iloc[3]
+    assert (woken[T.NEXT_PID], woken[T.PREV_PID], woken[T.CPU]) == (100, 101, 0)
+    assert df.iloc[4][T.NEXT_COMM] == "nfq_delay-3f2a1" and df.iloc[4][T.NEXT_TGID] == 300
+    assert worker_pids(df) == {0: 100, 1: 200}  # not the forked process switched to once
+
+
+def test_a_late_operation_slept_then_waited_behind_the_delay_element_and_another_worker():
+    ev = pd.DataFrame(
+        [
+            event_row(0, "h0", "east", 1, 0, T.FORWARD, 1, 0, 1004.5, 1010.0, ready_ns=int(1001.5 * MS)),
+            event_row(0, "h0", "east", 1, 0, T.FORWARD, 1, 1, 1020.0, 1030.0, ready_ns=int(1019.5 * MS)),  # on time
+            event_row(1, "h1", "east", 0, 0, T.FORWARD, 0, 0, 900.0, 910.0, ready_ns=int(800 * MS)),  # warm-up
+        ],
+        columns=T.COLUMNS,
+    )
+    ev[T.READY_NS] = pd.to_numeric(ev[T.READY_NS])
+    ops, by_role = late_start_causes(ev, parse_sched_lines(LINES), warmup=1)
+    assert len(ops) == 1
+    row = ops.iloc[0]
+    assert (row[T.WORKER], row[T.MICROBATCH], row["late_ms"]) == (0, 0, pytest.approx(3.0))
+    # 1001.5-1002 asleep, 1002-1004 on the run queue, 1004-1004.5 on the CPU
+    assert (row["sleeping"], row["runnable"], row["running"]) == pytest.approx((0.5, 2.0, 0.5))
+    cpu = dict(zip(by_role["role"], by_role["cpu_ms"]))
+    assert cpu == pytest.approx({"delay element": 2.0, "other workers": 1.5, "other workers' threads": 0.5})
+    totals = cause_totals(ops, by_role)
+    assert totals["sched_late_ops"] == 1 and totals["sched_late_runnable_ms"] == pytest.approx(2.0)
+    assert totals["sched_cpu_while_runnable_ms"] == pytest.approx(
+        {"delay element": 2.0, "other workers": 1.5, "other workers' threads": 0.5}
+    )
+
+
+def test_no_late_operation_or_no_trace_gives_empty_tables():
+    ev = pd.DataFrame([event_row(0, "h0", "east", 1, 0, T.FORWARD, 1, 0, 10.0, 20.0, ready_ns=int(9.8 * MS))])
+    ev[T.READY_NS] = pd.to_numeric(ev[T.READY_NS])
+    ops, by_role = late_start_causes(ev, parse_sched_lines(LINES), warmup=0)
+    assert ops.empty and by_role.empty
+    assert cause_totals(ops, by_role) == {
+        "sched_late_ops": 0,
+        "sched_late_running_ms": 0.0,
+        "sched_late_runnable_ms": 0.0,
+        "sched_late_sleeping_ms": 0.0,
+        "sched_cpu_while_runnable_ms": {},
+    }
+
+
+@pytest.mark.parametrize(
+    "comm, main, role",
+    [
+        ("tb-w3", True, ("worker", 3)),
+        ("tb-w3", False, ("worker thread", 3)),
+        ("tb-w12-fill", False, ("fill", 12)),
+        ("tb-w0-pf", True, ("stream", 0)),
+        ("tb-atlas", True, ("controller", None)),
+        ("tb-launcher", True, ("launcher", None)),
+        ("testbed", True, ("runner", None)),
+        ("nfq_delay-9a8b7", True, ("delay element", None)),
+        ("swapper/1", True, ("idle", None)),
+        ("kworker/0:1", True, ("other", None)),
+        ("tb-w3x", True, ("other", None)),
+    ],
+)
+def test_roles_from_task_names(comm, main, role):
+    assert role_of(comm, main) == role
+
+
+def test_a_thread_named_is_named_for_the_kernel():
+    got = {}
+
+    def body():
+        name_this_thread("tb-w7-fill-and-more")  # clipped to 15 bytes
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm") as f:
+            got["comm"] = f.read().strip()
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    assert got["comm"] == "tb-w7-fill-and-"
