@@ -18,6 +18,7 @@ from testbed.cli.common import (
     err,
     number,
     policy_name,
+    sched_trace_option,
 )
 from testbed.errors import SpecError, TestbedError, TestbedWarning
 from testbed.net.features import DELAY_MECHANISMS
@@ -130,13 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="before training, measure one TCP connection on each WAN path training uses (about 5 s per path "
         "direction) into wan_profile.json; testbed sim --validate then uses it in place of the modelled window",
     )
-    sp.add_argument(
-        "--sched-trace",
-        action="store_true",
-        help="record the kernel scheduler's switches and wake-ups while training (a tracefs instance of the "
-        "run's own) into sched.parquet, and say, for each operation that started late, what its worker's "
-        "thread did and what the CPUs ran meanwhile (late_starts.csv; netns and mininet backends)",
-    )
+    sched_trace_option(sp)
     backend_options(sp)
     bubbletea_options(sp)
     sp.set_defaults(func=cmd_run)
@@ -162,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--force", action="store_true", help="run even an iteration the cost model predicts to take over 10 minutes"
     )
+    sched_trace_option(sp)
     backend_options(sp)
     bubbletea_options(sp)
     sp.set_defaults(func=cmd_compare)

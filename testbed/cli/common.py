@@ -51,6 +51,16 @@ def backend_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--inventory", type=Path, metavar="FILE", help="machines of --backend remote (YAML)")
 
 
+def sched_trace_option(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--sched-trace",
+        action="store_true",
+        help="record the kernel scheduler's switches and wake-ups while training (a tracefs instance of the "
+        "run's own) into sched.parquet, and say, for each operation that started late, what its worker's "
+        "thread did and what the CPUs ran meanwhile (late_starts.csv; netns and mininet backends)",
+    )
+
+
 def policy_name(text: str) -> str:
     """An argparse type: a policy name (``spec/policy.py``), checked here so that a typo is named
     with the known parts before anything runs."""

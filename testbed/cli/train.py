@@ -106,6 +106,7 @@ def cmd_compare(args) -> int:
         force=args.force,
         ablation=args.ablation,
         best_plan=args.plan == "best",
+        sched_trace=args.sched_trace,
         **backend(args),
     )
     print(format_comparison(result))

@@ -236,4 +236,33 @@ def format_comparison(result: dict[str, Any]) -> str:
                     f"  operations started >1 ms after their input arrived: {p} {_counts_text(late[p])}, "
                     f"{base_policy(p)} {_counts_text(late[base_policy(p)])} (the floor)"
                 )
+    lines += _sched_lines(result.get("runs", {}))
     return "\n".join(lines)
+
+
+def _sched_lines(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Per policy traced with ``--sched-trace``, its late operations' time summed over its runs:
+    their threads on a CPU, waiting for one and asleep, and what the CPUs ran while they waited
+    (``results/sched_trace.py``), largest share first."""
+    lines = []
+    for policy, summaries in runs.items():
+        traced = [s for s in summaries if s.get(M.SCHED_LATE_OPS) is not None]
+        if not traced:
+            continue
+        cpu: dict[str, float] = {}
+        for s in traced:
+            for role, ms in s[M.SCHED_CPU_WHILE_RUNNABLE_MS].items():
+                cpu[role] = cpu.get(role, 0.0) + ms
+        total = sum(cpu.values())
+        states = {k: sum(s[k] for s in traced) for k in (M.SCHED_LATE_RUNNING_MS, M.SCHED_LATE_RUNNABLE_MS)}
+        asleep = sum(s[M.SCHED_LATE_SLEEPING_MS] for s in traced)
+        lost = sum(s.get(M.SCHED_EVENTS_LOST) or 0 for s in traced)
+        lines.append(
+            f"scheduler trace of {policy} ({len(traced)} runs, {sum(s[M.SCHED_LATE_OPS] for s in traced)} late "
+            f"operations, {lost} events lost): their threads waited {states[M.SCHED_LATE_RUNNABLE_MS]:.1f} ms for a "
+            f"CPU, ran {states[M.SCHED_LATE_RUNNING_MS]:.1f} ms, slept {asleep:.1f} ms"
+        )
+        if total > 0:
+            shares = ", ".join(f"{role} {ms / total:.0%}" for role, ms in sorted(cpu.items(), key=lambda x: -x[1]))
+            lines.append(f"  the CPUs ran meanwhile ({total:.1f} ms): {shares}")
+    return lines

@@ -42,13 +42,15 @@ def compare(
     force: bool = False,
     ablation: bool = False,
     best_plan: bool = False,
+    sched_trace: bool = False,
     **backend: Any,
 ) -> dict[str, Any]:
     """Run every policy ``repeat`` times, interleaved; write and return ``comparison.json``:
     ``policies`` maps each policy to its (first run's) summary, ``runs`` to every summary.
     ``backend``: ``backend=``/``inventory=`` for run_experiment; ``force`` as there; ``ablation``:
     the policies are an ablation chain (the report shows each step's own contribution); ``best_plan``:
-    each policy runs the planner's fastest layout of the same global batch (``what_if.best_plan``)."""
+    each policy runs the planner's fastest layout of the same global batch (``what_if.best_plan``);
+    ``sched_trace``: every run records the scheduler (``run_experiment``)."""
     if ablation and best_plan:
         raise SpecError(
             "--plan",
@@ -81,6 +83,7 @@ def compare(
                         launcher=launcher,
                         force=force,
                         plan_note=chosen[policy][1],
+                        sched_trace=sched_trace,
                         **backend,
                     )
                 )

@@ -131,3 +131,31 @@ def test_operations_started_late_are_set_beside_the_runs_without_bubbletea():
     )
     plain = {"atlas": [summary(1.0)], "atlas+bubbletea": [summary(1.01)]}
     assert "operations started" not in format_comparison(aggregate(plain))
+
+
+def test_scheduler_traces_are_summed_over_each_policys_runs():
+    """Runs made with --sched-trace: each policy's late operations' states and what the CPUs ran
+    meanwhile, summed over its runs, roles by share, largest first; no line without a trace."""
+
+    def traced(n: int, runnable: float, cpu: dict[str, float]) -> dict:
+        return {
+            **summary(1.0),
+            "sched_late_ops": n,
+            "sched_late_running_ms": 0.5,
+            "sched_late_runnable_ms": runnable,
+            "sched_late_sleeping_ms": 0.0,
+            "sched_cpu_while_runnable_ms": cpu,
+            "sched_events_lost": 0,
+        }
+
+    runs = {
+        "atlas": [traced(2, 3.0, {"other workers": 4.0, "delay element": 2.0}), traced(1, 1.0, {"idle": 2.0})],
+        "pp-fair": [summary(2.0)],
+    }
+    text = format_comparison({**aggregate(runs), "runs": runs})
+    assert (
+        "scheduler trace of atlas (2 runs, 3 late operations, 0 events lost): their threads waited 4.0 ms for a CPU, "
+        "ran 1.0 ms, slept 0.0 ms" in text
+    )
+    assert "the CPUs ran meanwhile (8.0 ms): other workers 50%, delay element 25%, idle 25%" in text
+    assert "scheduler trace of pp-fair" not in text
