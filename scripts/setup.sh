@@ -48,7 +48,7 @@ elif grep -q "include-system-site-packages = false" .venv/pyvenv.cfg; then
 fi
 stamp=".venv/.installed-$(cat setup.cfg pyproject.toml | sha256sum | cut -c1-12)${extras:+-test}"
 if [ ! -f "$stamp" ]; then
-  echo "installing the package and its Python dependencies into .venv (the first time: a minute or two)"
+  echo "installing the package and its Python dependencies${extras:+ with the test extras} into .venv (a minute or two into a new .venv, seconds into one that has most of them)"
   .venv/bin/pip install -q --disable-pip-version-check -e ".$extras"
   touch "$stamp"
 fi
