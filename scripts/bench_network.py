@@ -380,23 +380,14 @@ def bench_build_teardown(spec, args: argparse.Namespace, tmp: Path) -> None:
     )
 
 
-def timed_ms(change, n: int) -> list[float]:
-    """Milliseconds each of ``n`` calls ``change(i)`` took."""
+def timed_ms(call, n: int, clock=time.perf_counter_ns) -> list[float]:
+    """Milliseconds each of ``n`` calls ``call(i)`` took on ``clock`` (wall time; with
+    ``time.process_time_ns``, this process's CPU)."""
     out = []
     for i in range(n):
-        t0 = time.perf_counter_ns()
-        change(i)
-        out.append((time.perf_counter_ns() - t0) / 1e6)
-    return out
-
-
-def cpu_ms(read, n: int) -> list[float]:
-    """Milliseconds of this process's CPU each of ``n`` calls ``read(i)`` took."""
-    out = []
-    for i in range(n):
-        t0 = time.process_time_ns()
-        read(i)
-        out.append((time.process_time_ns() - t0) / 1e6)
+        t0 = clock()
+        call(i)
+        out.append((clock() - t0) / 1e6)
     return out
 
 
@@ -419,7 +410,7 @@ def bench_rate_changes(spec, args: argparse.Namespace, tmp: Path) -> None:
             subprocess.run(netns_argv(router, tc_class_argv(ifname, cls, "change")), check=True)
 
         tc = timed_ms(tc_change, args.tc_changes)
-        counters = cpu_ms(lambda i: net.wan_counters(), args.changes)
+        counters = timed_ms(lambda i: net.wan_counters(), args.changes, time.process_time_ns)
         handles, ends = net.handles, list(net.plan.wan_ends.items())
 
         def pyroute2_counters(i: int) -> None:
@@ -427,7 +418,7 @@ def bench_rate_changes(spec, args: argparse.Namespace, tmp: Path) -> None:
                 ns = net.plan.routers[src].netns
                 netlink_tc.read_classes(handles.ipr(ns), handles.ifindex(ns, end.ifname))
 
-        anchor = cpu_ms(pyroute2_counters, args.changes)
+        anchor = timed_ms(pyroute2_counters, args.changes, time.process_time_ns)
     print("live rate change (dc0->dc1), each including its shaping-log write:")
     for label, values, goal in (
         ("one class, two rates", two, "goal p99 < 0.5 ms"),
