@@ -32,14 +32,14 @@ from testbed.trace.task_names import name_this_thread
 POLL_S = 0.05  # the longest wait on the socket: how soon ``stop`` is seen
 
 
-def wait_s(now_ns: int, next_arrival_ns: int | None, pending: bool) -> float:
-    """How long the dispatcher may wait on its socket, in seconds: until the next request's
-    arrival (``next_arrival_ns``, None when no request is to come or the stream has not started),
-    at most ``POLL_S``; ``POLL_S`` while requests wait for a worker with room (only a profile
-    datagram, which ends the wait at once, can make room); 0 when an arrival is due."""
+def wait_s(t_ns: int, next_arrival_ns: int | None, pending: bool) -> float:
+    """How long the dispatcher may wait on its socket at ``t_ns``, in seconds: until the next
+    request's arrival (``next_arrival_ns``, None when no request is to come or the stream has not
+    started), at most ``POLL_S``; ``POLL_S`` while requests wait for a worker with room (only a
+    profile datagram, which ends the wait at once, can make room); 0 when an arrival is due."""
     if pending or next_arrival_ns is None:
         return POLL_S
-    return min(POLL_S, max(0.0, (next_arrival_ns - now_ns) / 1e9))
+    return min(POLL_S, max(0.0, (next_arrival_ns - t_ns) / 1e9))
 
 
 class Dispatcher(threading.Thread):
@@ -90,6 +90,11 @@ class Dispatcher(threading.Thread):
             if msg.get("ready"):
                 self.ready_ranks.add(msg["rank"])
 
+    def _arrival_ns(self, r: Request) -> int:
+        """When request ``r`` arrives, on the run's clock (the stream started at ``t0_ns``)."""
+        assert self.t0_ns is not None, "the stream has not started"
+        return self.t0_ns + int(r.arrival_s * 1e9)
+
     def _ready(self) -> bool:
         return not self.decode_waiting and self.ready_ranks == set(self.loads)
 
@@ -104,7 +109,7 @@ class Dispatcher(threading.Thread):
         pending: deque[tuple[Request, int]] = deque()
         upcoming = deque(self.requests)
         while not self._halt.is_set():
-            next_ns = self.t0_ns + int(upcoming[0].arrival_s * 1e9) if self.t0_ns is not None and upcoming else None
+            next_ns = self._arrival_ns(upcoming[0]) if self.t0_ns is not None and upcoming else None
             self._profiles(wait_s(now_ns(), next_ns, bool(pending)))
             if self.t0_ns is None:
                 if self._ready():
@@ -112,9 +117,9 @@ class Dispatcher(threading.Thread):
                     self.log.write(json.dumps({"event": "stream_start", "t_ns": self.t0_ns}) + "\n")
                 continue
             now = now_ns()
-            while upcoming and self.t0_ns + int(upcoming[0].arrival_s * 1e9) <= now:
+            while upcoming and self._arrival_ns(upcoming[0]) <= now:
                 r = upcoming.popleft()
-                pending.append((r, self.t0_ns + int(r.arrival_s * 1e9)))
+                pending.append((r, self._arrival_ns(r)))
             while pending:
                 r, arrival_ns = pending[0]
                 rank = choose_worker(self.loads, self.smallest_chunk_s, self.spec.guard_ms / 1000)

@@ -22,6 +22,7 @@ from testbed.net.local import LocalNetwork
 from testbed.net.mininet_backend import mininet_status, openvswitch_status
 from testbed.net.registry import clean_run, list_runs
 from testbed.net.remote.clean import clean_remote_run
+from testbed.net.tracefs import tracefs_root
 from testbed.spec.topology_file import parse_topology
 from testbed.spec.units import format_rate
 
@@ -35,11 +36,12 @@ def cmd_clean(args) -> int:
             print(f"run {r.prefix} is still running (pid {r.owner_pid}): left alone (use --all to remove it too)")
     if not targets:
         print("nothing to clean")
+    left = False
     for r in targets:
         if args.dry_run:
             print(
                 f"would remove run {r.prefix}: {len(r.namespaces)} namespaces, {len(r.processes)} processes"
-                + (f", {len(r.trace_instances)} tracefs instances" if r.trace_instances else "")
+                + (f", {len(r.trace_instances)} tracefs instance(s)" if r.trace_instances else "")
             )
             continue
         if r.kind == "remote":
@@ -56,9 +58,12 @@ def cmd_clean(args) -> int:
         traced = removed["trace_instances"]
         print(
             f"removed run {r.prefix}: {len(removed['namespaces'])} namespaces, {len(removed['processes'])} processes"
-            + (f", {len(traced)} tracefs instances" if traced else "")
+            + (f", {len(traced)} tracefs instance(s)" if traced else "")
         )
-    return 0
+        for why in removed["left"]:
+            print(f"run {r.prefix}: could not remove {why}; kept in the registry: run 'testbed clean' again")
+        left = left or bool(removed["left"])
+    return 1 if left else 0
 
 
 def cmd_doctor(args) -> int:
@@ -70,6 +75,10 @@ def cmd_doctor(args) -> int:
     except FeatureError as e:  # needed only where the kernel lacks sch_netem (the build below says)
         print(f"delay element: not built ({e}; needed only without sch_netem)")
     print(f"mininet (--backend mininet): {mininet_status()}")
+    try:
+        print(f"scheduler trace (--sched-trace): available (tracefs at {tracefs_root()})")
+    except FeatureError as e:
+        print(f"scheduler trace (--sched-trace): not available ({e})")
     print(
         f"Open vSwitch: {openvswitch_status()} (the mininet backend uses none: hosts link straight to a "
         "bridge in their DC router)"

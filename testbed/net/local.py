@@ -43,12 +43,12 @@ from testbed.net.local_files import LocalFiles
 from testbed.net.namespaces import NamespaceHandles
 from testbed.net.netns import NetnsRealiser, RealiseContext, Realiser, pin_wan_neighbours, tcp_buffer_bytes
 from testbed.net.network import ManagedNetwork
-from testbed.net.registry import RunRecord, control_sockets
+from testbed.net.registry import RunRecord, control_sockets, remove_trace_instance, unused_run_prefix
 from testbed.net.shaping import plan_shaping
 from testbed.net.topology_record import default_out_dir, write_topology_record
 from testbed.net.tracefs import SchedTrace
 from testbed.net.wan_shaper import WanShaper
-from testbed.spec.addressing import AddressPlan, HostAddr, new_run_prefix
+from testbed.spec.addressing import AddressPlan, HostAddr
 from testbed.spec.routing import RoutingTable
 from testbed.spec.topology import DCSpec, TopologySpec
 
@@ -95,7 +95,7 @@ class LocalNetwork(LocalFiles, ManagedNetwork):
         check_delay_mechanism(delay_mechanism)
         self.spec = spec
         self.realiser = realiser or NetnsRealiser()
-        self.prefix = prefix or new_run_prefix()
+        self.prefix = prefix or unused_run_prefix()
         self.out_dir = Path(out_dir) if out_dir else default_out_dir(self.prefix)
         self.requested_mechanism = delay_mechanism
         self.capacity_bps = capacity_bps
@@ -200,6 +200,9 @@ class LocalNetwork(LocalFiles, ManagedNetwork):
             step(netlink.remove_netns, ns)
         for sock in control_sockets(self.prefix):  # the controller's and BubbleTea's, if left
             step(sock.unlink, True)
+        if self.record is not None:  # a tracefs instance the run could not remove (--sched-trace)
+            for path in list(self.record.trace_instances):
+                step(self._remove_trace_instance, path)
         if self.record is not None and not errors:
             self.record.delete()
             self.record = None
@@ -257,6 +260,11 @@ class LocalNetwork(LocalFiles, ManagedNetwork):
     def adopt(self, proc: Any, what: str) -> None:
         """Register a process started otherwise (a forked worker) and stop it at teardown."""
         self.processes.adopt(proc, what)
+
+    def _remove_trace_instance(self, path: str) -> None:
+        assert self.record is not None
+        remove_trace_instance(path, self.prefix)
+        self.record.forget_trace_instance(path)
 
     def sched_trace(self) -> SchedTrace:
         """A recorder of this machine's scheduler for this run (not started; ``net/tracefs.py``).

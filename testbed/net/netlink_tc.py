@@ -20,7 +20,7 @@ from pyroute2.netlink.rtnl.tcmsg.common import calc_xmittime, tick_in_usec
 
 from testbed.errors import BuildError, FeatureError
 from testbed.net.netlink import ifindex
-from testbed.net.rtnl_raw import NLA, NLMSGHDR, TCMSG
+from testbed.net.rtnl_raw import CLASS_STATS, NLA, NLMSGHDR, TCMSG
 from testbed.net.shaping import ROOT_HANDLE, EgressPlan, HtbClass, Netem, Pfifo, U32Filter
 
 ETH_P_IP = 0x0800
@@ -189,17 +189,6 @@ def read_classes(ipr: IPRoute, index: int) -> dict[int, dict]:
             **{key: stats[field] if stats is not None else 0 for key, field in CLASS_STATS.items()},
         }
     return out
-
-
-#: the counters ``read_classes`` reports, by the name of their tc_stats field (linux/pkt_sched.h)
-CLASS_STATS = {
-    "tx_bytes": "bytes",
-    "tx_packets": "packets",
-    "drops": "drop",
-    "overlimits": "overlimits",
-    "backlog_bytes": "backlog",
-    "qlen": "qlen",
-}
 
 
 def read_qdiscs(ipr: IPRoute, ifname: str) -> list[str]:

@@ -24,6 +24,7 @@ from pathlib import Path
 from pyroute2 import netns as _netns
 
 from testbed.net.signals import deferred_signals
+from testbed.spec.addressing import new_run_prefix
 
 RUN_DIR = Path(os.environ.get("TESTBED_STATE_DIR", "/run/testbed"))
 
@@ -176,19 +177,44 @@ def _reap(pid: int) -> None:
         pass
 
 
-def remove_trace_instance(path: str) -> bool:
-    """Remove the tracefs instance at ``path`` (``<tracefs>/instances/<name>``; removing its
-    directory removes its buffers, settings and events). Returns True if it was there. Raises
-    ValueError for a path that is not an instance's, OSError if the kernel refuses (a reader
-    holds it open)."""
+#: where tracefs is mounted, in the order looked at (the second is the older debugfs path)
+TRACEFS_MOUNTS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
+
+
+def trace_instance_name(prefix: str) -> str:
+    """The name of run ``prefix``'s tracefs instance (``--sched-trace``)."""
+    return f"{prefix}-sched"
+
+
+def remove_trace_instance(path: str, prefix: str) -> bool:
+    """Remove run ``prefix``'s tracefs instance at ``path`` (``<tracefs>/instances/<prefix>-sched``;
+    removing its directory removes its buffers, settings and events). Returns True if it was
+    there. Raises ValueError for a path that is not that run's instance under a tracefs mount,
+    OSError if the kernel refuses (EBUSY: a reader holds one of its files open)."""
     p = Path(path)
-    if p.parent.name != "instances" or p.parent.parent.name not in ("tracing",):
-        raise ValueError(f"{path} is not a tracefs instance")
+    if p.name != trace_instance_name(prefix) or p.parent not in [m / "instances" for m in TRACEFS_MOUNTS]:
+        raise ValueError(f"{path} is not run {prefix}'s tracefs instance")
     try:
         p.rmdir()
     except FileNotFoundError:
         return False
     return True
+
+
+def unused_run_prefix() -> str:
+    """A new run prefix (``spec.addressing.new_run_prefix``) that no registered run, namespace or
+    tracefs instance of this machine uses (a prefix is 4 random hex digits: two runs may draw the
+    same). Raises RuntimeError if 100 draws all collide."""
+    taken = {r.prefix for r in list_runs()}
+    names = existing_namespaces()
+    for _ in range(100):
+        prefix = new_run_prefix()
+        if prefix in taken or any(n.startswith(prefix + "-") for n in names):
+            continue
+        if any((m / "instances" / trace_instance_name(prefix)).exists() for m in TRACEFS_MOUNTS):
+            continue
+        return prefix
+    raise RuntimeError("100 run prefixes drawn were all in use: run testbed clean")
 
 
 def existing_namespaces() -> set[str]:
@@ -199,12 +225,17 @@ def clean_run(rec: RunRecord) -> dict[str, list]:
     """Remove what ``rec`` lists: stop its processes, delete its namespaces, drop its file.
 
     Returns what was removed: ``{"processes": [pid, ...], "namespaces": [name, ...],
-    "trace_instances": [path, ...]}``.
+    "trace_instances": [path, ...], "left": [why, ...]}``; ``left`` names what could not be
+    removed (a tracefs instance a reader holds open), and the record then stays for a later
+    ``testbed clean``.
     """
-    removed: dict[str, list] = {"processes": [], "namespaces": [], "trace_instances": []}
+    removed: dict[str, list] = {"processes": [], "namespaces": [], "trace_instances": [], "left": []}
     for path in rec.trace_instances:
-        if remove_trace_instance(path):
-            removed["trace_instances"].append(path)
+        try:
+            if remove_trace_instance(path, rec.prefix):
+                removed["trace_instances"].append(path)
+        except (OSError, ValueError) as e:
+            removed["left"].append(f"tracefs instance {path}: {e}")
     for p in rec.processes:
         if stop_process(p.pid, p.start):
             removed["processes"].append(p.pid)
@@ -223,7 +254,12 @@ def clean_run(rec: RunRecord) -> dict[str, list]:
             removed["namespaces"].append(name)
     for sock in control_sockets(rec.prefix):
         sock.unlink(missing_ok=True)
-    rec.delete()
+    if removed["left"]:
+        rec.processes, rec.namespaces = [], []
+        rec.trace_instances = [p for p in rec.trace_instances if p not in removed["trace_instances"]]
+        rec.save()
+    else:
+        rec.delete()
     return removed
 
 
@@ -243,12 +279,15 @@ def control_sockets(prefix: str) -> list[Path]:
 
 
 def warn_stale_runs() -> str | None:
-    """A warning if earlier runs left namespaces or processes behind (their owner is gone)."""
+    """A warning if earlier runs left namespaces, processes or tracefs instances behind (their
+    owner is gone)."""
     stale = stale_runs()
     if not stale:
         return None
     n_ns = sum(len(r.namespaces) for r in stale)
+    n_tr = sum(len(r.trace_instances) for r in stale)
+    traces = f" and {n_tr} tracefs instance(s), perhaps still recording" if n_tr else ""
     return (
         f"{len(stale)} earlier run(s) ({', '.join(r.prefix for r in stale)}) died without tearing down "
-        f"(up to {n_ns} namespaces): run 'sudo testbed clean' to remove their leftovers"
+        f"(up to {n_ns} namespaces{traces}): run 'sudo testbed clean' to remove their leftovers"
     )

@@ -7,6 +7,7 @@ layouts: netlink(7), rtnetlink(7), linux/pkt_sched.h."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import struct
@@ -23,8 +24,20 @@ TCMSG = struct.Struct("=BBHiIII")  # family, pad, pad, ifindex, handle, parent, 
 NLA = struct.Struct("=HH")  # nlattr: length, type
 NLA_TYPE_MASK = 0x3FFF  # the type without NLA_F_NESTED and NLA_F_NET_BYTEORDER
 TCA_KIND, TCA_OPTIONS, _TCA_STATS = 1, 2, 3
-#: struct tc_stats: bytes (u64), packets, drops, overlimits, bps, pps, qlen, backlog (u32)
+#: struct tc_stats: bytes (u64), packets, drops, overlimits, bps, pps, qlen, backlog (u32), and its
+#: fields' names (pyroute2's, linux/pkt_sched.h)
 TC_STATS = struct.Struct("=QIIIIIII")
+TC_STATS_FIELDS = ("bytes", "packets", "drop", "overlimits", "bps", "pps", "qlen", "backlog")
+#: the counters a class is read with (``htb_classes_from_dump``, ``netlink_tc.read_classes``), by
+#: the name of their tc_stats field
+CLASS_STATS = {
+    "tx_bytes": "bytes",
+    "tx_packets": "packets",
+    "drops": "drop",
+    "overlimits": "overlimits",
+    "backlog_bytes": "backlog",
+    "qlen": "qlen",
+}
 #: TCA_OPTIONS of an HTB class: struct tc_htb_opt (its rate's and ceil's tc_ratespec, 12 bytes
 #: each, the rate in bytes/s a u32 at offset 8 of each), and the 64-bit rates for 4 GB/s and more
 TCA_HTB_PARMS, TCA_HTB_RATE64, TCA_HTB_CEIL64 = 1, 6, 7
@@ -33,7 +46,7 @@ _RATESPEC_RATE = struct.Struct("=8xI")
 
 def rtnl_socket(netns: str) -> socket.socket:
     """A plain rtnetlink socket opened inside ``netns`` (it stays bound to that namespace), for
-    ``send_batch`` and ``class_tx_bytes``; 1 s receive timeout."""
+    ``send_batch``, ``class_tx_bytes`` and ``read_htb_classes``; 1 s receive timeout."""
     with in_netns(netns):
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
     sock.bind((0, 0))
@@ -68,10 +81,14 @@ def await_acks(sock: socket.socket, count: int) -> None:
         raise BuildError(f"the kernel refused a batched class change: {os.strerror(failure)}")
 
 
-def class_dump_request(index: int) -> bytes:
-    """RTM_GETTCLASS dump of every class of interface ``index``."""
+def class_dump_request(index: int, seq: int = 0) -> bytes:
+    """RTM_GETTCLASS dump of every class of interface ``index``, numbered ``seq`` (the answer's
+    messages carry it)."""
     body = TCMSG.pack(0, 0, 0, index, 0, 0, 0)
-    return NLMSGHDR.pack(NLMSGHDR.size + len(body), RTM_GETTCLASS, NLM_F_REQUEST | NLM_F_DUMP, 0, 0) + body
+    return NLMSGHDR.pack(NLMSGHDR.size + len(body), RTM_GETTCLASS, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
+
+
+_dump_seq = itertools.count(1)
 
 
 def _attrs(data: bytes, at: int, end: int) -> dict[int, tuple[int, int]]:
@@ -122,37 +139,37 @@ def htb_classes_from_dump(data: bytes) -> dict[int, dict[str, int]]:
         rate = struct.unpack_from("=Q", data, opts[TCA_HTB_RATE64][0])[0] if TCA_HTB_RATE64 in opts else rate
         ceil = struct.unpack_from("=Q", data, opts[TCA_HTB_CEIL64][0])[0] if TCA_HTB_CEIL64 in opts else ceil
         stats = TC_STATS.unpack_from(data, attrs[_TCA_STATS][0]) if _TCA_STATS in attrs else (0,) * 8
+        named = dict(zip(TC_STATS_FIELDS, stats))
         out[handle & 0xFFFF] = {
             "rate_bps": rate * 8,
             "ceil_bps": ceil * 8,
-            "tx_bytes": stats[0],
-            "tx_packets": stats[1],
-            "drops": stats[2],
-            "overlimits": stats[3],
-            "backlog_bytes": stats[7],
-            "qlen": stats[6],
+            **{key: named[field] for key, field in CLASS_STATS.items()},
         }
     return out
 
 
 def dump_classes(sock: socket.socket, index: int) -> bytes:
     """Every class of interface ``index``, dumped on ``sock`` (an ``rtnl_socket`` of the
-    interface's namespace): the dump's messages, as received. Raises OSError when the kernel
-    refuses the dump (e.g. no such interface)."""
-    sock.send(class_dump_request(index))
+    interface's namespace): the dump's messages, as received. Messages of an earlier dump that
+    timed out are left out (each dump is numbered). Raises OSError when the kernel refuses the
+    dump (e.g. no such interface), TimeoutError when it does not answer within the socket's timeout."""
+    seq = next(_dump_seq) & 0xFFFFFFFF
+    sock.send(class_dump_request(index, seq))
     parts = []
     while True:
         buf = sock.recv(1 << 16)
-        parts.append(buf)
         off, done = 0, False
         while off + NLMSGHDR.size <= len(buf):
-            length, mtype = NLMSGHDR.unpack_from(buf, off)[:2]
-            if mtype == NLMSG_ERROR:
-                code = struct.unpack_from("=i", buf, off + NLMSGHDR.size)[0]
-                if code:
-                    raise OSError(-code, f"class dump of interface {index}: {os.strerror(-code)}")
-            done = done or mtype in (NLMSG_DONE, NLMSG_ERROR)
-            off += max((length + 3) & ~3, NLMSGHDR.size)
+            length, mtype, _, mseq = NLMSGHDR.unpack_from(buf, off)[:4]
+            step = max((length + 3) & ~3, NLMSGHDR.size)
+            if mseq == seq:
+                if mtype == NLMSG_ERROR:
+                    code = struct.unpack_from("=i", buf, off + NLMSGHDR.size)[0]
+                    if code:
+                        raise OSError(-code, f"class dump of interface {index}: {os.strerror(-code)}")
+                done = done or mtype in (NLMSG_DONE, NLMSG_ERROR)
+                parts.append(buf[off : off + step])
+            off += step
         if done:
             return b"".join(parts)
 

@@ -1,6 +1,7 @@
 """The kernel's scheduler traced for one run (``testbed run --sched-trace``): a tracefs instance of
 the run's own (``<tracefs>/instances/<prefix>-sched``) records every context switch
-(``sched_switch``) and wake-up (``sched_wakeup``) of the machine, timed on CLOCK_MONOTONIC
+(``sched_switch``), wake-up (``sched_wakeup``) and new task (``sched_process_fork``) of the
+machine, timed on CLOCK_MONOTONIC
 (``trace_clock mono``, the run's clock: ``trace/clock.py``), each line with its task's process id
 (``record-tgid``). An instance has its own buffer, clock, options and events, so the machine's own
 tracing (the top-level buffer, other instances) is never touched, and removing its directory
@@ -12,17 +13,18 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 from testbed.errors import FeatureError
-from testbed.net.registry import RunRecord, remove_trace_instance
+from testbed.net.registry import TRACEFS_MOUNTS, RunRecord, remove_trace_instance, trace_instance_name
 
-#: where tracefs is mounted, in the order looked at (the second is the older debugfs path)
-TRACEFS_MOUNTS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
-EVENTS = ("sched/sched_switch", "sched/sched_wakeup")
+#: the events recorded: context switches, wake-ups, and new tasks (each fork and thread start,
+#: with its parent: what tells a run's tasks from another's, ``results/sched_trace.run_tasks``)
+EVENTS = ("sched/sched_switch", "sched/sched_wakeup", "sched/sched_process_fork")
 #: each CPU's ring buffer (KiB): an 8-iteration run of the default experiment on 2 cores writes
-#: about half of it; events that do not fit are counted (``SchedTrace.stop``), never silently lost
+#: about a tenth of it. Once full it keeps what it has and drops the newest events (``overwrite``
+#: off), which are counted (``SchedTrace.lost_events``) and cut from the analysis
 BUFFER_KB_PER_CPU = 65536
 #: the most the buffers may take of the memory the kernel reports available
 MAX_MEMORY_SHARE = 0.125
@@ -47,7 +49,8 @@ def tracefs_root() -> Path:
 
 def buffer_kb_per_cpu(n_cpus: int, available_kb: int) -> int:
     """Each CPU's ring buffer (KiB): ``BUFFER_KB_PER_CPU``, less where all of them together would
-    take more than ``MAX_MEMORY_SHARE`` of ``available_kb``; at least 1 MiB."""
+    take more than ``MAX_MEMORY_SHARE`` of ``available_kb``, but at least 1 MiB (so on a machine
+    with under 8 MiB available per CPU, more than that share)."""
     return max(1024, min(BUFFER_KB_PER_CPU, int(available_kb * MAX_MEMORY_SHARE) // max(1, n_cpus)))
 
 
@@ -60,49 +63,56 @@ def _available_kb() -> int:
 
 class SchedTrace:
     """A tracefs instance recording the scheduler's events for the run ``record`` (named after its
-    prefix). ``start`` makes and arms it (registered first), ``lines`` reads what it holds,
-    ``lost_events`` says how many did not fit, ``close`` removes it (and its registration)."""
+    prefix). ``start`` makes and arms it (registered first), ``trace_file`` opens what it holds,
+    ``lost_events`` says how many did not fit, ``close`` removes it (and then its registration).
+    Raises FeatureError where tracefs is missing."""
 
     def __init__(self, record: RunRecord) -> None:
         self.record = record
         self.root = tracefs_root()
-        self.path = self.root / "instances" / f"{record.prefix}-sched"
-        self.started = False  # made and armed
+        self.path = self.root / "instances" / trace_instance_name(record.prefix)
+        self.made = False  # this object made the instance (only then does it remove it)
 
     def start(self) -> None:
-        """Make the instance and start recording. Raises FeatureError if it exists already (a
-        run of the same prefix left it: ``testbed clean``) or the kernel refuses a setting."""
+        """Make the instance and start recording. Raises FeatureError, the instance removed again,
+        if it exists already (made by something else: it is left alone) or the kernel refuses it
+        or a setting, naming which."""
         if self.path.exists():
-            raise FeatureError(f"the tracefs instance {self.path} exists already: run testbed clean")
+            raise FeatureError(
+                f"the tracefs instance {self.path} exists already and this run did not make it: remove it "
+                f"(rmdir {self.path}) if nothing uses it, or run without --sched-trace"
+            )
         self.record.add_trace_instance(str(self.path))  # before it exists: a crash between leaves nothing
-        self.path.mkdir()
-        n_cpus = os.cpu_count() or 1
+        settings = (
+            ("trace_clock", "mono"),
+            ("options/record-tgid", "1"),
+            ("options/overwrite", "0"),
+            ("buffer_size_kb", str(buffer_kb_per_cpu(os.cpu_count() or 1, _available_kb()))),
+            *((f"events/{e}/enable", "1") for e in EVENTS),
+            ("tracing_on", "1"),
+        )
+        name, value = "(the instance's directory)", "mkdir"
         try:
-            for name, value in (
-                ("trace_clock", "mono"),
-                ("options/record-tgid", "1"),
-                ("buffer_size_kb", str(buffer_kb_per_cpu(n_cpus, _available_kb()))),
-                *((f"events/{e}/enable", "1") for e in EVENTS),
-                ("tracing_on", "1"),
-            ):
+            self.path.mkdir()
+            self.made = True
+            for name, value in settings:
                 (self.path / name).write_text(value)
         except OSError as e:
             self.close()
-            raise FeatureError(f"tracefs refused a setting of {self.path}: {e}") from e
-        self.started = True
+            raise FeatureError(
+                f"tracefs refused {value!r} for {name} of {self.path}: {e.strerror or e}; run without --sched-trace "
+                "(in a container, tracefs may be read-only)"
+            ) from e
 
     def stop(self) -> None:
-        """Stop recording (what is held stays readable); nothing if it never started."""
-        if self.started:
+        """Stop recording (what is held stays readable); nothing if it was not made."""
+        if self.made:
             (self.path / "tracing_on").write_text("0")
 
-    def lines(self) -> Iterator[str]:
-        """The recorded events as the kernel prints them (``trace``), one line each, comments
-        (``#``) left out."""
-        with open(self.path / "trace") as f:
-            for line in f:
-                if not line.startswith("#"):
-                    yield line
+    def trace_file(self) -> TextIO:
+        """What the instance holds, as the kernel prints it (``trace``), open for reading: close it
+        (a ``with`` block) before ``close``, which the kernel refuses while it is open."""
+        return open(self.path / "trace")
 
     def lost_events(self) -> int:
         """Events that did not fit in the buffers (each CPU's ``overrun`` and ``dropped events``)."""
@@ -112,8 +122,15 @@ class SchedTrace:
                 lost += int(m.group(1))
         return lost
 
-    def close(self) -> None:
-        """Remove the instance (its buffers and settings with it) and its registration."""
-        remove_trace_instance(str(self.path))
+    def close(self) -> bool:
+        """Remove the instance (its buffers and settings with it), then its registration. Returns
+        False, the registration kept for ``testbed clean``, if the kernel refuses (a reader holds
+        one of its files open)."""
+        if self.made:
+            try:
+                remove_trace_instance(str(self.path), self.record.prefix)
+            except OSError:
+                return False
+            self.made = False
         self.record.forget_trace_instance(str(self.path))
-        self.started = False
+        return True

@@ -256,11 +256,13 @@ def _sched_lines(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
         total = sum(cpu.values())
         states = {k: sum(s[k] for s in traced) for k in (M.SCHED_LATE_RUNNING_MS, M.SCHED_LATE_RUNNABLE_MS)}
         asleep = sum(s[M.SCHED_LATE_SLEEPING_MS] for s in traced)
+        unknown = sum(s.get(M.SCHED_LATE_UNKNOWN_MS) or 0.0 for s in traced)
         lost = sum(s.get(M.SCHED_EVENTS_LOST) or 0 for s in traced)
         lines.append(
             f"scheduler trace of {policy} ({len(traced)} runs, {sum(s[M.SCHED_LATE_OPS] for s in traced)} late "
             f"operations, {lost} events lost): their threads waited {states[M.SCHED_LATE_RUNNABLE_MS]:.1f} ms for a "
             f"CPU, ran {states[M.SCHED_LATE_RUNNING_MS]:.1f} ms, slept {asleep:.1f} ms"
+            + (f", {unknown:.1f} ms not in the trace" if unknown > 0.0005 else "")
         )
         if total > 0:
             shares = ", ".join(f"{role} {ms / total:.0%}" for role, ms in sorted(cpu.items(), key=lambda x: -x[1]))

@@ -159,6 +159,7 @@ EXTRA_ROWS = [
     (M.SCHED_LATE_RUNNING_MS, "  their thread on a CPU (ms)"),
     (M.SCHED_LATE_RUNNABLE_MS, "  waiting for a CPU (ms)"),
     (M.SCHED_LATE_SLEEPING_MS, "  asleep (ms)"),
+    (M.SCHED_LATE_UNKNOWN_MS, "  not in the trace (ms)"),
     (M.SCHED_EVENTS_LOST, "  sched events lost"),
 ]
 
@@ -178,6 +179,8 @@ def format_summary(s: dict[str, Any]) -> str:
         v = s.get(key)
         if v is not None:
             lines.append(f"  {label:<28} {v:.4g}" if isinstance(v, float) else f"  {label:<28} {v}")
+    if s.get(M.SCHED_TRACE_ERROR):
+        lines.append(f"  scheduler trace not read: {s[M.SCHED_TRACE_ERROR]}")
     if s.get(M.SCHED_CPU_WHILE_RUNNABLE_MS):
         lines.append(
             f"  {'  CPUs ran meanwhile (ms)':<28} "

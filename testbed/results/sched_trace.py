@@ -11,6 +11,7 @@ every figure here is good to a microsecond."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -25,10 +26,11 @@ from testbed.trace.task_names import role_of
 
 _LINE = re.compile(
     r"^\s*(?P<comm>.*?)-(?P<pid>\d+)\s+\(\s*(?P<tgid>[\d-]+)\)\s+\[(?P<cpu>\d+)\]\s+\S+\s+"
-    r"(?P<sec>\d+)\.(?P<usec>\d{6}): (?P<event>sched_switch|sched_wakeup): (?P<rest>.*)$"
+    r"(?P<sec>\d+)\.(?P<usec>\d{6}): (?P<event>sched_switch|sched_wakeup|sched_process_fork): (?P<rest>.*)$"
 )
 _SWITCH = re.compile(r"prev_comm=.* prev_pid=(\d+) prev_prio=-?\d+ prev_state=(\S+) ==> next_comm=(.*) next_pid=(\d+) ")
 _WAKEUP = re.compile(r"comm=(.*) pid=(\d+) prio=-?\d+ target_cpu=(\d+)")
+_FORK = re.compile(r"comm=.* pid=(\d+) child_comm=(.*) child_pid=(\d+)$")
 
 #: a late operation's main thread, between its input and its start: on a CPU, on a run queue
 #: waiting for one (woken, or preempted), or asleep (waiting on a lock, a socket...)
@@ -36,10 +38,11 @@ RUNNING, RUNNABLE, SLEEPING = "running", "runnable", "sleeping"
 
 
 def parse_sched_lines(lines: Iterable[str]) -> pd.DataFrame:
-    """The kernel's ``sched_switch`` and ``sched_wakeup`` lines (tracefs ``trace``, with
-    ``record-tgid``) as a table of ``T.SCHED_COLUMNS``, in the order given. A task's process id
-    (``*_tgid``) comes from the lines where it is the running task (-1 where it never is).
-    Lines of other events and malformed lines are left out."""
+    """The kernel's ``sched_switch``, ``sched_wakeup`` and ``sched_process_fork`` lines (tracefs
+    ``trace``, with ``record-tgid``) as a table of ``T.SCHED_COLUMNS``, in the order given. A
+    task's process id (``*_tgid``) comes from the lines where it is the running task (-1 where it
+    never is; a thread id the kernel reuses keeps its last process, which a run of minutes does
+    not meet). Lines of other events and malformed lines are left out."""
     rows, tgid_of = [], {}
     for line in lines:
         m = _LINE.match(line)
@@ -53,40 +56,80 @@ def parse_sched_lines(lines: Iterable[str]) -> pd.DataFrame:
             s = _SWITCH.match(m["rest"] + " ")
             if s:
                 rows.append((T.SCHED_SWITCH, t_ns, int(m["cpu"]), int(s[1]), s[2], int(s[4]), s[3]))
-        else:
+        elif m["event"] == "sched_wakeup":
             w = _WAKEUP.match(m["rest"])
             if w:
                 rows.append((T.SCHED_WAKEUP, t_ns, int(w[3]), pid, "", int(w[2]), w[1]))
+        else:
+            f = _FORK.match(m["rest"])
+            if f:
+                rows.append((T.SCHED_FORK, t_ns, int(m["cpu"]), int(f[1]), "", int(f[3]), f[2]))
     df = pd.DataFrame(rows, columns=[T.EVENT, T.T_NS, T.CPU, T.PREV_PID, T.PREV_STATE, T.NEXT_PID, T.NEXT_COMM])
     df[T.PREV_TGID] = df[T.PREV_PID].map(tgid_of).fillna(-1).astype("int64")
     df[T.NEXT_TGID] = df[T.NEXT_PID].map(tgid_of).fillna(-1).astype("int64")
     return df[T.SCHED_COLUMNS].astype({T.T_NS: "int64", T.CPU: "int64", T.PREV_PID: "int64", T.NEXT_PID: "int64"})
 
 
-def worker_pids(sched: pd.DataFrame) -> dict[int, int]:
-    """Each worker's main thread id, by rank: of the tasks named ``task_names.WORKER`` whose thread
-    id is their process id, the one switched to most often (a process the worker forks carries
-    its name until it names itself: the prefill stream, ``task_names.STREAM``)."""
+def run_tasks(sched: pd.DataFrame, roots: Iterable[int]) -> set[int]:
+    """The thread ids of a run's tasks in ``sched``: its processes known when the trace began
+    (``roots``: the runner, the worker launcher, the processes its registry lists), every thread
+    of theirs, and every task one of them made, directly or not (``T.SCHED_FORK``). What another
+    run, another program or the kernel ran is outside it."""
+    members = set(roots)
+    ids = pd.concat(
+        [
+            sched[[T.PREV_PID, T.PREV_TGID]].set_axis(["pid", "tgid"], axis=1),
+            sched[[T.NEXT_PID, T.NEXT_TGID]].set_axis(["pid", "tgid"], axis=1),
+        ]
+    ).drop_duplicates()
+    forks = sched[sched[T.EVENT] == T.SCHED_FORK]
+    while True:
+        before = len(members)
+        members |= set(ids.loc[ids["tgid"].isin(members), "pid"])
+        for parent, child in zip(forks[T.PREV_PID], forks[T.NEXT_PID]):  # in time order
+            if parent in members:
+                members.add(int(child))
+        if len(members) == before:
+            return members
+
+
+def worker_pids(sched: pd.DataFrame, members: set[int] | None = None) -> dict[int, int]:
+    """Each worker's main thread id, by rank: of the run's tasks (``members``; None: every task)
+    named ``task_names.WORKER`` whose thread id is their process id, the one switched to most
+    often (a process the worker forks carries its name until it names itself: the prefill
+    stream, ``task_names.STREAM``)."""
     sw = sched[sched[T.EVENT] == T.SCHED_SWITCH]
     best: dict[int, tuple[int, int]] = {}  # rank -> (switches, pid)
     for (comm, pid, tgid), g in sw.groupby([T.NEXT_COMM, T.NEXT_PID, T.NEXT_TGID]):
+        if members is not None and pid not in members:
+            continue
         role, rank = role_of(comm, pid == tgid)
         if role == "worker" and rank is not None and (len(g), int(pid)) > best.get(rank, (0, 0)):
             best[rank] = (len(g), int(pid))
     return {rank: pid for rank, (_, pid) in best.items()}
 
 
-def relative_role(comm: str, pid: int, tgid: int, worker: int, rank_of_pid: dict[int, int]) -> str:
+#: the role of what ran outside the run: the kernel's threads, other programs, another run
+OUTSIDE = "outside the run"
+
+
+def relative_role(
+    comm: str, pid: int, tgid: int, worker: int, rank_of_pid: dict[int, int], members: set[int] | None = None
+) -> str:
     """The role of task ``pid`` (process ``tgid``) named ``comm`` as seen from worker ``worker``'s
-    late operation: its own threads (``own threads``: gloo's and torch's, whatever their names, by
-    their process: ``rank_of_pid``, each worker's main thread id to its rank), its own ``own
-    fill``/``own stream``, the same of ``other workers``, or the role ``role_of`` gives
-    (``delay element``, ``idle``...)."""
+    late operation: ``OUTSIDE`` for a task not of the run (``members``; None: every task is), an
+    idle CPU as ``idle``; else its own threads (``own threads``: gloo's and torch's, whatever
+    their names, by their process: ``rank_of_pid``, each worker's main thread id to its rank), its
+    own ``own fill``/``own stream``, the same of ``other workers``, or the role ``role_of`` gives
+    (``delay element``, ``controller``...; ``other of the run``: a task of the run named by no
+    role, such as a tool it ran or the runner started as ``python -m``)."""
     role, rank = role_of(comm, pid == tgid)
+    if members is not None and pid not in members and role != "idle":
+        return OUTSIDE
     if rank is None and tgid in rank_of_pid and pid != tgid:
         role, rank = "worker thread", rank_of_pid[tgid]
     if rank is None:
-        return role
+        return "other of the run" if members is not None and role == "other" else role
     own = rank == worker
     return {
         "worker": "own main thread" if own else "other workers",
@@ -97,18 +140,24 @@ def relative_role(comm: str, pid: int, tgid: int, worker: int, rank_of_pid: dict
 
 
 class _Cpus:
-    """Which task each CPU ran when: per CPU, the switch times and the task switched to."""
+    """Which task each CPU ran when: per CPU, the switch times and the task switched to; ``n_cpus``
+    the machine's CPUs (one that never switched in the trace is ``unknown``)."""
 
-    def __init__(self, sw: pd.DataFrame) -> None:
+    def __init__(self, sw: pd.DataFrame, n_cpus: int) -> None:
         self.t: dict[int, np.ndarray] = {}
         self.task: dict[int, pd.DataFrame] = {}
         for cpu, g in sw.sort_values(T.T_NS, kind="stable").groupby(T.CPU):
             self.t[int(cpu)] = g[T.T_NS].to_numpy()
             self.task[int(cpu)] = g[[T.NEXT_COMM, T.NEXT_PID, T.NEXT_TGID]].reset_index(drop=True)
+        self.n_cpus = max(n_cpus, len(self.t))
 
-    def time_by_role(self, a: int, b: int, worker: int, rank_of_pid: dict[int, int], into: dict[str, float]) -> None:
-        """Add to ``into`` each role's CPU time (ms) in [a, b) over all CPUs (``relative_role``);
-        time before a CPU's first switch counts as ``unknown``."""
+    def time_by_role(self, a: int, b: int, role_of_task, into: dict[str, float]) -> None:
+        """Add to ``into`` each role's CPU time (ms) in [a, b) over all CPUs (``role_of_task(comm,
+        pid, tgid)``); time before a CPU's first switch, or on a CPU that never switched,
+        counts as ``unknown``."""
+        unseen = self.n_cpus - len(self.t)
+        if unseen:
+            into["unknown"] = into.get("unknown", 0.0) + unseen * (b - a) / 1e6
         for cpu, t in self.t.items():
             i = max(0, int(np.searchsorted(t, a, side="right")) - 1)
             if t[0] > a:
@@ -117,7 +166,7 @@ class _Cpus:
                 lo, hi = max(a, t[i]), min(b, t[i + 1] if i + 1 < len(t) else b)
                 if hi > lo:
                     comm, pid, tgid = self.task[cpu].iloc[i]
-                    role = relative_role(comm, pid, tgid, worker, rank_of_pid)
+                    role = role_of_task(comm, pid, tgid)
                     into[role] = into.get(role, 0.0) + (hi - lo) / 1e6
                 i += 1
 
@@ -125,6 +174,7 @@ class _Cpus:
 def _states(events: pd.DataFrame, pid: int) -> tuple[np.ndarray, list[str]]:
     """The state timeline of task ``pid``: the times it changed state and the state from each."""
     mine = events[(events[T.NEXT_PID] == pid) | ((events[T.EVENT] == T.SCHED_SWITCH) & (events[T.PREV_PID] == pid))]
+    mine = mine[mine[T.EVENT] != T.SCHED_FORK]
     times, states = [], []
     for ev, prev, prev_state, nxt, t in zip(
         mine[T.EVENT], mine[T.PREV_PID], mine[T.PREV_STATE], mine[T.NEXT_PID], mine[T.T_NS]
@@ -142,48 +192,76 @@ def _states(events: pd.DataFrame, pid: int) -> tuple[np.ndarray, list[str]]:
     return np.asarray(times, dtype=np.int64), states
 
 
-def late_start_causes(ev: pd.DataFrame, sched: pd.DataFrame, warmup: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+def covered(sched: pd.DataFrame, lost_events: int) -> tuple[float, float]:
+    """The span of the run's clock (ns) the trace holds whole: all of it where no event was lost;
+    else from the latest of the CPUs' first events to the earliest of their last (a CPU whose
+    buffer filled holds nothing after its last event)."""
+    if lost_events == 0 or sched.empty:
+        return float("-inf"), float("inf")
+    per_cpu = sched[sched[T.EVENT] == T.SCHED_SWITCH].groupby(T.CPU)[T.T_NS]
+    return float(per_cpu.min().max()), float(per_cpu.max().min())
+
+
+def late_start_causes(
+    ev: pd.DataFrame,
+    sched: pd.DataFrame,
+    warmup: int,
+    roots: Iterable[int] | None = None,
+    n_cpus: int = 0,
+    lost_events: int = 0,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(one row per late operation of the measured iterations: ``worker``, ``kind``,
     ``iteration``, ``microbatch``, ``ready_ns``, ``start_ns``, ``late_ms`` and the ms its worker's
-    main thread spent ``running``, ``runnable`` and ``sleeping`` in between (and ``unknown``,
-    before the trace saw it); one row per (late operation, role): ``op`` (the first table's
-    index), ``role`` and ``cpu_ms``, the CPU time all CPUs gave that role while the operation's
-    thread was runnable; ``idle``: a CPU that ran nothing). ``ev``: the run's events;
-    ``sched``: ``parse_sched_lines``' table."""
+    main thread spent ``running``, ``runnable`` and ``sleeping`` in between, and ``unknown``
+    (before the trace saw the thread, or outside what it holds whole: ``covered``); one row per
+    (late operation, role): ``op`` (the first table's index), ``role`` (``relative_role``) and
+    ``cpu_ms``, the CPU time all CPUs gave that role while the operation's thread was runnable).
+    ``ev``: the run's events; ``sched``: ``parse_sched_lines``' table; ``roots``: the run's
+    processes when the trace began (``run_tasks``; None: every task counts as the run's);
+    ``n_cpus``: the machine's CPUs; ``lost_events``: events the kernel's buffers dropped."""
     train = A.training_events(ev).reset_index(drop=True)
     starts = A.start_after_arrival(train, warmup)
     late = starts[starts["late_ns"] > A.LATE_START_NS]  # indexed as ``train``
     cols = [T.WORKER, T.KIND, T.ITERATION, T.MICROBATCH, T.READY_NS, T.START_NS]
     ops = train.loc[late.index, cols].astype({T.READY_NS: "int64"}).reset_index(drop=True)
     ops["late_ms"] = late["late_ns"].to_numpy() / 1e6
-    for s in (RUNNING, RUNNABLE, SLEEPING, "unknown"):
+    for s in (RUNNING, RUNNABLE, SLEEPING):
         ops[s] = 0.0
+    ops["unknown"] = ops["late_ms"]  # until accounted for
     by_role: list[tuple[int, str, float]] = []
     if ops.empty or sched.empty:
         return ops, pd.DataFrame(by_role, columns=["op", "role", "cpu_ms"])
     sched = sched.sort_values(T.T_NS, kind="stable")
-    cpus = _Cpus(sched[sched[T.EVENT] == T.SCHED_SWITCH])
-    pids = worker_pids(sched)
+    members = run_tasks(sched, roots) if roots is not None else None
+    cpus = _Cpus(sched[sched[T.EVENT] == T.SCHED_SWITCH], n_cpus)
+    pids = worker_pids(sched, members)
     rank_of_pid = {pid: rank for rank, pid in pids.items()}
     timelines = {rank: _states(sched, pid) for rank, pid in pids.items()}
+    lo, hi_cover = covered(sched, lost_events)
     for k, op in ops.iterrows():
-        a, b, w = int(op[T.READY_NS]), int(op[T.START_NS]), int(op[T.WORKER])
+        w = int(op[T.WORKER])
+        a, b = max(int(op[T.READY_NS]), lo), min(int(op[T.START_NS]), hi_cover)
         times, states = timelines.get(w, (np.zeros(0, dtype=np.int64), []))
+        roles: dict[str, float] = {}
+
+        def role(comm: str, pid: int, tgid: int, w: int = w) -> str:
+            return relative_role(comm, pid, tgid, w, rank_of_pid, members)
+
         i = int(np.searchsorted(times, a, side="right")) - 1
-        cursor, roles = a, {}
+        cursor = a
         if i < 0:  # the trace never saw the thread before: unknown until its first change
-            first = int(times[0]) if len(times) else b
-            ops.at[k, "unknown"] += (min(b, first) - a) / 1e6
-            cursor, i = min(b, first), 0
+            cursor, i = (min(b, int(times[0])) if len(times) else b), 0
         while cursor < b and i < len(times):
-            hi = min(b, int(times[i + 1])) if i + 1 < len(times) else b
-            if hi > cursor:
-                ops.at[k, states[i]] += (hi - cursor) / 1e6
+            end = min(b, int(times[i + 1])) if i + 1 < len(times) else b
+            if end > cursor:
+                ops.at[k, states[i]] += (end - cursor) / 1e6
+                ops.at[k, "unknown"] -= (end - cursor) / 1e6
                 if states[i] == RUNNABLE:
-                    cpus.time_by_role(cursor, hi, w, rank_of_pid, roles)
-                cursor = hi
+                    cpus.time_by_role(cursor, end, role, roles)
+                cursor = end
             i += 1
-        by_role += [(k, role, ms) for role, ms in roles.items()]
+        by_role += [(k, r, ms) for r, ms in roles.items()]
+    ops["unknown"] = ops["unknown"].clip(lower=0.0)
     return ops, pd.DataFrame(by_role, columns=["op", "role", "cpu_ms"])
 
 
@@ -196,34 +274,46 @@ def cause_totals(ops: pd.DataFrame, by_role: pd.DataFrame) -> dict:
         M.SCHED_LATE_RUNNING_MS: float(ops[RUNNING].sum()),
         M.SCHED_LATE_RUNNABLE_MS: float(ops[RUNNABLE].sum()),
         M.SCHED_LATE_SLEEPING_MS: float(ops[SLEEPING].sum()),
+        M.SCHED_LATE_UNKNOWN_MS: float(ops["unknown"].sum()),
         M.SCHED_CPU_WHILE_RUNNABLE_MS: {str(r): round(float(ms), 3) for r, ms in roles.items()},
     }
 
 
 #: beside ``T.SCHED_FILE``: how the trace was taken (``lost_events``: events the kernel's buffers
-#: could not hold, each CPU's overrun and dropped events)
+#: could not hold, each CPU's overrun and dropped events; ``cpus``: the machine's; ``run_pids``:
+#: the run's processes when it began, ``run_tasks``' roots)
 SCHED_INFO_FILE = "sched.json"
 #: one row per late operation, its states and the CPU time by role while it waited (a column each)
 LATE_STARTS_FILE = "late_starts.csv"
 
 
-def write_sched_trace(run_dir: Path, lines: Iterable[str], lost_events: int) -> None:
+def write_sched_trace(run_dir: Path, lines: Iterable[str], lost_events: int, run_pids: Iterable[int]) -> None:
     """Write a run's scheduler trace (the kernel's lines) to ``T.SCHED_FILE``, and how it was
-    taken to ``SCHED_INFO_FILE``."""
+    taken to ``SCHED_INFO_FILE`` (``run_pids``: the run's processes when the trace began)."""
     parse_sched_lines(lines).to_parquet(run_dir / T.SCHED_FILE, index=False)
-    (run_dir / SCHED_INFO_FILE).write_text(json.dumps({"lost_events": lost_events, "clock": "mono"}) + "\n")
+    info = {"lost_events": lost_events, "clock": "mono", "cpus": os.cpu_count(), "run_pids": sorted(set(run_pids))}
+    (run_dir / SCHED_INFO_FILE).write_text(json.dumps(info) + "\n")
 
 
 def sched_stats(run_dir: Path, ev: pd.DataFrame, warmup: int) -> dict:
     """The summary's figures of a run traced with ``--sched-trace`` (``cause_totals``, and
-    ``M.SCHED_EVENTS_LOST``; nothing for a run traced without), writing ``LATE_STARTS_FILE``."""
+    ``M.SCHED_EVENTS_LOST``; nothing for a run traced without; ``M.SCHED_TRACE_ERROR``, naming
+    the file and the fault, for a trace that cannot be read), writing ``LATE_STARTS_FILE``."""
     path = run_dir / T.SCHED_FILE
     if not path.exists() or ev.empty:
         return {}
-    ops, by_role = late_start_causes(ev, pd.read_parquet(path), warmup)
+    info_path = run_dir / SCHED_INFO_FILE
+    try:
+        sched = pd.read_parquet(path)
+        missing = [c for c in T.SCHED_COLUMNS if c not in sched.columns]
+        if missing:
+            raise ValueError(f"no column {', '.join(missing)}")
+        info = json.loads(info_path.read_text()) if info_path.exists() else {}
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        return {M.SCHED_TRACE_ERROR: f"{path} (or {info_path.name}) cannot be read: {e}"}
+    lost = info.get("lost_events") or 0
+    ops, by_role = late_start_causes(ev, sched, warmup, info.get("run_pids"), info.get("cpus") or 0, lost)
     wide = by_role.pivot_table(index="op", columns="role", values="cpu_ms", aggfunc="sum") if len(by_role) else None
     table = ops.join(wide.add_prefix("cpu_ms: ")) if wide is not None else ops
     table.to_csv(run_dir / LATE_STARTS_FILE, index=False)
-    info_path = run_dir / SCHED_INFO_FILE
-    info = json.loads(info_path.read_text()) if info_path.exists() else {}
     return {**cause_totals(ops, by_role), M.SCHED_EVENTS_LOST: info.get("lost_events")}

@@ -8,8 +8,10 @@ network is removed in every case and the traces written so far are kept and summ
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -234,7 +236,33 @@ def _train(
     tracer: SchedTrace | None = None,
 ) -> None:
     """Start the controller, BubbleTea's processes and the workers on the built ``net``; watch them
-    (with ``tracer``, the kernel's scheduler recorded meanwhile into ``sched.parquet``)."""
+    (with ``tracer``, the kernel's scheduler recorded meanwhile into ``sched.parquet``: started
+    before anything of the run's, so that a refusal costs no training, and saved and removed
+    whatever happens)."""
+    if tracer is None:
+        _start_and_watch(net, exp, workers, out_dir, hang_s, progress, t_start, launcher, None)
+        return
+    with ExitStack() as stack:
+        # the run's processes so far (the runner, the launcher the workers fork from, what the
+        # registry lists): what they start while the trace records is the run's too
+        roots = [os.getpid(), *(p.pid for p in tracer.record.processes)]
+        roots += [launcher.proc.pid] if launcher is not None else []
+        tracer.start()
+        stack.callback(_save_sched_trace, tracer, out_dir, progress, roots)
+        _start_and_watch(net, exp, workers, out_dir, hang_s, progress, t_start, launcher, tracer)
+
+
+def _start_and_watch(
+    net: Network,
+    exp: Experiment,
+    workers: list[WorkerSpec],
+    out_dir: Path,
+    hang_s: float,
+    progress: Callable[[str], Any],
+    t_start: float,
+    launcher: Launcher | None,
+    tracer: SchedTrace | None,
+) -> None:
     # gloo connects each pair when it first talks instead of the whole mesh up front: seconds of
     # start-up, more so with many striped connections (torch's TORCH_GLOO_LAZY_INIT)
     worker_env = {"OMP_NUM_THREADS": "1", "TORCH_GLOO_LAZY_INIT": "1"}
@@ -291,33 +319,37 @@ def _train(
     )
     sampler = LinkSampler(net, out_dir / "link_counters.jsonl")
     sampler.start()
-    try:
+    with ExitStack() as stops:  # run in the reverse order, each even when one before it raised
+        if dispatcher is not None and bt is not None:
+            stops.callback(stop_bubbletea, dispatcher, bt, workers, out_dir, progress)
+        if controller is not None:
+            stops.callback(controller.stop)
+        stops.callback(sampler.stop)
         if tracer is not None:
-            tracer.start()
+            stops.callback(tracer.stop)  # the teardown is not training: not recorded
         profile = (
             replan_from_profile(exp, workers, n_conn, controller, out_dir, out_dir / STAGGER_FILE, progress)
             if profiling and controller is not None
             else None
         )
         watch(net, exp, workers, procs, out_dir, hang_s, progress, t_start, controller, profile)
-    finally:
-        if tracer is not None:
-            tracer.stop()  # the teardown below is not training: not recorded
-        sampler.stop()
-        if controller is not None:
-            controller.stop()
-        if dispatcher is not None and bt is not None:
-            stop_bubbletea(dispatcher, bt, workers, out_dir, progress)
-        if tracer is not None:
-            _save_sched_trace(tracer, out_dir, progress)
+    if sampler.error is not None:
+        progress(f"the link sampler stopped early ({sampler.error}): link_counters.jsonl ends there")
 
 
-def _save_sched_trace(tracer: SchedTrace, out_dir: Path, progress: Callable[[str], Any]) -> None:
-    """Write what ``tracer`` recorded into the run folder, then remove its tracefs instance."""
+def _save_sched_trace(tracer: SchedTrace, out_dir: Path, progress: Callable[[str], Any], roots: list[int]) -> None:
+    """Write what ``tracer`` recorded into the run folder, then remove its tracefs instance (left
+    registered for ``testbed clean`` if the kernel refuses)."""
     try:
-        if tracer.started:
+        if tracer.made:
+            tracer.stop()
             lost = tracer.lost_events()
-            write_sched_trace(out_dir, tracer.lines(), lost)
+            with tracer.trace_file() as lines:  # closed before the instance is removed
+                write_sched_trace(out_dir, lines, lost, roots)
             progress(f"scheduler trace in {out_dir / SCHED_FILE}" + (f" ({lost} events lost)" if lost else ""))
+    except BaseException:
+        progress("the scheduler trace was not saved: the run was stopped while it was read")
+        raise
     finally:
-        tracer.close()
+        if not tracer.close():
+            progress(f"could not remove the tracefs instance {tracer.path}: run 'testbed clean'")

@@ -40,6 +40,8 @@ class LinkSampler(threading.Thread):
         super().__init__(name="link-sampler", daemon=True)
         self.net, self.path, self.interval_s = net, path, interval_s
         self._halt = threading.Event()
+        #: why it stopped before ``stop`` was called (the network failed under it), if it did
+        self.error: str | None = None
 
     def run(self) -> None:
         from pyroute2.netlink.exceptions import NetlinkError
@@ -49,7 +51,9 @@ class LinkSampler(threading.Thread):
             while not self._halt.wait(self.interval_s):
                 try:
                     links = self.net.wan_counters()
-                except (OSError, NetlinkError, TestbedError, KeyError):  # the network is being torn down
+                except (OSError, NetlinkError, TestbedError, KeyError) as e:  # the network is being torn down
+                    if not self._halt.is_set():
+                        self.error = f"{type(e).__name__}: {e}"
                     return
                 t = now_ns()
                 for (src, dst), counters in links.items():

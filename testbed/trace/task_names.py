@@ -2,8 +2,9 @@
 most 15 bytes: prctl(2) PR_SET_NAME), so that a scheduler trace (``testbed run --sched-trace``),
 ``top -H`` or ``ps -L`` tells them apart; and the role a name stands for, which
 ``results/sched_trace.py`` reads back. A thread starts with the name of the thread that started
-it: a worker names itself before gloo starts its threads, so gloo's carry the worker's name (they
-are told apart from its main thread by their thread id)."""
+it: a worker names itself before gloo starts its threads, so torch's carry the worker's name
+(told apart from its main thread by their thread id); gloo's name themselves
+(``gloo_tcp_loop``, ``pt_gloo_runloop``), and the trace's process ids tell whose they are."""
 
 from __future__ import annotations
 

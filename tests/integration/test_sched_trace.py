@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from testbed.net.registry import stale_runs
-from testbed.results.sched_trace import LATE_STARTS_FILE, worker_pids
+from testbed.results.sched_trace import LATE_STARTS_FILE, SCHED_INFO_FILE, run_tasks, worker_pids
 from testbed.spec.addressing import new_run_prefix
 from testbed.trace import schema as T
 
@@ -31,7 +31,11 @@ def test_a_traced_run_names_its_tasks_and_accounts_for_each_late_start(tmp_path,
     assert list(sched.columns) == T.SCHED_COLUMNS and len(sched) > 1000
     assert (sched[T.EVENT] == T.SCHED_WAKEUP).any() and sched[T.T_NS].is_monotonic_increasing
     workers = json.loads((out / "config.json").read_text())["workers"]
-    assert sorted(worker_pids(sched)) == sorted(w["rank"] for w in workers)  # each worker's main thread
+    info = json.loads((out / SCHED_INFO_FILE).read_text())
+    assert info["lost_events"] == 0 and info["cpus"] == os.cpu_count() and len(info["run_pids"]) >= 2
+    # each worker's main thread, found among the tasks the run's processes made while it traced
+    members = run_tasks(sched, info["run_pids"])
+    assert sorted(worker_pids(sched, members)) == sorted(w["rank"] for w in workers)
     names = set(sched[T.NEXT_COMM])
     for name in ("tb-atlas", "tb-decode", "tb-dispatch", "tb-sampler"):
         assert name in names, (name, sorted(n for n in names if n.startswith("tb-")))
@@ -76,6 +80,10 @@ def test_testbed_clean_removes_the_instance_of_a_killed_run(tmp_path, clean_mach
     proc.wait()
     time.sleep(0.1)
     assert prefix in [rec.prefix for rec in stale_runs()]
+    with open(os.path.join(path, "trace")):  # a reader holds it: the kernel refuses to remove it
+        r = run_cli("clean", "--run", prefix)
+    assert r.returncode == 1 and "could not remove tracefs instance" in r.stdout, r.stdout + r.stderr
+    assert os.path.isdir(path) and prefix in [rec.prefix for rec in stale_runs()]  # kept for the next clean
     r = run_cli("clean", "--run", prefix)
     assert r.returncode == 0, r.stderr
-    assert "1 tracefs instances" in r.stdout and not os.path.exists(path)
+    assert "1 tracefs instance(s)" in r.stdout and not os.path.exists(path)

@@ -124,10 +124,37 @@ def test_trace_instances_round_trip_and_only_an_instance_is_ever_removed(state_d
     data = {k: v for k, v in json.loads(rec.path.read_text()).items() if k != "trace_instances"}
     rec.path.write_text(json.dumps(data))
     assert RunRecord.load(rec.path).trace_instances == []
-    keep = tmp_path / "instances" / "mine"
+    keep = tmp_path / "instances" / "tb1234-sched"
     keep.mkdir(parents=True)
-    for path in (tmp_path, keep, "/sys/kernel/tracing"):  # not <tracefs>/instances/<name>
-        with pytest.raises(ValueError, match="not a tracefs instance"):
-            registry.remove_trace_instance(str(path))
+    for path in (tmp_path, keep, "/sys/kernel/tracing", "/sys/kernel/tracing/instances/tb9999-sched"):
+        with pytest.raises(ValueError, match="not run tb1234's tracefs instance"):  # not under a mount, or not its
+            registry.remove_trace_instance(str(path), "tb1234")
     assert keep.is_dir()
-    assert registry.remove_trace_instance("/sys/kernel/tracing/instances/tb1234-never-made") is False
+    assert registry.remove_trace_instance("/sys/kernel/tracing/instances/tb1234-sched", "tb1234") is False  # gone
+
+
+def test_a_run_whose_instance_cannot_be_removed_stays_registered(state_dir, monkeypatch):
+    """``clean_run`` removes the rest, names the instance it could not remove (a reader holds it
+    open: EBUSY) and keeps the record for a later ``testbed clean``."""
+    rec = RunRecord("tb1234", 1, None, 1000.5)
+    rec.save()
+    rec.add_trace_instance("/sys/kernel/tracing/instances/tb1234-sched")
+
+    def busy(path: str, prefix: str) -> bool:
+        raise OSError(16, "Device or resource busy")
+
+    monkeypatch.setattr(registry, "remove_trace_instance", busy)
+    removed = registry.clean_run(rec)
+    assert removed["trace_instances"] == [] and "Device or resource busy" in removed["left"][0]
+    assert RunRecord.load(rec.path).trace_instances == ["/sys/kernel/tracing/instances/tb1234-sched"]
+
+
+def test_a_new_run_never_takes_a_prefix_a_registered_run_holds(state_dir, monkeypatch):
+    RunRecord("tbdead", 1, None, 1000.5).save()  # a run killed with -9, not cleaned yet
+    draws = iter(["tbdead", "tbdead", "tb0a0b"])
+    monkeypatch.setattr(registry, "new_run_prefix", lambda: next(draws))
+    monkeypatch.setattr(registry, "existing_namespaces", lambda: {"tb0a0c-east-r"})
+    assert registry.unused_run_prefix() == "tb0a0b"
+    monkeypatch.setattr(registry, "new_run_prefix", lambda: "tb0a0c")  # its namespaces are still there
+    with pytest.raises(RuntimeError, match="testbed clean"):
+        registry.unused_run_prefix()

@@ -88,3 +88,29 @@ def test_every_htb_class_with_its_rates_and_counters():
             "qlen": 0,
         },
     }
+
+
+def test_a_dump_skips_what_an_earlier_timed_out_dump_left_on_the_socket(monkeypatch):
+    """Each dump is numbered; the answer of an earlier one (which timed out) still queued on the
+    socket is left out, and the dump ends at its own NLMSG_DONE. A datagram socket pair stands in
+    for the kernel's end."""
+    import itertools
+    import socket
+
+    from testbed.net import rtnl_raw
+
+    def numbered(msg: bytes, seq: int) -> bytes:
+        length, mtype, flags, _, port = NLMSGHDR.unpack_from(msg)
+        return NLMSGHDR.pack(length, mtype, flags, seq, port) + msg[NLMSGHDR.size :]
+
+    done = NLMSGHDR.pack(NLMSGHDR.size + 4, NLMSG_DONE, 2, 0, 0) + b"\0\0\0\0"
+    ours, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    with ours, kernel:
+        kernel.send(numbered(_htb_class_msg(0x10001, 100, 100, (1,) + (0,) * 7), 7) + numbered(done, 7))  # stale
+        kernel.send(numbered(_htb_class_msg(0x10002, 200, 200, (2,) + (0,) * 7), 42))
+        kernel.send(numbered(done, 42))
+        monkeypatch.setattr(rtnl_raw, "_dump_seq", itertools.count(42))
+        got = htb_classes_from_dump(rtnl_raw.dump_classes(ours, 5))
+        request = kernel.recv(4096)
+    assert list(got) == [0x2] and got[0x2]["tx_bytes"] == 2
+    assert NLMSGHDR.unpack_from(request)[3] == 42 and TCMSG.unpack_from(request, NLMSGHDR.size)[3] == 5

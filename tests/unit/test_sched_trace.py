@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from eventrows import MS, event_row
 
-from testbed.results.sched_trace import cause_totals, late_start_causes, parse_sched_lines, worker_pids
+from testbed.results.sched_trace import cause_totals, late_start_causes, parse_sched_lines, run_tasks, worker_pids
 from testbed.trace import schema as T
 from testbed.trace.task_names import name_this_thread, role_of
 
@@ -66,7 +66,9 @@ def test_parsed_lines_keep_switches_and_wakeups_with_each_tasks_process():
     assert worker_pids(df) == {0: 100, 1: 200}  # not the forked process switched to once
 
 
-def test_a_late_operation_slept_then_waited_behind_the_delay_element_and_another_worker():
+def _late_op_events() -> pd.DataFrame:
+    """Worker 0's forward whose input came at 1001.5 ms and which started at 1004.5 ms (3 ms late),
+    one on time, and one of the warm-up."""
     ev = pd.DataFrame(
         [
             event_row(0, "h0", "east", 1, 0, T.FORWARD, 1, 0, 1004.5, 1010.0, ready_ns=int(1001.5 * MS)),
@@ -76,12 +78,16 @@ def test_a_late_operation_slept_then_waited_behind_the_delay_element_and_another
         columns=T.COLUMNS,
     )
     ev[T.READY_NS] = pd.to_numeric(ev[T.READY_NS])
-    ops, by_role = late_start_causes(ev, parse_sched_lines(LINES), warmup=1)
+    return ev
+
+
+def test_a_late_operation_slept_then_waited_behind_the_delay_element_and_another_worker():
+    ops, by_role = late_start_causes(_late_op_events(), parse_sched_lines(LINES), warmup=1)
     assert len(ops) == 1
     row = ops.iloc[0]
     assert (row[T.WORKER], row[T.MICROBATCH], row["late_ms"]) == (0, 0, pytest.approx(3.0))
     # 1001.5-1002 asleep, 1002-1004 on the run queue, 1004-1004.5 on the CPU
-    assert (row["sleeping"], row["runnable"], row["running"]) == pytest.approx((0.5, 2.0, 0.5))
+    assert (row["sleeping"], row["runnable"], row["running"], row["unknown"]) == pytest.approx((0.5, 2.0, 0.5, 0))
     cpu = dict(zip(by_role["role"], by_role["cpu_ms"]))
     assert cpu == pytest.approx({"delay element": 2.0, "other workers": 1.5, "other workers' threads": 0.5})
     totals = cause_totals(ops, by_role)
@@ -101,8 +107,45 @@ def test_no_late_operation_or_no_trace_gives_empty_tables():
         "sched_late_running_ms": 0.0,
         "sched_late_runnable_ms": 0.0,
         "sched_late_sleeping_ms": 0.0,
+        "sched_late_unknown_ms": 0.0,
         "sched_cpu_while_runnable_ms": {},
     }
+
+
+def test_tasks_of_another_run_and_of_the_machine_are_outside_the_run():
+    """With the run's processes known (``roots``), what it forked is its own and the rest is
+    outside: here worker 1 (pid 200) was never forked by the run's launcher (pid 50), so it and
+    the delay element of another run count as outside, and worker 0's late start waited behind them."""
+    lines = [
+        switch("0.999000", 0, ("tb-launcher", 50, 50), "S", W0[:2]),
+        "      tb-launcher-50      (     50) [000] ..... 0.999500: sched_process_fork: comm=tb-launcher pid=50 "
+        "child_comm=tb-launcher child_pid=100",
+        *LINES[1:],
+    ]
+    sched = parse_sched_lines(lines)
+    assert (sched[T.EVENT] == T.SCHED_FORK).sum() == 1
+    assert run_tasks(sched, [50]) == {50, 100, 101}  # the launcher, the worker it forked, its gloo thread
+    ev = _late_op_events()
+    ops, by_role = late_start_causes(ev, sched, warmup=1, roots=[50], n_cpus=2)
+    cpu = dict(zip(by_role["role"], by_role["cpu_ms"]))
+    assert cpu == pytest.approx({"outside the run": 4.0})
+    assert ops.iloc[0]["runnable"] == pytest.approx(2.0)
+
+
+def test_time_the_trace_does_not_hold_whole_is_unknown():
+    """Events lost (a CPU's buffer filled): only the span every CPU holds counts; the rest of a late
+    operation's wait is ``unknown``, and so is a CPU that never switched, or an empty trace."""
+    sched = parse_sched_lines(LINES)
+    ops, by_role = late_start_causes(_late_op_events(), sched, warmup=1, n_cpus=2, lost_events=5)
+    # the span every CPU holds ends at the earliest of their last switches: CPU 0's, at 1.004 s
+    row = ops.iloc[0]
+    assert (row["sleeping"], row["runnable"], row["running"]) == pytest.approx((0.5, 2.0, 0.0))
+    assert row["unknown"] == pytest.approx(0.5)
+    ops, by_role = late_start_causes(_late_op_events(), sched, warmup=1, n_cpus=3)
+    assert dict(zip(by_role["role"], by_role["cpu_ms"]))["unknown"] == pytest.approx(2.0)  # CPU 2: never seen
+    ops, by_role = late_start_causes(_late_op_events(), parse_sched_lines([]), warmup=1)
+    assert ops.iloc[0]["unknown"] == pytest.approx(3.0) and by_role.empty
+    assert cause_totals(ops, by_role)["sched_late_unknown_ms"] == pytest.approx(3.0)
 
 
 @pytest.mark.parametrize(

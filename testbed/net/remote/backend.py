@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 from testbed.errors import BuildError, CheckError, DelayElementError, RemoteError
 from testbed.net.features import require_root
 from testbed.net.network import ManagedNetwork
-from testbed.net.registry import RunRecord
+from testbed.net.registry import RunRecord, unused_run_prefix
 from testbed.net.remote.agent_client import AgentClient, RemoteProcess
 from testbed.net.remote.clean import finish_machines
 from testbed.net.remote.clock import measure_offset, write_clock_offsets
@@ -47,7 +47,7 @@ from testbed.net.remote.ssh import Connection
 from testbed.net.remote.sync import TraceSync
 from testbed.net.remote.tunnels import TUNNEL_MTU, tunnel_plan
 from testbed.net.topology_record import default_out_dir, write_topology_record
-from testbed.spec.addressing import AddressPlan, HostAddr, new_run_prefix
+from testbed.spec.addressing import AddressPlan, HostAddr
 from testbed.spec.routing import RoutingTable
 from testbed.spec.topology import TopologySpec
 
@@ -74,7 +74,7 @@ class RemoteNetwork(ManagedNetwork):
         tcp_buffer_bytes: int | None = None,
     ) -> None:
         self.spec = spec
-        self.prefix = prefix or new_run_prefix()
+        self.prefix = prefix or unused_run_prefix()
         self.out_dir = Path(out_dir) if out_dir else default_out_dir(self.prefix)
         self.requested_mechanism, self.tcp_buffer_bytes = delay_mechanism, tcp_buffer_bytes
         self.check_capacity = check_capacity
