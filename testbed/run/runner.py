@@ -239,102 +239,86 @@ def _train(
     (with ``tracer``, the kernel's scheduler recorded meanwhile into ``sched.parquet``: started
     before anything of the run's, so that a refusal costs no training, and saved and removed
     whatever happens)."""
-    if tracer is None:
-        _start_and_watch(net, exp, workers, out_dir, hang_s, progress, t_start, launcher, None)
-        return
     with ExitStack() as stack:
-        # the run's processes so far (the runner, the launcher the workers fork from, what the
-        # registry lists): what they start while the trace records is the run's too
-        roots = [os.getpid(), *(p.pid for p in tracer.record.processes)]
-        roots += [launcher.proc.pid] if launcher is not None else []
-        tracer.start()
-        stack.callback(_save_sched_trace, tracer, out_dir, progress, roots)
-        _start_and_watch(net, exp, workers, out_dir, hang_s, progress, t_start, launcher, tracer)
-
-
-def _start_and_watch(
-    net: Network,
-    exp: Experiment,
-    workers: list[WorkerSpec],
-    out_dir: Path,
-    hang_s: float,
-    progress: Callable[[str], Any],
-    t_start: float,
-    launcher: Launcher | None,
-    tracer: SchedTrace | None,
-) -> None:
-    # gloo connects each pair when it first talks instead of the whole mesh up front: seconds of
-    # start-up, more so with many striped connections (torch's TORCH_GLOO_LAZY_INIT)
-    worker_env = {"OMP_NUM_THREADS": "1", "TORCH_GLOO_LAZY_INIT": "1"}
-    n_conn = wan_connections(exp, exp.topology_spec, workers)
-    controller = None
-    grant_plan = None
-    # plan from iteration 0; a run serving prefill alone moves no training data: no grants
-    profiling = exp.policy.sharing == "planned" and not exp.compute.padded and exp.policy.training
-    if exp.policy.grants and exp.policy.training:
-        grant_plan = plan_grants(exp, exp.topology_spec, workers, n_conn)
-        (out_dir / "grant_plan.txt").write_text(format_grant_plan(grant_plan) + "\n")
-        if profiling:
-            grant_plan = unprofiled(grant_plan)
-        # AF_UNIX paths are limited to 108 bytes: the socket lives beside the run registry
-        controller = Controller(
-            net,
-            workers,
-            exp.replicas,
-            control_dir() / f"{net.prefix}.sock",
-            out_dir / "controller.jsonl",
-            exp.atlas_floor_share,
-            exp.policy.sharing,
-            grant_plan,
-            exp.atlas_borrow,
-        )
-        controller.install()
-        controller.start()
-    bt, dispatcher, decode_at = (
-        prepare_bubbletea(net, exp, workers, out_dir) if exp.policy.bubbletea else (None, None, {})
-    )
-    cfg = WorkerConfig(
-        TrainingConfig.of(exp, _corpus_for_hosts(net, exp), n_conn),
-        tuple(workers),
-        net.host_out_dir,
-        f"tcp://{net.host(workers[0].host).ip}:{GLOO_PORT}",
-        timeout_s(exp),
-        str(controller.sock_path) if controller else None,
-        bt,
-        grant_plan.stagger_s if grant_plan is not None and exp.policy.sharing == "planned" else (),
-        f"{net.host_out_dir}/{STAGGER_FILE}" if profiling else None,
-    )
-    write_worker_config(out_dir / "worker_config.json", cfg)
-    cfg_arg = net.share_file(out_dir / "worker_config.json")
-    if dispatcher is not None:
-        start_bubbletea(net, dispatcher, decode_at, cfg_arg)
-    # one gloo connection per pair per entry; concurrent operations use different ones
-    env = {**worker_env, "GLOO_SOCKET_IFNAME": ",".join(["eth0"] * n_conn)}
-    procs = start_workers(
-        net, launcher, out_dir / "worker_config.json", cfg_arg, {w.rank: w.host for w in workers}, env
-    )
-    progress(
-        f"{len(workers)} workers started on {exp.topology_spec.name} ({net.mechanism} delay); "
-        f"{exp.stages} stages x {exp.replicas} replicas, {exp.schedule}, {exp.microbatches} microbatches"
-    )
-    sampler = LinkSampler(net, out_dir / "link_counters.jsonl")
-    sampler.start()
-    with ExitStack() as stops:  # run in the reverse order, each even when one before it raised
-        if dispatcher is not None and bt is not None:
-            stops.callback(stop_bubbletea, dispatcher, bt, workers, out_dir, progress)
-        if controller is not None:
-            stops.callback(controller.stop)
-        stops.callback(sampler.stop)
         if tracer is not None:
-            stops.callback(tracer.stop)  # the teardown is not training: not recorded
-        profile = (
-            replan_from_profile(exp, workers, n_conn, controller, out_dir, out_dir / STAGGER_FILE, progress)
-            if profiling and controller is not None
-            else None
+            # the run's processes so far (the runner, the launcher the workers fork from, what the
+            # registry lists): what they start while the trace records is the run's too
+            roots = [os.getpid(), *(p.pid for p in tracer.record.processes)]
+            roots += [launcher.proc.pid] if launcher is not None else []
+            tracer.start()
+            stack.callback(_save_sched_trace, tracer, out_dir, progress, roots)
+        # gloo connects each pair when it first talks instead of the whole mesh up front: seconds of
+        # start-up, more so with many striped connections (torch's TORCH_GLOO_LAZY_INIT)
+        worker_env = {"OMP_NUM_THREADS": "1", "TORCH_GLOO_LAZY_INIT": "1"}
+        n_conn = wan_connections(exp, exp.topology_spec, workers)
+        controller = None
+        grant_plan = None
+        # plan from iteration 0; a run serving prefill alone moves no training data: no grants
+        profiling = exp.policy.sharing == "planned" and not exp.compute.padded and exp.policy.training
+        if exp.policy.grants and exp.policy.training:
+            grant_plan = plan_grants(exp, exp.topology_spec, workers, n_conn)
+            (out_dir / "grant_plan.txt").write_text(format_grant_plan(grant_plan) + "\n")
+            if profiling:
+                grant_plan = unprofiled(grant_plan)
+            # AF_UNIX paths are limited to 108 bytes: the socket lives beside the run registry
+            controller = Controller(
+                net,
+                workers,
+                exp.replicas,
+                control_dir() / f"{net.prefix}.sock",
+                out_dir / "controller.jsonl",
+                exp.atlas_floor_share,
+                exp.policy.sharing,
+                grant_plan,
+                exp.atlas_borrow,
+            )
+            controller.install()
+            controller.start()
+        bt, dispatcher, decode_at = (
+            prepare_bubbletea(net, exp, workers, out_dir) if exp.policy.bubbletea else (None, None, {})
         )
-        watch(net, exp, workers, procs, out_dir, hang_s, progress, t_start, controller, profile)
-    if sampler.error is not None:
-        progress(f"the link sampler stopped early ({sampler.error}): link_counters.jsonl ends there")
+        cfg = WorkerConfig(
+            TrainingConfig.of(exp, _corpus_for_hosts(net, exp), n_conn),
+            tuple(workers),
+            net.host_out_dir,
+            f"tcp://{net.host(workers[0].host).ip}:{GLOO_PORT}",
+            timeout_s(exp),
+            str(controller.sock_path) if controller else None,
+            bt,
+            grant_plan.stagger_s if grant_plan is not None and exp.policy.sharing == "planned" else (),
+            f"{net.host_out_dir}/{STAGGER_FILE}" if profiling else None,
+        )
+        write_worker_config(out_dir / "worker_config.json", cfg)
+        cfg_arg = net.share_file(out_dir / "worker_config.json")
+        if dispatcher is not None:
+            start_bubbletea(net, dispatcher, decode_at, cfg_arg)
+        # one gloo connection per pair per entry; concurrent operations use different ones
+        env = {**worker_env, "GLOO_SOCKET_IFNAME": ",".join(["eth0"] * n_conn)}
+        procs = start_workers(
+            net, launcher, out_dir / "worker_config.json", cfg_arg, {w.rank: w.host for w in workers}, env
+        )
+        progress(
+            f"{len(workers)} workers started on {exp.topology_spec.name} ({net.mechanism} delay); "
+            f"{exp.stages} stages x {exp.replicas} replicas, {exp.schedule}, {exp.microbatches} microbatches"
+        )
+        sampler = LinkSampler(net, out_dir / "link_counters.jsonl")
+        sampler.start()
+        with ExitStack() as stops:  # run in the reverse order, each even when one before it raised
+            if dispatcher is not None and bt is not None:
+                stops.callback(stop_bubbletea, dispatcher, bt, workers, out_dir, progress)
+            if controller is not None:
+                stops.callback(controller.stop)
+            stops.callback(sampler.stop)
+            if tracer is not None:
+                stops.callback(tracer.stop)  # the teardown is not training: not recorded
+            profile = (
+                replan_from_profile(exp, workers, n_conn, controller, out_dir, out_dir / STAGGER_FILE, progress)
+                if profiling and controller is not None
+                else None
+            )
+            watch(net, exp, workers, procs, out_dir, hang_s, progress, t_start, controller, profile)
+        if sampler.error is not None:
+            progress(f"the link sampler stopped early ({sampler.error}): link_counters.jsonl ends there")
 
 
 def _save_sched_trace(tracer: SchedTrace, out_dir: Path, progress: Callable[[str], Any], roots: list[int]) -> None:
