@@ -203,9 +203,11 @@ def _run(
             _train(
                 net, exp, workers, out_dir, hang, progress, t_start, launcher if runs_here(backend) else None, tracer
             )
-    except (TestbedError, KeyboardInterrupt) as e:  # RunError, a dead delay element or agent: traces kept
+    # RunError, a dead delay element or agent, Ctrl-C, SIGTERM or SIGHUP (SystemExit, run/interrupts.py):
+    # the traces are kept and summarised, then the error raised again
+    except (TestbedError, KeyboardInterrupt, SystemExit) as e:
         error = e
-        if not isinstance(e, (RunError, KeyboardInterrupt)) and not (out_dir / "events").exists():
+        if not isinstance(e, (RunError, KeyboardInterrupt, SystemExit)) and not (out_dir / "events").exists():
             raise  # it failed before any worker ran: nothing to summarize
     summary = finalize(out_dir, aborted=error is not None)
     if error is not None:

@@ -182,6 +182,7 @@ def test_sigterm_while_training(tmp_path):
     code, err = run.finish()
     assert code == 128 + signal.SIGTERM, err
     assert "SIGTERM: tearing down" in err
+    assert json.loads((tmp_path / "summary.json").read_text())["aborted"] is True  # summarised, as Ctrl-C
     assert left_behind(before, run.record["prefix"], run) == {}
 
 
