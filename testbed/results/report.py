@@ -24,7 +24,7 @@ from testbed.results.plots import (
     plot_links,
     plot_timeline,
 )
-from testbed.results.sched_trace import sched_stats
+from testbed.results.sched_summary import sched_stats
 from testbed.results.summary import grant_stats, summarize
 from testbed.trace import metrics as M
 from testbed.trace import schema as T

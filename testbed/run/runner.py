@@ -28,7 +28,7 @@ from testbed.plan.memory import gpu_shortfall
 from testbed.plan.placement import WorkerSpec, decode_hosts, place
 from testbed.plan.worker_config import STAGGER_FILE, TrainingConfig, WorkerConfig, write_worker_config
 from testbed.results.report import finalize
-from testbed.results.sched_trace import write_sched_trace
+from testbed.results.sched_summary import write_sched_trace
 from testbed.run.backends import make_network, offers_live_shaping, runs_here
 from testbed.run.bubbletea_setup import prepare_bubbletea, start_bubbletea, stop_bubbletea
 from testbed.run.fit import check_corpus, check_iteration_time, check_memory

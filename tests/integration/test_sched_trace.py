@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 
 from testbed.net.registry import stale_runs
-from testbed.results.sched_trace import LATE_STARTS_FILE, SCHED_INFO_FILE, run_tasks, worker_pids
+from testbed.results.sched_summary import LATE_STARTS_FILE, SCHED_INFO_FILE
+from testbed.results.sched_trace import run_tasks, worker_pids
 from testbed.spec.addressing import new_run_prefix
 from testbed.trace import schema as T
 

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 from eventrows import MS, event_row
 
-from testbed.results.sched_trace import cause_totals, late_start_causes, parse_sched_lines, run_tasks, worker_pids
+from testbed.results.sched_summary import cause_totals
+from testbed.results.sched_trace import late_start_causes, parse_sched_lines, run_tasks, worker_pids
 from testbed.trace import schema as T
 from testbed.trace.task_names import name_this_thread, role_of
 
