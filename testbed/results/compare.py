@@ -52,7 +52,8 @@ def aggregate(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     ``X+bubbletea`` run beside ``X``, the training slowdown (median iteration time with BubbleTea
     over without) next to the noise floor (the larger spread of the two against themselves), and
     each run's count of operations that started over 1 ms after their input arrived, with and
-    without BubbleTea (``M.TRAINING_OPS_STARTED_LATE``: the runs without it are the floor)."""
+    without BubbleTea (``M.TRAINING_OPS_STARTED_LATE``: the runs without it are the floor);
+    ``sched``: the scheduler traces' figures per policy (``sched_totals``)."""
     stats = {}
     for policy, summaries in runs.items():
         stats[policy] = {
@@ -107,6 +108,7 @@ def aggregate(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         "bubbletea": slowdown,
         "steps": steps,
         "prefill_alone": measured_alone_shares(stats),
+        "sched": sched_totals(runs),
     }
 
 
@@ -236,15 +238,18 @@ def format_comparison(result: dict[str, Any]) -> str:
                     f"  operations started >1 ms after their input arrived: {p} {_counts_text(late[p])}, "
                     f"{base_policy(p)} {_counts_text(late[base_policy(p)])} (the floor)"
                 )
-    lines += _sched_lines(result.get("runs", {}))
+    # a comparison.json written before the totals were stored: summed from its runs
+    lines += _sched_lines(result["sched"] if "sched" in result else sched_totals(result.get("runs", {})))
     return "\n".join(lines)
 
 
-def _sched_lines(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """Per policy traced with ``--sched-trace``, its late operations' time summed over its runs:
-    their threads on a CPU, waiting for one and asleep, and what the CPUs ran while they waited
-    (``results/sched_trace.py``), largest share first."""
-    lines = []
+def sched_totals(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per policy traced with ``--sched-trace`` (``results/sched_summary.py``), its late
+    operations' figures summed over its traced runs: ``runs``, ``M.SCHED_LATE_OPS``,
+    ``M.SCHED_EVENTS_LOST``, the ms their threads were on a CPU, waiting for one, asleep and not
+    in the trace (``M.SCHED_LATE_*_MS``), and ``M.SCHED_CPU_WHILE_RUNNABLE_MS``: the ms the CPUs
+    gave each role while they waited, largest first. A policy with no traced run is left out."""
+    totals = {}
     for policy, summaries in runs.items():
         traced = [s for s in summaries if s.get(M.SCHED_LATE_OPS) is not None]
         if not traced:
@@ -253,18 +258,32 @@ def _sched_lines(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
         for s in traced:
             for role, ms in s[M.SCHED_CPU_WHILE_RUNNABLE_MS].items():
                 cpu[role] = cpu.get(role, 0.0) + ms
-        total = sum(cpu.values())
-        states = {k: sum(s[k] for s in traced) for k in (M.SCHED_LATE_RUNNING_MS, M.SCHED_LATE_RUNNABLE_MS)}
-        asleep = sum(s[M.SCHED_LATE_SLEEPING_MS] for s in traced)
-        unknown = sum(s.get(M.SCHED_LATE_UNKNOWN_MS) or 0.0 for s in traced)
-        lost = sum(s.get(M.SCHED_EVENTS_LOST) or 0 for s in traced)
+        states = (M.SCHED_LATE_RUNNING_MS, M.SCHED_LATE_RUNNABLE_MS, M.SCHED_LATE_SLEEPING_MS, M.SCHED_LATE_UNKNOWN_MS)
+        totals[policy] = {
+            "runs": len(traced),
+            M.SCHED_LATE_OPS: sum(s[M.SCHED_LATE_OPS] for s in traced),
+            M.SCHED_EVENTS_LOST: sum(s.get(M.SCHED_EVENTS_LOST) or 0 for s in traced),
+            **{k: sum(s.get(k) or 0.0 for s in traced) for k in states},
+            M.SCHED_CPU_WHILE_RUNNABLE_MS: dict(sorted(cpu.items(), key=lambda x: -x[1])),
+        }
+    return totals
+
+
+def _sched_lines(totals: dict[str, dict[str, Any]]) -> list[str]:
+    """``sched_totals`` as text: per traced policy, its late operations' threads on a CPU,
+    waiting for one and asleep, and what the CPUs ran while they waited, largest share first."""
+    lines = []
+    for policy, t in totals.items():
+        unknown = t.get(M.SCHED_LATE_UNKNOWN_MS) or 0.0
         lines.append(
-            f"scheduler trace of {policy} ({len(traced)} runs, {sum(s[M.SCHED_LATE_OPS] for s in traced)} late "
-            f"operations, {lost} events lost): their threads waited {states[M.SCHED_LATE_RUNNABLE_MS]:.1f} ms for a "
-            f"CPU, ran {states[M.SCHED_LATE_RUNNING_MS]:.1f} ms, slept {asleep:.1f} ms"
+            f"scheduler trace of {policy} ({t['runs']} runs, {t[M.SCHED_LATE_OPS]} late operations, "
+            f"{t[M.SCHED_EVENTS_LOST]} events lost): their threads waited {t[M.SCHED_LATE_RUNNABLE_MS]:.1f} ms "
+            f"for a CPU, ran {t[M.SCHED_LATE_RUNNING_MS]:.1f} ms, slept {t[M.SCHED_LATE_SLEEPING_MS]:.1f} ms"
             + (f", {unknown:.1f} ms not in the trace" if unknown > 0.0005 else "")
         )
+        cpu = t[M.SCHED_CPU_WHILE_RUNNABLE_MS]
+        total = sum(cpu.values())
         if total > 0:
-            shares = ", ".join(f"{role} {ms / total:.0%}" for role, ms in sorted(cpu.items(), key=lambda x: -x[1]))
+            shares = ", ".join(f"{role} {ms / total:.0%}" for role, ms in cpu.items())
             lines.append(f"  the CPUs ran meanwhile ({total:.1f} ms): {shares}")
     return lines

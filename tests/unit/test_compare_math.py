@@ -135,7 +135,8 @@ def test_operations_started_late_are_set_beside_the_runs_without_bubbletea():
 
 def test_scheduler_traces_are_summed_over_each_policys_runs():
     """Runs made with --sched-trace: each policy's late operations' states and what the CPUs ran
-    meanwhile, summed over its runs, roles by share, largest first; no line without a trace."""
+    meanwhile, summed over its runs (stored in the comparison), roles by share, largest first; no
+    line without a trace."""
 
     def traced(n: int, runnable: float, cpu: dict[str, float]) -> dict:
         return {
@@ -152,7 +153,17 @@ def test_scheduler_traces_are_summed_over_each_policys_runs():
         "atlas": [traced(2, 3.0, {"other workers": 4.0, "delay element": 2.0}), traced(1, 1.0, {"idle": 2.0})],
         "pp-fair": [summary(2.0)],
     }
-    text = format_comparison({**aggregate(runs), "runs": runs})
+    agg = aggregate(runs)
+    assert agg["sched"]["atlas"]["sched_late_ops"] == 3 and "pp-fair" not in agg["sched"]
+    assert agg["sched"]["atlas"]["sched_late_runnable_ms"] == 4.0
+    assert list(agg["sched"]["atlas"]["sched_cpu_while_runnable_ms"].items()) == [
+        ("other workers", 4.0),
+        ("delay element", 2.0),
+        ("idle", 2.0),
+    ]
+    text = format_comparison({**agg, "runs": runs})
+    # comparison.json without the stored totals (written before them): summed from its runs
+    assert format_comparison({k: v for k, v in agg.items() if k != "sched"} | {"runs": runs}) == text
     assert (
         "scheduler trace of atlas (2 runs, 3 late operations, 0 events lost): their threads waited 4.0 ms for a CPU, "
         "ran 1.0 ms, slept 0.0 ms" in text
