@@ -186,6 +186,11 @@ def format_summary(s: dict[str, Any]) -> str:
             f"  {'  CPUs ran meanwhile (ms)':<28} "
             + ", ".join(f"{role} {ms:.1f}" for role, ms in s[M.SCHED_CPU_WHILE_RUNNABLE_MS].items())
         )
+    if s.get(M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS):
+        lines.append(
+            f"  {'    of which their queue CPU':<28} "
+            + ", ".join(f"{role} {ms:.1f}" for role, ms in s[M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS].items())
+        )
     if not s[M.REPRESENTATIVE]:
         lines.append("  WARNING: more than 5% of operations overran their compute target: not representative")
     measured = s[M.COMPLETED_ITERATIONS] - s[M.WARMUP_ITERATIONS]

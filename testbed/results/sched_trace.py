@@ -2,8 +2,9 @@
 training operations: for each forward or backward that started more than ``LATE_START_NS`` after
 its worker saw its input (``analysis.start_after_arrival``), what the worker's main thread did
 meanwhile (ran, waited on a run queue for a CPU, slept) and, while it waited for a CPU, what each
-CPU ran instead, by role (``trace/task_names.py``, relative to the late operation's worker: its
-own gloo threads, its own prefill, other workers, the delay elements...).
+CPU ran instead and what the CPU whose run queue it was on ran, by role (``trace/task_names.py``,
+relative to the late operation's worker: its own gloo threads, its own prefill, other workers,
+the delay elements...).
 
 The trace's lines are the kernel's text (``net/tracefs.py``): timestamps in microseconds, so
 every figure here is good to a microsecond."""
@@ -22,10 +23,12 @@ from testbed.trace.task_names import role_of
 
 _LINE = re.compile(
     r"^\s*(?P<comm>.*?)-(?P<pid>\d+)\s+\(\s*(?P<tgid>[\d-]+)\)\s+\[(?P<cpu>\d+)\]\s+\S+\s+"
-    r"(?P<sec>\d+)\.(?P<usec>\d{6}): (?P<event>sched_switch|sched_wakeup|sched_process_fork): (?P<rest>.*)$"
+    r"(?P<sec>\d+)\.(?P<usec>\d{6}): "
+    r"(?P<event>sched_switch|sched_wakeup|sched_migrate_task|sched_process_fork): (?P<rest>.*)$"
 )
 _SWITCH = re.compile(r"prev_comm=.* prev_pid=(\d+) prev_prio=-?\d+ prev_state=(\S+) ==> next_comm=(.*) next_pid=(\d+) ")
 _WAKEUP = re.compile(r"comm=(.*) pid=(\d+) prio=-?\d+ target_cpu=(\d+)")
+_MIGRATE = re.compile(r"comm=(.*) pid=(\d+) prio=-?\d+ orig_cpu=\d+ dest_cpu=(\d+)")
 _FORK = re.compile(r"comm=.* pid=(\d+) child_comm=(.*) child_pid=(\d+)$")
 
 #: a late operation's main thread, between its input and its start: on a CPU, on a run queue
@@ -34,11 +37,11 @@ RUNNING, RUNNABLE, SLEEPING = "running", "runnable", "sleeping"
 
 
 def parse_sched_lines(lines: Iterable[str]) -> pd.DataFrame:
-    """The kernel's ``sched_switch``, ``sched_wakeup`` and ``sched_process_fork`` lines (tracefs
-    ``trace``, with ``record-tgid``) as a table of ``T.SCHED_COLUMNS``, in the order given. A
-    task's process id (``*_tgid``) comes from the lines where it is the running task (-1 where it
-    never is; a thread id the kernel reuses keeps its last process, which a run of minutes does
-    not meet). Lines of other events and malformed lines are left out."""
+    """The kernel's ``sched_switch``, ``sched_wakeup``, ``sched_migrate_task`` and
+    ``sched_process_fork`` lines (tracefs ``trace``, with ``record-tgid``) as a table of
+    ``T.SCHED_COLUMNS``, in the order given. A task's process id (``*_tgid``) comes from the lines
+    where it is the running task (-1 where it never is; a thread id the kernel reuses keeps its
+    last process, which a run of minutes does not meet). Lines of other events and malformed lines are left out."""
     rows, tgid_of = [], {}
     for line in lines:
         m = _LINE.match(line)
@@ -56,6 +59,10 @@ def parse_sched_lines(lines: Iterable[str]) -> pd.DataFrame:
             w = _WAKEUP.match(m["rest"])
             if w:
                 rows.append((T.SCHED_WAKEUP, t_ns, int(w[3]), pid, "", int(w[2]), w[1]))
+        elif m["event"] == "sched_migrate_task":
+            g = _MIGRATE.match(m["rest"])
+            if g:
+                rows.append((T.SCHED_MIGRATE, t_ns, int(g[3]), pid, "", int(g[2]), g[1]))
         else:
             f = _FORK.match(m["rest"])
             if f:
@@ -147,35 +154,43 @@ class _Cpus:
             self.task[int(cpu)] = g[[T.NEXT_COMM, T.NEXT_PID, T.NEXT_TGID]].reset_index(drop=True)
         self.n_cpus = max(n_cpus, len(self.t))
 
-    def time_by_role(self, a: int, b: int, role_of_task, into: dict[str, float]) -> None:
-        """Add to ``into`` each role's CPU time (ms) in [a, b) over all CPUs (``role_of_task(comm,
-        pid, tgid)``); time before a CPU's first switch, or on a CPU that never switched,
-        counts as ``unknown``."""
-        unseen = self.n_cpus - len(self.t)
+    def time_by_role(self, a: int, b: int, role_of_task, into: dict[str, float], cpu: int | None = None) -> None:
+        """Add to ``into`` each role's CPU time (ms) in [a, b) over all CPUs, or on ``cpu`` alone
+        (``role_of_task(comm, pid, tgid)``); time before a CPU's first switch, or on a CPU that
+        never switched, counts as ``unknown``."""
+        unseen = (self.n_cpus - len(self.t)) if cpu is None else int(cpu not in self.t)
         if unseen:
             into["unknown"] = into.get("unknown", 0.0) + unseen * (b - a) / 1e6
-        for cpu, t in self.t.items():
+        for c, t in self.t.items():
+            if cpu is not None and c != cpu:
+                continue
             i = max(0, int(np.searchsorted(t, a, side="right")) - 1)
             if t[0] > a:
                 into["unknown"] = into.get("unknown", 0.0) + (min(b, t[0]) - a) / 1e6
             while i < len(t) and t[i] < b:
                 lo, hi = max(a, t[i]), min(b, t[i + 1] if i + 1 < len(t) else b)
                 if hi > lo:
-                    comm, pid, tgid = self.task[cpu].iloc[i]
+                    comm, pid, tgid = self.task[c].iloc[i]
                     role = role_of_task(comm, pid, tgid)
                     into[role] = into.get(role, 0.0) + (hi - lo) / 1e6
                 i += 1
 
 
-def _states(events: pd.DataFrame, pid: int) -> tuple[np.ndarray, list[str]]:
-    """The state timeline of task ``pid``: the times it changed state and the state from each."""
+def _states(events: pd.DataFrame, pid: int) -> tuple[np.ndarray, list[str], list[int]]:
+    """The state timeline of task ``pid``: the times it changed state or run queue, the state from
+    each, and the CPU it ran on or whose run queue it was on (-1 asleep). A task moved while
+    asleep is moved as it is woken, and its wake-up names the CPU."""
     mine = events[(events[T.NEXT_PID] == pid) | ((events[T.EVENT] == T.SCHED_SWITCH) & (events[T.PREV_PID] == pid))]
     mine = mine[mine[T.EVENT] != T.SCHED_FORK]
-    times, states = [], []
-    for ev, prev, prev_state, nxt, t in zip(
-        mine[T.EVENT], mine[T.PREV_PID], mine[T.PREV_STATE], mine[T.NEXT_PID], mine[T.T_NS]
+    times, states, cpus = [], [], []
+    for ev, cpu, prev, prev_state, nxt, t in zip(
+        mine[T.EVENT], mine[T.CPU], mine[T.PREV_PID], mine[T.PREV_STATE], mine[T.NEXT_PID], mine[T.T_NS]
     ):
-        if ev == T.SCHED_WAKEUP:
+        if ev == T.SCHED_MIGRATE:
+            if not states or states[-1] != RUNNABLE:
+                continue
+            state = RUNNABLE
+        elif ev == T.SCHED_WAKEUP:
             if states and states[-1] == RUNNING:
                 continue
             state = RUNNABLE
@@ -185,7 +200,8 @@ def _states(events: pd.DataFrame, pid: int) -> tuple[np.ndarray, list[str]]:
             state = RUNNABLE if prev == pid and prev_state.startswith("R") else SLEEPING
         times.append(t)
         states.append(state)
-    return np.asarray(times, dtype=np.int64), states
+        cpus.append(-1 if state == SLEEPING else int(cpu))
+    return np.asarray(times, dtype=np.int64), states, cpus
 
 
 def covered(sched: pd.DataFrame, lost_events: int) -> tuple[float, float]:
@@ -205,16 +221,20 @@ def late_start_causes(
     roots: Iterable[int] | None = None,
     n_cpus: int = 0,
     lost_events: int = 0,
+    queues: bool = False,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(one row per late operation of the measured iterations: ``worker``, ``kind``,
     ``iteration``, ``microbatch``, ``ready_ns``, ``start_ns``, ``late_ms`` and the ms its worker's
     main thread spent ``running``, ``runnable`` and ``sleeping`` in between, and ``unknown``
     (before the trace saw the thread, or outside what it holds whole: ``covered``); one row per
-    (late operation, role): ``op`` (the first table's index), ``role`` (``relative_role``) and
-    ``cpu_ms``, the CPU time all CPUs gave that role while the operation's thread was runnable).
+    (late operation, role): ``op`` (the first table's index), ``role`` (``relative_role``),
+    ``cpu_ms``, the CPU time all CPUs gave that role while the operation's thread was runnable,
+    and ``queue_cpu_ms``, the part of it on the CPU whose run queue the thread was on: NaN unless
+    ``queues``, the trace recorded the moves between CPUs, ``T.SCHED_MIGRATE``).
     ``ev``: the run's events; ``sched``: ``parse_sched_lines``' table; ``roots``: the run's
     processes when the trace began (``run_tasks``; None: every task counts as the run's);
     ``n_cpus``: the machine's CPUs; ``lost_events``: events the kernel's buffers dropped."""
+    columns = ["op", "role", "cpu_ms", "queue_cpu_ms"]
     train = A.training_events(ev).reset_index(drop=True)
     starts = A.start_after_arrival(train, warmup)
     late = starts[starts["late_ns"] > A.LATE_START_NS]  # indexed as ``train``
@@ -224,9 +244,9 @@ def late_start_causes(
     for s in (RUNNING, RUNNABLE, SLEEPING):
         ops[s] = 0.0
     ops["unknown"] = ops["late_ms"]  # until accounted for
-    by_role: list[tuple[int, str, float]] = []
+    by_role: list[tuple[int, str, float, float]] = []
     if ops.empty or sched.empty:
-        return ops, pd.DataFrame(by_role, columns=["op", "role", "cpu_ms"])
+        return ops, pd.DataFrame(by_role, columns=columns)
     sched = sched.sort_values(T.T_NS, kind="stable")
     members = run_tasks(sched, roots) if roots is not None else None
     cpus = _Cpus(sched[sched[T.EVENT] == T.SCHED_SWITCH], n_cpus)
@@ -237,8 +257,9 @@ def late_start_causes(
     for k, op in ops.iterrows():
         w = int(op[T.WORKER])
         a, b = max(int(op[T.READY_NS]), lo), min(int(op[T.START_NS]), hi_cover)
-        times, states = timelines.get(w, (np.zeros(0, dtype=np.int64), []))
+        times, states, queue_cpus = timelines.get(w, (np.zeros(0, dtype=np.int64), [], []))
         roles: dict[str, float] = {}
+        on_queue: dict[str, float] = {}
 
         def role(comm: str, pid: int, tgid: int, w: int = w) -> str:
             return relative_role(comm, pid, tgid, w, rank_of_pid, members)
@@ -254,8 +275,9 @@ def late_start_causes(
                 ops.at[k, "unknown"] -= (end - cursor) / 1e6
                 if states[i] == RUNNABLE:
                     cpus.time_by_role(cursor, end, role, roles)
+                    cpus.time_by_role(cursor, end, role, on_queue, cpu=queue_cpus[i])
                 cursor = end
             i += 1
-        by_role += [(k, r, ms) for r, ms in roles.items()]
+        by_role += [(k, r, ms, on_queue.get(r, 0.0) if queues else np.nan) for r, ms in roles.items()]
     ops["unknown"] = ops["unknown"].clip(lower=0.0)
-    return ops, pd.DataFrame(by_role, columns=["op", "role", "cpu_ms"])
+    return ops, pd.DataFrame(by_role, columns=columns)

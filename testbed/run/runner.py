@@ -8,38 +8,34 @@ network is removed in every case and the traces written so far are kept and summ
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from testbed.atlas.controller import Controller
 from testbed.bubbletea.stream import request_stream
 from testbed.errors import SpecError, TestbedError
 from testbed.net.network import LocalHosts, Network
-from testbed.net.registry import control_dir
 from testbed.net.tracefs import SchedTrace, tracefs_root
 from testbed.plan.connections import socket_buffer_cap, wan_connections
 from testbed.plan.cost_model import predict
-from testbed.plan.grant_plan import format_grant_plan, plan_grants
 from testbed.plan.memory import gpu_shortfall
 from testbed.plan.placement import WorkerSpec, decode_hosts, place
 from testbed.plan.worker_config import STAGGER_FILE, TrainingConfig, WorkerConfig, write_worker_config
 from testbed.results.report import finalize
-from testbed.results.sched_summary import write_sched_trace
+from testbed.run.atlas_setup import profiles_first, start_controller
 from testbed.run.backends import make_network, offers_live_shaping, runs_here
 from testbed.run.bubbletea_setup import prepare_bubbletea, start_bubbletea, stop_bubbletea
 from testbed.run.fit import check_corpus, check_iteration_time, check_memory
 from testbed.run.launch import Launcher, start_workers
-from testbed.run.profile import replan_from_profile, unprofiled
+from testbed.run.profile import replan_from_profile
 from testbed.run.records import check_fresh_out_dir, write_config, write_env
+from testbed.run.sched_tracing import start_sched_trace
 from testbed.run.wan_profiling import profile_wan_paths
 from testbed.run.watch import LinkSampler, RunError, watch
 from testbed.spec.experiment import Experiment
 from testbed.trace.clock import now_ns
-from testbed.trace.schema import SCHED_FILE
 from testbed.trace.startup import mark_startup
 from testbed.train.corpus import corpus_bytes, corpus_sha256
 
@@ -243,39 +239,13 @@ def _train(
     whatever happens)."""
     with ExitStack() as stack:
         if tracer is not None:
-            # the run's processes so far (the runner, the launcher the workers fork from, what the
-            # registry lists): what they start while the trace records is the run's too
-            roots = [os.getpid(), *(p.pid for p in tracer.record.processes)]
-            roots += [launcher.proc.pid] if launcher is not None else []
-            tracer.start()
-            stack.callback(_save_sched_trace, tracer, out_dir, progress, roots)
+            start_sched_trace(stack, tracer, launcher, out_dir, progress)
         # gloo connects each pair when it first talks instead of the whole mesh up front: seconds of
         # start-up, more so with many striped connections (torch's TORCH_GLOO_LAZY_INIT)
         worker_env = {"OMP_NUM_THREADS": "1", "TORCH_GLOO_LAZY_INIT": "1"}
         n_conn = wan_connections(exp, exp.topology_spec, workers)
-        controller = None
-        grant_plan = None
-        # plan from iteration 0; a run serving prefill alone moves no training data: no grants
-        profiling = exp.policy.sharing == "planned" and not exp.compute.padded and exp.policy.training
-        if exp.policy.grants and exp.policy.training:
-            grant_plan = plan_grants(exp, exp.topology_spec, workers, n_conn)
-            (out_dir / "grant_plan.txt").write_text(format_grant_plan(grant_plan) + "\n")
-            if profiling:
-                grant_plan = unprofiled(grant_plan)
-            # AF_UNIX paths are limited to 108 bytes: the socket lives beside the run registry
-            controller = Controller(
-                net,
-                workers,
-                exp.replicas,
-                control_dir() / f"{net.prefix}.sock",
-                out_dir / "controller.jsonl",
-                exp.atlas_floor_share,
-                exp.policy.sharing,
-                grant_plan,
-                exp.atlas_borrow,
-            )
-            controller.install()
-            controller.start()
+        controller, grant_plan = start_controller(net, exp, workers, n_conn, out_dir)
+        profiling = profiles_first(exp)
         bt, dispatcher, decode_at = (
             prepare_bubbletea(net, exp, workers, out_dir) if exp.policy.bubbletea else (None, None, {})
         )
@@ -321,21 +291,3 @@ def _train(
             watch(net, exp, workers, procs, out_dir, hang_s, progress, t_start, controller, profile)
         if sampler.error is not None:
             progress(f"the link sampler stopped early ({sampler.error}): link_counters.jsonl ends there")
-
-
-def _save_sched_trace(tracer: SchedTrace, out_dir: Path, progress: Callable[[str], Any], roots: list[int]) -> None:
-    """Write what ``tracer`` recorded into the run folder, then remove its tracefs instance (left
-    registered for ``testbed clean`` if the kernel refuses)."""
-    try:
-        if tracer.made:
-            tracer.stop()
-            lost = tracer.lost_events()
-            with tracer.trace_file() as lines:  # closed before the instance is removed
-                write_sched_trace(out_dir, lines, lost, roots)
-            progress(f"scheduler trace in {out_dir / SCHED_FILE}" + (f" ({lost} events lost)" if lost else ""))
-    except BaseException:
-        progress("the scheduler trace was not saved: the run was stopped while it was read")
-        raise
-    finally:
-        if not tracer.close():
-            progress(f"could not remove the tracefs instance {tracer.path}: run 'testbed clean'")

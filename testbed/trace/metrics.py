@@ -144,6 +144,9 @@ SCHED_LATE_RUNNING_MS, SCHED_LATE_RUNNABLE_MS, SCHED_LATE_SLEEPING_MS = (
 #: the late time the trace cannot account for (before it saw the thread, or past what it holds whole)
 SCHED_LATE_UNKNOWN_MS = "sched_late_unknown_ms"
 SCHED_CPU_WHILE_RUNNABLE_MS = "sched_cpu_while_runnable_ms"
+#: of that, what the CPU whose run queue the thread waited on ran, by role (ms; None for a trace
+#: that did not record the moves between CPUs)
+SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS = "sched_queue_cpu_while_runnable_ms"
 SCHED_EVENTS_LOST = "sched_events_lost"
 #: why a run's scheduler trace could not be read (its file and the fault)
 SCHED_TRACE_ERROR = "sched_trace_error"

@@ -90,10 +90,15 @@ LINK_COUNTER_COLUMNS = [T_NS, LINK, CLASSID, TX_BYTES, RATE_BPS, DROPS, OVERLIMI
 # the scheduler's events (``sched.parquet``, ``testbed run --sched-trace``: net/tracefs.py), one
 # row each: a context switch on ``cpu`` at ``t_ns`` from task ``prev_pid`` (left in state
 # ``prev_state``: ``R``/``R+`` preempted, still runnable; ``S``, ``D`` and the rest asleep) to
-# ``next_pid``; a wake-up of ``next_pid`` (toward ``cpu``); or a new task ``next_pid`` (a process
-# or a thread) made by ``prev_pid``. Task ids are thread ids; ``*_tgid`` their process (-1:
-# unknown); ``next_comm`` the kernel's name of the task (``trace/task_names.py``)
-SCHED_SWITCH, SCHED_WAKEUP, SCHED_FORK = "switch", "wakeup", "fork"
+# ``next_pid``; a wake-up of ``next_pid`` (onto ``cpu``'s run queue); a move of ``next_pid`` to
+# ``cpu`` (its run queue, or the CPU it is woken on); or a new task ``next_pid`` (a process or a
+# thread) made by ``prev_pid``. In a wake-up and a move, ``prev_pid`` is the task that ran then.
+# Task ids are thread ids; ``*_tgid`` their process (-1: unknown); ``next_comm`` the kernel's name
+# of the task (``trace/task_names.py``)
+SCHED_SWITCH, SCHED_WAKEUP, SCHED_MIGRATE, SCHED_FORK = "switch", "wakeup", "migrate", "fork"
+#: the kernel's event (tracefs ``events/`` path) whose lines are ``SCHED_MIGRATE`` rows: a trace
+#: that recorded it tells which run queue a waiting task was on
+SCHED_MIGRATE_EVENT = "sched/sched_migrate_task"
 EVENT, CPU, PREV_PID, PREV_TGID, PREV_STATE = "event", "cpu", "prev_pid", "prev_tgid", "prev_state"
 NEXT_PID, NEXT_TGID, NEXT_COMM = "next_pid", "next_tgid", "next_comm"
 SCHED_COLUMNS = [EVENT, T_NS, CPU, PREV_PID, PREV_TGID, PREV_STATE, NEXT_PID, NEXT_TGID, NEXT_COMM]

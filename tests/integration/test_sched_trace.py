@@ -56,6 +56,15 @@ def test_a_traced_run_names_its_tasks_and_accounts_for_each_late_start(tmp_path,
     for row in late.itertuples():  # every late operation's wait is accounted for, state by state
         accounted = row.running + row.runnable + row.sleeping + row.unknown
         assert accounted == pytest.approx(row.late_ms, abs=0.002), row
+    # the kernel's moves between CPUs are recorded (on more than one CPU), so the CPU whose run
+    # queue each late thread waited on is known: part of what all CPUs ran while it waited
+    assert "sched/sched_migrate_task" in info["events"]
+    if os.cpu_count() > 1:
+        assert (sched[T.EVENT] == T.SCHED_MIGRATE).any()
+    queue, every = summary["sched_queue_cpu_while_runnable_ms"], summary["sched_cpu_while_runnable_ms"]
+    assert set(queue) <= set(every) and all(ms <= every[role] + 1e-6 for role, ms in queue.items())
+    if summary["sched_late_runnable_ms"] > 0:
+        assert sum(queue.values()) == pytest.approx(summary["sched_late_runnable_ms"], rel=0.01)
     assert "late ops in the sched trace" in r.stdout
 
 

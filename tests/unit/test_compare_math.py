@@ -138,7 +138,7 @@ def test_scheduler_traces_are_summed_over_each_policys_runs():
     meanwhile, summed over its runs (stored in the comparison), roles by share, largest first; no
     line without a trace."""
 
-    def traced(n: int, runnable: float, cpu: dict[str, float]) -> dict:
+    def traced(n: int, runnable: float, cpu: dict[str, float], queue: dict[str, float] | None = None) -> dict:
         return {
             **summary(1.0),
             "sched_late_ops": n,
@@ -146,12 +146,18 @@ def test_scheduler_traces_are_summed_over_each_policys_runs():
             "sched_late_runnable_ms": runnable,
             "sched_late_sleeping_ms": 0.0,
             "sched_cpu_while_runnable_ms": cpu,
+            "sched_queue_cpu_while_runnable_ms": queue,
             "sched_events_lost": 0,
         }
 
     runs = {
         "atlas": [traced(2, 3.0, {"other workers": 4.0, "delay element": 2.0}), traced(1, 1.0, {"idle": 2.0})],
         "pp-fair": [summary(2.0)],
+        # traces that tell the run queue each late thread waited on
+        "dp-wan": [
+            traced(1, 2.0, {"other workers": 3.0, "controller": 1.0}, {"other workers": 1.0, "controller": 1.0}),
+            traced(1, 1.0, {"delay element": 2.0}, {"delay element": 1.0}),
+        ],
     }
     agg = aggregate(runs)
     assert agg["sched"]["atlas"]["sched_late_ops"] == 3 and "pp-fair" not in agg["sched"]
@@ -170,3 +176,6 @@ def test_scheduler_traces_are_summed_over_each_policys_runs():
     )
     assert "the CPUs ran meanwhile (8.0 ms): other workers 50%, delay element 25%, idle 25%" in text
     assert "scheduler trace of pp-fair" not in text
+    assert agg["sched"]["atlas"]["sched_queue_cpu_while_runnable_ms"] is None  # not told by its traces
+    queue = "the CPU whose run queue each waited on ran (3.0 ms): other workers 33%, controller 33%, delay element 33%"
+    assert queue in text

@@ -91,11 +91,51 @@ def test_a_late_operation_slept_then_waited_behind_the_delay_element_and_another
     assert (row["sleeping"], row["runnable"], row["running"], row["unknown"]) == pytest.approx((0.5, 2.0, 0.5, 0))
     cpu = dict(zip(by_role["role"], by_role["cpu_ms"]))
     assert cpu == pytest.approx({"delay element": 2.0, "other workers": 1.5, "other workers' threads": 0.5})
-    totals = cause_totals(ops, by_role)
+    totals = cause_totals(ops, by_role, queues=False)
     assert totals["sched_late_ops"] == 1 and totals["sched_late_runnable_ms"] == pytest.approx(2.0)
     assert totals["sched_cpu_while_runnable_ms"] == pytest.approx(
         {"delay element": 2.0, "other workers": 1.5, "other workers' threads": 0.5}
     )
+    # a trace without the moves between CPUs does not tell which run queue the thread was on
+    assert by_role["queue_cpu_ms"].isna().all() and totals["sched_queue_cpu_while_runnable_ms"] is None
+
+
+def migrate(t_s: str, cpu: int, running: tuple[str, int, int], moved: tuple[str, int], orig: int) -> str:
+    """A ``sched_migrate_task`` line: task ``moved`` moved from CPU ``orig`` to ``cpu`` (printed
+    on ``cpu``, with ``running`` the task that ran there)."""
+    comm, pid, tgid = running
+    return (
+        f"{comm:>16}-{pid:<7} ({tgid:>7}) [{cpu:03d}] d..2. {t_s}: sched_migrate_task: comm={moved[0]} "
+        f"pid={moved[1]} prio=120 orig_cpu={orig} dest_cpu={cpu}"
+    )
+
+
+def test_the_cpu_whose_run_queue_a_late_thread_waited_on_is_followed_through_its_moves():
+    """Worker 0 is woken onto CPU 0's queue, where the delay element runs; 1.5 ms later the kernel
+    moves it to CPU 1's, where worker 1 runs, and it runs there 0.5 ms later. Both CPUs' time
+    while it waited counts in ``cpu_ms``; only its queue's in ``queue_cpu_ms``."""
+    lines = [
+        switch("1.000000", 0, IDLE0, "R", W0[:2]),
+        switch("1.000000", 1, IDLE1, "R", W1[:2]),
+        switch("1.001000", 0, W0, "S", DELAY[:2]),
+        wakeup("1.002000", 0, DELAY, W0[:2]),
+        migrate("1.003500", 1, W1, W0[:2], orig=0),
+        switch("1.004000", 1, W1, "R+", W0[:2]),
+        switch("1.005000", 0, DELAY, "S", IDLE0[:2]),
+    ]
+    sched = parse_sched_lines(lines)
+    assert list(sched[T.EVENT]).count(T.SCHED_MIGRATE) == 1
+    moved = sched[sched[T.EVENT] == T.SCHED_MIGRATE].iloc[0]
+    assert (moved[T.CPU], moved[T.NEXT_PID], moved[T.PREV_PID], moved[T.NEXT_TGID]) == (1, 100, 200, 100)
+    ops, by_role = late_start_causes(_late_op_events(), sched, warmup=1, n_cpus=2, queues=True)
+    row = ops.iloc[0]
+    assert (row["sleeping"], row["runnable"], row["running"], row["unknown"]) == pytest.approx((0.5, 2.0, 0.5, 0))
+    cpu = dict(zip(by_role["role"], by_role["cpu_ms"]))
+    on_queue = dict(zip(by_role["role"], by_role["queue_cpu_ms"]))
+    assert cpu == pytest.approx({"delay element": 2.0, "other workers": 2.0})
+    assert on_queue == pytest.approx({"delay element": 1.5, "other workers": 0.5})
+    totals = cause_totals(ops, by_role, queues=True)
+    assert totals["sched_queue_cpu_while_runnable_ms"] == {"delay element": 1.5, "other workers": 0.5}
 
 
 def test_no_late_operation_or_no_trace_gives_empty_tables():
@@ -103,13 +143,14 @@ def test_no_late_operation_or_no_trace_gives_empty_tables():
     ev[T.READY_NS] = pd.to_numeric(ev[T.READY_NS])
     ops, by_role = late_start_causes(ev, parse_sched_lines(LINES), warmup=0)
     assert ops.empty and by_role.empty
-    assert cause_totals(ops, by_role) == {
+    assert cause_totals(ops, by_role, queues=True) == {
         "sched_late_ops": 0,
         "sched_late_running_ms": 0.0,
         "sched_late_runnable_ms": 0.0,
         "sched_late_sleeping_ms": 0.0,
         "sched_late_unknown_ms": 0.0,
         "sched_cpu_while_runnable_ms": {},
+        "sched_queue_cpu_while_runnable_ms": {},
     }
 
 
@@ -146,7 +187,7 @@ def test_time_the_trace_does_not_hold_whole_is_unknown():
     assert dict(zip(by_role["role"], by_role["cpu_ms"]))["unknown"] == pytest.approx(2.0)  # CPU 2: never seen
     ops, by_role = late_start_causes(_late_op_events(), parse_sched_lines([]), warmup=1)
     assert ops.iloc[0]["unknown"] == pytest.approx(3.0) and by_role.empty
-    assert cause_totals(ops, by_role)["sched_late_unknown_ms"] == pytest.approx(3.0)
+    assert cause_totals(ops, by_role, queues=True)["sched_late_unknown_ms"] == pytest.approx(3.0)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,50 @@
+"""Preparing Atlas for a run: the grant plan (written to ``grant_plan.txt``) and the controller
+that applies it to the WAN links, installed and started before the workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from testbed.atlas.controller import Controller
+from testbed.net.network import Network
+from testbed.net.registry import control_dir
+from testbed.plan.grant_plan import GrantPlan, format_grant_plan, plan_grants
+from testbed.plan.placement import WorkerSpec
+from testbed.run.profile import unprofiled
+from testbed.spec.experiment import Experiment
+
+
+def profiles_first(exp: Experiment) -> bool:
+    """Whether the run plans its grants from a profile of its first iteration (planned sharing
+    under real compute), so that its plan starts ``unprofiled``; a run serving prefill alone
+    moves no training data and has no grants."""
+    return exp.policy.sharing == "planned" and not exp.compute.padded and exp.policy.training
+
+
+def start_controller(
+    net: Network, exp: Experiment, workers: list[WorkerSpec], n_conn: int, out_dir: Path
+) -> tuple[Controller | None, GrantPlan | None]:
+    """(the started controller, its grant plan), or (None, None) for a policy without grants.
+    The plan (from iteration 0, ``plan_grants``) is written to ``grant_plan.txt``; a run that
+    ``profiles_first`` starts from it ``unprofiled``. The controller's socket lives beside the run
+    registry (AF_UNIX paths are limited to 108 bytes). Raises what ``Controller.install`` raises."""
+    if not (exp.policy.grants and exp.policy.training):
+        return None, None
+    plan = plan_grants(exp, exp.topology_spec, workers, n_conn)
+    (out_dir / "grant_plan.txt").write_text(format_grant_plan(plan) + "\n")
+    if profiles_first(exp):
+        plan = unprofiled(plan)
+    controller = Controller(
+        net,
+        workers,
+        exp.replicas,
+        control_dir() / f"{net.prefix}.sock",
+        out_dir / "controller.jsonl",
+        exp.atlas_floor_share,
+        exp.policy.sharing,
+        plan,
+        exp.atlas_borrow,
+    )
+    controller.install()
+    controller.start()
+    return controller, plan
