@@ -16,16 +16,17 @@ from testbed.trace import metrics as M
 from testbed.trace import schema as T
 
 
-def cause_totals(ops: pd.DataFrame, by_role: pd.DataFrame, queues: bool) -> dict:
+def cause_totals(ops: pd.DataFrame, by_role: pd.DataFrame) -> dict:
     """The late operations' states and the CPU time by role while they were runnable, on all CPUs
     and on the CPU whose run queue they were on, summed over all of them (ms; roles largest
-    first), as the summary's figures (``M.SCHED_*``; the latter None unless ``queues``: the trace
-    recorded the moves between CPUs, ``late_start_causes``)."""
+    first), as the summary's figures (``M.SCHED_*``; the latter None where ``by_role``'s
+    ``queue_cpu_ms`` is NaN: a trace without the moves between CPUs, ``late_start_causes``)."""
 
     def by_size(column: str) -> dict[str, float]:
         ms = by_role.groupby("role")[column].sum().sort_values(ascending=False) if len(by_role) else pd.Series()
         return {str(r): round(float(v), 3) for r, v in ms.items()}
 
+    queues = by_role.empty or bool(by_role["queue_cpu_ms"].notna().all())  # no late operation: {}
     return {
         M.SCHED_LATE_OPS: int(len(ops)),
         M.SCHED_LATE_RUNNING_MS: float(ops[RUNNING].sum()),
@@ -89,4 +90,4 @@ def sched_stats(run_dir: Path, ev: pd.DataFrame, warmup: int) -> dict:
             wide = by_role.pivot_table(index="op", columns="role", values=column, aggfunc="sum")
             table = table.join(wide.add_prefix(f"{column}: "))
     table.to_csv(run_dir / LATE_STARTS_FILE, index=False)
-    return {**cause_totals(ops, by_role, queues), M.SCHED_EVENTS_LOST: info.get("lost_events")}
+    return {**cause_totals(ops, by_role), M.SCHED_EVENTS_LOST: info.get("lost_events")}

@@ -275,7 +275,8 @@ def late_start_causes(
                 ops.at[k, "unknown"] -= (end - cursor) / 1e6
                 if states[i] == RUNNABLE:
                     cpus.time_by_role(cursor, end, role, roles)
-                    cpus.time_by_role(cursor, end, role, on_queue, cpu=queue_cpus[i])
+                    if queues:
+                        cpus.time_by_role(cursor, end, role, on_queue, cpu=queue_cpus[i])
                 cursor = end
             i += 1
         by_role += [(k, r, ms, on_queue.get(r, 0.0) if queues else np.nan) for r, ms in roles.items()]

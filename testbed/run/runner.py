@@ -245,6 +245,8 @@ def _train(
         worker_env = {"OMP_NUM_THREADS": "1", "TORCH_GLOO_LAZY_INIT": "1"}
         n_conn = wan_connections(exp, exp.topology_spec, workers)
         controller, grant_plan = start_controller(net, exp, workers, n_conn, out_dir)
+        if controller is not None:  # stopped even if what follows fails to start
+            stack.callback(controller.stop)
         profiling = profiles_first(exp)
         bt, dispatcher, decode_at = (
             prepare_bubbletea(net, exp, workers, out_dir) if exp.policy.bubbletea else (None, None, {})
@@ -278,8 +280,6 @@ def _train(
         with ExitStack() as stops:  # run in the reverse order, each even when one before it raised
             if dispatcher is not None and bt is not None:
                 stops.callback(stop_bubbletea, dispatcher, bt, workers, out_dir, progress)
-            if controller is not None:
-                stops.callback(controller.stop)
             stops.callback(sampler.stop)
             if tracer is not None:
                 stops.callback(tracer.stop)  # the teardown is not training: not recorded

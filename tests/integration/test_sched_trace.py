@@ -58,7 +58,7 @@ def test_a_traced_run_names_its_tasks_and_accounts_for_each_late_start(tmp_path,
         assert accounted == pytest.approx(row.late_ms, abs=0.002), row
     # the kernel's moves between CPUs are recorded (on more than one CPU), so the CPU whose run
     # queue each late thread waited on is known: part of what all CPUs ran while it waited
-    assert "sched/sched_migrate_task" in info["events"]
+    assert T.SCHED_MIGRATE_EVENT in info["events"]
     if os.cpu_count() > 1:
         assert (sched[T.EVENT] == T.SCHED_MIGRATE).any()
     queue, every = summary["sched_queue_cpu_while_runnable_ms"], summary["sched_cpu_while_runnable_ms"]

@@ -158,6 +158,8 @@ def test_scheduler_traces_are_summed_over_each_policys_runs():
             traced(1, 2.0, {"other workers": 3.0, "controller": 1.0}, {"other workers": 1.0, "controller": 1.0}),
             traced(1, 1.0, {"delay element": 2.0}, {"delay element": 1.0}),
         ],
+        # one run's trace tells the run queue, the other's does not: no queue figure for the policy
+        "atlas+bubbletea": [traced(1, 1.0, {"idle": 1.0}, {"idle": 1.0}), traced(1, 1.0, {"idle": 1.0})],
     }
     agg = aggregate(runs)
     assert agg["sched"]["atlas"]["sched_late_ops"] == 3 and "pp-fair" not in agg["sched"]
@@ -179,3 +181,5 @@ def test_scheduler_traces_are_summed_over_each_policys_runs():
     assert agg["sched"]["atlas"]["sched_queue_cpu_while_runnable_ms"] is None  # not told by its traces
     queue = "the CPU whose run queue each waited on ran (3.0 ms): other workers 33%, controller 33%, delay element 33%"
     assert queue in text
+    assert agg["sched"]["atlas+bubbletea"]["sched_queue_cpu_while_runnable_ms"] is None
+    assert text.count("the CPU whose run queue each waited on ran") == 1

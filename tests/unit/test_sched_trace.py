@@ -3,13 +3,20 @@ it relies on (``trace/task_names.py``), on hand-written kernel lines."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pandas as pd
 import pytest
 from eventrows import MS, event_row
 
-from testbed.results.sched_summary import cause_totals
+from testbed.results.sched_summary import (
+    LATE_STARTS_FILE,
+    SCHED_INFO_FILE,
+    cause_totals,
+    sched_stats,
+    write_sched_trace,
+)
 from testbed.results.sched_trace import late_start_causes, parse_sched_lines, run_tasks, worker_pids
 from testbed.trace import schema as T
 from testbed.trace.task_names import name_this_thread, role_of
@@ -91,7 +98,7 @@ def test_a_late_operation_slept_then_waited_behind_the_delay_element_and_another
     assert (row["sleeping"], row["runnable"], row["running"], row["unknown"]) == pytest.approx((0.5, 2.0, 0.5, 0))
     cpu = dict(zip(by_role["role"], by_role["cpu_ms"]))
     assert cpu == pytest.approx({"delay element": 2.0, "other workers": 1.5, "other workers' threads": 0.5})
-    totals = cause_totals(ops, by_role, queues=False)
+    totals = cause_totals(ops, by_role)
     assert totals["sched_late_ops"] == 1 and totals["sched_late_runnable_ms"] == pytest.approx(2.0)
     assert totals["sched_cpu_while_runnable_ms"] == pytest.approx(
         {"delay element": 2.0, "other workers": 1.5, "other workers' threads": 0.5}
@@ -100,13 +107,15 @@ def test_a_late_operation_slept_then_waited_behind_the_delay_element_and_another
     assert by_role["queue_cpu_ms"].isna().all() and totals["sched_queue_cpu_while_runnable_ms"] is None
 
 
-def migrate(t_s: str, cpu: int, running: tuple[str, int, int], moved: tuple[str, int], orig: int) -> str:
-    """A ``sched_migrate_task`` line: task ``moved`` moved from CPU ``orig`` to ``cpu`` (printed
-    on ``cpu``, with ``running`` the task that ran there)."""
+def migrate(
+    t_s: str, cpu: int, running: tuple[str, int, int], moved: tuple[str, int], orig: int, dest: int | None = None
+) -> str:
+    """A ``sched_migrate_task`` line printed on ``cpu`` (``running`` the task that ran there): task
+    ``moved`` moved from CPU ``orig`` to ``dest`` (default: ``cpu``)."""
     comm, pid, tgid = running
     return (
         f"{comm:>16}-{pid:<7} ({tgid:>7}) [{cpu:03d}] d..2. {t_s}: sched_migrate_task: comm={moved[0]} "
-        f"pid={moved[1]} prio=120 orig_cpu={orig} dest_cpu={cpu}"
+        f"pid={moved[1]} prio=120 orig_cpu={orig} dest_cpu={cpu if dest is None else dest}"
     )
 
 
@@ -134,8 +143,59 @@ def test_the_cpu_whose_run_queue_a_late_thread_waited_on_is_followed_through_its
     on_queue = dict(zip(by_role["role"], by_role["queue_cpu_ms"]))
     assert cpu == pytest.approx({"delay element": 2.0, "other workers": 2.0})
     assert on_queue == pytest.approx({"delay element": 1.5, "other workers": 0.5})
-    totals = cause_totals(ops, by_role, queues=True)
+    totals = cause_totals(ops, by_role)
     assert totals["sched_queue_cpu_while_runnable_ms"] == {"delay element": 1.5, "other workers": 0.5}
+
+
+def test_a_thread_moved_as_it_is_woken_waits_on_the_wakeups_cpu_and_a_running_one_is_not_moved():
+    """The kernel moves a sleeping task as it wakes it (the move printed on the waker's CPU, before
+    the wake-up): worker 0 sleeps, is moved to CPU 1 and woken there, and waits behind worker 1;
+    a move seen while it runs (which the kernel never makes) leaves its timeline alone."""
+    lines = [
+        switch("1.000000", 0, IDLE0, "R", W0[:2]),
+        switch("1.000000", 1, IDLE1, "R", W1[:2]),
+        switch("1.001000", 0, W0, "S", DELAY[:2]),
+        migrate("1.001900", 0, DELAY, W0[:2], orig=0, dest=1),
+        wakeup("1.002000", 1, DELAY, W0[:2]),
+        switch("1.004000", 1, W1, "R+", W0[:2]),
+        migrate("1.004200", 0, DELAY, W0[:2], orig=1),  # while it runs: not followed
+        switch("1.005000", 0, DELAY, "S", IDLE0[:2]),
+    ]
+    sched = parse_sched_lines(lines)
+    moved = sched[sched[T.EVENT] == T.SCHED_MIGRATE]
+    assert list(moved[T.CPU]) == [1, 0]  # the destination, not the CPU that printed the line
+    ops, by_role = late_start_causes(_late_op_events(), sched, warmup=1, n_cpus=2, queues=True)
+    row = ops.iloc[0]
+    # asleep until the wake-up at 1.002 (the move before it does not make it runnable), then
+    # runnable on CPU 1's queue until 1.004, then running: the later move changes nothing
+    assert (row["sleeping"], row["runnable"], row["running"], row["unknown"]) == pytest.approx((0.5, 2.0, 0.5, 0))
+    on_queue = dict(zip(by_role["role"], by_role["queue_cpu_ms"]))
+    assert on_queue == pytest.approx({"delay element": 0.0, "other workers": 2.0})
+
+
+@pytest.mark.parametrize("with_moves", [True, False])
+def test_a_run_folders_trace_gives_queue_figures_only_where_the_moves_were_recorded(tmp_path, with_moves):
+    """``sched_stats`` on a run folder: a trace whose ``sched.json`` lists the moves between CPUs
+    gives the queue CPU's figures and ``queue_cpu_ms:`` columns; one made before they were
+    recorded (no ``events``) gives None and no such column, the rest unchanged."""
+    events = ["sched/sched_switch", "sched/sched_wakeup", T.SCHED_MIGRATE_EVENT, "sched/sched_process_fork"]
+    write_sched_trace(tmp_path, LINES, 0, [100, 200, 300], events)  # the run's: every task of LINES
+    if not with_moves:
+        info = json.loads((tmp_path / SCHED_INFO_FILE).read_text())
+        del info["events"]
+        (tmp_path / SCHED_INFO_FILE).write_text(json.dumps(info))
+    stats = sched_stats(tmp_path, _late_op_events(), warmup=1)
+    assert stats["sched_late_ops"] == 1 and stats["sched_late_runnable_ms"] == pytest.approx(2.0)
+    late = pd.read_csv(tmp_path / LATE_STARTS_FILE)
+    assert late["cpu_ms: delay element"].iloc[0] == pytest.approx(2.0)
+    if with_moves:  # woken onto CPU 0's queue, where the delay element ran
+        assert stats["sched_queue_cpu_while_runnable_ms"] == pytest.approx(
+            {"delay element": 2.0, "other workers": 0.0, "other workers' threads": 0.0}
+        )
+        assert late["queue_cpu_ms: delay element"].iloc[0] == pytest.approx(2.0)
+    else:
+        assert stats["sched_queue_cpu_while_runnable_ms"] is None
+        assert not any(c.startswith("queue_cpu_ms") for c in late.columns)
 
 
 def test_no_late_operation_or_no_trace_gives_empty_tables():
@@ -143,7 +203,7 @@ def test_no_late_operation_or_no_trace_gives_empty_tables():
     ev[T.READY_NS] = pd.to_numeric(ev[T.READY_NS])
     ops, by_role = late_start_causes(ev, parse_sched_lines(LINES), warmup=0)
     assert ops.empty and by_role.empty
-    assert cause_totals(ops, by_role, queues=True) == {
+    assert cause_totals(ops, by_role) == {
         "sched_late_ops": 0,
         "sched_late_running_ms": 0.0,
         "sched_late_runnable_ms": 0.0,
@@ -187,7 +247,7 @@ def test_time_the_trace_does_not_hold_whole_is_unknown():
     assert dict(zip(by_role["role"], by_role["cpu_ms"]))["unknown"] == pytest.approx(2.0)  # CPU 2: never seen
     ops, by_role = late_start_causes(_late_op_events(), parse_sched_lines([]), warmup=1)
     assert ops.iloc[0]["unknown"] == pytest.approx(3.0) and by_role.empty
-    assert cause_totals(ops, by_role, queues=True)["sched_late_unknown_ms"] == pytest.approx(3.0)
+    assert cause_totals(ops, by_role)["sched_late_unknown_ms"] == pytest.approx(3.0)
 
 
 @pytest.mark.parametrize(
