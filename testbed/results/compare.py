@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from testbed.results.sched_summary import sched_lines, sched_totals
 from testbed.spec.policy import PREFILL_ALONE_SUFFIX, UnknownPolicy, parse_policy
 from testbed.trace import metrics as M
 
@@ -238,67 +239,5 @@ def format_comparison(result: dict[str, Any]) -> str:
                     f"  operations started >1 ms after their input arrived: {p} {_counts_text(late[p])}, "
                     f"{base_policy(p)} {_counts_text(late[base_policy(p)])} (the floor)"
                 )
-    # a comparison.json written before the totals were stored: summed from its runs
-    lines += _sched_lines(result["sched"] if "sched" in result else sched_totals(result.get("runs", {})))
+    lines += sched_lines(result["sched"])
     return "\n".join(lines)
-
-
-def _summed_by_role(summaries: list[dict[str, Any]], figure: str) -> dict[str, float] | None:
-    """A figure of ms by role summed over ``summaries``, largest first; None if one lacks it."""
-    if any(s.get(figure) is None for s in summaries):
-        return None
-    ms: dict[str, float] = {}
-    for s in summaries:
-        for role, v in s[figure].items():
-            ms[role] = ms.get(role, 0.0) + v
-    return dict(sorted(ms.items(), key=lambda x: -x[1]))
-
-
-def sched_totals(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Per policy traced with ``--sched-trace`` (``results/sched_summary.py``), its late
-    operations' figures summed over its traced runs: ``runs``, ``M.SCHED_LATE_OPS``,
-    ``M.SCHED_EVENTS_LOST``, the ms their threads were on a CPU, waiting for one, asleep and not
-    in the trace (``M.SCHED_LATE_*_MS``), ``M.SCHED_CPU_WHILE_RUNNABLE_MS``: the ms the CPUs gave
-    each role while they waited, and ``M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS``: of that, the CPU
-    whose run queue each waited on (None unless every run's trace tells it), largest first. A
-    policy with no traced run is left out."""
-    totals = {}
-    for policy, summaries in runs.items():
-        traced = [s for s in summaries if s.get(M.SCHED_LATE_OPS) is not None]
-        if not traced:
-            continue
-        states = (M.SCHED_LATE_RUNNING_MS, M.SCHED_LATE_RUNNABLE_MS, M.SCHED_LATE_SLEEPING_MS, M.SCHED_LATE_UNKNOWN_MS)
-        totals[policy] = {
-            "runs": len(traced),
-            M.SCHED_LATE_OPS: sum(s[M.SCHED_LATE_OPS] for s in traced),
-            M.SCHED_EVENTS_LOST: sum(s.get(M.SCHED_EVENTS_LOST) or 0 for s in traced),
-            **{k: sum(s.get(k) or 0.0 for s in traced) for k in states},
-            M.SCHED_CPU_WHILE_RUNNABLE_MS: _summed_by_role(traced, M.SCHED_CPU_WHILE_RUNNABLE_MS),
-            M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS: _summed_by_role(traced, M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS),
-        }
-    return totals
-
-
-def _sched_lines(totals: dict[str, dict[str, Any]]) -> list[str]:
-    """``sched_totals`` as text: per traced policy, its late operations' threads on a CPU,
-    waiting for one and asleep, what the CPUs ran while they waited and what the CPU whose run
-    queue each waited on ran, largest share first."""
-    lines = []
-    for policy, t in totals.items():
-        unknown = t.get(M.SCHED_LATE_UNKNOWN_MS) or 0.0
-        lines.append(
-            f"scheduler trace of {policy} ({t['runs']} runs, {t[M.SCHED_LATE_OPS]} late operations, "
-            f"{t[M.SCHED_EVENTS_LOST]} events lost): their threads waited {t[M.SCHED_LATE_RUNNABLE_MS]:.1f} ms "
-            f"for a CPU, ran {t[M.SCHED_LATE_RUNNING_MS]:.1f} ms, slept {t[M.SCHED_LATE_SLEEPING_MS]:.1f} ms"
-            + (f", {unknown:.1f} ms not in the trace" if unknown > 0.0005 else "")
-        )
-        for figure, what in (
-            (M.SCHED_CPU_WHILE_RUNNABLE_MS, "the CPUs ran meanwhile"),
-            (M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS, "the CPU whose run queue each waited on ran"),
-        ):
-            cpu = t.get(figure) or {}
-            total = sum(cpu.values())
-            if total > 0:
-                shares = ", ".join(f"{role} {ms / total:.0%}" for role, ms in cpu.items())
-                lines.append(f"  {what} ({total:.1f} ms): {shares}")
-    return lines

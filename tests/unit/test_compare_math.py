@@ -170,8 +170,6 @@ def test_scheduler_traces_are_summed_over_each_policys_runs():
         ("idle", 2.0),
     ]
     text = format_comparison({**agg, "runs": runs})
-    # comparison.json without the stored totals (written before them): summed from its runs
-    assert format_comparison({k: v for k, v in agg.items() if k != "sched"} | {"runs": runs}) == text
     assert (
         "scheduler trace of atlas (2 runs, 3 late operations, 0 events lost): their threads waited 4.0 ms for a CPU, "
         "ran 1.0 ms, slept 0.0 ms" in text
