@@ -57,8 +57,9 @@ def sched_trace_option(sp: argparse.ArgumentParser) -> None:
         action="store_true",
         help="record the kernel scheduler's switches, wake-ups and moves between CPUs while training (a "
         "tracefs instance of the run's own) into sched.parquet, and say, for each operation that started "
-        "late, what its worker's thread did, what the CPUs ran meanwhile and what the CPU whose run queue it "
-        "waited on ran (late_starts.csv; netns and mininet backends)",
+        "late (counted from the kernel's wake-up of its worker's thread with the input), what that thread "
+        "did, what the CPUs ran meanwhile and what the CPU whose run queue it waited on ran "
+        "(late_starts.csv; netns and mininet backends)",
     )
 
 

@@ -31,6 +31,7 @@ def cause_totals(ops: pd.DataFrame, by_role: pd.DataFrame) -> dict:
     queues = by_role.empty or bool(by_role["queue_cpu_ms"].notna().all())  # no late operation: {}
     return {
         M.SCHED_LATE_OPS: int(len(ops)),
+        M.SCHED_LATE_UNSEEN_MS: float(ops["unseen_ms"].sum()),
         M.SCHED_LATE_RUNNING_MS: float(ops[RUNNING].sum()),
         M.SCHED_LATE_RUNNABLE_MS: float(ops[RUNNABLE].sum()),
         M.SCHED_LATE_SLEEPING_MS: float(ops[SLEEPING].sum()),
@@ -119,7 +120,13 @@ def sched_totals(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, A
         traced = [s for s in summaries if s.get(M.SCHED_LATE_OPS) is not None]
         if not traced:
             continue
-        states = (M.SCHED_LATE_RUNNING_MS, M.SCHED_LATE_RUNNABLE_MS, M.SCHED_LATE_SLEEPING_MS, M.SCHED_LATE_UNKNOWN_MS)
+        states = (
+            M.SCHED_LATE_UNSEEN_MS,
+            M.SCHED_LATE_RUNNING_MS,
+            M.SCHED_LATE_RUNNABLE_MS,
+            M.SCHED_LATE_SLEEPING_MS,
+            M.SCHED_LATE_UNKNOWN_MS,
+        )
         totals[policy] = {
             "runs": len(traced),
             M.SCHED_LATE_OPS: sum(s[M.SCHED_LATE_OPS] for s in traced),
@@ -132,15 +139,18 @@ def sched_totals(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, A
 
 
 def sched_lines(totals: dict[str, dict[str, Any]]) -> list[str]:
-    """``sched_totals`` as text: per traced policy, its late operations' threads on a CPU,
-    waiting for one and asleep, what the CPUs ran while they waited and what the CPU whose run
-    queue each waited on ran, largest share first."""
+    """``sched_totals`` as text: per traced policy, its late operations (counted from the
+    kernel's wake-up, ``sched_trace.arrivals``) and how much of their lateness came before their
+    workers saw the input, their threads on a CPU, waiting for one and asleep, what the CPUs ran
+    while they waited and what the CPU whose run queue each waited on ran, largest share first."""
     lines = []
     for policy, t in totals.items():
         unknown = t.get(M.SCHED_LATE_UNKNOWN_MS) or 0.0
         lines.append(
-            f"scheduler trace of {policy} ({t['runs']} runs, {t[M.SCHED_LATE_OPS]} late operations, "
-            f"{t[M.SCHED_EVENTS_LOST]} events lost): their threads waited {t[M.SCHED_LATE_RUNNABLE_MS]:.1f} ms "
+            f"scheduler trace of {policy} ({t['runs']} runs, {t[M.SCHED_EVENTS_LOST]} events lost): "
+            f"{t[M.SCHED_LATE_OPS]} operations started >1 ms after gloo woke their thread with the input, "
+            f"{t.get(M.SCHED_LATE_UNSEEN_MS) or 0.0:.1f} ms of it before the thread saw it; "
+            f"their threads waited {t[M.SCHED_LATE_RUNNABLE_MS]:.1f} ms "
             f"for a CPU, ran {t[M.SCHED_LATE_RUNNING_MS]:.1f} ms, slept {t[M.SCHED_LATE_SLEEPING_MS]:.1f} ms"
             + (f", {unknown:.1f} ms not in the trace" if unknown > 0.0005 else "")
         )

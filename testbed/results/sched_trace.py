@@ -1,10 +1,15 @@
 """A run's scheduler trace (``sched.parquet``, ``testbed run --sched-trace``) read against its late
 training operations: for each forward or backward that started more than ``LATE_START_NS`` after
-its worker saw its input (``analysis.start_after_arrival``), what the worker's main thread did
-meanwhile (ran, waited on a run queue for a CPU, slept) and, while it waited for a CPU, what each
-CPU ran instead and what the CPU whose run queue it was on ran, by role (``trace/task_names.py``,
-relative to the late operation's worker: its own gloo threads, its own prefill, other workers,
-the delay elements...).
+its input arrived, what the worker's main thread did meanwhile (ran, waited on a run queue for a
+CPU, slept) and, while it waited for a CPU, what each CPU ran instead and what the CPU whose run
+queue it was on ran, by role (``trace/task_names.py``, relative to the late operation's worker:
+its own gloo threads, its own prefill, other workers, the delay elements...).
+
+The input's arrival is the kernel's: where the worker's thread slept waiting for it, the wake-up
+that ended that wait (gloo's thread, its receive complete: ``arrivals``). The worker's own
+figure (``analysis.start_after_arrival``) starts only once its thread ran again and saw the
+input, so it leaves out the time the thread waited for a CPU, or for its interpreter lock,
+after the wake-up.
 
 The trace's lines are the kernel's text (``net/tracefs.py``): timestamps in microseconds, so
 every figure here is good to a microsecond."""
@@ -19,6 +24,7 @@ import pandas as pd
 
 from testbed.results import analysis as A
 from testbed.trace import schema as T
+from testbed.trace import task_names
 from testbed.trace.task_names import role_of
 
 _LINE = re.compile(
@@ -214,6 +220,36 @@ def covered(sched: pd.DataFrame, lost_events: int) -> tuple[float, float]:
     return float(per_cpu.min().max()), float(per_cpu.max().min())
 
 
+def arrivals(ops: pd.DataFrame, ev: pd.DataFrame, sched: pd.DataFrame, pids: dict[int, int]) -> np.ndarray:
+    """When each of ``ops`` (training operations with ``T.READY_NS``) had its input, as the kernel
+    saw it (ns, ``trace.clock``'s): the last wake-up of its worker's main thread (``pids``, by
+    rank) after its receive's wait began (``T.RECV_WAIT``'s start, the event with the same
+    ``T.READY_NS``) and by ``T.READY_NS``, by any task but the worker's own filling thread (which
+    wakes it only to hand back the interpreter lock, BubbleTea's ``task_names.FILL``): gloo's
+    thread waking it with the receive complete. Where the thread did not sleep in the wait (the
+    input was in before it), or the trace or the wait event is missing: ``T.READY_NS``, the
+    worker's own figure. Never after ``T.READY_NS``."""
+    ready = ops[T.READY_NS].to_numpy(dtype=np.int64)
+    out = ready.copy()
+    waits = ev[(ev[T.KIND] == T.RECV_WAIT) & ev[T.READY_NS].notna()]
+    wait_start = {(int(w), int(r)): int(s) for w, r, s in zip(waits[T.WORKER], waits[T.READY_NS], waits[T.START_NS])}
+    wakeups = sched[sched[T.EVENT] == T.SCHED_WAKEUP]
+    sw = sched[sched[T.EVENT] == T.SCHED_SWITCH]
+    comm_of = dict(zip(sw[T.NEXT_PID], sw[T.NEXT_COMM]))  # a thread's latest name
+    workers = ops[T.WORKER].to_numpy()
+    for rank, pid in pids.items():
+        mine = wakeups[wakeups[T.NEXT_PID] == pid]
+        fill = task_names.FILL.format(rank=rank)[: task_names.COMM_BYTES]
+        mine = mine[mine[T.PREV_PID].map(comm_of) != fill]
+        t = mine[T.T_NS].to_numpy(dtype=np.int64)
+        for i in np.flatnonzero(workers == rank):
+            start = wait_start.get((rank, int(ready[i])))
+            j = int(np.searchsorted(t, ready[i], side="right")) - 1
+            if start is not None and j >= 0 and t[j] > start:
+                out[i] = t[j]
+    return out
+
+
 def late_start_causes(
     ev: pd.DataFrame,
     sched: pd.DataFrame,
@@ -224,8 +260,11 @@ def late_start_causes(
     queues: bool = False,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(one row per late operation of the measured iterations: ``worker``, ``kind``,
-    ``iteration``, ``microbatch``, ``ready_ns``, ``start_ns``, ``late_ms`` and the ms its worker's
-    main thread spent ``running``, ``runnable`` and ``sleeping`` in between, and ``unknown``
+    ``iteration``, ``microbatch``, ``ready_ns``, ``arrival_ns`` (``arrivals``), ``start_ns``,
+    ``late_ms`` (from ``arrival_ns``; late: over ``analysis.LATE_START_NS``), ``unseen_ms`` (of
+    it, before the worker saw the input: ``ready_ns`` less ``arrival_ns``) and the ms its
+    worker's main thread spent ``running``, ``runnable`` and ``sleeping`` from the arrival to the
+    start, and ``unknown``
     (before the trace saw the thread, or outside what it holds whole: ``covered``); one row per
     (late operation, role): ``op`` (the first table's index), ``role`` (``relative_role``),
     ``cpu_ms``, the CPU time all CPUs gave that role while the operation's thread was runnable,
@@ -236,27 +275,30 @@ def late_start_causes(
     ``n_cpus``: the machine's CPUs; ``lost_events``: events the kernel's buffers dropped."""
     columns = ["op", "role", "cpu_ms", "queue_cpu_ms"]
     train = A.training_events(ev).reset_index(drop=True)
-    starts = A.start_after_arrival(train, warmup)
-    late = starts[starts["late_ns"] > A.LATE_START_NS]  # indexed as ``train``
+    starts = A.start_after_arrival(train, warmup)  # indexed as ``train``
     cols = [T.WORKER, T.KIND, T.ITERATION, T.MICROBATCH, T.READY_NS, T.START_NS]
-    ops = train.loc[late.index, cols].astype({T.READY_NS: "int64"}).reset_index(drop=True)
-    ops["late_ms"] = late["late_ns"].to_numpy() / 1e6
+    ops = train.loc[starts.index, cols].astype({T.READY_NS: "int64"}).reset_index(drop=True)
+    sched = sched.sort_values(T.T_NS, kind="stable")
+    members = run_tasks(sched, roots) if roots is not None and not sched.empty else None
+    pids = worker_pids(sched, members)
+    ops.insert(5, "arrival_ns", arrivals(ops, ev, sched, pids))
+    late_ns = ops[T.START_NS].to_numpy(dtype=np.int64) - ops["arrival_ns"].to_numpy()
+    ops = ops[late_ns > A.LATE_START_NS].reset_index(drop=True)
+    ops["late_ms"] = (ops[T.START_NS] - ops["arrival_ns"]) / 1e6
+    ops["unseen_ms"] = (ops[T.READY_NS] - ops["arrival_ns"]) / 1e6
     for s in (RUNNING, RUNNABLE, SLEEPING):
         ops[s] = 0.0
     ops["unknown"] = ops["late_ms"]  # until accounted for
     by_role: list[tuple[int, str, float, float]] = []
     if ops.empty or sched.empty:
         return ops, pd.DataFrame(by_role, columns=columns)
-    sched = sched.sort_values(T.T_NS, kind="stable")
-    members = run_tasks(sched, roots) if roots is not None else None
     cpus = _Cpus(sched[sched[T.EVENT] == T.SCHED_SWITCH], n_cpus)
-    pids = worker_pids(sched, members)
     rank_of_pid = {pid: rank for rank, pid in pids.items()}
     timelines = {rank: _states(sched, pid) for rank, pid in pids.items()}
     lo, hi_cover = covered(sched, lost_events)
     for k, op in ops.iterrows():
         w = int(op[T.WORKER])
-        a, b = max(int(op[T.READY_NS]), lo), min(int(op[T.START_NS]), hi_cover)
+        a, b = max(int(op["arrival_ns"]), lo), min(int(op[T.START_NS]), hi_cover)
         times, states, queue_cpus = timelines.get(w, (np.zeros(0, dtype=np.int64), [], []))
         roles: dict[str, float] = {}
         on_queue: dict[str, float] = {}

@@ -132,10 +132,14 @@ BUBBLE_OVER_PREDICTED_SHARE = "bubble_over_predicted_share"
 BUBBLE_BEYOND_PREDICTION_SHARE = "bubble_beyond_prediction_share"
 
 # the scheduler trace (``testbed run --sched-trace``, ``results/sched_trace.py``): of the operations
-# started late, the ms their workers' main threads spent on a CPU, on a run queue waiting for one,
-# and asleep, between their input and their start; what the CPUs ran while they waited, by role
-# (ms; ``trace/task_names.py``); and how many of the kernel's events did not fit its buffers
+# started late, counted from their input's arrival as the kernel saw it (``sched_trace.arrivals``),
+# the ms their workers' main threads spent on a CPU, on a run queue waiting for one, and asleep,
+# between their input and their start; what the CPUs ran while they waited, by role (ms;
+# ``trace/task_names.py``); and how many of the kernel's events did not fit its buffers
 SCHED_LATE_OPS = "sched_late_ops"
+#: of their lateness, the ms before their workers saw the input (the wake-up to ``T.READY_NS``),
+#: which ``TRAINING_OPS_STARTED_LATE`` does not count
+SCHED_LATE_UNSEEN_MS = "sched_late_unseen_ms"
 SCHED_LATE_RUNNING_MS, SCHED_LATE_RUNNABLE_MS, SCHED_LATE_SLEEPING_MS = (
     "sched_late_running_ms",
     "sched_late_runnable_ms",

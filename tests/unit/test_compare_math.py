@@ -142,6 +142,7 @@ def test_scheduler_traces_are_summed_over_each_policys_runs():
         return {
             **summary(1.0),
             "sched_late_ops": n,
+            "sched_late_unseen_ms": 0.25 * n,
             "sched_late_running_ms": 0.5,
             "sched_late_runnable_ms": runnable,
             "sched_late_sleeping_ms": 0.0,
@@ -164,6 +165,7 @@ def test_scheduler_traces_are_summed_over_each_policys_runs():
     agg = aggregate(runs)
     assert agg["sched"]["atlas"]["sched_late_ops"] == 3 and "pp-fair" not in agg["sched"]
     assert agg["sched"]["atlas"]["sched_late_runnable_ms"] == 4.0
+    assert agg["sched"]["atlas"]["sched_late_unseen_ms"] == 0.75
     assert list(agg["sched"]["atlas"]["sched_cpu_while_runnable_ms"].items()) == [
         ("other workers", 4.0),
         ("delay element", 2.0),
@@ -171,7 +173,8 @@ def test_scheduler_traces_are_summed_over_each_policys_runs():
     ]
     text = format_comparison({**agg, "runs": runs})
     assert (
-        "scheduler trace of atlas (2 runs, 3 late operations, 0 events lost): their threads waited 4.0 ms for a CPU, "
+        "scheduler trace of atlas (2 runs, 0 events lost): 3 operations started >1 ms after gloo woke their thread "
+        "with the input, 0.8 ms of it before the thread saw it; their threads waited 4.0 ms for a CPU, "
         "ran 1.0 ms, slept 0.0 ms" in text
     )
     assert "the CPUs ran meanwhile (8.0 ms): other workers 50%, delay element 25%, idle 25%" in text

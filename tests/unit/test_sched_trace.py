@@ -198,6 +198,46 @@ def test_a_run_folders_trace_gives_queue_figures_only_where_the_moves_were_recor
         assert not any(c.startswith("queue_cpu_ms") for c in late.columns)
 
 
+def test_the_input_arrives_when_gloo_wakes_the_thread_not_when_it_sees_it():
+    """Worker 0 waits for its input from 1000 ms; gloo wakes it at 1001 ms, the delay element holds
+    the CPU until 1002.5 ms, then the worker's thread runs 0.1 ms and sleeps on its interpreter
+    lock until its filling thread hands it back at 1003 ms; it sees the input at 1003.5 ms and
+    starts at 1004 ms: 3 ms late, not the 0.5 ms it saw. A second receive whose input was in
+    before its wait began (the thread never slept in it) counts from when the thread saw it."""
+    fill = ("tb-w0-fill", 102, 100)
+    lines = [
+        switch("1.000000", 0, IDLE0, "R", W0[:2]),
+        switch("1.000000", 1, IDLE1, "R", W1[:2]),
+        switch("1.000500", 0, W0, "S", DELAY[:2]),  # waits on gloo
+        wakeup("1.001000", 0, W0_GLOO, W0[:2]),  # the receive complete: the input's arrival
+        switch("1.002500", 0, DELAY, "S", W0[:2]),
+        switch("1.002600", 0, W0, "S", DELAY[:2]),  # asleep on the interpreter lock
+        switch("1.002900", 1, W1, "S", fill[:2]),
+        wakeup("1.003000", 0, fill, W0[:2]),  # the filling thread hands the lock back
+        switch("1.003000", 0, DELAY, "S", W0[:2]),
+        switch("1.003100", 1, fill, "S", W1[:2]),
+        switch("1.010500", 1, W1, "S", IDLE1[:2]),
+    ]
+    ev = pd.DataFrame(
+        [
+            event_row(0, "h0", "east", 1, 0, T.RECV_WAIT, 1, 0, 1000.0, 1003.6, ready_ns=int(1003.5 * MS)),
+            event_row(0, "h0", "east", 1, 0, T.FORWARD, 1, 0, 1004.0, 1008.0, ready_ns=int(1003.5 * MS)),
+            event_row(0, "h0", "east", 1, 0, T.RECV_WAIT, 1, 1, 1008.0, 1008.6, ready_ns=int(1008.5 * MS)),
+            event_row(0, "h0", "east", 1, 0, T.FORWARD, 1, 1, 1009.0, 1010.0, ready_ns=int(1008.5 * MS)),
+        ],
+        columns=T.COLUMNS,
+    )
+    ev[T.READY_NS] = pd.to_numeric(ev[T.READY_NS])
+    ops, by_role = late_start_causes(ev, parse_sched_lines(lines), warmup=1, n_cpus=2)
+    assert len(ops) == 1
+    row = ops.iloc[0]
+    assert (row[T.MICROBATCH], row["arrival_ns"]) == (0, int(1001 * MS))
+    assert (row["late_ms"], row["unseen_ms"]) == pytest.approx((3.0, 2.5))
+    assert (row["runnable"], row["running"], row["sleeping"], row["unknown"]) == pytest.approx((1.5, 1.1, 0.4, 0.0))
+    assert dict(zip(by_role["role"], by_role["cpu_ms"])) == pytest.approx({"delay element": 1.5, "other workers": 1.5})
+    assert cause_totals(ops, by_role)["sched_late_unseen_ms"] == pytest.approx(2.5)
+
+
 def test_no_late_operation_or_no_trace_gives_empty_tables():
     ev = pd.DataFrame([event_row(0, "h0", "east", 1, 0, T.FORWARD, 1, 0, 10.0, 20.0, ready_ns=int(9.8 * MS))])
     ev[T.READY_NS] = pd.to_numeric(ev[T.READY_NS])
@@ -205,6 +245,7 @@ def test_no_late_operation_or_no_trace_gives_empty_tables():
     assert ops.empty and by_role.empty
     assert cause_totals(ops, by_role) == {
         "sched_late_ops": 0,
+        "sched_late_unseen_ms": 0.0,
         "sched_late_running_ms": 0.0,
         "sched_late_runnable_ms": 0.0,
         "sched_late_sleeping_ms": 0.0,
