@@ -33,7 +33,7 @@ from testbed.bubbletea.decisions import (
     prefill_seconds,
 )
 from testbed.bubbletea.dispatcher_link import DispatcherLink
-from testbed.bubbletea.fill import Fill
+from testbed.bubbletea.fill import Fill, Filler
 from testbed.bubbletea.inference import InferenceModel
 from testbed.bubbletea.passes import Job, Pass, keep_stopped
 from testbed.bubbletea.prefill_stream import PrefillStream
@@ -95,6 +95,7 @@ class PrefillServer:
         #: each slot's prediction when its latest wait began (``observe`` hands it back)
         self._predicted: dict[str, float | None] = {}
         self._filling: Fill | None = None
+        self._filler = Filler(task_names.FILL.format(rank=rank))
 
     @classmethod
     def for_worker(
@@ -125,15 +126,14 @@ class PrefillServer:
         return predicted if self.jobs else None
 
     def start_fill(self, predicted: float, prev_end_ns: int) -> Fill:
-        """``fill_predicted`` of a bubble from a thread of its own, while the caller waits for
+        """``fill_predicted`` of a bubble from the worker's filling thread (``fill.Filler``), while the caller waits for
         training's input itself (no thread between the input and the operation it feeds): the
         caller says when the input arrived with ``Fill.end`` and wakes the thread with
         ``Fill.wake`` once its operation has started. Every call of the server but
         ``observe`` (which that thread never touches) first waits for that thread to be done
         (``settle``)."""
         self.settle()
-        name = task_names.FILL.format(rank=self.rank)
-        self._filling = fill = Fill(lambda arrived: self.fill_predicted(predicted, prev_end_ns, arrived), name)
+        self._filling = fill = self._filler.start(lambda arrived: self.fill_predicted(predicted, prev_end_ns, arrived))
         return fill
 
     def settle(self) -> None:
@@ -330,6 +330,7 @@ class PrefillServer:
     def close(self, timeout_s: float = 30.0) -> None:
         """Send what is finished, then stop (requests still queued are dropped: never completed)."""
         self.settle()
+        self._filler.close()
         self.stream.close(timeout_s)
         self._sync_budget()
         self.link.close()

@@ -679,6 +679,26 @@ def test_a_bubble_filled_from_its_own_thread_ends_when_the_worker_says_the_input
         server.close()
 
 
+def test_one_filling_thread_fills_a_workers_bubbles_one_after_another():
+    """``Filler``: every bubble handed to it is filled by the same thread, named for the kernel,
+    in turn; ``settle`` returns each one's outcome; ``close`` ends the thread."""
+    import threading
+    from pathlib import Path
+
+    from testbed.bubbletea.fill import Filler
+
+    filler = Filler("tb-w7-fill")
+    seen: list[tuple[int, int]] = []
+    for k in range(3):
+        fill = filler.start(lambda arrived, k=k: seen.append((k, threading.get_native_id())) or (k if k else None))
+        assert fill.settle() is (k > 0)
+    assert [k for k, _ in seen] == [0, 1, 2] and len({tid for _, tid in seen}) == 1
+    tid = seen[0][1]
+    assert Path(f"/proc/self/task/{tid}/comm").read_text().strip() == "tb-w7-fill"
+    filler.close()
+    assert not Path(f"/proc/self/task/{tid}").exists()
+
+
 def test_a_bubble_fill_raises_its_error_in_the_worker(tmp_path):
     """What the filling thread raises is raised again in the worker's thread, by ``settle``."""
     import threading
