@@ -198,7 +198,7 @@ def main(config_path: str, dc: str) -> None:
     name_this_thread(task_names.DECODE)
     torch.set_num_threads(1)
     try:
-        os.nice(10)  # decode hosts must not take CPU time from the emulated GPUs that train
+        os.nice(10)  # decode hosts must not take CPU time from the emulated GPUs that train (the steps: DECODE_POLICY)
     except OSError:
         pass
     cfg = read_worker_config(config_path)

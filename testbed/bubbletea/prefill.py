@@ -7,7 +7,7 @@ for, it gives forward passes over chunks of one or more queued prompts (``chunk_
 real passes of its inference model with each request's KV cache, computed on the low-priority
 stream, a process of its own: ``prefill_stream.py``) emulated GPU time, choosing each with
 ``decisions.choose_work`` (passes predicted to end ``guard`` before the bubble does; with
-``fill_every_bubble``, through the whole bubble), from a thread of its own while the worker's
+``fill_every_bubble``, through the whole bubble), from the worker's filling thread (``fill.Filler``) while its
 thread waits for the training input (``start_fill``); a pass stops the moment that input
 arrives, wherever it is, and resumes in a later bubble. A finished prompt's KV cache
 goes, from a thread of the stream's process, over the emulated network (TCP) to the decode host
