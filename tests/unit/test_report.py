@@ -185,6 +185,9 @@ def test_format_summary():
     )
     text = format_summary(ok)
     assert "WARNING" not in text and "ABORTED" in text
+    assert "modelled TCP window" not in text  # no prediction: no note
+    for error, noted in ((-0.28, True), (0.05, False)):
+        assert ("modelled TCP window" in format_summary({**ok, "prediction_error": error})) is noted
 
 
 def test_chrome_trace_one_process_per_dc_and_x_events_in_us():
