@@ -4,12 +4,8 @@ prefill passes the emulated GPU (``prefill.PrefillServer.start_fill``), and is t
 input came.
 
 One thread for the worker's life, handed one bubble at a time, rather than one started per
-bubble: a thread starting ran, before it named itself, 0.29 s of CPU in all in a 32-iteration
-run on default at 4 requests/s (a scheduler trace, 2026-12-04), CPU that a worker whose input
-came meanwhile could wait for (bare, in a loop, starting and joining a thread took 55 us of
-CPU against 29 us for handing a job to one already running). Operations started over 1 ms
-after gloo woke their thread did not measurably change: 22 and 29 per two BubbleTea runs with
-one thread, 42 and 18 with one per bubble (interleaved compares, the same day)."""
+bubble: a thread starting takes the CPU (before it has even named itself) that a worker whose
+input came meanwhile waits for. Measured in the README ("Late"), with the figures."""
 
 from __future__ import annotations
 
@@ -37,9 +33,12 @@ class Fill:
         self._error: BaseException | None = None
         self._done = threading.Event()
 
-    def run(self) -> None:
-        """Run the fill (in the filling thread) and mark it done."""
+    def run(self, error: BaseException | None = None) -> None:
+        """Run the fill (in the filling thread) and mark it done; with ``error``, raise that instead
+        (the thread's own fault: ``Filler``)."""
         try:
+            if error is not None:
+                raise error
             self._held = self._fill(self.arrived)
         except BaseException as e:  # noqa: BLE001 - raised again in the worker's thread by settle()
             self._error = e
@@ -64,23 +63,33 @@ class Filler:
     """The worker's filling thread, named ``name`` (for the kernel too: ``trace.task_names.FILL``),
     a daemon: ``start(fill)`` hands it one bubble's fill and returns its ``Fill``; the caller
     settles each before handing it the next (``PrefillServer`` does). ``close()`` ends it once
-    the fill handed last is done."""
+    the fill handed last is done; ``start`` after it raises RuntimeError. Where the kernel refuses
+    the thread's name, every fill raises that OSError (from ``Fill.settle``)."""
 
     def __init__(self, name: str) -> None:
         self._fills: queue.SimpleQueue[Fill | None] = queue.SimpleQueue()
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        name_this_thread(self._thread.name)  # the kernel's name too: a scheduler trace tells it apart
+        error = None
+        try:
+            name_this_thread(self._thread.name)  # the kernel's name too: a scheduler trace tells it apart
+        except OSError as e:
+            error = e
         while (fill := self._fills.get()) is not None:
-            fill.run()
+            fill.run(error)
 
     def start(self, fill: Callable[[BubbleEnd], int | None]) -> Fill:
+        if self._closed:
+            raise RuntimeError("the filling thread was closed: no bubble can be handed to it")
         handed = Fill(fill)
         self._fills.put(handed)
         return handed
 
     def close(self) -> None:
-        self._fills.put(None)
+        if not self._closed:
+            self._closed = True
+            self._fills.put(None)
         self._thread.join()

@@ -95,7 +95,7 @@ class PrefillServer:
         #: each slot's prediction when its latest wait began (``observe`` hands it back)
         self._predicted: dict[str, float | None] = {}
         self._filling: Fill | None = None
-        self._filler = Filler(task_names.FILL.format(rank=rank))
+        self._filler = Filler(task_names.FILL.format(rank=rank))  # after the stream's fork: not in it
 
     @classmethod
     def for_worker(
@@ -329,8 +329,10 @@ class PrefillServer:
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Send what is finished, then stop (requests still queued are dropped: never completed)."""
-        self.settle()
-        self._filler.close()
+        try:
+            self.settle()
+        finally:
+            self._filler.close()
         self.stream.close(timeout_s)
         self._sync_budget()
         self.link.close()

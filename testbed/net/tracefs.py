@@ -1,6 +1,6 @@
 """The kernel's scheduler traced for one run (``testbed run --sched-trace``): a tracefs instance of
 the run's own (``<tracefs>/instances/<prefix>-sched``) records every context switch
-(``sched_switch``), wake-up (``sched_wakeup``), move of a task to another CPU
+(``sched_switch``), wake-up (``sched_wakeup``, and ``sched_waking`` by the waker), move of a task to another CPU
 (``sched_migrate_task``) and new task (``sched_process_fork``) of the machine, timed on
 CLOCK_MONOTONIC
 (``trace_clock mono``, the run's clock: ``trace/clock.py``), each line with its task's process id
@@ -19,12 +19,18 @@ from typing import TextIO
 
 from testbed.errors import FeatureError
 from testbed.net.registry import TRACEFS_MOUNTS, RunRecord, remove_trace_instance, trace_instance_name
-from testbed.trace.schema import SCHED_MIGRATE_EVENT
+from testbed.trace.schema import SCHED_MIGRATE_EVENT, SCHED_WAKING_EVENT
 
-#: the events recorded: context switches, wake-ups, moves between CPUs (which run queue a waiting
-#: task is on) and new tasks (each fork and thread start, with its parent: what tells a run's
-#: tasks from another's, ``results/sched_trace.run_tasks``)
-EVENTS = ("sched/sched_switch", "sched/sched_wakeup", SCHED_MIGRATE_EVENT, "sched/sched_process_fork")
+#: the events recorded: context switches, wake-ups, wakings (who woke whom), moves between CPUs
+#: (which run queue a waiting task is on) and new tasks (each fork and thread start, with its
+#: parent: what tells a run's tasks from another's, ``results/sched_trace.run_tasks``)
+EVENTS = (
+    "sched/sched_switch",
+    "sched/sched_wakeup",
+    SCHED_WAKING_EVENT,
+    SCHED_MIGRATE_EVENT,
+    "sched/sched_process_fork",
+)
 #: each CPU's ring buffer (KiB): a 32-iteration BubbleTea run of the default experiment on 2 cores
 #: (1.3 million events, 2.5% of them moves between CPUs) fits with none lost. Once full it keeps
 #: what it has and drops the newest events (``overwrite`` off), which are counted

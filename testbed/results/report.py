@@ -155,7 +155,7 @@ EXTRA_ROWS = [
     (M.TRAINING_OPS_LATE_WITHOUT_PREFILL, "ops late without prefill"),
     (M.START_AFTER_ARRIVAL_P99_MS_WITHOUT_PREFILL, "  their delay p99 (ms)"),
     (M.BUBBLE_PREDICTION_ERROR_P50_MS, "bubble prediction error p50 (ms)"),
-    (M.SCHED_LATE_OPS, "late ops from the wake-up"),
+    (M.SCHED_LATE_OPS, "late ops from the waking"),
     (M.SCHED_LATE_UNSEEN_MS, "  before it was seen (ms)"),
     (M.SCHED_LATE_RUNNING_MS, "  their thread on a CPU (ms)"),
     (M.SCHED_LATE_RUNNABLE_MS, "  waiting for a CPU (ms)"),

@@ -121,7 +121,6 @@ def sched_totals(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, A
         if not traced:
             continue
         states = (
-            M.SCHED_LATE_UNSEEN_MS,
             M.SCHED_LATE_RUNNING_MS,
             M.SCHED_LATE_RUNNABLE_MS,
             M.SCHED_LATE_SLEEPING_MS,
@@ -132,6 +131,12 @@ def sched_totals(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, A
             M.SCHED_LATE_OPS: sum(s[M.SCHED_LATE_OPS] for s in traced),
             M.SCHED_EVENTS_LOST: sum(s.get(M.SCHED_EVENTS_LOST) or 0 for s in traced),
             **{k: sum(s.get(k) or 0.0 for s in traced) for k in states},
+            # None where a run's summary predates the figure
+            M.SCHED_LATE_UNSEEN_MS: (
+                None
+                if any(s.get(M.SCHED_LATE_UNSEEN_MS) is None for s in traced)
+                else sum(s[M.SCHED_LATE_UNSEEN_MS] for s in traced)
+            ),
             M.SCHED_CPU_WHILE_RUNNABLE_MS: _summed_by_role(traced, M.SCHED_CPU_WHILE_RUNNABLE_MS),
             M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS: _summed_by_role(traced, M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS),
         }
@@ -140,17 +145,20 @@ def sched_totals(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, A
 
 def sched_lines(totals: dict[str, dict[str, Any]]) -> list[str]:
     """``sched_totals`` as text: per traced policy, its late operations (counted from the
-    kernel's wake-up, ``sched_trace.arrivals``) and how much of their lateness came before their
-    workers saw the input, their threads on a CPU, waiting for one and asleep, what the CPUs ran
-    while they waited and what the CPU whose run queue each waited on ran, largest share first."""
+    kernel's waking, ``sched_trace.input_arrivals_ns``) and how much of their lateness came before
+    their workers saw the input (where the runs' summaries tell it), their threads on a CPU,
+    waiting for one and asleep, what the CPUs ran while they waited and what the CPU whose run
+    queue each waited on ran, largest share first."""
     lines = []
     for policy, t in totals.items():
         unknown = t.get(M.SCHED_LATE_UNKNOWN_MS) or 0.0
+        unseen = t.get(M.SCHED_LATE_UNSEEN_MS)
         lines.append(
             f"scheduler trace of {policy} ({t['runs']} runs, {t[M.SCHED_EVENTS_LOST]} events lost): "
-            f"{t[M.SCHED_LATE_OPS]} operations started >1 ms after gloo woke their thread with the input, "
-            f"{t.get(M.SCHED_LATE_UNSEEN_MS) or 0.0:.1f} ms of it before the thread saw it; "
-            f"their threads waited {t[M.SCHED_LATE_RUNNABLE_MS]:.1f} ms "
+            f"{t[M.SCHED_LATE_OPS]} operations started >1 ms after their input arrived (gloo's waking of "
+            "their thread where the trace tells it)"
+            + (f", {unseen:.1f} ms of it before the thread saw it; " if unseen is not None else "; ")
+            + f"their threads waited {t[M.SCHED_LATE_RUNNABLE_MS]:.1f} ms "
             f"for a CPU, ran {t[M.SCHED_LATE_RUNNING_MS]:.1f} ms, slept {t[M.SCHED_LATE_SLEEPING_MS]:.1f} ms"
             + (f", {unknown:.1f} ms not in the trace" if unknown > 0.0005 else "")
         )

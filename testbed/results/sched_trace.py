@@ -6,7 +6,7 @@ queue it was on ran, by role (``trace/task_names.py``, relative to the late oper
 its own gloo threads, its own prefill, other workers, the delay elements...).
 
 The input's arrival is the kernel's: where the worker's thread slept waiting for it, the wake-up
-that ended that wait (gloo's thread, its receive complete: ``arrivals``). The worker's own
+that ended that wait (gloo's thread, its receive complete: ``input_arrivals_ns``). The worker's own
 figure (``analysis.start_after_arrival``) starts only once its thread ran again and saw the
 input, so it leaves out the time the thread waited for a CPU, or for its interpreter lock,
 after the wake-up.
@@ -30,7 +30,7 @@ from testbed.trace.task_names import role_of
 _LINE = re.compile(
     r"^\s*(?P<comm>.*?)-(?P<pid>\d+)\s+\(\s*(?P<tgid>[\d-]+)\)\s+\[(?P<cpu>\d+)\]\s+\S+\s+"
     r"(?P<sec>\d+)\.(?P<usec>\d{6}): "
-    r"(?P<event>sched_switch|sched_wakeup|sched_migrate_task|sched_process_fork): (?P<rest>.*)$"
+    r"(?P<event>sched_switch|sched_wakeup|sched_waking|sched_migrate_task|sched_process_fork): (?P<rest>.*)$"
 )
 _SWITCH = re.compile(r"prev_comm=.* prev_pid=(\d+) prev_prio=-?\d+ prev_state=(\S+) ==> next_comm=(.*) next_pid=(\d+) ")
 _WAKEUP = re.compile(r"comm=(.*) pid=(\d+) prio=-?\d+ target_cpu=(\d+)")
@@ -43,7 +43,7 @@ RUNNING, RUNNABLE, SLEEPING = "running", "runnable", "sleeping"
 
 
 def parse_sched_lines(lines: Iterable[str]) -> pd.DataFrame:
-    """The kernel's ``sched_switch``, ``sched_wakeup``, ``sched_migrate_task`` and
+    """The kernel's ``sched_switch``, ``sched_wakeup``, ``sched_waking``, ``sched_migrate_task`` and
     ``sched_process_fork`` lines (tracefs ``trace``, with ``record-tgid``) as a table of
     ``T.SCHED_COLUMNS``, in the order given. A task's process id (``*_tgid``) comes from the lines
     where it is the running task (-1 where it never is; a thread id the kernel reuses keeps its
@@ -61,10 +61,11 @@ def parse_sched_lines(lines: Iterable[str]) -> pd.DataFrame:
             s = _SWITCH.match(m["rest"] + " ")
             if s:
                 rows.append((T.SCHED_SWITCH, t_ns, int(m["cpu"]), int(s[1]), s[2], int(s[4]), s[3]))
-        elif m["event"] == "sched_wakeup":
+        elif m["event"] in ("sched_wakeup", "sched_waking"):
             w = _WAKEUP.match(m["rest"])
             if w:
-                rows.append((T.SCHED_WAKEUP, t_ns, int(w[3]), pid, "", int(w[2]), w[1]))
+                kind = T.SCHED_WAKEUP if m["event"] == "sched_wakeup" else T.SCHED_WAKING
+                rows.append((kind, t_ns, int(w[3]), pid, "", int(w[2]), w[1]))
         elif m["event"] == "sched_migrate_task":
             g = _MIGRATE.match(m["rest"])
             if g:
@@ -187,7 +188,7 @@ def _states(events: pd.DataFrame, pid: int) -> tuple[np.ndarray, list[str], list
     each, and the CPU it ran on or whose run queue it was on (-1 asleep). A task moved while
     asleep is moved as it is woken, and its wake-up names the CPU."""
     mine = events[(events[T.NEXT_PID] == pid) | ((events[T.EVENT] == T.SCHED_SWITCH) & (events[T.PREV_PID] == pid))]
-    mine = mine[mine[T.EVENT] != T.SCHED_FORK]
+    mine = mine[~mine[T.EVENT].isin((T.SCHED_FORK, T.SCHED_WAKING))]
     times, states, cpus = [], [], []
     for ev, cpu, prev, prev_state, nxt, t in zip(
         mine[T.EVENT], mine[T.CPU], mine[T.PREV_PID], mine[T.PREV_STATE], mine[T.NEXT_PID], mine[T.T_NS]
@@ -220,32 +221,40 @@ def covered(sched: pd.DataFrame, lost_events: int) -> tuple[float, float]:
     return float(per_cpu.min().max()), float(per_cpu.max().min())
 
 
-def arrivals(ops: pd.DataFrame, ev: pd.DataFrame, sched: pd.DataFrame, pids: dict[int, int]) -> np.ndarray:
-    """When each of ``ops`` (training operations with ``T.READY_NS``) had its input, as the kernel
-    saw it (ns, ``trace.clock``'s): the last wake-up of its worker's main thread (``pids``, by
-    rank) after its receive's wait began (``T.RECV_WAIT``'s start, the event with the same
-    ``T.READY_NS``) and by ``T.READY_NS``, by any task but the worker's own filling thread (which
-    wakes it only to hand back the interpreter lock, BubbleTea's ``task_names.FILL``): gloo's
-    thread waking it with the receive complete. Where the thread did not sleep in the wait (the
-    input was in before it), or the trace or the wait event is missing: ``T.READY_NS``, the
-    worker's own figure. Never after ``T.READY_NS``."""
+def input_arrivals_ns(ops: pd.DataFrame, ev: pd.DataFrame, sched: pd.DataFrame, pids: dict[int, int]) -> np.ndarray:
+    """When each of ``ops`` (training operations with ``T.READY_NS``) had its whole input, as the
+    kernel saw it (ns, ``trace.clock``'s): the last waking of its worker's main thread (``pids``,
+    by rank) by one of gloo's threads (a thread of the worker's process that is neither its main
+    thread nor its filling thread, ``task_names.FILL``, which wakes it only to hand back the
+    interpreter lock) after the thread began to wait for the receive's last stripe
+    (``T.LAST_WAIT_NS`` of the ``T.RECV_WAIT`` event with the same ``T.READY_NS``: every earlier
+    stripe was in by then) and by ``T.READY_NS``: the receive complete. Where there is none (the
+    last stripe was in before the thread waited for it, so the input came at a time the trace
+    does not tell), or the trace has no wakings (``T.SCHED_WAKING``, recorded since they are) or
+    the wait event has no ``T.LAST_WAIT_NS``: ``T.READY_NS``, the worker's own figure. Never
+    after it."""
     ready = ops[T.READY_NS].to_numpy(dtype=np.int64)
     out = ready.copy()
-    waits = ev[(ev[T.KIND] == T.RECV_WAIT) & ev[T.READY_NS].notna()]
-    wait_start = {(int(w), int(r)): int(s) for w, r, s in zip(waits[T.WORKER], waits[T.READY_NS], waits[T.START_NS])}
-    wakeups = sched[sched[T.EVENT] == T.SCHED_WAKEUP]
+    if T.LAST_WAIT_NS not in ev:
+        return out
+    waits = ev[(ev[T.KIND] == T.RECV_WAIT) & ev[T.READY_NS].notna() & ev[T.LAST_WAIT_NS].notna()]
+    last_wait = {(int(w), int(r)): int(s) for w, r, s in zip(waits[T.WORKER], waits[T.READY_NS], waits[T.LAST_WAIT_NS])}
+    wakings = sched[sched[T.EVENT] == T.SCHED_WAKING]
     sw = sched[sched[T.EVENT] == T.SCHED_SWITCH]
     comm_of = dict(zip(sw[T.NEXT_PID], sw[T.NEXT_COMM]))  # a thread's latest name
     workers = ops[T.WORKER].to_numpy()
     for rank, pid in pids.items():
-        mine = wakeups[wakeups[T.NEXT_PID] == pid]
-        fill = task_names.FILL.format(rank=rank)[: task_names.COMM_BYTES]
-        mine = mine[mine[T.PREV_PID].map(comm_of) != fill]
-        t = mine[T.T_NS].to_numpy(dtype=np.int64)
+        by_gloo = wakings[
+            (wakings[T.NEXT_PID] == pid)
+            & (wakings[T.PREV_TGID] == pid)
+            & (wakings[T.PREV_PID] != pid)
+            & (wakings[T.PREV_PID].map(comm_of) != task_names.kernel_name(task_names.FILL.format(rank=rank)))
+        ]
+        t = by_gloo[T.T_NS].to_numpy(dtype=np.int64)
         for i in np.flatnonzero(workers == rank):
-            start = wait_start.get((rank, int(ready[i])))
+            since = last_wait.get((rank, int(ready[i])))
             j = int(np.searchsorted(t, ready[i], side="right")) - 1
-            if start is not None and j >= 0 and t[j] > start:
+            if since is not None and j >= 0 and t[j] >= since:
                 out[i] = t[j]
     return out
 
@@ -260,7 +269,7 @@ def late_start_causes(
     queues: bool = False,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(one row per late operation of the measured iterations: ``worker``, ``kind``,
-    ``iteration``, ``microbatch``, ``ready_ns``, ``arrival_ns`` (``arrivals``), ``start_ns``,
+    ``iteration``, ``microbatch``, ``ready_ns``, ``arrival_ns`` (``input_arrivals_ns``), ``start_ns``,
     ``late_ms`` (from ``arrival_ns``; late: over ``analysis.LATE_START_NS``), ``unseen_ms`` (of
     it, before the worker saw the input: ``ready_ns`` less ``arrival_ns``) and the ms its
     worker's main thread spent ``running``, ``runnable`` and ``sleeping`` from the arrival to the
@@ -281,10 +290,11 @@ def late_start_causes(
     sched = sched.sort_values(T.T_NS, kind="stable")
     members = run_tasks(sched, roots) if roots is not None and not sched.empty else None
     pids = worker_pids(sched, members)
-    ops.insert(5, "arrival_ns", arrivals(ops, ev, sched, pids))
+    ops.insert(5, "arrival_ns", input_arrivals_ns(ops, ev, sched, pids))
     late_ns = ops[T.START_NS].to_numpy(dtype=np.int64) - ops["arrival_ns"].to_numpy()
-    ops = ops[late_ns > A.LATE_START_NS].reset_index(drop=True)
-    ops["late_ms"] = (ops[T.START_NS] - ops["arrival_ns"]) / 1e6
+    keep = late_ns > A.LATE_START_NS
+    ops = ops[keep].reset_index(drop=True)
+    ops["late_ms"] = late_ns[keep] / 1e6
     ops["unseen_ms"] = (ops[T.READY_NS] - ops["arrival_ns"]) / 1e6
     for s in (RUNNING, RUNNABLE, SLEEPING):
         ops[s] = 0.0

@@ -37,6 +37,10 @@ TARGET_NS, BLOCKS, MEMORY_BYTES = "target_ns", "blocks", "memory_bytes"
 OVERRUN_NS = "overrun_ns"
 #: on a serving window (prefill served alone), how long its worker had no request queued (ns)
 QUEUE_EMPTY_NS = "queue_empty_ns"
+#: on a receive wait, when the worker began to wait for the receive's last stripe (the last of its
+#: gloo operations, every earlier one in by then): a scheduler trace's waking of the thread after it
+#: is the whole input's arrival (``results/sched_trace.input_arrivals_ns``)
+LAST_WAIT_NS = "last_wait_ns"
 COLUMNS = [
     WORKER,
     HOST,
@@ -62,6 +66,7 @@ COLUMNS = [
     MEMORY_BYTES,
     OVERRUN_NS,
     QUEUE_EMPTY_NS,
+    LAST_WAIT_NS,
     RID,
     CHUNK_START,
     TOKENS,
@@ -92,10 +97,17 @@ LINK_COUNTER_COLUMNS = [T_NS, LINK, CLASSID, TX_BYTES, RATE_BPS, DROPS, OVERLIMI
 # ``prev_state``: ``R``/``R+`` preempted, still runnable; ``S``, ``D`` and the rest asleep) to
 # ``next_pid``; a wake-up of ``next_pid`` (onto ``cpu``'s run queue); a move of ``next_pid`` to
 # ``cpu`` (its run queue, or the CPU it is woken on); or a new task ``next_pid`` (a process or a
-# thread) made by ``prev_pid``. In a wake-up and a move, ``prev_pid`` is the task that ran then.
+# thread) made by ``prev_pid``; or a waking of ``next_pid`` by ``prev_pid`` (the kernel's
+# ``sched_waking``, printed by the waker itself as it starts the wake-up, where ``sched_wakeup``
+# may be printed on the woken task's CPU, by whatever ran there). In a wake-up and a move,
+# ``prev_pid`` is the task that ran then.
 # Task ids are thread ids; ``*_tgid`` their process (-1: unknown); ``next_comm`` the kernel's name
 # of the task (``trace/task_names.py``)
 SCHED_SWITCH, SCHED_WAKEUP, SCHED_MIGRATE, SCHED_FORK = "switch", "wakeup", "migrate", "fork"
+SCHED_WAKING = "waking"
+#: the kernel's event whose lines are ``SCHED_WAKING`` rows: a trace that recorded it tells who woke
+#: a task (``results/sched_trace.input_arrivals_ns``)
+SCHED_WAKING_EVENT = "sched/sched_waking"
 #: the kernel's event (tracefs ``events/`` path) whose lines are ``SCHED_MIGRATE`` rows: a trace
 #: that recorded it tells which run queue a waiting task was on
 SCHED_MIGRATE_EVENT = "sched/sched_migrate_task"

@@ -32,10 +32,14 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _WORKER_RE = re.compile(r"tb-w(\d+)(-fill|-pf)?$")
 
 
+def kernel_name(name: str) -> str:
+    """``name`` as the kernel keeps it (``comm``): clipped to ``COMM_BYTES``."""
+    return name.encode()[:COMM_BYTES].decode(errors="ignore")
+
+
 def name_this_thread(name: str) -> None:
-    """Give the calling thread ``name`` (clipped to ``COMM_BYTES``). Raises OSError if the kernel
-    refuses."""
-    if _libc.prctl(PR_SET_NAME, name.encode()[:COMM_BYTES], 0, 0, 0) != 0:
+    """Give the calling thread ``name`` (``kernel_name``). Raises OSError if the kernel refuses."""
+    if _libc.prctl(PR_SET_NAME, kernel_name(name).encode(), 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_NAME, {name!r})")
 

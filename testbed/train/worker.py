@@ -112,26 +112,30 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
 
     prev_end = [now_ns()]  # end of this worker's latest compute: where a bubble starts
 
-    def wait_filling(works: list, slot: str, since_ns: int) -> tuple[int, Fill | None, dict[str, int]]:
+    def wait_filling(works: list, slot: str, since_ns: int) -> tuple[int, int, Fill | None, dict[str, int]]:
         """Wait for gloo ``works`` (a bubble that began at ``since_ns``), this thread itself, as
         without BubbleTea; under BubbleTea, where there is anything to prefill, a thread fills the
         bubble meanwhile (``PrefillServer.start_fill``) and is told when the works finished
         (``Fill.end``; it is woken later: ``operation_started``, or at once where no input feeds an
         operation).
-        Returns (when they had finished (ns), as this thread's wait returned; the bubble's fill,
+        Returns (when they had finished (ns), as this thread's wait returned; when it began to wait
+        for the last of them (ns: every earlier one was in by then); the bubble's fill,
         if any: ``Fill.settle`` says whether a prefill pass had the GPU then; the wait event's
         bubble fields, ``PrefillServer.observe``)."""
         predicted = server.bubble_to_fill(slot) if server is not None else None
         fill = server.start_fill(predicted, since_ns) if server is not None and predicted is not None else None
+        last_wait = since_ns
         try:
-            for w in works:
+            for k, w in enumerate(works):
+                if k == len(works) - 1:
+                    last_wait = now_ns()
                 w.wait()
         finally:
             ready = now_ns()
             if fill is not None:
                 fill.end(ready)
         bubble = server.observe(slot, (ready - since_ns) / 1e9) if server is not None else {}
-        return ready, fill, bubble
+        return ready, last_wait, fill, bubble
 
     def receive(src: int, n: int, it: int, m: int, slot: str) -> tuple[torch.Tensor, int, Fill | None]:
         """Wait for microbatch ``m``'s tensor from ``src`` (traced as a receive wait, written once
@@ -141,9 +145,19 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         t0 = now_ns()
         ctl.send(RECV, src, rank, it, m)
         works = post_recv_striped(buf, src, m, n)
-        ready, fill, bubble = wait_filling(works, slot, prev_end[0])
+        ready, last_wait, fill, bubble = wait_filling(works, slot, prev_end[0])
         fields = {T.ITERATION: it, T.MICROBATCH: m}
-        ev.defer(T.RECV_WAIT, t0, now_ns(), **fields, bytes=act_bytes, peer=src, ready_ns=ready, **bubble)
+        ev.defer(
+            T.RECV_WAIT,
+            t0,
+            now_ns(),
+            **fields,
+            bytes=act_bytes,
+            peer=src,
+            ready_ns=ready,
+            **{T.LAST_WAIT_NS: last_wait},
+            **bubble,
+        )
         return buf, ready, fill
 
     def operation_started(src: int, it: int, m: int, fill: Fill | None) -> None:
@@ -238,7 +252,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
                     pending.extend(send(inp.grad, prev_rank, n_prev, it, m))
         fields = {T.ITERATION: it, T.MICROBATCH: -1}
         t0 = now_ns()
-        _, fill, bubble = wait_filling(pending, T.SEND_DRAIN_SLOT, prev_end[0])  # the sends drain
+        _, _, fill, bubble = wait_filling(pending, T.SEND_DRAIN_SLOT, prev_end[0])  # the sends drain
         if fill is not None:  # no operation waits on the sends: the filling thread is woken at once
             fill.wake()
         ev.write(T.SEND_WAIT, t0, now_ns(), **fields, **bubble)
@@ -247,7 +261,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
             flat = torch.cat([p.grad.reshape(-1) for p in params])
             work = dist.all_reduce(flat, group=my_dp, async_op=True)
             # BubbleTea fills while the gradients travel (and the peers arrive)
-            _, fill, bubble = wait_filling([work], T.ALLREDUCE_SLOT, t0)
+            _, _, fill, bubble = wait_filling([work], T.ALLREDUCE_SLOT, t0)
             if fill is not None:  # the optimizer step waits for no transfer: woken at once
                 fill.wake()
             flat /= R

@@ -16,8 +16,9 @@ import pandas as pd
 import pytest
 
 from testbed.net.registry import stale_runs
+from testbed.results.analysis import LATE_START_NS, measured, training_events
 from testbed.results.sched_summary import LATE_STARTS_FILE, SCHED_INFO_FILE
-from testbed.results.sched_trace import run_tasks, worker_pids
+from testbed.results.sched_trace import input_arrivals_ns, run_tasks, worker_pids
 from testbed.spec.addressing import new_run_prefix
 from testbed.trace import schema as T
 
@@ -55,9 +56,19 @@ def test_a_traced_run_names_its_tasks_and_accounts_for_each_late_start(tmp_path,
     # counted from the kernel's wake-up of the thread, which is never after the thread saw its input:
     # every operation the worker saw late is among them, and maybe more
     assert len(late) == summary["sched_late_ops"] and (late["arrival_ns"] <= late["ready_ns"]).all()
-    seen_late = int((late["start_ns"] - late["ready_ns"] > 1_000_000).sum())
+    seen_late = int((late["start_ns"] - late["ready_ns"] > LATE_START_NS).sum())
     assert seen_late == summary["training_ops_started_late"] <= len(late)
     assert late["unseen_ms"].sum() == pytest.approx(summary["sched_late_unseen_ms"])
+    # gloo's waking of the worker's thread is found for most receives (the thread slept through
+    # the wait for its last stripe): each input's arrival, before the thread saw it
+    assert T.SCHED_WAKING_EVENT in info["events"]
+    train = measured(training_events(ev), summary["warmup_iterations"])
+    ops = train[train[T.KIND].isin((T.FORWARD, T.BACKWARD)) & train[T.READY_NS].notna()]
+    arrival = input_arrivals_ns(ops, ev, sched, worker_pids(sched, members))
+    ready = ops[T.READY_NS].to_numpy(dtype="int64")
+    assert (arrival <= ready).all() and (arrival < ready).mean() > 0.5, (arrival < ready).mean()
+    waits = ev[ev[T.KIND] == T.RECV_WAIT].set_index(T.READY_NS)[T.LAST_WAIT_NS]
+    assert (arrival >= waits.loc[ready].to_numpy()).all()
     for row in late.itertuples():  # every late operation's wait is accounted for, state by state
         accounted = row.running + row.runnable + row.sleeping + row.unknown
         assert accounted == pytest.approx(row.late_ms, abs=0.002), row

@@ -166,6 +166,12 @@ def test_scheduler_traces_are_summed_over_each_policys_runs():
     assert agg["sched"]["atlas"]["sched_late_ops"] == 3 and "pp-fair" not in agg["sched"]
     assert agg["sched"]["atlas"]["sched_late_runnable_ms"] == 4.0
     assert agg["sched"]["atlas"]["sched_late_unseen_ms"] == 0.75
+    # a summary from before the figure was: not told, rather than 0
+    old = {k: v for k, v in traced(1, 1.0, {"idle": 1.0}).items() if k != "sched_late_unseen_ms"}
+    old_runs = {"atlas": [old, traced(1, 1.0, {"idle": 1.0})]}
+    old_agg = aggregate(old_runs)
+    assert old_agg["sched"]["atlas"]["sched_late_unseen_ms"] is None
+    assert "before the thread saw it" not in format_comparison({**old_agg, "runs": old_runs})
     assert list(agg["sched"]["atlas"]["sched_cpu_while_runnable_ms"].items()) == [
         ("other workers", 4.0),
         ("delay element", 2.0),
@@ -173,8 +179,9 @@ def test_scheduler_traces_are_summed_over_each_policys_runs():
     ]
     text = format_comparison({**agg, "runs": runs})
     assert (
-        "scheduler trace of atlas (2 runs, 0 events lost): 3 operations started >1 ms after gloo woke their thread "
-        "with the input, 0.8 ms of it before the thread saw it; their threads waited 4.0 ms for a CPU, "
+        "scheduler trace of atlas (2 runs, 0 events lost): 3 operations started >1 ms after their input arrived "
+        "(gloo's waking of their thread where the trace tells it), 0.8 ms of it before the thread saw it; "
+        "their threads waited 4.0 ms for a CPU, "
         "ran 1.0 ms, slept 0.0 ms" in text
     )
     assert "the CPUs ran meanwhile (8.0 ms): other workers 50%, delay element 25%, idle 25%" in text

@@ -696,7 +696,10 @@ def test_one_filling_thread_fills_a_workers_bubbles_one_after_another():
     tid = seen[0][1]
     assert Path(f"/proc/self/task/{tid}/comm").read_text().strip() == "tb-w7-fill"
     filler.close()
-    assert not Path(f"/proc/self/task/{tid}").exists()
+    assert not filler._thread.is_alive()
+    with pytest.raises(RuntimeError, match="closed"):
+        filler.start(lambda arrived: None)
+    filler.close()  # twice: nothing more
 
 
 def test_a_bubble_fill_raises_its_error_in_the_worker(tmp_path):

@@ -198,37 +198,58 @@ def test_a_run_folders_trace_gives_queue_figures_only_where_the_moves_were_recor
         assert not any(c.startswith("queue_cpu_ms") for c in late.columns)
 
 
+def waking(t_s: str, cpu: int, waker: tuple[str, int, int], woken: tuple[str, int]) -> str:
+    """A ``sched_waking`` line, printed by the waker itself."""
+    return wakeup(t_s, cpu, waker, woken).replace("sched_wakeup:", "sched_waking:")
+
+
 def test_the_input_arrives_when_gloo_wakes_the_thread_not_when_it_sees_it():
-    """Worker 0 waits for its input from 1000 ms; gloo wakes it at 1001 ms, the delay element holds
-    the CPU until 1002.5 ms, then the worker's thread runs 0.1 ms and sleeps on its interpreter
-    lock until its filling thread hands it back at 1003 ms; it sees the input at 1003.5 ms and
-    starts at 1004 ms: 3 ms late, not the 0.5 ms it saw. A second receive whose input was in
-    before its wait began (the thread never slept in it) counts from when the thread saw it."""
+    """Worker 0 waits for its input's last stripe from 1000.2 ms; gloo's thread wakes it at 1001
+    ms, the delay element holds the CPU until 1002.5 ms, then the worker's thread runs 0.1 ms and
+    sleeps on its interpreter lock until its filling thread hands it back at 1003 ms; it sees the
+    input at 1003.5 ms and starts at 1004 ms: 3 ms late, not the 0.5 ms it saw. Not counted as
+    arrivals: a waking by gloo before the last stripe's wait began (the second receive: its last
+    stripe was in before the thread waited for it), nor one by a task of another process (the
+    third: the wake-up printed on the woken thread's CPU by whatever ran there), nor any for a
+    wait event without ``T.LAST_WAIT_NS`` (the fourth: a trace from before it was recorded);
+    those count from when the thread saw the input, so none is late."""
     fill = ("tb-w0-fill", 102, 100)
     lines = [
         switch("1.000000", 0, IDLE0, "R", W0[:2]),
         switch("1.000000", 1, IDLE1, "R", W1[:2]),
         switch("1.000500", 0, W0, "S", DELAY[:2]),  # waits on gloo
-        wakeup("1.001000", 0, W0_GLOO, W0[:2]),  # the receive complete: the input's arrival
+        wakeup("1.001000", 0, DELAY, W0[:2]),  # printed on its CPU by what ran there
+        waking("1.001000", 1, W0_GLOO, W0[:2]),  # the last stripe complete: the input's arrival
         switch("1.002500", 0, DELAY, "S", W0[:2]),
         switch("1.002600", 0, W0, "S", DELAY[:2]),  # asleep on the interpreter lock
         switch("1.002900", 1, W1, "S", fill[:2]),
-        wakeup("1.003000", 0, fill, W0[:2]),  # the filling thread hands the lock back
+        waking("1.003000", 1, fill, W0[:2]),  # the filling thread hands the lock back
+        wakeup("1.003000", 0, fill, W0[:2]),
         switch("1.003000", 0, DELAY, "S", W0[:2]),
         switch("1.003100", 1, fill, "S", W1[:2]),
-        switch("1.010500", 1, W1, "S", IDLE1[:2]),
+        switch("1.008100", 0, W0, "S", DELAY[:2]),
+        waking("1.008200", 1, W0_GLOO, W0[:2]),  # before the second receive's last wait (1008.3)
+        waking("1.012200", 0, DELAY, W0[:2]),  # another process's task: not gloo's
+        waking("1.016200", 1, W0_GLOO, W0[:2]),  # the fourth's: its event has no LAST_WAIT_NS
+        switch("1.020500", 1, W1, "S", IDLE1[:2]),
     ]
-    ev = pd.DataFrame(
-        [
-            event_row(0, "h0", "east", 1, 0, T.RECV_WAIT, 1, 0, 1000.0, 1003.6, ready_ns=int(1003.5 * MS)),
-            event_row(0, "h0", "east", 1, 0, T.FORWARD, 1, 0, 1004.0, 1008.0, ready_ns=int(1003.5 * MS)),
-            event_row(0, "h0", "east", 1, 0, T.RECV_WAIT, 1, 1, 1008.0, 1008.6, ready_ns=int(1008.5 * MS)),
-            event_row(0, "h0", "east", 1, 0, T.FORWARD, 1, 1, 1009.0, 1010.0, ready_ns=int(1008.5 * MS)),
-        ],
-        columns=T.COLUMNS,
-    )
+    ms = {"ready": [1003.5, 1009.8, 1013.8, 1017.8], "start": [1004.0, 1010.0, 1014.0, 1018.0]}
+    last_wait = [1000.2, 1008.3, 1012.1, None]
+    rows = []
+    for m, (ready, start, last) in enumerate(zip(ms["ready"], ms["start"], last_wait)):
+        extra = {} if last is None else {T.LAST_WAIT_NS: int(last * MS)}
+        rows += [
+            event_row(
+                0, "h0", "east", 1, 0, T.RECV_WAIT, 1, m, ready - 3, ready + 0.1, ready_ns=int(ready * MS), **extra
+            ),
+            event_row(0, "h0", "east", 1, 0, T.FORWARD, 1, m, start, start + 0.1, ready_ns=int(ready * MS)),
+        ]
+    ev = pd.DataFrame(rows, columns=T.COLUMNS)
     ev[T.READY_NS] = pd.to_numeric(ev[T.READY_NS])
-    ops, by_role = late_start_causes(ev, parse_sched_lines(lines), warmup=1, n_cpus=2)
+    ev[T.LAST_WAIT_NS] = pd.to_numeric(ev[T.LAST_WAIT_NS])
+    sched = parse_sched_lines(lines)
+    assert (sched[T.EVENT] == T.SCHED_WAKING).sum() == 5
+    ops, by_role = late_start_causes(ev, sched, warmup=1, n_cpus=2)
     assert len(ops) == 1
     row = ops.iloc[0]
     assert (row[T.MICROBATCH], row["arrival_ns"]) == (0, int(1001 * MS))
@@ -236,6 +257,9 @@ def test_the_input_arrives_when_gloo_wakes_the_thread_not_when_it_sees_it():
     assert (row["runnable"], row["running"], row["sleeping"], row["unknown"]) == pytest.approx((1.5, 1.1, 0.4, 0.0))
     assert dict(zip(by_role["role"], by_role["cpu_ms"])) == pytest.approx({"delay element": 1.5, "other workers": 1.5})
     assert cause_totals(ops, by_role)["sched_late_unseen_ms"] == pytest.approx(2.5)
+    # a trace without wakings (made before they were recorded) counts from when the thread saw it
+    ops, _ = late_start_causes(ev, sched[sched[T.EVENT] != T.SCHED_WAKING], warmup=1, n_cpus=2)
+    assert ops.empty
 
 
 def test_no_late_operation_or_no_trace_gives_empty_tables():
