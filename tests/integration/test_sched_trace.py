@@ -81,7 +81,7 @@ def test_a_traced_run_names_its_tasks_and_accounts_for_each_late_start(tmp_path,
     assert set(queue) <= set(every) and all(ms <= every[role] + 1e-6 for role, ms in queue.items())
     if summary["sched_late_runnable_ms"] > 0:
         assert sum(queue.values()) == pytest.approx(summary["sched_late_runnable_ms"], rel=0.01)
-    assert "late ops from the wake-up" in r.stdout
+    assert "late ops from the waking" in r.stdout
 
 
 def test_testbed_clean_removes_the_instance_of_a_killed_run(tmp_path, clean_machine):
