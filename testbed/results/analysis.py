@@ -149,7 +149,7 @@ def start_after_arrival(ev: pd.DataFrame, warmup: int = 0) -> pd.DataFrame:
     pass had the GPU (``T.PREFILL_DELAY_NS`` > 0). The same definition for every policy, so a run
     without BubbleTea gives the floor: this machine's own path from an arrival to the operation's
     start. A scheduler trace counts from earlier, the kernel's wake-up of the thread
-    (``sched_trace.input_arrivals_ns``). Empty for a run traced without ``T.READY_NS``."""
+    (``input_arrival.input_arrivals_ns``). Empty for a run traced without ``T.READY_NS``."""
     if ev.empty or T.READY_NS not in ev:
         return pd.DataFrame(columns=["late_ns", "held"])
     ops = measured(ev, warmup)

@@ -145,7 +145,7 @@ def sched_totals(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, A
 
 def sched_lines(totals: dict[str, dict[str, Any]]) -> list[str]:
     """``sched_totals`` as text: per traced policy, its late operations (counted from the
-    kernel's waking, ``sched_trace.input_arrivals_ns``) and how much of their lateness came before
+    kernel's waking, ``input_arrival.input_arrivals_ns``) and how much of their lateness came before
     their workers saw the input (where the runs' summaries tell it), their threads on a CPU,
     waiting for one and asleep, what the CPUs ran while they waited and what the CPU whose run
     queue each waited on ran, largest share first."""

@@ -132,7 +132,7 @@ BUBBLE_OVER_PREDICTED_SHARE = "bubble_over_predicted_share"
 BUBBLE_BEYOND_PREDICTION_SHARE = "bubble_beyond_prediction_share"
 
 # the scheduler trace (``testbed run --sched-trace``, ``results/sched_trace.py``): of the operations
-# started late, counted from their input's arrival as the kernel saw it (``sched_trace.input_arrivals_ns``),
+# started late, counted from their input's arrival as the kernel saw it (``input_arrival.input_arrivals_ns``),
 # the ms their workers' main threads spent on a CPU, on a run queue waiting for one, and asleep,
 # between their input and their start; what the CPUs ran while they waited, by role (ms;
 # ``trace/task_names.py``); and how many of the kernel's events did not fit its buffers

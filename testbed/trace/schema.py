@@ -39,7 +39,7 @@ OVERRUN_NS = "overrun_ns"
 QUEUE_EMPTY_NS = "queue_empty_ns"
 #: on a receive wait, when the worker began to wait for the receive's last stripe (the last of its
 #: gloo operations, every earlier one in by then): a scheduler trace's waking of the thread after it
-#: is the whole input's arrival (``results/sched_trace.input_arrivals_ns``)
+#: is the whole input's arrival (``results/input_arrival.input_arrivals_ns``)
 LAST_WAIT_NS = "last_wait_ns"
 COLUMNS = [
     WORKER,
@@ -106,7 +106,7 @@ LINK_COUNTER_COLUMNS = [T_NS, LINK, CLASSID, TX_BYTES, RATE_BPS, DROPS, OVERLIMI
 SCHED_SWITCH, SCHED_WAKEUP, SCHED_MIGRATE, SCHED_FORK = "switch", "wakeup", "migrate", "fork"
 SCHED_WAKING = "waking"
 #: the kernel's event whose lines are ``SCHED_WAKING`` rows: a trace that recorded it tells who woke
-#: a task (``results/sched_trace.input_arrivals_ns``)
+#: a task (``results/input_arrival.input_arrivals_ns``)
 SCHED_WAKING_EVENT = "sched/sched_waking"
 #: the kernel's event (tracefs ``events/`` path) whose lines are ``SCHED_MIGRATE`` rows: a trace
 #: that recorded it tells which run queue a waiting task was on

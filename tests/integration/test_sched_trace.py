@@ -17,8 +17,9 @@ import pytest
 
 from testbed.net.registry import stale_runs
 from testbed.results.analysis import LATE_START_NS, measured, training_events
+from testbed.results.input_arrival import input_arrivals_ns
 from testbed.results.sched_summary import LATE_STARTS_FILE, SCHED_INFO_FILE
-from testbed.results.sched_trace import input_arrivals_ns, run_tasks, worker_pids
+from testbed.results.sched_trace import run_tasks, worker_pids
 from testbed.spec.addressing import new_run_prefix
 from testbed.trace import schema as T
 
