@@ -146,18 +146,8 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         ctl.send(RECV, src, rank, it, m)
         works = post_recv_striped(buf, src, m, n)
         ready, last_wait, fill, bubble = wait_filling(works, slot, prev_end[0])
-        fields = {T.ITERATION: it, T.MICROBATCH: m}
-        ev.defer(
-            T.RECV_WAIT,
-            t0,
-            now_ns(),
-            **fields,
-            bytes=act_bytes,
-            peer=src,
-            ready_ns=ready,
-            **{T.LAST_WAIT_NS: last_wait},
-            **bubble,
-        )
+        fields = {T.ITERATION: it, T.MICROBATCH: m, T.LAST_WAIT_NS: last_wait}
+        ev.defer(T.RECV_WAIT, t0, now_ns(), **fields, bytes=act_bytes, peer=src, ready_ns=ready, **bubble)
         return buf, ready, fill
 
     def operation_started(src: int, it: int, m: int, fill: Fill | None) -> None:
