@@ -11,9 +11,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from testbed.trace.clock import now_ns
+
+#: how often a pass that has had its GPU time, waiting for the prefill stream to compute its
+#: blocks (an overrun), looks whether they are (s); the worker wakes it as soon as the operation
+#: that training's input feeds has started (``Arrived``)
+POLL_S = 0.00025
 
 
 class BubbleEnd(Protocol):
@@ -90,3 +96,22 @@ class Deadline:
 
     def until_woken(self) -> None:
         pass
+
+
+def hold_gpu(end_ns: int, computed: Callable[[], bool], bubble: BubbleEnd) -> tuple[int | None, int | None]:
+    """Give a prefill pass the emulated GPU until ``end_ns`` (``trace.clock.now_ns``'s clock) and
+    until ``computed()`` (the prefill stream has computed its blocks), unless ``bubble`` ends
+    first: waiting on ``bubble`` for the rest of the time, then looking every ``POLL_S`` while
+    the blocks are not computed (an overrun). Returns when the bubble ended (None: the pass had
+    all its time) and when its overrun began (None: none)."""
+    overrun_ns = None
+    while not bubble.is_set():
+        t = now_ns()
+        if t < end_ns:
+            bubble.wait((end_ns - t) / 1e9)
+        elif computed():
+            return None, overrun_ns
+        else:
+            overrun_ns = overrun_ns or t
+            bubble.wait(POLL_S)
+    return (bubble.t_ns if bubble.t_ns is not None else now_ns()), overrun_ns

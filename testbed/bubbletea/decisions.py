@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from testbed.bubbletea.windows import fits
@@ -106,6 +106,20 @@ class KVBudget:
         """What the GPU holds now: ``device_bytes`` and the caches held."""
         with self._lock:
             return self.device_bytes + self.held_bytes
+
+    def admitted(self, needs: Iterable[int], limit: int) -> list[int]:
+        """Admission control over a queue: the indices, in queue order and at most ``limit``, of the
+        requests that may start now, each one's KV cache (``needs``, bytes; 0 for a request admitted
+        before) fitting beside the caches held and those admitted ahead of it here."""
+        chosen: list[int] = []
+        pending = 0
+        for i, need in enumerate(needs):
+            if len(chosen) == limit:
+                break
+            if self.admits(pending + need):
+                chosen.append(i)
+                pending += need
+        return chosen
 
 
 #: how many queued requests ``choose_work`` looks at, from the queue's head, to fill a pass (a

@@ -61,13 +61,15 @@ class Fill:
 
 class Filler:
     """The worker's filling thread, named ``name`` (for the kernel too: ``trace.task_names.FILL``),
-    a daemon: ``start(fill)`` hands it one bubble's fill and returns its ``Fill``; the caller
-    settles each before handing it the next (``PrefillServer`` does). ``close()`` ends it once
-    the fill handed last is done; ``start`` after it raises RuntimeError. Where the kernel refuses
-    the thread's name, every fill raises that OSError (from ``Fill.settle``)."""
+    a daemon, one bubble at a time: ``start(fill)`` settles the fill handed before, hands it
+    ``fill`` and returns its ``Fill``; ``settle()`` settles the fill handed last, if not yet
+    (``Fill.settle``, raising what it raised). ``close()`` settles, then ends the thread; ``start``
+    after it raises RuntimeError. Where the kernel refuses the thread's name, every fill raises
+    that OSError (from ``Fill.settle``)."""
 
     def __init__(self, name: str) -> None:
         self._fills: queue.SimpleQueue[Fill | None] = queue.SimpleQueue()
+        self._last: Fill | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -82,14 +84,23 @@ class Filler:
             fill.run(error)
 
     def start(self, fill: Callable[[BubbleEnd], int | None]) -> Fill:
+        self.settle()
         if self._closed:
             raise RuntimeError("the filling thread was closed: no bubble can be handed to it")
-        handed = Fill(fill)
+        self._last = handed = Fill(fill)
         self._fills.put(handed)
         return handed
 
+    def settle(self) -> None:
+        last, self._last = self._last, None
+        if last is not None:
+            last.settle()
+
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._fills.put(None)
-        self._thread.join()
+        try:
+            self.settle()
+        finally:
+            if not self._closed:
+                self._closed = True
+                self._fills.put(None)
+            self._thread.join()

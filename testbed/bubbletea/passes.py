@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from testbed.bubbletea.inference import prompt_tokens_for, prompt_tokens_from
+from testbed.trace import schema as T
 
 
 @dataclass
@@ -72,6 +73,23 @@ class Pass:
     def left_s(self) -> float:
         """Emulated GPU seconds it still needs."""
         return max(0.0, self.target_s - self.paid_s)
+
+    def end_slice(self, real_ns: int, done: bool) -> dict[str, int | str]:
+        """Count a slice (one bubble's GPU time) as ended, the stream having computed ``real_ns`` of
+        its blocks in all so far, ``done`` whether it completed the pass; returns the fields of the
+        slice's ``T.PREFILL`` event that the pass knows: its real compute since the last slice, its
+        first request's id and chunk start, its tokens (a pass's count once, on the slice that
+        completes it) and its chunks (``rid:start:tokens``, ``;``-separated)."""
+        first = self.jobs[0]
+        fields: dict[str, int | str] = {
+            "real_ns": real_ns - self.reported_real_ns,
+            "rid": first.rid,
+            "chunk_start": first.pos,
+            "tokens": sum(self.tokens) if done else 0,
+            T.CHUNKS: ";".join(f"{j.rid}:{j.pos}:{n}" for j, n in zip(self.jobs, self.tokens)),
+        }
+        self.reported_real_ns, self.slices = real_ns, self.slices + 1
+        return fields
 
 
 def keep_stopped(stopped: list[Pass], work: Pass) -> None:

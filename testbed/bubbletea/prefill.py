@@ -21,7 +21,7 @@ from collections import deque
 
 import torch
 
-from testbed.bubbletea.bubble_end import BubbleEnd
+from testbed.bubbletea.bubble_end import BubbleEnd, hold_gpu
 from testbed.bubbletea.decisions import (
     LOOKAHEAD,
     KVBudget,
@@ -45,11 +45,6 @@ from testbed.trace import schema as T
 from testbed.trace import task_names
 from testbed.trace.clock import now_ns
 from testbed.trace.events import EventWriter
-
-#: how often a pass that has had its GPU time, waiting for the prefill stream to compute its
-#: blocks (an overrun), looks whether they are (s); the worker wakes it as soon as the operation
-#: that training's input feeds has started (``bubble_end.Arrived``)
-POLL_S = 0.00025
 
 
 class PrefillServer:
@@ -94,7 +89,6 @@ class PrefillServer:
         self.iteration = 0
         #: each slot's prediction when its latest wait began (``observe`` hands it back)
         self._predicted: dict[str, float | None] = {}
-        self._filling: Fill | None = None
         self._filler = Filler(task_names.FILL.format(rank=rank))  # after the stream's fork: not in it
 
     @classmethod
@@ -132,15 +126,11 @@ class PrefillServer:
         ``Fill.wake`` once its operation has started. Every call of the server but
         ``observe`` (which that thread never touches) first waits for that thread to be done
         (``settle``)."""
-        self.settle()
-        self._filling = fill = self._filler.start(lambda arrived: self.fill_predicted(predicted, prev_end_ns, arrived))
-        return fill
+        return self._filler.start(lambda arrived: self.fill_predicted(predicted, prev_end_ns, arrived))
 
     def settle(self) -> None:
         """Wake the thread that filled a bubble (``start_fill``), ended, and wait until it is done."""
-        fill, self._filling = self._filling, None
-        if fill is not None:
-            fill.settle()
+        self._filler.settle()
 
     def fill(self, slot: str, prev_end_ns: int, arrived: BubbleEnd) -> int | None:
         """``fill_predicted`` of the bubble before ``slot`` where ``bubble_to_fill`` says there is
@@ -169,7 +159,7 @@ class PrefillServer:
             for job in work.jobs:
                 if job.pos == job.tokens.numel():
                     self.jobs.remove(job)
-                    self._finish(job)
+                    self.stream.finish(job.rid, job.handoff_header(self.rank, now_ns()), job.kv_bytes)  # KV cache out
             if ready_ns is not None:
                 break
         return ready_ns
@@ -181,16 +171,9 @@ class PrefillServer:
         queue order, each counting against the next)."""
         self._sync_budget()
         busy = {id(j) for p in self.stopped for j in p.jobs}
-        free, pending = [], 0
-        for j in self.jobs:
-            if len(free) == LOOKAHEAD:
-                break
-            if id(j) in busy:
-                continue
-            need = 0 if j.kv_bytes else kv_cache_bytes(self.cfg, j.tokens.numel())
-            if self.budget.admits(pending + need):
-                free.append(j)
-                pending += need
+        idle = [j for j in self.jobs if id(j) not in busy]
+        needs = (0 if j.kv_bytes else kv_cache_bytes(self.cfg, j.tokens.numel()) for j in idle)
+        free = [idle[i] for i in self.budget.admitted(needs, LOOKAHEAD)]
         stopped = [p.left_s for p in self.stopped]
         queued = [QueuedPrompt(j.pos, j.tokens.numel() - j.pos) for j in free]
         work = choose_work(
@@ -232,19 +215,8 @@ class PrefillServer:
         stream, slot = self.stream, work.slot
         stream.run(slot)
         due_ns = int(work.left_s * 1e9) if self.padded else 0
-        end, layers0, ready_ns, waited_ns = t0 + due_ns, stream.layers_done(slot), None, None
-        while True:
-            if arrived.is_set():
-                ready_ns = arrived.t_ns if arrived.t_ns is not None else now_ns()
-                break
-            t = now_ns()
-            if t < end:
-                arrived.wait((end - t) / 1e9)
-            elif stream.computed(slot):
-                break
-            else:  # its GPU time is given, its blocks are not computed yet: an overrun
-                waited_ns = waited_ns or t
-                arrived.wait(POLL_S)
+        layers0 = stream.layers_done(slot)
+        ready_ns, waited_ns = hold_gpu(t0 + due_ns, lambda: stream.computed(slot), arrived)
         if ready_ns is not None:
             arrived.until_woken()
             if ready_ns <= t0:  # it came as the pass was given: it had no GPU time
@@ -259,25 +231,19 @@ class PrefillServer:
         real_ns, layers = stream.real_ns(slot), stream.layers_done(slot)
         done = layers == stream.n_layers and work.left_s == 0.0
         self._sync_budget()
-        first = work.jobs[0]
         trace = self.ev.write if ready_ns is None else self.ev.defer  # stopped: training first
         trace(
             T.PREFILL,
             t0,
             t1,
             **{T.ITERATION: self.iteration, T.MICROBATCH: -1},
-            real_ns=real_ns - work.reported_real_ns,
             padded_ns=t1 - t0,
             target_ns=paid_ns,
             **{T.OVERRUN_NS: max(0, t1 - waited_ns) if waited_ns is not None else 0},
             blocks=layers - layers0,
             memory_bytes=self.budget.used_bytes,
-            rid=first.rid,
-            chunk_start=first.pos,
-            tokens=sum(work.tokens) if done else 0,  # a pass's tokens count once, on the slice that completes it
-            **{T.CHUNKS: ";".join(f"{j.rid}:{j.pos}:{n}" for j, n in zip(work.jobs, work.tokens))},
+            **work.end_slice(real_ns, done),
         )
-        work.reported_real_ns, work.slices = real_ns, work.slices + 1
         if not done:
             keep_stopped(self.stopped, work)
             return ready_ns
@@ -318,9 +284,6 @@ class PrefillServer:
         )
 
     # --------------------------------------------------------------- KV cache out
-    def _finish(self, job: Job) -> None:
-        self.stream.finish(job.rid, job.handoff_header(self.rank, now_ns()), job.kv_bytes)
-
     def _sync_budget(self) -> None:
         """Release from the budget the KV caches the stream has handed off since last looked at."""
         released = self.stream.released_bytes()
@@ -329,10 +292,7 @@ class PrefillServer:
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Send what is finished, then stop (requests still queued are dropped: never completed)."""
-        try:
-            self.settle()
-        finally:
-            self._filler.close()
+        self._filler.close()
         self.stream.close(timeout_s)
         self._sync_budget()
         self.link.close()

@@ -518,6 +518,20 @@ def test_a_request_waits_while_its_kv_cache_would_exceed_the_budget(tmp_path):
         server.close()
 
 
+def test_admission_takes_queued_requests_in_order_each_counting_against_the_next():
+    """``KVBudget.admitted``: in queue order, each request whose cache fits beside those held and
+    those admitted ahead of it; one that does not fit is passed over and a later, smaller one may
+    still start; a request admitted before (need 0) always fits; at most ``limit``."""
+    from testbed.bubbletea.decisions import KVBudget
+
+    budget = KVBudget(device_bytes=100, budget_bytes=200)
+    budget.hold(30)
+    assert budget.admitted([50, 40, 10, 0, 5], limit=10) == [0, 2, 3, 4]  # 30 + 50 + 10 + 5 <= 100
+    assert budget.admitted([50, 40, 10, 0, 5], limit=2) == [0, 2]
+    assert budget.admitted([80, 0], limit=10) == [1]
+    assert KVBudget(device_bytes=100).admitted([10**12, 1], limit=10) == [0, 1]  # no budget
+
+
 def _padded_server(tmp_path, chunk_s: float, prior: dict[str, float] | None = None):
     """A prefill server on an emulated GPU that takes ``chunk_s`` to prefill a fresh 20-token
     chunk, passes of up to 48 tokens, no guard."""
@@ -558,8 +572,8 @@ def test_a_pass_waits_on_its_bubble_end_for_the_rest_of_its_time_rather_than_pol
     """While a pass has the emulated GPU, the worker's thread blocks on the bubble's end (woken by
     the thread that sees training's input: ``bubble_end.py``) for the rest of the pass's time, not
     in polls of ``POLL_S``."""
+    from testbed.bubbletea.bubble_end import POLL_S
     from testbed.bubbletea.passes import Job
-    from testbed.bubbletea.prefill import POLL_S
 
     class NeverEnds:
         def __init__(self) -> None:
