@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 
 from testbed.bubbletea.bubble_end import Arrived, BubbleEnd
+from testbed.thread_slice import DEFAULT_SLICE_NS, slice_or_report
 from testbed.trace.task_names import name_this_thread
 
 
@@ -80,6 +81,7 @@ class Filler:
             name_this_thread(self._thread.name)  # the kernel's name too: a scheduler trace tells it apart
         except OSError as e:
             error = e
+        slice_or_report(DEFAULT_SLICE_NS)  # not training's shorter slice (``thread_slice.py``)
         while (fill := self._fills.get()) is not None:
             fill.run(error)
 

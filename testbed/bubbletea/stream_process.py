@@ -20,6 +20,7 @@ from testbed.bubbletea.inference import InferenceModel
 from testbed.bubbletea.kv_cache import KVCache
 from testbed.bubbletea.kv_sender import KVSender
 from testbed.lifetime import die_with_parent
+from testbed.thread_slice import DEFAULT_SLICE_NS, slice_or_report
 from testbed.trace.task_names import name_this_thread
 
 #: the stream process's scheduling class: SCHED_IDLE, the CPU's counterpart of a low-priority
@@ -156,6 +157,7 @@ def serve_stream(
     """The stream process's body; ``name``: the process's (``trace.task_names.STREAM``)."""
     die_with_parent(signal.SIGKILL, worker_pid)
     name_this_thread(name)  # before the sender's thread: it inherits the name
+    slice_or_report(DEFAULT_SLICE_NS)  # and this: not the training worker's shorter slice (``thread_slice.py``)
     torch.set_num_threads(1)
 
     def release(n: int) -> None:

@@ -25,7 +25,7 @@ from testbed.results.plots import (
     plot_timeline,
 )
 from testbed.results.sched_summary import sched_stats
-from testbed.results.summary import grant_stats, summarize
+from testbed.results.summary import grant_stats, slice_stats, summarize
 from testbed.trace import metrics as M
 from testbed.trace import schema as T
 from testbed.trace.events import read_events, read_link_counters
@@ -80,6 +80,7 @@ def finalize(run_dir: Path, aborted: bool = False) -> dict[str, Any]:
     counters = read_link_counters(run_dir)
     summary = summarize(A.training_events(ev) if not ev.empty else ev, config, env, counters, aborted)
     summary.update(grant_stats(run_dir))
+    summary.update(slice_stats(run_dir))
     summary.update(bubbletea_stats(run_dir, ev, config, summary[M.GPU_UTILIZATION]))
     summary.update(sched_stats(run_dir, ev, config["warmup_iterations"]))
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -112,6 +113,7 @@ SUMMARY_ROWS = [
     (M.PREDICTION_ERROR, "prediction error (meas-pred)/meas"),
     (M.BACKEND, "network backend"),
     (M.DELAY_MECHANISM, "delay mechanism"),
+    (M.TRAINING_SLICE_MS, "training threads' CPU slice (ms)"),
     (M.STARTUP_S, "start-up (s, first forward)"),
     (M.WAN_QUEUE_DROPS, "WAN queue drops (packets)"),
 ]

@@ -17,6 +17,7 @@ from testbed.spec.policy import DEFAULT_POLICY, Policy, UnknownPolicy, parse_pol
 from testbed.trace import metrics as M
 from testbed.trace import schema as T
 from testbed.trace.jsonl import read_jsonl
+from testbed.trace.startup import SLICE_NS, STARTUP_LOG
 
 #: A run whose share of padded operations that overran their target exceeds this is flagged.
 MAX_REPRESENTATIVE_OVERRUN = 0.05
@@ -151,6 +152,16 @@ def _summarize(
         M.STARTUP_S: A.startup_s(ev, env.get("run_start_ns")) if not ev.empty else None,
         M.ABORTED: aborted,
     }
+
+
+def slice_stats(run_dir: Path) -> dict:
+    """The training threads' CPU slice (``thread_slice.py``): the longest one a worker reported on
+    its ``process_group`` line of ``startup.jsonl`` (ms); None where any reported none, or none
+    was recorded (a run from before the slice)."""
+    path = run_dir / STARTUP_LOG
+    rows = read_jsonl(path) if path.exists() else []
+    slices = [r.get(SLICE_NS) for r in rows if r.get("phase") == "process_group" and r.get(T.WORKER) is not None]
+    return {M.TRAINING_SLICE_MS: max(slices) / 1e6 if slices and None not in slices else None}
 
 
 def grant_stats(run_dir: Path) -> dict:

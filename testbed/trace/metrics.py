@@ -15,6 +15,8 @@ WORKERS, ITERATIONS, COMPLETED_ITERATIONS, WARMUP_ITERATIONS = (
 BACKEND, DELAY_MECHANISM, ABORTED = "backend", "delay_mechanism", "aborted"
 #: from the command (or, within ``compare``, the run's own start) to the end of the first forward
 STARTUP_S = "startup_s"
+#: the fair-scheduler slice the training workers' threads had (ms; ``thread_slice.py``)
+TRAINING_SLICE_MS = "training_slice_ms"
 
 # training
 ITERATION_TIME_S, ITERATION_TIME_P50_S, ITERATION_TIME_P95_S = (

@@ -33,11 +33,12 @@ from testbed.plan.placement import rank_of
 from testbed.plan.schedule import make_schedule
 from testbed.plan.worker_config import WorkerConfig, read_stagger, read_worker_config
 from testbed.spec.model import activation_bytes, activation_shape
+from testbed.thread_slice import TRAINING_SLICE_NS, SliceSwitch, slice_or_report
 from testbed.trace import schema as T
 from testbed.trace import task_names
 from testbed.trace.clock import now_ns, sleep_until
 from testbed.trace.events import EventWriter
-from testbed.trace.startup import mark_startup
+from testbed.trace.startup import SLICE_NS, mark_startup
 from testbed.trace.task_names import name_this_thread
 from testbed.train.checkout import leave_together
 from testbed.train.data import batch
@@ -46,9 +47,9 @@ from testbed.train.preload import Preloaded, preload
 from testbed.train.striping import one_connection_per_pair, post_recv_striped, send_striped
 
 
-def startup_mark(cfg: WorkerConfig, rank: int, phase: str) -> None:
-    """One line of the run folder's ``startup.jsonl``: when this worker reached ``phase``."""
-    mark_startup(Path(cfg.out_dir), phase, rank)
+def startup_mark(cfg: WorkerConfig, rank: int, phase: str, **fields: int | None) -> None:
+    """One line of the run folder's ``startup.jsonl``: when this worker reached ``phase``, and ``fields``."""
+    mark_startup(Path(cfg.out_dir), phase, rank, **fields)
 
 
 def main(config_path: str, rank: int) -> None:
@@ -61,6 +62,8 @@ def main(config_path: str, rank: int) -> None:
 def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     """Train as worker ``rank`` of the run configured by ``cfg``, from ``pre``."""
     name_this_thread(task_names.WORKER.format(rank=rank))  # before gloo's threads: they inherit it
+    slice_ns = slice_or_report(TRAINING_SLICE_NS)  # before gloo's threads and the prefill stream: they inherit it
+    switch = SliceSwitch()  # this thread's: short while it waits for an input (``thread_slice.py``)
     exp, me = cfg.training, cfg.worker(rank)
     S, R, M, mb = exp.stages, exp.replicas, exp.microbatches, exp.microbatch_size
     stage, replica = me.stage, me.replica
@@ -85,7 +88,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     with one_connection_per_pair():
         dp_groups = [dist.new_group([rank_of(s, r, R) for r in range(R)]) for s in range(S)]
     my_dp = dp_groups[stage]
-    startup_mark(cfg, rank, "process_group")
+    startup_mark(cfg, rank, "process_group", **{SLICE_NS: slice_ns})
     if bt is not None and server is not None and bt.alone:  # no training: the GPU serves prefill alone
         serve_alone(server, exp.iterations, bt.prior_iteration_s, ev)
         finish(cfg, rank, ev, server)
@@ -145,6 +148,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         t0 = now_ns()
         ctl.send(RECV, src, rank, it, m)
         works = post_recv_striped(buf, src, m, n)
+        switch.short()
         ready, last_wait, fill, bubble = wait_filling(works, slot, prev_end[0])
         fields = {T.ITERATION: it, T.MICROBATCH: m, T.LAST_WAIT_NS: last_wait}
         ev.defer(T.RECV_WAIT, t0, now_ns(), **fields, bytes=act_bytes, peer=src, ready_ns=ready, **bubble)
@@ -153,12 +157,14 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     def operation_started(src: int, it: int, m: int, fill: Fill | None) -> None:
         """The operation fed by microbatch ``m``'s transfer from ``src`` has started: tell Atlas's
         controller the transfer is in, its link free ("done"), and wake the thread that filled
-        the bubble, if any (``Fill.wake``), to end its prefill pass at the arrival. Both only now,
+        the bubble, if any (``Fill.wake``), to end its prefill pass at the arrival, this thread's
+        CPU slice back to the kernel's (``thread_slice.SliceSwitch``). Messages only now,
         as a GPU's kernel starts on the data while its host sends messages: the threads woken
         (the controller in the real-time class) then take this worker's CPU during its padded
         compute, not between the data's arrival and the operation's start (on default, 8
         iterations: operations started over 1 ms after their input 12-19 -> 4-6 of 192 without
         BubbleTea, start p50 0.30-0.33 -> 0.10-0.11 ms; the filling thread: ``Arrived``)."""
+        switch.default()
         ctl.send(DONE, src, rank, it, m)
         if fill is not None:
             fill.wake()

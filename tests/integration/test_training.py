@@ -93,6 +93,14 @@ def test_default_run_regime_and_traces(tmp_path, clean_machine):
     assert phases["workers_started"] <= phases["process_group"] and phases["forked"] <= phases["process_group"]
     kinds = set(read_events(tmp_path)[T.KIND])
     assert {T.FORWARD, T.BACKWARD, T.SEND, T.RECV_WAIT, T.ALLREDUCE, T.OPTIMIZER, T.IDLE} <= kinds
+    # the workers' threads had the kernel's shortest CPU slice, where the kernel has custom slices
+    from testbed.thread_slice import TRAINING_SLICE_NS, kernel_has_custom_slices
+
+    got = summary["training_slice_ms"]
+    if kernel_has_custom_slices():
+        assert got == pytest.approx(TRAINING_SLICE_NS / 1e6), summary
+    else:  # the kernel's own slice where it reports one (EEVDF, 6.6+), else none
+        assert got is None or got > TRAINING_SLICE_NS / 1e6, summary
     trace = json.loads((tmp_path / "trace.json").read_text())
     assert {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"} == {0, 1, 2}  # one process per DC
     # analyze recomputes the same summary from the traces

@@ -1,0 +1,121 @@
+"""How soon a training thread whose input has come takes a CPU from a thread of another emulated
+GPU: the fair scheduler's slice (Linux's EEVDF; sched_setattr(2), ``sched_runtime`` of a
+``SCHED_OTHER`` thread, since Linux 6.12).
+
+Two cores here run six emulated GPUs, each of which would compute on a device of its own. A thread
+woken by gloo with its input was left waiting while the thread on its CPU, computing for another
+GPU, finished its slice (the kernel's base slice, 1.4 ms on two CPUs) or, once that was spent,
+until the next tick (4 ms at HZ=250) or until it blocked. A woken thread whose slice is shorter
+than the running one's takes the CPU at once, where it is owed time (the kernel's
+``PREEMPT_SHORT``). So a training worker asks for the kernel's shortest slice,
+``TRAINING_SLICE_NS``, once, which the threads it starts afterwards inherit (gloo's, which
+deliver its input), and its main thread holds it only while it waits for an operation's input
+(``SliceSwitch``): its compute keeps the kernel's slice and is the one a woken thread cuts
+short. All threads computing with 0.1 ms slices took turns so often that a woken one's way to
+its operation's start was cut up in turn (README, "Late", with the figures of both).
+BubbleTea's threads set theirs back to the kernel's (``DEFAULT_SLICE_NS``): they never take a
+CPU from training this way. The same for every policy; the worker records the slice it was
+given (``startup.jsonl``, the summary's ``training_slice_ms``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import re
+import struct
+import sys
+import threading
+from pathlib import Path
+
+#: the shortest slice the kernel grants (ns; sched_setattr(2): 0.1 ms to 100 ms)
+TRAINING_SLICE_NS = 100_000
+#: ``request_slice``'s argument for the kernel's own base slice
+DEFAULT_SLICE_NS = 0
+
+#: sched_setattr's system call number, by machine (arch/x86/entry/syscalls/syscall_64.tbl;
+#: include/uapi/asm-generic/unistd.h for arm64)
+_SYS_SCHED_SETATTR = {"x86_64": 314, "aarch64": 274}
+#: struct sched_attr (include/uapi/linux/sched/types.h, SCHED_ATTR_SIZE_VER1: 56 bytes): size,
+#: policy, flags, nice, priority, runtime, deadline, period, util_min, util_max
+_SCHED_ATTR = struct.Struct("IIQiIQQQII")
+_SCHED_OTHER = 0
+_SLICE_LINE = re.compile(rb"^se\.slice\s*:\s*(\d+)", re.MULTILINE)
+
+
+def thread_slice_ns(tid: int | None = None) -> int | None:
+    """The fair-scheduler slice (ns) the kernel reports for thread ``tid`` of this process (None:
+    the calling thread), from ``/proc/<pid>/task/<tid>/sched``; None where it reports none (a
+    kernel before EEVDF, 6.6)."""
+    tid = tid if tid is not None else threading.get_native_id()
+    try:
+        text = Path(f"/proc/{os.getpid()}/task/{tid}/sched").read_bytes()
+    except OSError:
+        return None
+    found = _SLICE_LINE.search(text)
+    return int(found.group(1)) if found else None
+
+
+def _sched_attr(slice_ns: int) -> ctypes.Array:
+    """A ``struct sched_attr`` asking ``SCHED_OTHER`` with a slice of ``slice_ns`` (0: the kernel's),
+    at the calling thread's nice value (``getpriority``: the calling thread's, on Linux)."""
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    packed = _SCHED_ATTR.pack(_SCHED_ATTR.size, _SCHED_OTHER, 0, nice, 0, slice_ns, 0, 0, 0, 0)
+    return ctypes.create_string_buffer(packed, _SCHED_ATTR.size)
+
+
+def request_slice(slice_ns: int) -> int | None:
+    """Ask for a fair-scheduler slice of ``slice_ns`` (``DEFAULT_SLICE_NS``: the kernel's own) for
+    the calling thread, keeping its nice value; threads and processes it starts later inherit
+    it. Returns the slice the kernel then reports (``thread_slice_ns``): a kernel without custom
+    slices (before 6.12) accepts the call and keeps its own, so the caller sees what it got.
+    Returns None, asking nothing, on a machine whose system call number is not known here.
+    Raises OSError where the kernel refuses the call."""
+    nr = _SYS_SCHED_SETATTR.get(platform.machine())
+    if nr is None:
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(nr, 0, _sched_attr(slice_ns), 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"sched_setattr (a slice of {slice_ns} ns): {os.strerror(err)}")
+    return thread_slice_ns()
+
+
+class SliceSwitch:
+    """The calling thread's slice switched between ``short_ns`` and the kernel's own, one system
+    call each (no check: ``request_slice`` asked once, and reported a refusal), made by the
+    thread it switches: ``short()`` before the thread waits for an operation's input, so that
+    its wake-up takes a CPU from a thread with the kernel's slice at once; ``default()`` once the
+    operation has started, so that its compute is not the one cut short by the next wake-up."""
+
+    def __init__(self, short_ns: int = TRAINING_SLICE_NS) -> None:
+        self._nr = _SYS_SCHED_SETATTR.get(platform.machine())
+        self._short, self._default = _sched_attr(short_ns), _sched_attr(DEFAULT_SLICE_NS)
+        self._syscall = ctypes.CDLL(None, use_errno=True).syscall
+
+    def short(self) -> None:
+        if self._nr is not None:
+            self._syscall(self._nr, 0, self._short, 0)
+
+    def default(self) -> None:
+        if self._nr is not None:
+            self._syscall(self._nr, 0, self._default, 0)
+
+
+def kernel_has_custom_slices(release: str | None = None) -> bool:
+    """Whether a kernel of ``release`` (``platform.release()``: this one's) is 6.12 or later, where
+    a ``SCHED_OTHER`` thread's ``sched_runtime`` sets its slice; what ``request_slice`` reports
+    is the measure, this the expectation (tests)."""
+    found = re.match(r"(\d+)\.(\d+)", release if release is not None else platform.release())
+    return found is not None and (int(found.group(1)), int(found.group(2))) >= (6, 12)
+
+
+def slice_or_report(slice_ns: int) -> int | None:
+    """``request_slice``, with a refusal printed to stderr (the process's log) rather than raised:
+    the thread goes on with the slice it had, and the caller records None."""
+    try:
+        return request_slice(slice_ns)
+    except OSError as e:
+        print(f"the CPU slice stays the kernel's: {e}", file=sys.stderr, flush=True)
+        return None
