@@ -9,7 +9,8 @@ before anything is created, so ``testbed clean`` can finish a teardown after ``k
 A :class:`LocalNetwork` is composed of parts: a *realiser* that creates the namespaces, links,
 addresses and routes (``netns.NetnsRealiser`` through netlink, the default, or
 ``mininet_backend.MininetRealiser`` through Mininet's API), the namespaces' netlink handles
-(``namespaces.py``), the processes in the hosts (``hostproc.HostProcesses``), the WAN shaping with
+(``namespaces.py``), the processes in the hosts (``hostproc.HostProcesses``; what a process of this
+machine may do with them: ``local_hosts.LocalHostProcesses``), the WAN shaping with
 its live changes (``wan_shaper.WanShaper``: the ``shaping`` capability) and the delay mechanism
 (``delay_element.DelayQueues``). Use::
 
@@ -26,7 +27,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from testbed.errors import BuildError
 from testbed.net import netlink
 from testbed.net.capacity import check_rates
 from testbed.net.delay_element import DelayQueues
@@ -40,20 +40,20 @@ from testbed.net.features import (
 )
 from testbed.net.hostproc import HostProcesses
 from testbed.net.local_files import LocalFiles
+from testbed.net.local_hosts import LocalHostProcesses
 from testbed.net.namespaces import NamespaceHandles
 from testbed.net.netns import NetnsRealiser, RealiseContext, Realiser, pin_wan_neighbours, tcp_buffer_bytes
 from testbed.net.network import ManagedNetwork
-from testbed.net.registry import RunRecord, control_sockets, remove_trace_instance, unused_run_prefix
+from testbed.net.registry import RunRecord, control_sockets, unused_run_prefix
 from testbed.net.shaping import plan_shaping
 from testbed.net.topology_record import default_out_dir, write_topology_record
-from testbed.net.tracefs import SchedTrace
 from testbed.net.wan_shaper import WanShaper
 from testbed.spec.addressing import AddressPlan, HostAddr
 from testbed.spec.routing import RoutingTable
 from testbed.spec.topology import DCSpec, TopologySpec
 
 
-class LocalNetwork(LocalFiles, ManagedNetwork):
+class LocalNetwork(LocalFiles, LocalHostProcesses, ManagedNetwork):
     """A topology realised on this machine (see the module docstring); a context manager that
     always tears it down.
 
@@ -244,34 +244,6 @@ class LocalNetwork(LocalFiles, ManagedNetwork):
     def host(self, name: str) -> HostAddr:
         return self.plan.host(name)
 
-    def log_path(self, host: str) -> Path:
-        return self.processes.log_path(host)
-
-    # ----------------------------------------------------------------- LocalHosts
-    def netns_path(self, host: str) -> str:
-        """Where a process of this machine enters ``host``'s network namespace (setns)."""
-        return f"/run/netns/{self.host(host).netns}"
-
-    def start_local(self, argv: Sequence[str], what: str, **kwargs: Any) -> subprocess.Popen:
-        """Start a helper of the run in the root namespace (the worker launcher)."""
-        self._require_built()
-        return self.processes.popen_root(argv, what, **kwargs)
-
-    def adopt(self, proc: Any, what: str) -> None:
-        """Register a process started otherwise (a forked worker) and stop it at teardown."""
-        self.processes.adopt(proc, what)
-
-    def _remove_trace_instance(self, path: str) -> None:
-        assert self.record is not None
-        remove_trace_instance(path, self.prefix)
-        self.record.forget_trace_instance(path)
-
-    def sched_trace(self) -> SchedTrace:
-        """A recorder of this machine's scheduler for this run (not started; ``net/tracefs.py``).
-        Raises FeatureError where tracefs is missing."""
-        assert self.record is not None, "not built"
-        return SchedTrace(self.record)
-
     def host_machine(self, host: str) -> str | None:
         """Every host runs on this machine."""
         return None
@@ -289,10 +261,6 @@ class LocalNetwork(LocalFiles, ManagedNetwork):
         self.host(host)
         self._require_built()
         return self.processes.run(host, argv, timeout_s)
-
-    def _require_built(self) -> None:
-        if self.record is None:
-            raise BuildError("the network is not built: use it in a with statement (or call build() first)")
 
     # ----------------------------------------------------------------- links
     def wan_counters(self) -> dict[tuple[str, str], dict[int, dict[str, int]]]:

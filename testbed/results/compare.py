@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from testbed.results.analysis import LATE_START_TEXT
 from testbed.results.sched_summary import sched_lines, sched_totals
 from testbed.spec.policy import PREFILL_ALONE_SUFFIX, UnknownPolicy, parse_policy
 from testbed.trace import metrics as M
@@ -236,7 +237,7 @@ def format_comparison(result: dict[str, Any]) -> str:
             late = d.get(M.TRAINING_OPS_STARTED_LATE)
             if late and any(late.values()):
                 lines.append(
-                    f"  operations started >1 ms after their input arrived: {p} {_counts_text(late[p])}, "
+                    f"  operations started {LATE_START_TEXT} after their input arrived: {p} {_counts_text(late[p])}, "
                     f"{base_policy(p)} {_counts_text(late[base_policy(p)])} (the floor)"
                 )
     lines += sched_lines(result["sched"])

@@ -106,7 +106,7 @@ SUMMARY_ROWS = [
     (M.LOSS_LAST, "loss (last)"),
     (M.COMPUTE_OVERRUN_FRACTION, "compute overrun fraction"),
     (M.COMPUTE_HEADROOM, "compute headroom (target/real)"),
-    (M.TRAINING_OPS_STARTED_LATE, "ops started >1 ms after input"),
+    (M.TRAINING_OPS_STARTED_LATE, f"ops started {A.LATE_START_TEXT} after input"),
     (M.START_AFTER_ARRIVAL_P50_MS, "  start after input p50 (ms)"),
     (M.START_AFTER_ARRIVAL_P99_MS, "  start after input p99 (ms)"),
     (M.PREDICTED_ITERATION_TIME_S, "predicted iteration time (s)"),

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from testbed.results.analysis import LATE_START_TEXT
 from testbed.results.sched_trace import RUNNABLE, RUNNING, SLEEPING, late_start_causes, parse_sched_lines
 from testbed.trace import metrics as M
 from testbed.trace import schema as T
@@ -155,7 +156,7 @@ def sched_lines(totals: dict[str, dict[str, Any]]) -> list[str]:
         unseen = t.get(M.SCHED_LATE_UNSEEN_MS)
         lines.append(
             f"scheduler trace of {policy} ({t['runs']} runs, {t[M.SCHED_EVENTS_LOST]} events lost): "
-            f"{t[M.SCHED_LATE_OPS]} operations started >1 ms after their input arrived (gloo's waking of "
+            f"{t[M.SCHED_LATE_OPS]} operations started {LATE_START_TEXT} after their input arrived (gloo's waking of "
             "their thread where the trace tells it)"
             + (f", {unseen:.1f} ms of it before the thread saw it; " if unseen is not None else "; ")
             + f"their threads waited {t[M.SCHED_LATE_RUNNABLE_MS]:.1f} ms "
