@@ -117,5 +117,5 @@ def slice_or_report(slice_ns: int) -> int | None:
     try:
         return request_slice(slice_ns)
     except OSError as e:
-        print(f"the CPU slice stays the kernel's: {e}", file=sys.stderr, flush=True)
+        print(f"the CPU slice stays {thread_slice_ns()} ns: {e}", file=sys.stderr, flush=True)
         return None

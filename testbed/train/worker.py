@@ -89,6 +89,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         dp_groups = [dist.new_group([rank_of(s, r, R) for r in range(R)]) for s in range(S)]
     my_dp = dp_groups[stage]
     startup_mark(cfg, rank, "process_group", **{SLICE_NS: slice_ns})
+    switch.default()  # gloo's threads have the short slice; this one only while it waits for an input
     if bt is not None and server is not None and bt.alone:  # no training: the GPU serves prefill alone
         serve_alone(server, exp.iterations, bt.prior_iteration_s, ev)
         finish(cfg, rank, ev, server)
@@ -115,12 +116,14 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
 
     prev_end = [now_ns()]  # end of this worker's latest compute: where a bubble starts
 
-    def wait_filling(works: list, slot: str, since_ns: int) -> tuple[int, int, Fill | None, dict[str, int]]:
+    def wait_filling(
+        works: list, slot: str, since_ns: int, input_wait: bool = False
+    ) -> tuple[int, int, Fill | None, dict[str, int]]:
         """Wait for gloo ``works`` (a bubble that began at ``since_ns``), this thread itself, as
         without BubbleTea; under BubbleTea, where there is anything to prefill, a thread fills the
         bubble meanwhile (``PrefillServer.start_fill``) and is told when the works finished
         (``Fill.end``; it is woken later: ``operation_started``, or at once where no input feeds an
-        operation).
+        operation). An ``input_wait`` waits with the short CPU slice (``thread_slice.SliceSwitch``).
         Returns (when they had finished (ns), as this thread's wait returned; when it began to wait
         for the last of them (ns: every earlier one was in by then); the bubble's fill,
         if any: ``Fill.settle`` says whether a prefill pass had the GPU then; the wait event's
@@ -128,6 +131,8 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         predicted = server.bubble_to_fill(slot) if server is not None else None
         fill = server.start_fill(predicted, since_ns) if server is not None and predicted is not None else None
         last_wait = since_ns
+        if input_wait:
+            switch.short()
         try:
             for k, w in enumerate(works):
                 if k == len(works) - 1:
@@ -148,8 +153,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         t0 = now_ns()
         ctl.send(RECV, src, rank, it, m)
         works = post_recv_striped(buf, src, m, n)
-        switch.short()
-        ready, last_wait, fill, bubble = wait_filling(works, slot, prev_end[0])
+        ready, last_wait, fill, bubble = wait_filling(works, slot, prev_end[0], input_wait=True)
         fields = {T.ITERATION: it, T.MICROBATCH: m, T.LAST_WAIT_NS: last_wait}
         ev.defer(T.RECV_WAIT, t0, now_ns(), **fields, bytes=act_bytes, peer=src, ready_ns=ready, **bubble)
         return buf, ready, fill

@@ -526,7 +526,7 @@ def test_admission_takes_queued_requests_in_order_each_counting_against_the_next
 
     budget = KVBudget(device_bytes=100, budget_bytes=200)
     budget.hold(30)
-    assert budget.admitted([50, 40, 10, 0, 5], limit=10) == [0, 2, 3, 4]  # 30 + 50 + 10 + 5 <= 100
+    assert budget.admitted([50, 40, 10, 0, 5], limit=10) == [0, 2, 3, 4]  # 100 + 30 + 50 + 10 + 5 = 195 <= 200
     assert budget.admitted([50, 40, 10, 0, 5], limit=2) == [0, 2]
     assert budget.admitted([80, 0], limit=10) == [1]
     assert KVBudget(device_bytes=100).admitted([10**12, 1], limit=10) == [0, 1]  # no budget
