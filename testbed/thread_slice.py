@@ -35,13 +35,13 @@ TRAINING_SLICE_NS = 100_000
 DEFAULT_SLICE_NS = 0
 
 #: sched_setattr's system call number, by machine (arch/x86/entry/syscalls/syscall_64.tbl;
-#: include/uapi/asm-generic/unistd.h for arm64)
-_SYS_SCHED_SETATTR = {"x86_64": 314, "aarch64": 274}
+#: include/uapi/asm-generic/unistd.h for arm64), for a 64-bit interpreter (None: not known here)
+_NR = {"x86_64": 314, "aarch64": 274}.get(platform.machine()) if struct.calcsize("P") == 8 else None
 #: struct sched_attr (include/uapi/linux/sched/types.h, SCHED_ATTR_SIZE_VER1: 56 bytes): size,
 #: policy, flags, nice, priority, runtime, deadline, period, util_min, util_max
 _SCHED_ATTR = struct.Struct("IIQiIQQQII")
-_SCHED_OTHER = 0
 _SLICE_LINE = re.compile(rb"^se\.slice\s*:\s*(\d+)", re.MULTILINE)
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def thread_slice_ns(tid: int | None = None) -> int | None:
@@ -59,10 +59,18 @@ def thread_slice_ns(tid: int | None = None) -> int | None:
 
 def _sched_attr(slice_ns: int) -> ctypes.Array:
     """A ``struct sched_attr`` asking ``SCHED_OTHER`` with a slice of ``slice_ns`` (0: the kernel's),
-    at the calling thread's nice value (``getpriority``: the calling thread's, on Linux)."""
+    at the calling thread's nice value (``getpriority``: the calling thread's, on Linux). A
+    thread in another class (``SCHED_IDLE``) asks before it changes class."""
     nice = os.getpriority(os.PRIO_PROCESS, 0)
-    packed = _SCHED_ATTR.pack(_SCHED_ATTR.size, _SCHED_OTHER, 0, nice, 0, slice_ns, 0, 0, 0, 0)
+    packed = _SCHED_ATTR.pack(_SCHED_ATTR.size, os.SCHED_OTHER, 0, nice, 0, slice_ns, 0, 0, 0, 0)
     return ctypes.create_string_buffer(packed, _SCHED_ATTR.size)
+
+
+def _set_attr(attr: ctypes.Array) -> None:
+    """sched_setattr(2) of the calling thread; raises OSError where the kernel refuses it."""
+    if _LIBC.syscall(_NR, 0, attr, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"sched_setattr: {os.strerror(err)}")
 
 
 def request_slice(slice_ns: int) -> int | None:
@@ -72,35 +80,32 @@ def request_slice(slice_ns: int) -> int | None:
     slices (before 6.12) accepts the call and keeps its own, so the caller sees what it got.
     Returns None, asking nothing, on a machine whose system call number is not known here.
     Raises OSError where the kernel refuses the call."""
-    nr = _SYS_SCHED_SETATTR.get(platform.machine())
-    if nr is None:
+    if _NR is None:
         return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(nr, 0, _sched_attr(slice_ns), 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"sched_setattr (a slice of {slice_ns} ns): {os.strerror(err)}")
+    _set_attr(_sched_attr(slice_ns))
     return thread_slice_ns()
 
 
 class SliceSwitch:
-    """The calling thread's slice switched between ``short_ns`` and the kernel's own, one system
-    call each (no check: ``request_slice`` asked once, and reported a refusal), made by the
-    thread it switches: ``short()`` before the thread waits for an operation's input, so that
-    its wake-up takes a CPU from a thread with the kernel's slice at once; ``default()`` once the
-    operation has started, so that its compute is not the one cut short by the next wake-up."""
+    """The calling thread asks for ``short_ns`` once (``slice_or_report``; ``granted_ns``, what the
+    kernel reported, None where refused or not known), which the threads it starts afterwards
+    inherit; then switches between it and the kernel's own, one system call each, nothing
+    switched where the first request got nothing: ``short()`` before the thread waits for an
+    operation's input, so that its wake-up takes a CPU from a thread with the kernel's slice at
+    once; ``default()`` once the operation has started, so that its compute is not the one cut
+    short by the next wake-up."""
 
     def __init__(self, short_ns: int = TRAINING_SLICE_NS) -> None:
-        self._nr = _SYS_SCHED_SETATTR.get(platform.machine())
         self._short, self._default = _sched_attr(short_ns), _sched_attr(DEFAULT_SLICE_NS)
-        self._syscall = ctypes.CDLL(None, use_errno=True).syscall
+        self.granted_ns = slice_or_report(short_ns)
 
     def short(self) -> None:
-        if self._nr is not None:
-            self._syscall(self._nr, 0, self._short, 0)
+        if self.granted_ns is not None:
+            _set_attr(self._short)
 
     def default(self) -> None:
-        if self._nr is not None:
-            self._syscall(self._nr, 0, self._default, 0)
+        if self.granted_ns is not None:
+            _set_attr(self._default)
 
 
 def kernel_has_custom_slices(release: str | None = None) -> bool:

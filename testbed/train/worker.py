@@ -18,7 +18,6 @@ insert work between actions, none of which those schedules expose.
 from __future__ import annotations
 
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -33,18 +32,18 @@ from testbed.plan.placement import rank_of
 from testbed.plan.schedule import make_schedule
 from testbed.plan.worker_config import WorkerConfig, read_stagger, read_worker_config
 from testbed.spec.model import activation_bytes, activation_shape
-from testbed.thread_slice import TRAINING_SLICE_NS, SliceSwitch, slice_or_report
+from testbed.thread_slice import SliceSwitch
 from testbed.trace import schema as T
 from testbed.trace import task_names
 from testbed.trace.clock import now_ns, sleep_until
 from testbed.trace.events import EventWriter
 from testbed.trace.startup import SLICE_NS, mark_startup
 from testbed.trace.task_names import name_this_thread
-from testbed.train.checkout import leave_together
+from testbed.train.checkout import join, leave_together
 from testbed.train.data import batch
 from testbed.train.padding import Padder
 from testbed.train.preload import Preloaded, preload
-from testbed.train.striping import one_connection_per_pair, post_recv_striped, send_striped
+from testbed.train.striping import post_recv_striped, send_striped
 
 
 def startup_mark(cfg: WorkerConfig, rank: int, phase: str, **fields: int | None) -> None:
@@ -62,8 +61,9 @@ def main(config_path: str, rank: int) -> None:
 def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     """Train as worker ``rank`` of the run configured by ``cfg``, from ``pre``."""
     name_this_thread(task_names.WORKER.format(rank=rank))  # before gloo's threads: they inherit it
-    slice_ns = slice_or_report(TRAINING_SLICE_NS)  # before gloo's threads and the prefill stream: they inherit it
-    switch = SliceSwitch()  # this thread's: short while it waits for an input (``thread_slice.py``)
+    # the short CPU slice, inherited by gloo's threads and the prefill stream (which sets the
+    # kernel's back); this thread holds it only while it waits for an input (``thread_slice.py``)
+    switch = SliceSwitch()
     exp, me = cfg.training, cfg.worker(rank)
     S, R, M, mb = exp.stages, exp.replicas, exp.microbatches, exp.microbatch_size
     stage, replica = me.stage, me.replica
@@ -78,17 +78,8 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     # made before the process group, it inherits none of gloo's threads or sockets
     corpus = pre.train_tokens  # prompts are real text of it
     server = None if bt is None else PrefillServer.for_worker(bt, exp.seed, rank, me.dc, ev, exp.padded, corpus)
-    dist.init_process_group(
-        "gloo",
-        init_method=cfg.init_method,
-        rank=rank,
-        world_size=len(cfg.workers),
-        timeout=timedelta(seconds=cfg.timeout_s),
-    )
-    with one_connection_per_pair():
-        dp_groups = [dist.new_group([rank_of(s, r, R) for r in range(R)]) for s in range(S)]
-    my_dp = dp_groups[stage]
-    startup_mark(cfg, rank, "process_group", **{SLICE_NS: slice_ns})
+    my_dp = join(cfg, rank)
+    startup_mark(cfg, rank, "process_group", **{SLICE_NS: switch.granted_ns})
     switch.default()  # gloo's threads have the short slice; this one only while it waits for an input
     if bt is not None and server is not None and bt.alone:  # no training: the GPU serves prefill alone
         serve_alone(server, exp.iterations, bt.prior_iteration_s, ev)
@@ -165,9 +156,8 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         CPU slice back to the kernel's (``thread_slice.SliceSwitch``). Messages only now,
         as a GPU's kernel starts on the data while its host sends messages: the threads woken
         (the controller in the real-time class) then take this worker's CPU during its padded
-        compute, not between the data's arrival and the operation's start (on default, 8
-        iterations: operations started over 1 ms after their input 12-19 -> 4-6 of 192 without
-        BubbleTea, start p50 0.30-0.33 -> 0.10-0.11 ms; the filling thread: ``Arrived``)."""
+        compute, not between the data's arrival and the operation's start (measured: README,
+        "Late"; the filling thread: ``Arrived``)."""
         switch.default()
         ctl.send(DONE, src, rank, it, m)
         if fill is not None:
