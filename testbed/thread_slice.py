@@ -44,13 +44,14 @@ _SLICE_LINE = re.compile(rb"^se\.slice\s*:\s*(\d+)", re.MULTILINE)
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
 
-def thread_slice_ns(tid: int | None = None) -> int | None:
-    """The fair-scheduler slice (ns) the kernel reports for thread ``tid`` of this process (None:
-    the calling thread), from ``/proc/<pid>/task/<tid>/sched``; None where it reports none (a
-    kernel before EEVDF, 6.6)."""
+def thread_slice_ns(tid: int | None = None, pid: int | None = None) -> int | None:
+    """The fair-scheduler slice (ns) the kernel reports for thread ``tid`` (None: the calling
+    thread) of process ``pid`` (None: this one), from ``/proc/<pid>/task/<tid>/sched``; None
+    where it reports none (a kernel before EEVDF, 6.6) or the thread is gone."""
     tid = tid if tid is not None else threading.get_native_id()
+    pid = pid if pid is not None else os.getpid()
     try:
-        text = Path(f"/proc/{os.getpid()}/task/{tid}/sched").read_bytes()
+        text = Path(f"/proc/{pid}/task/{tid}/sched").read_bytes()
     except OSError:
         return None
     found = _SLICE_LINE.search(text)

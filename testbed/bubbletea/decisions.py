@@ -107,18 +107,18 @@ class KVBudget:
         with self._lock:
             return self.device_bytes + self.held_bytes
 
-    def admitted(self, needs: Iterable[int], limit: int) -> list[int]:
+    def admitted(self, kv_bytes: Iterable[int], limit: int) -> list[int]:
         """Admission control over a queue: the indices, in queue order and at most ``limit``, of the
-        requests that may start now, each one's KV cache (``needs``, bytes; 0 for a request admitted
-        before) fitting beside the caches held and those admitted ahead of it here."""
+        requests that may start now, each one's KV cache (``kv_bytes``, bytes; 0 for a request
+        admitted before) fitting beside the caches held and those admitted ahead of it here."""
         chosen: list[int] = []
         pending = 0
-        for i, need in enumerate(needs):
+        for i, cache_bytes in enumerate(kv_bytes):
             if len(chosen) == limit:
                 break
-            if self.admits(pending + need):
+            if self.admits(pending + cache_bytes):
                 chosen.append(i)
-                pending += need
+                pending += cache_bytes
         return chosen
 
 

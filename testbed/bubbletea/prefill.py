@@ -172,8 +172,8 @@ class PrefillServer:
         self._sync_budget()
         busy = {id(j) for p in self.stopped for j in p.jobs}
         idle = [j for j in self.jobs if id(j) not in busy]
-        needs = (0 if j.kv_bytes else kv_cache_bytes(self.cfg, j.tokens.numel()) for j in idle)
-        free = [idle[i] for i in self.budget.admitted(needs, LOOKAHEAD)]
+        kv_bytes = (0 if j.kv_bytes else kv_cache_bytes(self.cfg, j.tokens.numel()) for j in idle)
+        free = [idle[i] for i in self.budget.admitted(kv_bytes, LOOKAHEAD)]
         stopped = [p.left_s for p in self.stopped]
         queued = [QueuedPrompt(j.pos, j.tokens.numel() - j.pos) for j in free]
         work = choose_work(

@@ -167,6 +167,16 @@ EXTRA_ROWS = [
 ]
 
 
+#: the width of the summary's label column: its longest label
+LABEL_WIDTH = max(len(label) for _, label in SUMMARY_ROWS + EXTRA_ROWS)
+
+
+def _row(label: str, v: Any) -> str:
+    """One line of the summary: ``label`` padded to ``LABEL_WIDTH``, then ``v`` (floats to 4
+    significant digits)."""
+    return f"  {label:<{LABEL_WIDTH}} {v:.4g}" if isinstance(v, float) else f"  {label:<{LABEL_WIDTH}} {v}"
+
+
 #: a prediction error (|measured - predicted| / measured) above which the summary says where the
 #: prediction came from: the modelled window is off by up to 29% on this kernel (README, "The
 #: simulator against measured runs"), the measured paths by up to 7.2%
@@ -179,27 +189,20 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{s[M.COMPLETED_ITERATIONS]}/{s[M.ITERATIONS]} iterations ({s[M.WARMUP_ITERATIONS]} warm-up)"
     ]
     for key, label in SUMMARY_ROWS:
-        v = s.get(key)
-        lines.append(f"  {label:<28} {v:.4g}" if isinstance(v, float) else f"  {label:<28} {v}")
-    lines.append(
-        f"  {'bubble fraction per stage':<28} " + ", ".join(f"{b:.3f}" for b in s[M.BUBBLE_FRACTION_PER_STAGE])
-    )
+        lines.append(_row(label, s.get(key)))
+    lines.append(_row("bubble fraction per stage", ", ".join(f"{b:.3f}" for b in s[M.BUBBLE_FRACTION_PER_STAGE])))
     for key, label in EXTRA_ROWS:
         v = s.get(key)
         if v is not None:
-            lines.append(f"  {label:<28} {v:.4g}" if isinstance(v, float) else f"  {label:<28} {v}")
+            lines.append(_row(label, v))
     if s.get(M.SCHED_TRACE_ERROR):
         lines.append(f"  scheduler trace not read: {s[M.SCHED_TRACE_ERROR]}")
     if s.get(M.SCHED_CPU_WHILE_RUNNABLE_MS):
-        lines.append(
-            f"  {'  CPUs ran meanwhile (ms)':<28} "
-            + ", ".join(f"{role} {ms:.1f}" for role, ms in s[M.SCHED_CPU_WHILE_RUNNABLE_MS].items())
-        )
+        ran = s[M.SCHED_CPU_WHILE_RUNNABLE_MS].items()
+        lines.append(_row("  CPUs ran meanwhile (ms)", ", ".join(f"{role} {ms:.1f}" for role, ms in ran)))
     if s.get(M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS):
-        lines.append(
-            f"  {'    of which their queue CPU':<28} "
-            + ", ".join(f"{role} {ms:.1f}" for role, ms in s[M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS].items())
-        )
+        ran = s[M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS].items()
+        lines.append(_row("    of which their queue CPU", ", ".join(f"{role} {ms:.1f}" for role, ms in ran)))
     if not s[M.REPRESENTATIVE]:
         lines.append("  WARNING: more than 5% of operations overran their compute target: not representative")
     error = s.get(M.PREDICTION_ERROR)

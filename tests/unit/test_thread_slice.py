@@ -3,7 +3,10 @@ machine's kernel from threads of the test's own, so that the test process keeps 
 
 from __future__ import annotations
 
+import os
+import struct
 import threading
+import time
 
 import pytest
 
@@ -11,6 +14,7 @@ from testbed.thread_slice import (
     DEFAULT_SLICE_NS,
     TRAINING_SLICE_NS,
     SliceSwitch,
+    _sched_attr,
     kernel_has_custom_slices,
     request_slice,
     thread_slice_ns,
@@ -84,6 +88,47 @@ def test_bubbleteas_filling_thread_sets_the_kernels_slice_back():
             filler.close()
 
     assert in_thread(start) == [base]
+
+
+@needs_custom_slices
+def test_bubbleteas_prefill_stream_sets_the_kernels_slice_back_before_its_sender_thread():
+    """The prefill stream, a process forked from a thread with training's slice, sets the
+    kernel's own back before it starts its KV sender's thread, which inherits it. (The kernel's
+    ``/proc`` shows no slice for the main thread once it is ``SCHED_IDLE``; such a thread never
+    takes a CPU from training at its wake-up, whatever its slice.)"""
+    from testbed.bubbletea.inference import InferenceModel
+    from testbed.bubbletea.prefill_stream import PrefillStream
+    from testbed.spec.model import ModelConfig
+
+    base = thread_slice_ns()
+    model = InferenceModel(ModelConfig(n_layers=2, d_model=16, n_heads=2, seq_len=32), 0)
+
+    def start():
+        request_slice(TRAINING_SLICE_NS)
+        return PrefillStream(model, None)
+
+    stream = in_thread(start)
+    try:
+        deadline = time.monotonic() + 10
+        while os.sched_getscheduler(stream.pid) != os.SCHED_IDLE and time.monotonic() < deadline:
+            time.sleep(0.01)  # the sender's thread is started before the switch to SCHED_IDLE
+        tids = [int(t) for t in os.listdir(f"/proc/{stream.pid}/task") if int(t) != stream.pid]
+        assert tids  # the KV sender's
+        assert {thread_slice_ns(tid, stream.pid) for tid in tids} == {base}
+    finally:
+        stream.close()
+
+
+def test_the_sched_attr_asked_for_has_the_kernels_layout():
+    """``struct sched_attr`` as include/uapi/linux/sched/types.h lays it out, on any kernel: 56
+    bytes (``SCHED_ATTR_SIZE_VER1``), the size first, the policy at 4, the nice value at 16,
+    ``sched_runtime`` (the slice) at 24, nothing after it set."""
+    raw = _sched_attr(123_456).raw
+    assert len(raw) == 56
+    assert struct.unpack_from("=II", raw, 0) == (56, os.SCHED_OTHER)
+    assert struct.unpack_from("=i", raw, 16) == (os.getpriority(os.PRIO_PROCESS, 0),)
+    assert struct.unpack_from("=Q", raw, 24) == (123_456,)
+    assert raw[8:16] == bytes(8) and raw[20:24] == bytes(4) and raw[32:] == bytes(24)
 
 
 @pytest.mark.parametrize(
