@@ -114,6 +114,7 @@ SUMMARY_ROWS = [
     (M.BACKEND, "network backend"),
     (M.DELAY_MECHANISM, "delay mechanism"),
     (M.TRAINING_SLICE_MS, "training threads' CPU slice (ms)"),
+    (M.TRAINING_WAIT_NICE, "  nice while waiting for input"),
     (M.STARTUP_S, "start-up (s, first forward)"),
     (M.WAN_QUEUE_DROPS, "WAN queue drops (packets)"),
 ]

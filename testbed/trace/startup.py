@@ -15,6 +15,9 @@ STARTUP_LOG = "startup.jsonl"
 #: a worker's fair-scheduler slice as the kernel reported it (ns; None: not reported), on its
 #: ``process_group`` line (``thread_slice.py``)
 SLICE_NS = "slice_ns"
+#: the nice value its main thread waits for an input with (None: refused, or no slice), on the
+#: same line (``thread_slice.SliceSwitch``)
+WAIT_NICE = "wait_nice"
 #: the phases, in order: the run began, its network was built (and, with ``--profile-wan``, its
 #: WAN paths measured: ``wan_profiled``, counted in the start-up), the launcher had preloaded the run,
 #: the workers were started; each worker was forked (or its interpreter had imported the package)
@@ -35,6 +38,6 @@ def mark_startup(
     run_dir: Path, phase: str, worker: int | None = None, t_ns: int | None = None, **fields: int | None
 ) -> None:
     """Append one start-up phase to ``run_dir``'s ``startup.jsonl`` (now, unless ``t_ns``), with
-    ``fields`` (a worker's ``process_group`` line: ``SLICE_NS``)."""
+    ``fields`` (a worker's ``process_group`` line: ``SLICE_NS``, ``WAIT_NICE``)."""
     with open(run_dir / STARTUP_LOG, "a") as f:
         write_row(f, {T.WORKER: worker, "phase": phase, "t_ns": t_ns if t_ns is not None else now_ns(), **fields})

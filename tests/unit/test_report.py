@@ -308,17 +308,19 @@ def test_a_run_serving_prefill_alone_has_windows_not_iterations(tmp_path):
 
 
 def test_the_training_slice_is_the_longest_any_worker_reported_and_none_if_one_reported_none(tmp_path):
-    """``slice_stats``: from the workers' ``process_group`` lines of ``startup.jsonl`` (ms); None
-    where a worker reported none, and for a run that recorded none."""
+    """``slice_stats``: from the workers' ``process_group`` lines of ``startup.jsonl`` (ms; the
+    wait's nice value, the highest); None where a worker reported none, and for a run that
+    recorded none."""
     from testbed.results.summary import slice_stats
-    from testbed.trace.startup import SLICE_NS, mark_startup
+    from testbed.trace.startup import SLICE_NS, WAIT_NICE, mark_startup
 
-    assert slice_stats(tmp_path) == {"training_slice_ms": None}  # no start-up log
+    nothing = {"training_slice_ms": None, "training_wait_nice": None}
+    assert slice_stats(tmp_path) == nothing  # no start-up log
     mark_startup(tmp_path, "run_start")
     mark_startup(tmp_path, "forked", 0)
-    assert slice_stats(tmp_path) == {"training_slice_ms": None}  # a run from before the slice
-    mark_startup(tmp_path, "process_group", 0, **{SLICE_NS: 100_000})
-    mark_startup(tmp_path, "process_group", 1, **{SLICE_NS: 1_400_000})
-    assert slice_stats(tmp_path) == {"training_slice_ms": pytest.approx(1.4)}
-    mark_startup(tmp_path, "process_group", 2, **{SLICE_NS: None})
-    assert slice_stats(tmp_path) == {"training_slice_ms": None}
+    assert slice_stats(tmp_path) == nothing  # a run from before the slice
+    mark_startup(tmp_path, "process_group", 0, **{SLICE_NS: 100_000, WAIT_NICE: -10})
+    mark_startup(tmp_path, "process_group", 1, **{SLICE_NS: 1_400_000, WAIT_NICE: -5})
+    assert slice_stats(tmp_path) == {"training_slice_ms": pytest.approx(1.4), "training_wait_nice": -5}
+    mark_startup(tmp_path, "process_group", 2, **{SLICE_NS: None, WAIT_NICE: None})
+    assert slice_stats(tmp_path) == nothing

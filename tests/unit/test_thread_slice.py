@@ -13,6 +13,7 @@ import pytest
 from testbed.thread_slice import (
     DEFAULT_SLICE_NS,
     TRAINING_SLICE_NS,
+    WAIT_NICE,
     SliceSwitch,
     _sched_attr,
     kernel_has_custom_slices,
@@ -54,19 +55,27 @@ def test_a_thread_gets_the_slice_it_asks_for_and_its_threads_inherit_it():
 
 @needs_custom_slices
 def test_a_worker_thread_switches_between_the_short_slice_and_the_kernels():
-    """``SliceSwitch``: short while waiting for an input, the kernel's own once the operation has
-    started; only the calling thread's."""
+    """``SliceSwitch``: the short slice at the thread's own nice value for the threads it starts,
+    the short slice at ``WAIT_NICE`` while waiting for an input, the kernel's own slice and the
+    thread's nice once the operation has started; only the calling thread's."""
     base = thread_slice_ns()
+
+    own = os.getpriority(os.PRIO_PROCESS, 0)
 
     def switch():
         s = SliceSwitch()
+        started = thread_slice_ns(), os.getpriority(os.PRIO_PROCESS, 0)  # what its threads inherit
         s.short()
-        short = thread_slice_ns()
+        short = thread_slice_ns(), os.getpriority(os.PRIO_PROCESS, 0)
         s.default()
-        return short, thread_slice_ns()
+        return s.granted_nice, started, short, (thread_slice_ns(), os.getpriority(os.PRIO_PROCESS, 0))
 
-    assert in_thread(switch) == (TRAINING_SLICE_NS, base)
-    assert thread_slice_ns() == base
+    granted, started, short, back = in_thread(switch)
+    assert started == (TRAINING_SLICE_NS, own) and back == (base, own)
+    assert short == (TRAINING_SLICE_NS, granted if granted is not None else own)
+    if os.geteuid() == 0:  # CAP_SYS_NICE: the lower nice value granted
+        assert granted == WAIT_NICE
+    assert thread_slice_ns() == base and os.getpriority(os.PRIO_PROCESS, 0) == own
 
 
 @needs_custom_slices
