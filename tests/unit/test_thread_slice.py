@@ -3,6 +3,7 @@ machine's kernel from threads of the test's own, so that the test process keeps 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import struct
 import threading
@@ -31,7 +32,7 @@ def in_thread(fn):
     out: list = []
     t = threading.Thread(target=lambda: out.append(fn()))
     t.start()
-    t.join(10)
+    t.join(30)
     return out[0]
 
 
@@ -78,6 +79,43 @@ def test_a_worker_thread_switches_between_the_short_slice_and_the_kernels():
     assert thread_slice_ns() == base and os.getpriority(os.PRIO_PROCESS, 0) == own
 
 
+#: capget(2)/capset(2): _LINUX_CAPABILITY_VERSION_3 and CAP_SYS_NICE (include/uapi/linux/capability.h)
+_CAP_VERSION_3, _CAP_SYS_NICE = 0x20080522, 23
+
+
+def _drop_cap_sys_nice() -> None:
+    """Drop ``CAP_SYS_NICE`` from the calling thread's effective set (capabilities are per thread
+    in the kernel; capset(2) called directly changes only the caller's), as a worker not run as
+    root has it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable, for capabilities 0-31 then 32-63
+    assert libc.capget(header, data) == 0, os.strerror(ctypes.get_errno())
+    data[0] &= ~(1 << _CAP_SYS_NICE)
+    assert libc.capset(header, data) == 0, os.strerror(ctypes.get_errno())
+
+
+@needs_custom_slices
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the capability to drop")
+def test_a_refused_wait_nice_leaves_the_thread_waiting_at_its_own(capfd):
+    """Without ``CAP_SYS_NICE`` the kernel refuses the wait's lower nice value: the thread waits
+    with the short slice at its own nice, says so, and records None."""
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+
+    def switch():
+        _drop_cap_sys_nice()
+        s = SliceSwitch()
+        s.short()
+        short = thread_slice_ns(), os.getpriority(os.PRIO_PROCESS, 0)
+        s.default()
+        return s.granted_ns, s.granted_nice, short, (thread_slice_ns(), os.getpriority(os.PRIO_PROCESS, 0))
+
+    granted_ns, granted_nice, short, back = in_thread(switch)
+    assert granted_ns == TRAINING_SLICE_NS and granted_nice is None
+    assert short == (TRAINING_SLICE_NS, own) and back == (thread_slice_ns(), own)
+    assert f"waited for at nice {own}" in capfd.readouterr().err
+
+
 @needs_custom_slices
 def test_bubbleteas_filling_thread_sets_the_kernels_slice_back():
     """A worker's filling thread, started by a thread with training's slice, runs with the kernel's
@@ -112,20 +150,20 @@ def test_bubbleteas_prefill_stream_sets_the_kernels_slice_back_before_its_sender
     base = thread_slice_ns()
     model = InferenceModel(ModelConfig(n_layers=2, d_model=16, n_heads=2, seq_len=32), 0)
 
-    def start():
+    def start():  # the stream ends with the thread that forked it (PR_SET_PDEATHSIG): all in it
         request_slice(TRAINING_SLICE_NS)
-        return PrefillStream(model, None)
+        stream = PrefillStream(model, None)
+        try:
+            deadline = time.monotonic() + 10
+            while os.sched_getscheduler(stream.pid) != os.SCHED_IDLE and time.monotonic() < deadline:
+                time.sleep(0.01)  # the sender's thread is started before the switch to SCHED_IDLE
+            tids = [int(t) for t in os.listdir(f"/proc/{stream.pid}/task") if int(t) != stream.pid]
+            return [thread_slice_ns(tid, stream.pid) for tid in tids]
+        finally:
+            stream.close()
 
-    stream = in_thread(start)
-    try:
-        deadline = time.monotonic() + 10
-        while os.sched_getscheduler(stream.pid) != os.SCHED_IDLE and time.monotonic() < deadline:
-            time.sleep(0.01)  # the sender's thread is started before the switch to SCHED_IDLE
-        tids = [int(t) for t in os.listdir(f"/proc/{stream.pid}/task") if int(t) != stream.pid]
-        assert tids  # the KV sender's
-        assert {thread_slice_ns(tid, stream.pid) for tid in tids} == {base}
-    finally:
-        stream.close()
+    slices = in_thread(start)
+    assert slices and set(slices) == {base}  # the KV sender's
 
 
 def test_the_sched_attr_asked_for_has_the_kernels_layout():
