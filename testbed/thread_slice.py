@@ -39,7 +39,9 @@ TRAINING_SLICE_NS = 100_000
 DEFAULT_SLICE_NS = 0
 #: the nice value a training thread waits for its input with (``SliceSwitch``): a weight 9.3
 #: times nice 0's (kernel/sched/core.c, ``sched_prio_to_weight``: 9548 against 1024); lowering a
-#: nice value needs ``CAP_SYS_NICE`` (root), else the thread waits at its own
+#: nice value needs ``CAP_SYS_NICE`` (root) or an ``RLIMIT_NICE`` of at least 30, else the thread
+#: waits at its own. Asked only where the slice was (``SliceSwitch``): not on a kernel before 6.6,
+#: whose ``/proc`` reports no slice
 WAIT_NICE = -10
 
 #: sched_setattr's system call number, by machine (arch/x86/entry/syscalls/syscall_64.tbl;
