@@ -13,7 +13,7 @@ deliver its input), and its main thread holds it only while it waits for an oper
 (``SliceSwitch``): its compute keeps the kernel's slice and is the one a woken thread cuts
 short. All threads computing with 0.1 ms slices took turns so often that a woken one's way to
 its operation's start was cut up in turn (README, "Late", with the figures of both).
-While it waits, the main thread also has a lower nice value, ``WAIT_NICE``: a woken thread takes
+While it waits, the main thread also has a lower nice value, ``TRAINING_WAIT_NICE``: a woken thread takes
 the CPU only where it is owed time, and a thread that has just computed often is not yet; a
 larger weight brings its virtual deadline closer. Measured, it halved the operations still late
 for either policy (README, "Late"); a real-time class for the wait instead made them about a hundred
@@ -42,7 +42,7 @@ DEFAULT_SLICE_NS = 0
 #: nice value needs ``CAP_SYS_NICE`` (root) or an ``RLIMIT_NICE`` of at least 30, else the thread
 #: waits at its own. Asked only where the slice was (``SliceSwitch``): not on a kernel before 6.6,
 #: whose ``/proc`` reports no slice
-WAIT_NICE = -10
+TRAINING_WAIT_NICE = -10
 
 #: sched_setattr's system call number, by machine (arch/x86/entry/syscalls/syscall_64.tbl;
 #: include/uapi/asm-generic/unistd.h for arm64), for a 64-bit interpreter (None: not known here)
@@ -108,8 +108,9 @@ class SliceSwitch:
     operation has started, back to the kernel's slice and the thread's own nice, so that its
     compute is not the one cut short by the next wake-up."""
 
-    def __init__(self, short_ns: int = TRAINING_SLICE_NS, wait_nice: int = WAIT_NICE) -> None:
+    def __init__(self, short_ns: int = TRAINING_SLICE_NS, wait_nice: int = TRAINING_WAIT_NICE) -> None:
         own_nice = os.getpriority(os.PRIO_PROCESS, 0)
+        inherited = _sched_attr(short_ns, own_nice)  # what the threads started now inherit
         self._default = _sched_attr(DEFAULT_SLICE_NS, own_nice)
         self._short = _sched_attr(short_ns, wait_nice)
         self.granted_ns = slice_or_report(short_ns)
@@ -121,8 +122,8 @@ class SliceSwitch:
             self.granted_nice = os.getpriority(os.PRIO_PROCESS, 0)
         except OSError as e:
             print(f"an input is waited for at nice {own_nice}: {e}", file=sys.stderr, flush=True)
-            self._short = _sched_attr(short_ns, own_nice)
-        _set_attr(_sched_attr(short_ns, own_nice))  # what the threads started now inherit
+            self._short = inherited
+        _set_attr(inherited)
 
     def short(self) -> None:
         if self.granted_ns is not None:

@@ -168,8 +168,16 @@ EXTRA_ROWS = [
 ]
 
 
+#: the labels of the summary's rows that are not one figure each
+STAGE_BUBBLES_LABEL = "bubble fraction per stage"
+CPUS_RAN_LABEL = "  CPUs ran meanwhile (ms)"
+QUEUE_CPU_RAN_LABEL = "    of which their queue CPU"
 #: the width of the summary's label column: its longest label
-LABEL_WIDTH = max(len(label) for _, label in SUMMARY_ROWS + EXTRA_ROWS)
+LABEL_WIDTH = max(
+    len(label)
+    for label in [label for _, label in SUMMARY_ROWS + EXTRA_ROWS]
+    + [STAGE_BUBBLES_LABEL, CPUS_RAN_LABEL, QUEUE_CPU_RAN_LABEL]
+)
 
 
 def _row(label: str, v: Any) -> str:
@@ -191,7 +199,7 @@ def format_summary(s: dict[str, Any]) -> str:
     ]
     for key, label in SUMMARY_ROWS:
         lines.append(_row(label, s.get(key)))
-    lines.append(_row("bubble fraction per stage", ", ".join(f"{b:.3f}" for b in s[M.BUBBLE_FRACTION_PER_STAGE])))
+    lines.append(_row(STAGE_BUBBLES_LABEL, ", ".join(f"{b:.3f}" for b in s[M.BUBBLE_FRACTION_PER_STAGE])))
     for key, label in EXTRA_ROWS:
         v = s.get(key)
         if v is not None:
@@ -200,10 +208,10 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"  scheduler trace not read: {s[M.SCHED_TRACE_ERROR]}")
     if s.get(M.SCHED_CPU_WHILE_RUNNABLE_MS):
         ran = s[M.SCHED_CPU_WHILE_RUNNABLE_MS].items()
-        lines.append(_row("  CPUs ran meanwhile (ms)", ", ".join(f"{role} {ms:.1f}" for role, ms in ran)))
+        lines.append(_row(CPUS_RAN_LABEL, ", ".join(f"{role} {ms:.1f}" for role, ms in ran)))
     if s.get(M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS):
         ran = s[M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS].items()
-        lines.append(_row("    of which their queue CPU", ", ".join(f"{role} {ms:.1f}" for role, ms in ran)))
+        lines.append(_row(QUEUE_CPU_RAN_LABEL, ", ".join(f"{role} {ms:.1f}" for role, ms in ran)))
     if not s[M.REPRESENTATIVE]:
         lines.append("  WARNING: more than 5% of operations overran their compute target: not representative")
     error = s.get(M.PREDICTION_ERROR)

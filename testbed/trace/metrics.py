@@ -18,7 +18,7 @@ STARTUP_S = "startup_s"
 #: the fair-scheduler slice the training workers' threads had (ms; ``thread_slice.py``)
 TRAINING_SLICE_MS = "training_slice_ms"
 #: the nice value the training workers' main threads waited for their inputs with (the highest a
-#: worker reported; ``thread_slice.WAIT_NICE``)
+#: worker reported; ``thread_slice.TRAINING_WAIT_NICE``)
 TRAINING_WAIT_NICE = "training_wait_nice"
 
 # training

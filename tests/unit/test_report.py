@@ -8,7 +8,7 @@ import pytest
 from eventrows import event_row
 
 from testbed.results.chrome_trace import chrome_trace
-from testbed.results.report import EXTRA_ROWS, SUMMARY_ROWS, format_summary
+from testbed.results.report import LABEL_WIDTH, SUMMARY_ROWS, format_summary
 from testbed.results.summary import MAX_REPRESENTATIVE_OVERRUN, summarize
 from testbed.trace import schema as T
 
@@ -179,7 +179,7 @@ def test_format_summary():
     assert lines[0] == "hand on two_dc: 2 workers, gpipe, 3/3 iterations (1 warm-up)"
     assert any(line.split()[-1] == "nfqueue" and "delay mechanism" in line for line in lines)
     assert f"{s['iteration_time_s']:.4g}" in text
-    column = 2 + max(len(label) for _, label in SUMMARY_ROWS + EXTRA_ROWS) + 1  # every value starts there
+    column = 2 + LABEL_WIDTH + 1  # every value starts there
     for _, label in SUMMARY_ROWS:
         line = next(line for line in lines if line.startswith(f"  {label} "))
         assert line[:column].rstrip() == f"  {label}" and line[column] != " "

@@ -15,7 +15,7 @@ import pytest
 from testbed.thread_slice import (
     DEFAULT_SLICE_NS,
     TRAINING_SLICE_NS,
-    WAIT_NICE,
+    TRAINING_WAIT_NICE,
     SliceSwitch,
     _sched_attr,
     kernel_has_custom_slices,
@@ -29,11 +29,21 @@ needs_custom_slices = pytest.mark.skipif(
 
 
 def in_thread(fn):
-    """``fn()``'s result, run in a thread of its own."""
+    """``fn()``'s result, run in a thread of its own; what it raised, raised again here."""
     out: list = []
-    t = threading.Thread(target=lambda: out.append(fn()))
+
+    def body():
+        try:
+            out.append(fn())
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            out.append(e)
+
+    t = threading.Thread(target=body)
     t.start()
     t.join(30)
+    assert out, "the thread did not finish within 30 s"
+    if isinstance(out[0], BaseException):
+        raise out[0]
     return out[0]
 
 
@@ -58,7 +68,7 @@ def test_a_thread_gets_the_slice_it_asks_for_and_its_threads_inherit_it():
 @needs_custom_slices
 def test_a_worker_thread_switches_between_the_short_slice_and_the_kernels():
     """``SliceSwitch``: the short slice at the thread's own nice value for the threads it starts,
-    the short slice at ``WAIT_NICE`` while waiting for an input, the kernel's own slice and the
+    the short slice at ``TRAINING_WAIT_NICE`` while waiting for an input, the kernel's own slice and the
     thread's nice once the operation has started; only the calling thread's."""
     base = thread_slice_ns()
 
@@ -74,10 +84,10 @@ def test_a_worker_thread_switches_between_the_short_slice_and_the_kernels():
 
     granted, started, short, back = in_thread(switch)
     assert started == (TRAINING_SLICE_NS, own) and back == (base, own)
-    assert granted in (None, WAIT_NICE)
+    assert granted in (None, TRAINING_WAIT_NICE)
     assert short == (TRAINING_SLICE_NS, granted if granted is not None else own)
     if os.geteuid() == 0:  # CAP_SYS_NICE: the lower nice value granted
-        assert granted == WAIT_NICE
+        assert granted == TRAINING_WAIT_NICE
     assert thread_slice_ns() == base and os.getpriority(os.PRIO_PROCESS, 0) == own
 
 
@@ -101,7 +111,8 @@ def _drop_cap_sys_nice() -> None:
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the capability to drop")
 @pytest.mark.skipif(
-    resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20 - WAIT_NICE, reason="RLIMIT_NICE grants the nice value anyway"
+    resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20 - TRAINING_WAIT_NICE,
+    reason="RLIMIT_NICE grants the nice value anyway",
 )
 def test_a_refused_wait_nice_leaves_the_thread_waiting_at_its_own(capfd):
     """Without ``CAP_SYS_NICE`` the kernel refuses the wait's lower nice value: the thread waits
@@ -177,10 +188,10 @@ def test_the_sched_attr_asked_for_has_the_kernels_layout():
     """``struct sched_attr`` as include/uapi/linux/sched/types.h lays it out, on any kernel: 56
     bytes (``SCHED_ATTR_SIZE_VER1``), the size first, the policy at 4, the nice value at 16,
     ``sched_runtime`` (the slice) at 24, nothing after it set."""
-    raw = _sched_attr(123_456, WAIT_NICE).raw
+    raw = _sched_attr(123_456, TRAINING_WAIT_NICE).raw
     assert len(raw) == 56
     assert struct.unpack_from("=II", raw, 0) == (56, os.SCHED_OTHER)
-    assert struct.unpack_from("=i", raw, 16) == (WAIT_NICE,)
+    assert struct.unpack_from("=i", raw, 16) == (TRAINING_WAIT_NICE,)
     assert struct.unpack_from("=Q", raw, 24) == (123_456,)
     assert raw[8:16] == bytes(8) and raw[20:24] == bytes(4) and raw[32:] == bytes(24)
 
