@@ -18,8 +18,10 @@ the CPU only where it is owed time, and a thread that has just computed often is
 larger weight brings its virtual deadline closer. Measured, it halved the operations still late
 for either policy (README, "Late"); a real-time class for the wait instead made them about a hundred
 times as many. BubbleTea's threads set theirs back to the kernel's (``DEFAULT_SLICE_NS``): they
-never take a CPU from training this way. The same for every policy; the worker records what it
-was given (``startup.jsonl``, the summary's ``training_slice_ms`` and ``training_wait_nice``).
+never take a CPU from training this way. BubbleTea's filling thread, which shares the worker's
+interpreter lock with the main thread, has the wait's nice value as well (``FILL_NICE``). The
+same for every policy; the worker records what it was given (``startup.jsonl``, the summary's
+``training_slice_ms``, ``training_wait_nice`` and ``fill_thread_nice``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,15 @@ DEFAULT_SLICE_NS = 0
 #: waits at its own. Asked only where the slice was (``SliceSwitch``): not on a kernel before 6.6,
 #: whose ``/proc`` reports no slice
 TRAINING_WAIT_NICE = -10
+#: the nice value of BubbleTea's filling thread (``bubbletea/fill.py``), with the kernel's slice. A
+#: thread of the worker, it holds the worker's interpreter lock while it runs, and the worker's
+#: main thread, woken by gloo with its input, needs that lock before its operation can start.
+#: At nice 0 the kernel left it on a run queue behind the other emulated GPUs' threads, holding
+#: the lock, while the main thread slept (3.8 ms in one late operation; scheduler traces, README
+#: "Late"); at the wait's nice value it runs again about as soon as the main thread would have,
+#: and a training thread woken meanwhile, with the short slice, still takes the CPU from it.
+#: Refused, as the wait's, without ``CAP_SYS_NICE``: the thread keeps its own
+FILL_NICE = TRAINING_WAIT_NICE
 
 #: sched_setattr's system call number, by machine (arch/x86/entry/syscalls/syscall_64.tbl;
 #: include/uapi/asm-generic/unistd.h for arm64), for a 64-bit interpreter (None: not known here)
@@ -84,16 +95,17 @@ def _set_attr(attr: ctypes.Array) -> None:
         raise OSError(err, f"sched_setattr: {os.strerror(err)}")
 
 
-def request_slice(slice_ns: int) -> int | None:
+def request_slice(slice_ns: int, nice: int | None = None) -> int | None:
     """Ask for a fair-scheduler slice of ``slice_ns`` (``DEFAULT_SLICE_NS``: the kernel's own) for
-    the calling thread, keeping its nice value; threads and processes it starts later inherit
-    it. Returns the slice the kernel then reports (``thread_slice_ns``): a kernel without custom
-    slices (before 6.12) accepts the call and keeps its own, so the caller sees what it got.
-    Returns None, asking nothing, on a machine whose system call number is not known here.
-    Raises OSError where the kernel refuses the call."""
+    the calling thread, at ``nice`` (None: keeping its own nice value); threads and processes it
+    starts later inherit both. Returns the slice the kernel then reports (``thread_slice_ns``): a
+    kernel without custom slices (before 6.12) accepts the call and keeps its own, so the caller
+    sees what it got. Returns None, asking nothing, on a machine whose system call number is not
+    known here. Raises OSError where the kernel refuses the call (a lower nice value without
+    ``CAP_SYS_NICE``: EPERM)."""
     if _NR is None:
         return None
-    _set_attr(_sched_attr(slice_ns))
+    _set_attr(_sched_attr(slice_ns, nice))
     return thread_slice_ns()
 
 
@@ -142,9 +154,17 @@ def kernel_has_custom_slices(release: str | None = None) -> bool:
     return found is not None and (int(found.group(1)), int(found.group(2))) >= (6, 12)
 
 
-def slice_or_report(slice_ns: int) -> int | None:
+def slice_or_report(slice_ns: int, nice: int | None = None) -> int | None:
     """``request_slice``, with a refusal printed to stderr (the process's log) rather than raised:
-    the thread goes on with the slice it had, and the caller records None."""
+    a refused ``nice`` is left out (the slice is asked at the thread's own nice value); a refused
+    slice leaves the thread with the slice it had, and the caller records None. The nice value
+    the thread then has is ``os.getpriority(os.PRIO_PROCESS, 0)`` (on Linux, the calling thread's)."""
+    if nice is not None:
+        try:
+            return request_slice(slice_ns, nice)
+        except OSError as e:
+            own = os.getpriority(os.PRIO_PROCESS, 0)
+            print(f"this thread stays at nice {own}, not {nice}: {e}", file=sys.stderr, flush=True)
     try:
         return request_slice(slice_ns)
     except OSError as e:

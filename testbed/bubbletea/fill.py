@@ -9,13 +9,23 @@ input came meanwhile waits for. Measured in the README ("Late"), with the figure
 
 from __future__ import annotations
 
+import os
 import queue
+import sys
 import threading
 from collections.abc import Callable
 
 from testbed.bubbletea.bubble_end import Arrived, BubbleEnd
-from testbed.thread_slice import DEFAULT_SLICE_NS, slice_or_report
+from testbed.thread_slice import DEFAULT_SLICE_NS, FILL_NICE, slice_or_report
 from testbed.trace.task_names import name_this_thread
+
+#: the interpreter's switch interval in a worker with a filling thread (s; Python's own is 5 ms,
+#: ``sys.setswitchinterval``): how long a thread that wants the interpreter lock waits before the
+#: thread holding it must hand it over. The filling thread runs the interpreter for up to a few
+#: ms at a time (it chooses a pass among the queued requests and traces the last), and the
+#: worker's main thread, woken by its input meanwhile, slept until the interval had passed
+#: (scheduler traces, README "Late")
+SWITCH_INTERVAL_S = 1e-4
 
 
 class Fill:
@@ -66,22 +76,33 @@ class Filler:
     ``fill`` and returns its ``Fill``; ``settle()`` settles the fill handed last, if not yet
     (``Fill.settle``, raising what it raised). ``close()`` settles, then ends the thread; ``start``
     after it raises RuntimeError. Where the kernel refuses the thread's name, every fill raises
-    that OSError (from ``Fill.settle``)."""
+    that OSError (from ``Fill.settle``). The thread runs with the kernel's slice at
+    ``thread_slice.FILL_NICE``; ``nice`` is the nice value it has (its own where the kernel
+    refused the lower one), known once the constructor returns. The constructor sets the
+    process's switch interval to ``SWITCH_INTERVAL_S``."""
 
     def __init__(self, name: str) -> None:
         self._fills: queue.SimpleQueue[Fill | None] = queue.SimpleQueue()
         self._last: Fill | None = None
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.nice: int | None = None
+        started = threading.Event()
+        sys.setswitchinterval(SWITCH_INTERVAL_S)  # the main thread takes the lock back within it
+        self._thread = threading.Thread(target=self._run, args=(started,), name=name, daemon=True)
         self._thread.start()
+        started.wait()
 
-    def _run(self) -> None:
+    def _run(self, started: threading.Event) -> None:
         error = None
         try:
             name_this_thread(self._thread.name)  # the kernel's name too: a scheduler trace tells it apart
         except OSError as e:
             error = e
-        slice_or_report(DEFAULT_SLICE_NS)  # not training's shorter slice (``thread_slice.py``)
+        try:  # not training's shorter slice, but the nice value of the thread whose lock it holds
+            slice_or_report(DEFAULT_SLICE_NS, FILL_NICE)
+            self.nice = os.getpriority(os.PRIO_PROCESS, 0)  # this thread's, on Linux
+        finally:
+            started.set()
         while (fill := self._fills.get()) is not None:
             fill.run(error)
 

@@ -91,6 +91,11 @@ class PrefillServer:
         self._predicted: dict[str, float | None] = {}
         self._filler = Filler(task_names.FILL.format(rank=rank))  # after the stream's fork: not in it
 
+    @property
+    def fill_nice(self) -> int | None:
+        """The nice value of the worker's filling thread (``fill.Filler.nice``)."""
+        return self._filler.nice
+
     @classmethod
     def for_worker(
         cls, bt: BubbleTeaConfig, seed: int, rank: int, dc: str, ev: EventWriter, padded: bool, corpus: torch.Tensor

@@ -20,6 +20,9 @@ TRAINING_SLICE_MS = "training_slice_ms"
 #: the nice value the training workers' main threads waited for their inputs with (the highest a
 #: worker reported; ``thread_slice.TRAINING_WAIT_NICE``)
 TRAINING_WAIT_NICE = "training_wait_nice"
+#: the nice value of BubbleTea's filling threads (the highest a worker reported; absent without
+#: BubbleTea; ``thread_slice.FILL_NICE``)
+FILL_THREAD_NICE = "fill_thread_nice"
 
 # training
 ITERATION_TIME_S, ITERATION_TIME_P50_S, ITERATION_TIME_P95_S = (

@@ -18,6 +18,9 @@ SLICE_NS = "slice_ns"
 #: the nice value its main thread waits for an input with (None: refused, or no slice), on the
 #: same line (``thread_slice.SliceSwitch``)
 WAIT_NICE = "wait_nice"
+#: the nice value of its BubbleTea filling thread, on the same line of a BubbleTea run's workers
+#: (``bubbletea.fill.Filler``: ``thread_slice.FILL_NICE``, or its own where the kernel refused it)
+FILL_NICE = "fill_nice"
 #: the phases, in order: the run began, its network was built (and, with ``--profile-wan``, its
 #: WAN paths measured: ``wan_profiled``, counted in the start-up), the launcher had preloaded the run,
 #: the workers were started; each worker was forked (or its interpreter had imported the package)
@@ -38,6 +41,6 @@ def mark_startup(
     run_dir: Path, phase: str, worker: int | None = None, t_ns: int | None = None, **fields: int | None
 ) -> None:
     """Append one start-up phase to ``run_dir``'s ``startup.jsonl`` (now, unless ``t_ns``), with
-    ``fields`` (a worker's ``process_group`` line: ``SLICE_NS``, ``WAIT_NICE``)."""
+    ``fields`` (a worker's ``process_group`` line: ``SLICE_NS``, ``WAIT_NICE``, ``FILL_NICE``)."""
     with open(run_dir / STARTUP_LOG, "a") as f:
         write_row(f, {T.WORKER: worker, "phase": phase, "t_ns": t_ns if t_ns is not None else now_ns(), **fields})

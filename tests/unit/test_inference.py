@@ -695,13 +695,16 @@ def test_a_bubble_filled_from_its_own_thread_ends_when_the_worker_says_the_input
 
 def test_one_filling_thread_fills_a_workers_bubbles_one_after_another():
     """``Filler``: every bubble handed to it is filled by the same thread, named for the kernel,
-    in turn; ``settle`` returns each one's outcome; ``close`` ends the thread."""
+    in turn; ``settle`` returns each one's outcome; ``close`` ends the thread. It sets the
+    process's switch interval, so that the worker's thread takes the interpreter lock back soon."""
+    import sys
     import threading
     from pathlib import Path
 
-    from testbed.bubbletea.fill import Filler
+    from testbed.bubbletea.fill import SWITCH_INTERVAL_S, Filler
 
     filler = Filler("tb-w7-fill")
+    assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S) and SWITCH_INTERVAL_S < 0.005  # Python's own
     seen: list[tuple[int, int]] = []
     for k in range(3):
         fill = filler.start(lambda arrived, k=k: seen.append((k, threading.get_native_id())) or (k if k else None))

@@ -324,3 +324,18 @@ def test_the_training_slice_is_the_longest_any_worker_reported_and_none_if_one_r
     assert slice_stats(tmp_path) == {"training_slice_ms": pytest.approx(1.4), "training_wait_nice": -5}
     mark_startup(tmp_path, "process_group", 2, **{SLICE_NS: None, WAIT_NICE: None})
     assert slice_stats(tmp_path) == nothing
+
+
+def test_the_filling_threads_nice_is_the_highest_a_bubbletea_worker_reported(tmp_path):
+    """``slice_stats``: BubbleTea's filling threads' nice value, the highest of the workers' (a
+    worker refused the lower one reports its own), and absent where no worker reported one (a
+    run without BubbleTea)."""
+    from testbed.results.summary import slice_stats
+    from testbed.trace.startup import FILL_NICE, SLICE_NS, WAIT_NICE, mark_startup
+
+    mark_startup(tmp_path, "process_group", 0, **{SLICE_NS: 100_000, WAIT_NICE: -10})
+    assert "fill_thread_nice" not in slice_stats(tmp_path)
+    mark_startup(tmp_path, "process_group", 1, **{SLICE_NS: 100_000, WAIT_NICE: -10, FILL_NICE: -10})
+    assert slice_stats(tmp_path)["fill_thread_nice"] == -10
+    mark_startup(tmp_path, "process_group", 2, **{SLICE_NS: 100_000, WAIT_NICE: -10, FILL_NICE: 0})
+    assert slice_stats(tmp_path)["fill_thread_nice"] == 0

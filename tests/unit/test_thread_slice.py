@@ -14,6 +14,7 @@ import pytest
 
 from testbed.thread_slice import (
     DEFAULT_SLICE_NS,
+    FILL_NICE,
     TRAINING_SLICE_NS,
     TRAINING_WAIT_NICE,
     SliceSwitch,
@@ -133,25 +134,56 @@ def test_a_refused_wait_nice_leaves_the_thread_waiting_at_its_own(capfd):
     assert f"waited for at nice {own}" in capfd.readouterr().err
 
 
-@needs_custom_slices
-def test_bubbleteas_filling_thread_sets_the_kernels_slice_back():
-    """A worker's filling thread, started by a thread with training's slice, runs with the kernel's
-    own: BubbleTea never takes a CPU from training by a shorter slice."""
+def _fill_thread_attributes(drop_cap_sys_nice: bool = False) -> tuple[int | None, list]:
+    """(``Filler.nice``, [(slice, nice)] its thread had while it filled a bubble), the filler
+    started from a thread with training's slice (and, ``drop_cap_sys_nice``, without
+    ``CAP_SYS_NICE``, which the filling thread inherits)."""
     from testbed.bubbletea.fill import Filler
 
-    base = thread_slice_ns()
-
     def start():
+        if drop_cap_sys_nice:
+            _drop_cap_sys_nice()
         request_slice(TRAINING_SLICE_NS)
         filler = Filler("tb-w9-fill")
         try:
-            seen: list[int | None] = []
-            filler.start(lambda arrived: seen.append(thread_slice_ns()) or None).settle()
-            return seen
+            seen: list = []
+            look = lambda: (thread_slice_ns(), os.getpriority(os.PRIO_PROCESS, 0))
+            filler.start(lambda arrived: seen.append(look()) or None).settle()
+            return filler.nice, seen
         finally:
             filler.close()
 
-    assert in_thread(start) == [base]
+    return in_thread(start)
+
+
+@needs_custom_slices
+def test_bubbleteas_filling_thread_sets_the_kernels_slice_back_at_the_fill_nice():
+    """A worker's filling thread, started by a thread with training's slice, runs with the kernel's
+    own (BubbleTea never takes a CPU from training by a shorter slice), at ``FILL_NICE`` where the
+    kernel grants it (as root), and says which nice value it has."""
+    base, own = thread_slice_ns(), os.getpriority(os.PRIO_PROCESS, 0)
+    nice, seen = _fill_thread_attributes()
+    assert seen == [(base, nice)]
+    assert nice in (FILL_NICE, own)
+    if os.geteuid() == 0:  # CAP_SYS_NICE: the lower nice value granted
+        assert nice == FILL_NICE
+    assert thread_slice_ns() == base and os.getpriority(os.PRIO_PROCESS, 0) == own
+
+
+@needs_custom_slices
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the capability to drop")
+@pytest.mark.skipif(
+    resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20 - FILL_NICE,
+    reason="RLIMIT_NICE grants the nice value anyway",
+)
+def test_a_refused_fill_nice_leaves_the_filling_thread_at_its_own_with_the_kernels_slice(capfd):
+    """Without ``CAP_SYS_NICE`` the kernel refuses the filling thread's lower nice value: it runs
+    with the kernel's slice at its own nice, says so, and reports its own nice."""
+    base, own = thread_slice_ns(), os.getpriority(os.PRIO_PROCESS, 0)
+    nice, seen = _fill_thread_attributes(drop_cap_sys_nice=True)
+    assert nice == own and seen == [(base, own)]
+    assert f"stays at nice {own}, not {FILL_NICE}" in capfd.readouterr().err
 
 
 @needs_custom_slices
