@@ -108,13 +108,27 @@ def _drop_cap_sys_nice() -> None:
     assert libc.capset(header, data) == 0, os.strerror(ctypes.get_errno())
 
 
-@needs_custom_slices
-@pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the capability to drop")
-@pytest.mark.skipif(
-    resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20 - TRAINING_WAIT_NICE,
-    reason="RLIMIT_NICE grants the nice value anyway",
-)
+def refusal_of(nice: int):
+    """The marks of a test of the kernel refusing ``nice``: custom slices, root (the capability to
+    drop), and an ``RLIMIT_NICE`` that does not grant ``nice`` anyway."""
+    marks = [
+        needs_custom_slices,
+        pytest.mark.root,
+        pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the capability to drop"),
+        pytest.mark.skipif(
+            resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20 - nice, reason="RLIMIT_NICE grants the nice value anyway"
+        ),
+    ]
+
+    def marked(test):
+        for mark in marks:
+            test = mark(test)
+        return test
+
+    return marked
+
+
+@refusal_of(TRAINING_WAIT_NICE)
 def test_a_refused_wait_nice_leaves_the_thread_waiting_at_its_own(capfd):
     """Without ``CAP_SYS_NICE`` the kernel refuses the wait's lower nice value: the thread waits
     with the short slice at its own nice, says so, and records None."""
@@ -147,8 +161,11 @@ def _fill_thread_attributes(drop_cap_sys_nice: bool = False) -> tuple[int | None
         filler = Filler("tb-w9-fill")
         try:
             seen: list = []
-            look = lambda: (thread_slice_ns(), os.getpriority(os.PRIO_PROCESS, 0))
-            filler.start(lambda arrived: seen.append(look()) or None).settle()
+
+            def fill(arrived):
+                seen.append((thread_slice_ns(), os.getpriority(os.PRIO_PROCESS, 0)))
+
+            filler.start(fill).settle()
             return filler.nice, seen
         finally:
             filler.close()
@@ -170,13 +187,7 @@ def test_bubbleteas_filling_thread_sets_the_kernels_slice_back_at_the_fill_nice(
     assert thread_slice_ns() == base and os.getpriority(os.PRIO_PROCESS, 0) == own
 
 
-@needs_custom_slices
-@pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the capability to drop")
-@pytest.mark.skipif(
-    resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20 - FILL_NICE,
-    reason="RLIMIT_NICE grants the nice value anyway",
-)
+@refusal_of(FILL_NICE)
 def test_a_refused_fill_nice_leaves_the_filling_thread_at_its_own_with_the_kernels_slice(capfd):
     """Without ``CAP_SYS_NICE`` the kernel refuses the filling thread's lower nice value: it runs
     with the kernel's slice at its own nice, says so, and reports its own nice."""
