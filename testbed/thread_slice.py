@@ -19,7 +19,7 @@ larger weight brings its virtual deadline closer. Measured, it halved the operat
 for either policy (README, "Late"); a real-time class for the wait instead made them about a hundred
 times as many. BubbleTea's threads set theirs back to the kernel's (``DEFAULT_SLICE_NS``): they
 never take a CPU from training this way. BubbleTea's filling thread, which shares the worker's
-interpreter lock with the main thread, has the wait's nice value as well (``FILL_NICE``). The
+interpreter lock with the main thread, has the wait's nice value as well (``FILL_THREAD_NICE``). The
 same for every policy; the worker records what it was given (``startup.jsonl``, the summary's
 ``training_slice_ms``, ``training_wait_nice`` and ``fill_thread_nice``).
 """
@@ -53,7 +53,7 @@ TRAINING_WAIT_NICE = -10
 #: "Late"); at the wait's nice value it runs again about as soon as the main thread would have,
 #: and a training thread woken meanwhile, with the short slice, still takes the CPU from it.
 #: Refused, as the wait's, without ``CAP_SYS_NICE``: the thread keeps its own
-FILL_NICE = TRAINING_WAIT_NICE
+FILL_THREAD_NICE = TRAINING_WAIT_NICE
 
 #: sched_setattr's system call number, by machine (arch/x86/entry/syscalls/syscall_64.tbl;
 #: include/uapi/asm-generic/unistd.h for arm64), for a 64-bit interpreter (None: not known here)
@@ -154,19 +154,23 @@ def kernel_has_custom_slices(release: str | None = None) -> bool:
     return found is not None and (int(found.group(1)), int(found.group(2))) >= (6, 12)
 
 
-def slice_or_report(slice_ns: int, nice: int | None = None) -> int | None:
-    """``request_slice``, with a refusal printed to stderr (the process's log) rather than raised:
-    a refused ``nice`` is left out (the slice is asked at the thread's own nice value); a refused
-    slice leaves the thread with the slice it had, and the caller records None. The nice value
-    the thread then has is ``os.getpriority(os.PRIO_PROCESS, 0)`` (on Linux, the calling thread's)."""
+def slice_or_report(slice_ns: int, nice: int | None = None, what: str = "this thread") -> int | None:
+    """``request_slice``, with a refusal printed to stderr (the process's log, naming ``what``)
+    rather than raised: a ``nice`` refused for want of the privilege (EPERM) is left out (the
+    slice is asked at the thread's own nice value); a refused slice leaves the thread with the
+    slice it had, and the caller records None. The nice value the thread then has is
+    ``os.getpriority(os.PRIO_PROCESS, 0)`` (on Linux, the calling thread's)."""
     if nice is not None:
         try:
             return request_slice(slice_ns, nice)
-        except OSError as e:
+        except PermissionError as e:  # EPERM: a lower nice value without CAP_SYS_NICE
             own = os.getpriority(os.PRIO_PROCESS, 0)
-            print(f"this thread stays at nice {own}, not {nice}: {e}", file=sys.stderr, flush=True)
+            print(f"{what} stays at nice {own}, not {nice}: {e}", file=sys.stderr, flush=True)
+        except OSError as e:
+            print(f"{what}: the CPU slice stays {thread_slice_ns()} ns: {e}", file=sys.stderr, flush=True)
+            return None
     try:
         return request_slice(slice_ns)
     except OSError as e:
-        print(f"the CPU slice stays {thread_slice_ns()} ns: {e}", file=sys.stderr, flush=True)
+        print(f"{what}: the CPU slice stays {thread_slice_ns()} ns: {e}", file=sys.stderr, flush=True)
         return None

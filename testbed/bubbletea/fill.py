@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 
 from testbed.bubbletea.bubble_end import Arrived, BubbleEnd
-from testbed.thread_slice import DEFAULT_SLICE_NS, FILL_NICE, slice_or_report
+from testbed.thread_slice import DEFAULT_SLICE_NS, FILL_THREAD_NICE, slice_or_report
 from testbed.trace.task_names import name_this_thread
 
 #: the interpreter's switch interval in a worker with a filling thread (s; Python's own is 5 ms,
@@ -77,30 +77,33 @@ class Filler:
     (``Fill.settle``, raising what it raised). ``close()`` settles, then ends the thread; ``start``
     after it raises RuntimeError. Where the kernel refuses the thread's name, every fill raises
     that OSError (from ``Fill.settle``). The thread runs with the kernel's slice at
-    ``thread_slice.FILL_NICE``; ``nice`` is the nice value it has (its own where the kernel
-    refused the lower one), known once the constructor returns. The constructor sets the
-    process's switch interval to ``SWITCH_INTERVAL_S``."""
+    ``thread_slice.FILL_THREAD_NICE``; ``nice`` is the nice value it has (its own where the kernel
+    refused the lower one; None where setting up the thread failed, which every fill then
+    raises), known once the constructor returns. A process-wide setting: the constructor sets
+    the interpreter's switch interval to ``SWITCH_INTERVAL_S`` (the worker's main thread then
+    takes the lock back within it), and ``close`` sets back the one it found."""
 
     def __init__(self, name: str) -> None:
         self._fills: queue.SimpleQueue[Fill | None] = queue.SimpleQueue()
         self._last: Fill | None = None
         self._closed = False
         self.nice: int | None = None
+        self._switch_interval_before = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         started = threading.Event()
-        sys.setswitchinterval(SWITCH_INTERVAL_S)  # the main thread takes the lock back within it
         self._thread = threading.Thread(target=self._run, args=(started,), name=name, daemon=True)
         self._thread.start()
         started.wait()
 
     def _run(self, started: threading.Event) -> None:
-        error = None
+        error: BaseException | None = None
         try:
             name_this_thread(self._thread.name)  # the kernel's name too: a scheduler trace tells it apart
-        except OSError as e:
-            error = e
-        try:  # not training's shorter slice, but the nice value of the thread whose lock it holds
-            slice_or_report(DEFAULT_SLICE_NS, FILL_NICE)
+            # not training's shorter slice, but the nice value of the thread whose lock it holds
+            slice_or_report(DEFAULT_SLICE_NS, FILL_THREAD_NICE, what=f"the filling thread {self._thread.name}")
             self.nice = os.getpriority(os.PRIO_PROCESS, 0)  # this thread's, on Linux
+        except BaseException as e:  # noqa: BLE001 - raised again in the worker's thread by every fill
+            error = e
         finally:
             started.set()
         while (fill := self._fills.get()) is not None:
@@ -126,4 +129,5 @@ class Filler:
             if not self._closed:
                 self._closed = True
                 self._fills.put(None)
+                sys.setswitchinterval(self._switch_interval_before)
             self._thread.join()

@@ -133,7 +133,7 @@ EXTRA_ROWS = [
     (M.QUEUE_EMPTY_SHARE, "  share with nothing queued"),
     (M.TRAINING_GPU_UTILIZATION, "training GPU utilization"),
     (M.BUBBLE_FILL_FRACTION, "bubble fill fraction"),
-    (M.FILL_THREAD_NICE, "  nice of the filling thread"),
+    (M.FILL_THREAD_NICE, "filling thread's nice"),
     (M.PREFILL_TOKENS_PER_S, "prefill tokens/s"),
     (M.REQUESTS_COMPLETED, "requests completed"),
     (M.TTFT_P50_S, "TTFT p50 (s)"),

@@ -21,7 +21,8 @@ TRAINING_SLICE_MS = "training_slice_ms"
 #: worker reported; ``thread_slice.TRAINING_WAIT_NICE``)
 TRAINING_WAIT_NICE = "training_wait_nice"
 #: the nice value of BubbleTea's filling threads (the highest a worker reported; absent without
-#: BubbleTea; ``thread_slice.FILL_NICE``)
+#: BubbleTea; ``thread_slice.FILL_THREAD_NICE``). Unlike ``TRAINING_WAIT_NICE``, a refused value
+#: shows as the thread's own nice, not None: the filling thread always has one
 FILL_THREAD_NICE = "fill_thread_nice"
 
 # training

@@ -19,7 +19,7 @@ SLICE_NS = "slice_ns"
 #: same line (``thread_slice.SliceSwitch``)
 WAIT_NICE = "wait_nice"
 #: the nice value of its BubbleTea filling thread, on the same line of a BubbleTea run's workers
-#: (``bubbletea.fill.Filler``: ``thread_slice.FILL_NICE``, or its own where the kernel refused it)
+#: (``bubbletea.fill.Filler``: ``thread_slice.FILL_THREAD_NICE``, or its own where the kernel refused it)
 FILL_NICE = "fill_nice"
 #: the phases, in order: the run began, its network was built (and, with ``--profile-wan``, its
 #: WAN paths measured: ``wan_profiled``, counted in the start-up), the launcher had preloaded the run,

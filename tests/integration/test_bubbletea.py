@@ -76,9 +76,9 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
     assert bt["gpu_utilization"] > bt["training_gpu_utilization"] and 0 < bt["bubble_fill_fraction"] < 1
     assert "ttft_p50_s" not in plain
     # the filling threads ran at the nice value of the thread whose interpreter lock they share
-    from testbed.thread_slice import FILL_NICE
+    from testbed.thread_slice import FILL_THREAD_NICE
 
-    assert bt["fill_thread_nice"] == FILL_NICE and "fill_thread_nice" not in plain  # as root: granted
+    assert bt["fill_thread_nice"] == FILL_THREAD_NICE and "fill_thread_nice" not in plain  # as root: granted
     # every chunk ran inside a bubble its worker was waiting in: a receive wait, the send drain or
     # the all-reduce; and each kind of wait was filled at least once
     ev = pd.read_parquet(tmp_path / "atlas+bubbletea" / "events.parquet")

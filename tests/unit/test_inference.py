@@ -703,6 +703,7 @@ def test_one_filling_thread_fills_a_workers_bubbles_one_after_another():
 
     from testbed.bubbletea.fill import SWITCH_INTERVAL_S, Filler
 
+    before = sys.getswitchinterval()
     filler = Filler("tb-w7-fill")
     assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S) and SWITCH_INTERVAL_S < 0.005  # Python's own
     seen: list[tuple[int, int]] = []
@@ -713,10 +714,28 @@ def test_one_filling_thread_fills_a_workers_bubbles_one_after_another():
     tid = seen[0][1]
     assert Path(f"/proc/self/task/{tid}/comm").read_text().strip() == "tb-w7-fill"
     filler.close()
-    assert not filler._thread.is_alive()
+    assert not filler._thread.is_alive() and sys.getswitchinterval() == before  # set back
     with pytest.raises(RuntimeError, match="closed"):
         filler.start(lambda arrived: None)
     filler.close()  # twice: nothing more
+
+
+def test_a_filling_thread_that_cannot_set_itself_up_raises_that_from_every_fill(monkeypatch):
+    """A failure while the filling thread sets itself up (here its nice value) neither hangs the
+    worker nor loses the thread: the constructor returns, and every fill raises the failure."""
+    from testbed.bubbletea import fill as F
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("no attributes")
+
+    monkeypatch.setattr(F, "slice_or_report", fail)
+    filler = F.Filler("tb-w6-fill")
+    assert filler.nice is None
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="no attributes"):
+            filler.start(lambda arrived: None).settle()
+    filler.close()
+    assert not filler._thread.is_alive()
 
 
 def test_a_bubble_fill_raises_its_error_in_the_worker(tmp_path):

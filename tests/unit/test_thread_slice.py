@@ -14,7 +14,7 @@ import pytest
 
 from testbed.thread_slice import (
     DEFAULT_SLICE_NS,
-    FILL_NICE,
+    FILL_THREAD_NICE,
     TRAINING_SLICE_NS,
     TRAINING_WAIT_NICE,
     SliceSwitch,
@@ -159,6 +159,7 @@ def _fill_thread_attributes(drop_cap_sys_nice: bool = False) -> tuple[int | None
             _drop_cap_sys_nice()
         request_slice(TRAINING_SLICE_NS)
         filler = Filler("tb-w9-fill")
+        nice = filler.nice  # known once the constructor returns: its thread has set itself up
         try:
             seen: list = []
 
@@ -166,7 +167,7 @@ def _fill_thread_attributes(drop_cap_sys_nice: bool = False) -> tuple[int | None
                 seen.append((thread_slice_ns(), os.getpriority(os.PRIO_PROCESS, 0)))
 
             filler.start(fill).settle()
-            return filler.nice, seen
+            return nice, seen
         finally:
             filler.close()
 
@@ -176,25 +177,25 @@ def _fill_thread_attributes(drop_cap_sys_nice: bool = False) -> tuple[int | None
 @needs_custom_slices
 def test_bubbleteas_filling_thread_sets_the_kernels_slice_back_at_the_fill_nice():
     """A worker's filling thread, started by a thread with training's slice, runs with the kernel's
-    own (BubbleTea never takes a CPU from training by a shorter slice), at ``FILL_NICE`` where the
+    own (BubbleTea never takes a CPU from training by a shorter slice), at ``FILL_THREAD_NICE`` where the
     kernel grants it (as root), and says which nice value it has."""
     base, own = thread_slice_ns(), os.getpriority(os.PRIO_PROCESS, 0)
     nice, seen = _fill_thread_attributes()
     assert seen == [(base, nice)]
-    assert nice in (FILL_NICE, own)
+    assert nice in (FILL_THREAD_NICE, own)
     if os.geteuid() == 0:  # CAP_SYS_NICE: the lower nice value granted
-        assert nice == FILL_NICE
+        assert nice == FILL_THREAD_NICE
     assert thread_slice_ns() == base and os.getpriority(os.PRIO_PROCESS, 0) == own
 
 
-@refusal_of(FILL_NICE)
+@refusal_of(FILL_THREAD_NICE)
 def test_a_refused_fill_nice_leaves_the_filling_thread_at_its_own_with_the_kernels_slice(capfd):
     """Without ``CAP_SYS_NICE`` the kernel refuses the filling thread's lower nice value: it runs
     with the kernel's slice at its own nice, says so, and reports its own nice."""
     base, own = thread_slice_ns(), os.getpriority(os.PRIO_PROCESS, 0)
     nice, seen = _fill_thread_attributes(drop_cap_sys_nice=True)
     assert nice == own and seen == [(base, own)]
-    assert f"stays at nice {own}, not {FILL_NICE}" in capfd.readouterr().err
+    assert f"stays at nice {own}, not {FILL_THREAD_NICE}" in capfd.readouterr().err
 
 
 @needs_custom_slices
