@@ -89,12 +89,8 @@ class PrefillServer:
         self.iteration = 0
         #: each slot's prediction when its latest wait began (``observe`` hands it back)
         self._predicted: dict[str, float | None] = {}
-        self._filler = Filler(task_names.FILL.format(rank=rank))  # after the stream's fork: not in it
-
-    @property
-    def fill_nice(self) -> int | None:
-        """The nice value of the worker's filling thread (``fill.Filler.nice``)."""
-        return self._filler.nice
+        #: the worker's filling thread (its ``nice`` is recorded on the worker's start-up line)
+        self.filler = Filler(task_names.FILL.format(rank=rank))  # after the stream's fork: not in it
 
     @classmethod
     def for_worker(
@@ -131,11 +127,11 @@ class PrefillServer:
         ``Fill.wake`` once its operation has started. Every call of the server but
         ``observe`` (which that thread never touches) first waits for that thread to be done
         (``settle``)."""
-        return self._filler.start(lambda arrived: self.fill_predicted(predicted, prev_end_ns, arrived))
+        return self.filler.start(lambda arrived: self.fill_predicted(predicted, prev_end_ns, arrived))
 
     def settle(self) -> None:
         """Wake the thread that filled a bubble (``start_fill``), ended, and wait until it is done."""
-        self._filler.settle()
+        self.filler.settle()
 
     def fill(self, slot: str, prev_end_ns: int, arrived: BubbleEnd) -> int | None:
         """``fill_predicted`` of the bubble before ``slot`` where ``bubble_to_fill`` says there is
@@ -297,7 +293,7 @@ class PrefillServer:
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Send what is finished, then stop (requests still queued are dropped: never completed)."""
-        self._filler.close()
+        self.filler.close()
         self.stream.close(timeout_s)
         self._sync_budget()
         self.link.close()

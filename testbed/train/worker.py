@@ -79,7 +79,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     corpus = pre.train_tokens  # prompts are real text of it
     server = None if bt is None else PrefillServer.for_worker(bt, exp.seed, rank, me.dc, ev, exp.padded, corpus)
     my_dp = join(cfg, rank)
-    nices = {WAIT_NICE: switch.granted_nice, **({} if server is None else {FILL_NICE: server.fill_nice})}
+    nices = {WAIT_NICE: switch.granted_nice, **({} if server is None else {FILL_NICE: server.filler.nice})}
     startup_mark(cfg, rank, "process_group", **{SLICE_NS: switch.granted_ns}, **nices)
     switch.default()  # gloo's threads have the short slice; this one only while it waits for an input
     if bt is not None and server is not None and bt.alone:  # no training: the GPU serves prefill alone
