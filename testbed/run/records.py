@@ -1,7 +1,8 @@
 """What a run folder records about the run before it trains: ``config.json`` (the resolved
 experiment, its placement and the predicted iteration time) and ``env.json`` (versions, the kernel,
-the backend and what it found, the delay mechanism, the corpus's fingerprint, when the run began);
-and the check that a folder holds no run yet."""
+the backend and what it found, the delay mechanism, the corpus's fingerprint, the CPU cgroup and
+autogroup of the runner and, on this machine, its workers, when the run began); and the check
+that a folder holds no run yet."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.errors import SpecError
-from testbed.net.network import Network
+from testbed.net.network import LocalHosts, Network
 from testbed.plan.placement import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.trace import schema as T
@@ -39,6 +40,50 @@ def _versions() -> dict[str, Any]:
         "git_commit": cmd(["git", "-C", str(repo), "rev-parse", "HEAD"]),
         "trace_schema": T.SCHEMA_VERSION,
     }
+
+
+def sched_group(proc: Path = Path("/proc"), cgroup2: Path = Path("/sys/fs/cgroup")) -> dict[str, Any]:
+    """The groups the fair scheduler shares the CPUs by, for this process and the processes it
+    starts (sched(7), "The autogroup feature"; ``proc``: where procfs is mounted, ``cgroup2``:
+    the unified hierarchy where it is the only one):
+
+    - ``cpu_cgroup``: its cgroup of the ``cpu`` controller (v1); on the unified hierarchy (v2),
+      the deepest of its cgroup's ancestors (itself included) down to which every parent enables
+      ``cpu`` in ``cgroup.subtree_control`` ("/" where none does); None where unreadable. The
+      path is as this process's cgroup namespace shows it.
+    - ``autogroup`` ("/autogroup-25") and ``autogroup_nice`` (int): its session's autogroup and
+      that group's nice value, both None where the kernel has no autogroups or they are off
+      (``kernel.sched_autogroup_enabled``). An autogroup counts only in the root cpu cgroup ("/"):
+      the kernel then shares a CPU between the run's session and each other session (and each
+      task of the daemons in no session of their own) by the groups' nice values."""
+    cgroup = unified = None
+    try:
+        for line in (proc / "self" / "cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "cpu" in controllers.split(","):
+                cgroup = path
+            elif controllers == "":
+                unified = path
+    except (OSError, ValueError):
+        pass
+    if cgroup is None and unified is not None:  # cgroup v2 alone: cpu where it is enabled down to it
+        cgroup = "/"
+        for part in [p for p in unified.split("/") if p]:
+            try:
+                enabled = (cgroup2 / cgroup.lstrip("/") / "cgroup.subtree_control").read_text().split()
+            except OSError:
+                break
+            if "cpu" not in enabled:
+                break
+            cgroup = cgroup.rstrip("/") + "/" + part
+    autogroup = nice = None
+    try:
+        if (proc / "sys" / "kernel" / "sched_autogroup_enabled").read_text().strip() == "1":
+            name, _, value = (proc / "self" / "autogroup").read_text().split()  # "/autogroup-25 nice 0"
+            autogroup, nice = name, int(value)
+    except (OSError, ValueError):  # a kernel without CONFIG_SCHED_AUTOGROUP
+        pass
+    return {"cpu_cgroup": cgroup, "autogroup": autogroup, "autogroup_nice": nice}
 
 
 def write_config(
@@ -73,6 +118,7 @@ def write_env(out_dir: Path, net: Network, corpus_sha: str, t_begin_ns: int) -> 
                 "netem": net.mechanism == "netem",
                 "corpus_sha256": corpus_sha,
                 "cpus": os.cpu_count(),
+                **(sched_group() if isinstance(net, LocalHosts) else {}),  # the runner's: the workers' here
                 "run_prefix": net.prefix,
                 "run_start_ns": t_begin_ns,
             },

@@ -21,6 +21,9 @@ WAIT_NICE = "wait_nice"
 #: the nice value of its BubbleTea filling thread, on the same line of a BubbleTea run's workers
 #: (``bubbletea.fill.Filler``: ``thread_slice.FILL_THREAD_NICE``, or its own where the kernel refused it)
 FILL_NICE = "fill_nice"
+#: the interpreter's switch interval the worker trains with (µs; ``sys.getswitchinterval``), on the
+#: same line: ``bubbletea.fill.SWITCH_INTERVAL_S`` where a filling thread shares its interpreter lock
+SWITCH_INTERVAL_US = "switch_interval_us"
 #: the phases, in order: the run began, its network was built (and, with ``--profile-wan``, its
 #: WAN paths measured: ``wan_profiled``, counted in the start-up), the launcher had preloaded the run,
 #: the workers were started; each worker was forked (or its interpreter had imported the package)
@@ -41,6 +44,7 @@ def mark_startup(
     run_dir: Path, phase: str, worker: int | None = None, t_ns: int | None = None, **fields: int | None
 ) -> None:
     """Append one start-up phase to ``run_dir``'s ``startup.jsonl`` (now, unless ``t_ns``), with
-    ``fields`` (a worker's ``process_group`` line: ``SLICE_NS``, ``WAIT_NICE``, ``FILL_NICE``)."""
+    ``fields`` (a worker's ``process_group`` line: ``SLICE_NS``, ``WAIT_NICE``, ``FILL_NICE``,
+    ``SWITCH_INTERVAL_US``)."""
     with open(run_dir / STARTUP_LOG, "a") as f:
         write_row(f, {T.WORKER: worker, "phase": phase, "t_ns": t_ns if t_ns is not None else now_ns(), **fields})

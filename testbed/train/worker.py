@@ -37,7 +37,7 @@ from testbed.trace import schema as T
 from testbed.trace import task_names
 from testbed.trace.clock import now_ns, sleep_until
 from testbed.trace.events import EventWriter
-from testbed.trace.startup import FILL_NICE, SLICE_NS, WAIT_NICE, mark_startup
+from testbed.trace.startup import FILL_NICE, SLICE_NS, SWITCH_INTERVAL_US, WAIT_NICE, mark_startup
 from testbed.trace.task_names import name_this_thread
 from testbed.train.checkout import join, leave_together
 from testbed.train.data import batch
@@ -80,7 +80,10 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     server = None if bt is None else PrefillServer.for_worker(bt, exp.seed, rank, me.dc, ev, exp.padded, corpus)
     my_dp = join(cfg, rank)
     nices = {WAIT_NICE: switch.granted_nice, **({} if server is None else {FILL_NICE: server.filler.nice})}
-    startup_mark(cfg, rank, "process_group", **{SLICE_NS: switch.granted_ns}, **nices)
+    switch_interval_us = round(sys.getswitchinterval() * 1e6)
+    startup_mark(
+        cfg, rank, "process_group", **{SLICE_NS: switch.granted_ns, SWITCH_INTERVAL_US: switch_interval_us}, **nices
+    )
     switch.default()  # gloo's threads have the short slice; this one only while it waits for an input
     if bt is not None and server is not None and bt.alone:  # no training: the GPU serves prefill alone
         serve_alone(server, exp.iterations, bt.prior_iteration_s, ev)

@@ -14,6 +14,7 @@ from testbed.results.analysis import losses, start_after_arrival
 from testbed.spec.experiment_file import load_experiment
 from testbed.trace import schema as T
 from testbed.trace.events import read_events
+from testbed.trace.jsonl import read_jsonl
 
 from .conftest import machine_state
 
@@ -79,6 +80,14 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
     from testbed.thread_slice import FILL_THREAD_NICE
 
     assert bt["fill_thread_nice"] == FILL_THREAD_NICE and "fill_thread_nice" not in plain  # as root: granted
+    # and their workers trained with the short switch interval; the run without them, Python's own (5 ms)
+    from testbed.bubbletea.fill import SWITCH_INTERVAL_S
+    from testbed.trace.startup import STARTUP_LOG, SWITCH_INTERVAL_US
+
+    for name, want_s in (("atlas", 0.005), ("atlas+bubbletea", SWITCH_INTERVAL_S)):
+        lines = [r for r in read_jsonl(tmp_path / name / STARTUP_LOG) if r.get("phase") == "process_group"]
+        assert len(lines) == exp.stages * exp.replicas, (name, lines)  # one per worker
+        assert {r.get(SWITCH_INTERVAL_US) for r in lines} == {round(want_s * 1e6)}, (name, lines)
     # every chunk ran inside a bubble its worker was waiting in: a receive wait, the send drain or
     # the all-reduce; and each kind of wait was filled at least once
     ev = pd.read_parquet(tmp_path / "atlas+bubbletea" / "events.parquet")

@@ -1,0 +1,78 @@
+"""The scheduling groups a run records in ``env.json`` (``run/records.sched_group``), read from
+hand-written procfs and cgroupfs files in the layouts of cgroup v1, v2 and a hybrid, and from this
+machine's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from testbed.run.records import sched_group
+
+
+def _proc(tmp_path: Path, cgroup: str | None, autogroup: str | None, enabled: str | None) -> Path:
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    if cgroup is not None:
+        (proc / "self" / "cgroup").write_text(cgroup)
+    if autogroup is not None:
+        (proc / "self" / "autogroup").write_text(autogroup + "\n")
+    if enabled is not None:
+        (proc / "sys" / "kernel").mkdir(parents=True)
+        (proc / "sys" / "kernel" / "sched_autogroup_enabled").write_text(enabled + "\n")
+    return proc
+
+
+def _cgroup2(tmp_path: Path, subtree_control: dict[str, str]) -> Path:
+    root = tmp_path / "cgroup2"
+    for path, controllers in subtree_control.items():
+        (root / path.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        (root / path.lstrip("/") / "cgroup.subtree_control").write_text(controllers + "\n")
+    return root
+
+
+def test_cgroup_v1_with_autogroups_on(tmp_path):
+    cgroup = "4:memory:/agent/1\n2:cpu,cpuacct:/\n1:name=systemd:/\n0::/\n"
+    got = sched_group(_proc(tmp_path, cgroup, "/autogroup-25 nice -10", "1"), tmp_path / "none")
+    assert got == {"cpu_cgroup": "/", "autogroup": "/autogroup-25", "autogroup_nice": -10}
+
+
+def test_cgroup_v2_follows_the_cpu_controller_down_and_autogroups_off_are_none(tmp_path):
+    session = "/user.slice/user-1000.slice/session-3.scope"
+    cgroup2 = _cgroup2(tmp_path, {"/": "cpuset cpu io memory pids", "/user.slice": "cpu memory pids"})
+    (cgroup2 / session.lstrip("/")).mkdir(parents=True)
+    (cgroup2 / "user.slice" / "user-1000.slice" / "cgroup.subtree_control").write_text("memory pids\n")
+    got = sched_group(_proc(tmp_path, f"0::{session}\n", "/autogroup-7 nice 0", "0"), cgroup2)
+    # user-1000.slice enables no cpu for its children: the scheduler groups the session by it
+    assert got == {"cpu_cgroup": "/user.slice/user-1000.slice", "autogroup": None, "autogroup_nice": None}
+
+
+def test_cgroup_v2_without_the_cpu_controller_is_the_root_where_autogroups_count(tmp_path):
+    cgroup2 = _cgroup2(tmp_path, {"/": "memory pids"})
+    got = sched_group(_proc(tmp_path, "0::/system.slice/ssh.service\n", "/autogroup-9 nice 0", "1"), cgroup2)
+    assert got == {"cpu_cgroup": "/", "autogroup": "/autogroup-9", "autogroup_nice": 0}
+
+
+def test_hybrid_takes_the_v1_cpu_controller_and_no_autogroup_support_is_none(tmp_path):
+    cgroup = "0::/init.scope\n3:cpu,cpuacct:/system.slice/ssh.service\n"
+    got = sched_group(_proc(tmp_path, cgroup, None, "1"), tmp_path / "none")  # no /proc/self/autogroup
+    assert got == {"cpu_cgroup": "/system.slice/ssh.service", "autogroup": None, "autogroup_nice": None}
+
+
+def test_unreadable_or_garbled_files_are_none_not_an_error(tmp_path):
+    assert sched_group(_proc(tmp_path, None, None, None), tmp_path / "none") == {
+        "cpu_cgroup": None,
+        "autogroup": None,
+        "autogroup_nice": None,
+    }
+    garbled = sched_group(_proc(tmp_path / "g", "no colons here\n", "/autogroup-3 nice high", "1"), tmp_path / "none")
+    assert garbled == {"cpu_cgroup": None, "autogroup": None, "autogroup_nice": None}
+
+
+def test_this_machines_autogroup_is_the_one_procfs_shows():
+    got = sched_group()
+    assert got["cpu_cgroup"] is not None and got["cpu_cgroup"].startswith("/")
+    on = Path("/proc/sys/kernel/sched_autogroup_enabled")
+    if on.exists() and on.read_text().strip() == "1":
+        assert f"{got['autogroup']} nice {got['autogroup_nice']}" == Path("/proc/self/autogroup").read_text().strip()
+    else:
+        assert got["autogroup"] is None and got["autogroup_nice"] is None
