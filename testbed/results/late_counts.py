@@ -11,7 +11,6 @@ an exact test, not by eye.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from testbed.errors import SpecError
 from testbed.results.analysis import LATE_START_TEXT
 from testbed.results.sched_summary import sched_totals
 from testbed.trace import metrics as M
+from testbed.trace.jsonl import read_json_object
 
 #: the kernel's count (``--sched-trace``) and the workers' own
 KERNEL, WORKERS = "kernel", "workers"
@@ -51,13 +51,8 @@ def exact_binomial_p(k: int, n: int, p: float) -> float:
 def read_comparison(folder: Path) -> dict[str, Any]:
     """``folder``'s ``comparison.json``. Raises SpecError naming the file and what is wrong."""
     path = folder / "comparison.json"
-    try:
-        comparison = json.loads(path.read_text())
-    except OSError as e:
-        raise SpecError(str(path), "(file)", str(path), f"cannot be read ({e.strerror})", _FIX) from None
-    except ValueError as e:
-        raise SpecError(str(path), "(file)", path.name, f"is not valid JSON ({e})", _FIX) from None
-    if not isinstance(comparison, dict) or not isinstance(comparison.get("runs"), dict):
+    comparison = read_json_object(path, _FIX)
+    if not isinstance(comparison.get("runs"), dict):
         raise SpecError(str(path), "runs", None, "is missing: no comparison's runs", _FIX)
     return comparison
 

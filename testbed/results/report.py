@@ -29,7 +29,7 @@ from testbed.results.summary import grant_stats, slice_stats, summarize
 from testbed.trace import metrics as M
 from testbed.trace import schema as T
 from testbed.trace.events import read_events, read_link_counters
-from testbed.trace.jsonl import read_jsonl
+from testbed.trace.jsonl import read_json_object, read_jsonl
 from testbed.trace.shaping_log import SHAPING_LOG
 
 #: what ``finalize`` reads of a run's config.json (every run written by ``testbed run`` has them)
@@ -52,14 +52,7 @@ def read_run_config(run_dir: Path) -> dict[str, Any]:
     """A run folder's ``config.json``. Raises SpecError naming the file and what is wrong with it."""
     path = run_dir / "config.json"
     fix = "give a folder written by testbed run (its config.json is the resolved experiment)"
-    try:
-        config = json.loads(path.read_text())
-    except OSError as e:
-        raise SpecError(str(path), "(file)", str(path), f"cannot be read ({e.strerror})", fix) from None
-    except ValueError as e:
-        raise SpecError(str(path), "(file)", path.name, f"is not valid JSON ({e})", fix) from None
-    if not isinstance(config, dict):
-        raise SpecError(str(path), "(top level)", type(config).__name__, "is not a JSON object", fix)
+    config = read_json_object(path, fix)
     missing = [k for k in CONFIG_FIELDS if k not in config]
     if missing:
         raise SpecError(str(path), missing[0], None, "is missing", fix)

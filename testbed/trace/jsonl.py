@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any, TextIO
 
+from testbed.errors import SpecError
+
 
 def read_jsonl(path: Path, pattern: str | None = None) -> list[dict[str, Any]]:
     """The rows of ``path`` (or of every file matching ``pattern`` inside the folder ``path``, in
@@ -34,6 +36,20 @@ def read_jsonl(path: Path, pattern: str | None = None) -> list[dict[str, Any]]:
             if isinstance(row, dict):
                 rows.append(row)
     return rows
+
+
+def read_json_object(path: Path, fix: str) -> dict[str, Any]:
+    """The JSON object in ``path``, a file written by the testbed. Raises SpecError naming the
+    file, what is wrong with it (unreadable, not JSON, not an object) and ``fix``."""
+    try:
+        obj = json.loads(path.read_text())
+    except OSError as e:
+        raise SpecError(str(path), "(file)", str(path), f"cannot be read ({e.strerror})", fix) from None
+    except ValueError as e:
+        raise SpecError(str(path), "(file)", path.name, f"is not valid JSON ({e})", fix) from None
+    if not isinstance(obj, dict):
+        raise SpecError(str(path), "(top level)", type(obj).__name__, "is not a JSON object", fix)
+    return obj
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

@@ -117,6 +117,9 @@ def test_read_comparison_names_the_file_and_the_fault(tmp_path):
     with pytest.raises(SpecError, match="is not valid JSON"):
         read_comparison(tmp_path)
     (tmp_path / "comparison.json").write_text("[1, 2]")
+    with pytest.raises(SpecError, match="is not a JSON object"):
+        read_comparison(tmp_path)
+    (tmp_path / "comparison.json").write_text('{"policies": ["atlas"]}')
     with pytest.raises(SpecError, match="runs: None is missing"):
         read_comparison(tmp_path)
 
