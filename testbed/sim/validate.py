@@ -28,6 +28,7 @@ from testbed.spec.wan_profile import WAN_PROFILE_FILE, WanProfile
 from testbed.trace import metrics as M
 from testbed.trace import schema as T
 from testbed.trace.events import read_events
+from testbed.trace.jsonl import read_json_object
 
 #: figures compared as relative errors, and as absolute differences
 RELATIVE = (M.ITERATION_TIME_S, M.TOKENS_PER_S)
@@ -57,17 +58,7 @@ def load_run(run_dir: Path, measured_links: bool = True) -> MeasuredRun:
     finished run's, or when its ``wan_profile.json`` is unreadable."""
     files = {}
     for name in ("config.json", "summary.json"):
-        path = run_dir / name
-        try:
-            files[name] = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise SpecError(
-                str(run_dir),
-                name,
-                str(path),
-                f"cannot be read ({e})",
-                "give the folder of a finished run (testbed run ... --out DIR)",
-            ) from e
+        files[name] = read_json_object(run_dir / name, "give the folder of a finished run (testbed run ... --out DIR)")
     config, summary = files["config.json"], files["summary.json"]
     try:
         exp = Experiment.from_dict(config)
