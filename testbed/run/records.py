@@ -53,7 +53,11 @@ def sched_group(proc: Path = Path("/proc"), cgroup2: Path = Path("/sys/fs/cgroup
       path is as this process's cgroup namespace shows it.
     - ``autogroup`` ("/autogroup-25") and ``autogroup_nice`` (int): its session's autogroup and
       that group's nice value, both None where the kernel has no autogroups or they are off
-      (``kernel.sched_autogroup_enabled``). An autogroup counts only in the root cpu cgroup ("/"):
+      (``kernel.sched_autogroup_enabled``). A process of init's session (a service started with
+      no ``setsid``) is in the kernel's default autogroup, the root task group itself, where
+      ``/proc/self/autogroup`` is empty: ``autogroup`` is then "/" and ``autogroup_nice`` None
+      (its tasks compete one by one; the root group has no nice value to set). An autogroup counts
+      only in the root cpu cgroup ("/"):
       the kernel then shares a CPU between the run's session and each other session (and each
       task of the daemons in no session of their own) by the groups' nice values."""
     cgroup = unified = None
@@ -79,8 +83,12 @@ def sched_group(proc: Path = Path("/proc"), cgroup2: Path = Path("/sys/fs/cgroup
     autogroup = nice = None
     try:
         if (proc / "sys" / "kernel" / "sched_autogroup_enabled").read_text().strip() == "1":
-            name, _, value = (proc / "self" / "autogroup").read_text().split()  # "/autogroup-25 nice 0"
-            autogroup, nice = name, int(value)
+            shown = (proc / "self" / "autogroup").read_text().split()  # "/autogroup-25 nice 0"
+            if not shown:  # the default autogroup: init's session (kernel/sched/autogroup.c)
+                autogroup = "/"
+            else:
+                name, _, value = shown
+                autogroup, nice = name, int(value)
     except (OSError, ValueError):  # a kernel without CONFIG_SCHED_AUTOGROUP
         pass
     return {"cpu_cgroup": cgroup, "autogroup": autogroup, "autogroup_nice": nice}

@@ -36,6 +36,12 @@ def test_cgroup_v1_with_autogroups_on(tmp_path):
     assert got == {"cpu_cgroup": "/", "autogroup": "/autogroup-25", "autogroup_nice": -10}
 
 
+def test_init_session_is_the_default_autogroup_with_no_nice(tmp_path):
+    # /proc/1/autogroup and a service of init's session print nothing: the root task group
+    got = sched_group(_proc(tmp_path, "2:cpu,cpuacct:/\n", "", "1"), tmp_path / "none")
+    assert got == {"cpu_cgroup": "/", "autogroup": "/", "autogroup_nice": None}
+
+
 def test_cgroup_v2_follows_the_cpu_controller_down_and_autogroups_off_are_none(tmp_path):
     session = "/user.slice/user-1000.slice/session-3.scope"
     cgroup2 = _cgroup2(tmp_path, {"/": "cpuset cpu io memory pids", "/user.slice": "cpu memory pids"})
@@ -73,6 +79,10 @@ def test_this_machines_autogroup_is_the_one_procfs_shows():
     assert got["cpu_cgroup"] is not None and got["cpu_cgroup"].startswith("/")
     on = Path("/proc/sys/kernel/sched_autogroup_enabled")
     if on.exists() and on.read_text().strip() == "1":
-        assert f"{got['autogroup']} nice {got['autogroup_nice']}" == Path("/proc/self/autogroup").read_text().strip()
+        shown = Path("/proc/self/autogroup").read_text().strip()
+        if shown:  # a session of its own
+            assert f"{got['autogroup']} nice {got['autogroup_nice']}" == shown
+        else:  # init's session (a CI service started with no setsid): the default autogroup
+            assert got["autogroup"] == "/" and got["autogroup_nice"] is None
     else:
         assert got["autogroup"] is None and got["autogroup_nice"] is None
