@@ -30,6 +30,13 @@ BUBBLETEA_FIGURES = (
 MAX_QUEUE_EMPTY_SHARE = 0.05
 
 
+def run_folder_name(policy: str, k: int, repeat: int) -> str:
+    """A policy's run folder in a comparison: its name with the parts' ``/`` as ``_``
+    (``pp-fair_placement=atlas``), suffixed ``-k`` for the k-th repeat."""
+    name = policy.replace("/", "_")
+    return name if repeat == 1 else f"{name}-{k}"
+
+
 def base_policy(name: str) -> str:
     """The network policy of a policy name (``atlas+bubbletea`` -> ``atlas``)."""
     return parse_policy(name).base

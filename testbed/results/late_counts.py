@@ -17,6 +17,7 @@ from typing import Any
 
 from testbed.errors import SpecError
 from testbed.results.analysis import LATE_START_TEXT
+from testbed.results.compare import run_folder_name
 from testbed.results.sched_summary import sched_totals
 from testbed.trace import metrics as M
 from testbed.trace.jsonl import read_json_object
@@ -49,11 +50,21 @@ def exact_binomial_p(k: int, n: int, p: float) -> float:
 
 
 def read_comparison(folder: Path) -> dict[str, Any]:
-    """``folder``'s ``comparison.json``. Raises SpecError naming the file and what is wrong."""
+    """``folder``'s ``comparison.json``, each run's summary taken from its run folder's
+    ``summary.json`` where there is one (``compare.run_folder_name``): the same figures, or newer
+    ones where ``testbed analyze`` rewrote it after the comparison. Raises SpecError naming the
+    file and what is wrong."""
     path = folder / "comparison.json"
     comparison = read_json_object(path, _FIX)
-    if not isinstance(comparison.get("runs"), dict):
+    runs = comparison.get("runs")
+    if not isinstance(runs, dict):
         raise SpecError(str(path), "runs", None, "is missing: no comparison's runs", _FIX)
+    repeat = comparison.get("repeat")
+    for policy, summaries in runs.items():
+        for k in range(len(summaries) if isinstance(summaries, list) and isinstance(repeat, int) else 0):
+            rewritten = folder / run_folder_name(policy, k, repeat) / "summary.json"
+            if rewritten.exists():
+                summaries[k] = read_json_object(rewritten, f"rerun testbed analyze {rewritten.parent}")
     return comparison
 
 
@@ -88,7 +99,12 @@ def late_over_comparisons(
     ``ops_total`` (operations with an input), ``late_per_1000_ops``; with KERNEL, ``events_lost``
     (the traces' lost events, summed) and ``queue_cpu_ms_by_role`` (what the CPU of the late
     threads' run queues ran while they waited, ms by role, largest first; None unless every
-    run's trace tells it: ``sched_summary.sched_totals``); and for each policy but the baseline
+    run's trace tells it: ``sched_summary.sched_totals``), ``runnable_ms`` (the ms they waited
+    for a CPU), ``free_cpu_ms`` (of that, the ms another CPU was free for them) and
+    ``late_with_free_cpu`` (how many had a free CPU for at least as long as they were late past
+    the bound; both None unless every run's summary tells them: a trace without the moves
+    between CPUs, or a summary from before the figures, which ``testbed analyze`` of the run
+    folder rewrites: ``read_comparison``); and for each policy but the baseline
     ``excess_per_comparison`` (its count less the baseline's scaled to its operations, per
     comparison) and ``p_same_rate``: the conditional test of two Poisson rates (Przyborowski and
     Wilenski, Biometrika 31, 1940; R's ``poisson.test``): were both policies' operations late at
@@ -112,6 +128,9 @@ def late_over_comparisons(
             totals = sched_totals({p: [run for _, c in comparisons for run in c["runs"][p]]})[p]
             figures["events_lost"] = totals[M.SCHED_EVENTS_LOST]
             figures["queue_cpu_ms_by_role"] = totals[M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS]
+            figures["runnable_ms"] = totals[M.SCHED_LATE_RUNNABLE_MS]
+            figures["free_cpu_ms"] = totals[M.SCHED_LATE_FREE_CPU_MS]
+            figures["late_with_free_cpu"] = totals[M.SCHED_LATE_OPS_FREE_CPU]
         out["policies"][p] = figures
     base = out["policies"][baseline]
     for p in names[1:]:
@@ -155,4 +174,18 @@ def format_late_counts(figures: dict[str, Any]) -> str:
             roles = [(r, ms) for r, ms in by_role.items() if ms > 0][:5]
             shown = ", ".join(f"{r} {ms:.1f}" for r, ms in roles) or "nothing"
             lines.append(f"- {name} ({sum(by_role.values()):.1f} ms): {shown}{lost}")
+        lines += [
+            "",
+            "Another CPU free while they waited for one (idle, or running only SCHED_IDLE work: the kernel left",
+            f"them queued), and how many had it for at least as long as they were late past {LATE_START_TEXT[1:]}:",
+            "",
+        ]
+        for name, f in figures["policies"].items():
+            if f["free_cpu_ms"] is None or f["late_with_free_cpu"] is None:
+                lines.append(f"- {name}: not told (a trace without the moves between CPUs, or summaries from before)")
+                continue
+            lines.append(
+                f"- {name}: {f['free_cpu_ms']:.1f} of {f['runnable_ms']:.1f} ms waiting; "
+                f"{f['late_with_free_cpu']} of {f['late_total']} late operations"
+            )
     return "\n".join(lines)

@@ -108,6 +108,7 @@ SUMMARY_ROWS = [
     (M.DELAY_MECHANISM, "delay mechanism"),
     (M.TRAINING_SLICE_MS, "training threads' CPU slice (ms)"),
     (M.TRAINING_WAIT_NICE, "  nice while waiting for input"),
+    (M.SWITCH_INTERVAL_US, "  interpreter switch interval (µs)"),
     (M.STARTUP_S, "start-up (s, first forward)"),
     (M.WAN_QUEUE_DROPS, "WAN queue drops (packets)"),
 ]
@@ -156,6 +157,8 @@ EXTRA_ROWS = [
     (M.SCHED_LATE_UNSEEN_MS, "  before it was seen (ms)"),
     (M.SCHED_LATE_RUNNING_MS, "  their thread on a CPU (ms)"),
     (M.SCHED_LATE_RUNNABLE_MS, "  waiting for a CPU (ms)"),
+    (M.SCHED_LATE_FREE_CPU_MS, "    another CPU free (ms)"),
+    (M.SCHED_LATE_OPS_FREE_CPU, "    ops it was free for past 1 ms late"),
     (M.SCHED_LATE_SLEEPING_MS, "  asleep (ms)"),
     (M.SCHED_LATE_UNKNOWN_MS, "  not in the trace (ms)"),
     (M.SCHED_EVENTS_LOST, "  sched events lost"),

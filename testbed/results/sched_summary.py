@@ -13,8 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from testbed.results.analysis import LATE_START_TEXT
-from testbed.results.sched_trace import RUNNABLE, RUNNING, SLEEPING, late_start_causes, parse_sched_lines
+from testbed.results.analysis import LATE_START_NS, LATE_START_TEXT
+from testbed.results.sched_trace import FREE_CPU, RUNNABLE, RUNNING, SLEEPING, late_start_causes, parse_sched_lines
 from testbed.trace import metrics as M
 from testbed.trace import schema as T
 
@@ -22,14 +22,20 @@ from testbed.trace import schema as T
 def cause_totals(ops: pd.DataFrame, by_role: pd.DataFrame) -> dict:
     """The late operations' states and the CPU time by role while they were runnable, on all CPUs
     and on the CPU whose run queue they were on, summed over all of them (ms; roles largest
-    first), as the summary's figures (``M.SCHED_*``; the latter None where ``by_role``'s
-    ``queue_cpu_ms`` is NaN: a trace without the moves between CPUs, ``late_start_causes``)."""
+    first), and the time another CPU was free for them (``M.SCHED_LATE_FREE_CPU_MS``, and
+    ``M.SCHED_LATE_OPS_FREE_CPU``: those it was free for at least as long as they were late past
+    ``LATE_START_NS``), as the summary's figures (``M.SCHED_*``; those on the queue's CPU None where
+    ``by_role``'s ``queue_cpu_ms`` or ``ops``' ``FREE_CPU`` is NaN: a trace without the moves
+    between CPUs, ``late_start_causes``)."""
 
     def by_size(column: str) -> dict[str, float]:
         ms = by_role.groupby("role")[column].sum().sort_values(ascending=False) if len(by_role) else pd.Series()
         return {str(r): round(float(v), 3) for r, v in ms.items()}
 
     queues = by_role.empty or bool(by_role["queue_cpu_ms"].notna().all())  # no late operation: {}
+    free = ops[FREE_CPU] if FREE_CPU in ops else pd.Series(dtype=float)
+    told = bool(free.notna().all())  # no late operation: 0
+    past_bound = ops["late_ms"] - LATE_START_NS / 1e6
     return {
         M.SCHED_LATE_OPS: int(len(ops)),
         M.SCHED_LATE_UNSEEN_MS: float(ops["unseen_ms"].sum()),
@@ -39,6 +45,8 @@ def cause_totals(ops: pd.DataFrame, by_role: pd.DataFrame) -> dict:
         M.SCHED_LATE_UNKNOWN_MS: float(ops["unknown"].sum()),
         M.SCHED_CPU_WHILE_RUNNABLE_MS: by_size("cpu_ms"),
         M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS: by_size("queue_cpu_ms") if queues else None,
+        M.SCHED_LATE_FREE_CPU_MS: float(free.sum()) if told else None,
+        M.SCHED_LATE_OPS_FREE_CPU: int((free >= past_bound).sum()) if told else None,
     }
 
 
@@ -108,14 +116,21 @@ def _summed_by_role(summaries: list[dict[str, Any]], figure: str) -> dict[str, f
     return dict(sorted(ms.items(), key=lambda x: -x[1]))
 
 
+def _summed(summaries: list[dict[str, Any]], figure: str) -> Any:
+    """A figure summed over ``summaries``; None if one lacks it (a summary from before it was)."""
+    values = [s.get(figure) for s in summaries]
+    return None if any(v is None for v in values) else sum(values)
+
+
 def sched_totals(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """Per policy of a comparison (``runs``: its runs' summaries) traced with ``--sched-trace``, its late
     operations' figures summed over its traced runs: ``runs``, ``M.SCHED_LATE_OPS``,
     ``M.SCHED_EVENTS_LOST``, the ms their threads were on a CPU, waiting for one, asleep and not
     in the trace (``M.SCHED_LATE_*_MS``), ``M.SCHED_CPU_WHILE_RUNNABLE_MS``: the ms the CPUs gave
     each role while they waited, and ``M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS``: of that, the CPU
-    whose run queue each waited on (None unless every run's trace tells it), largest first. A
-    policy with no traced run is left out."""
+    whose run queue each waited on (None unless every run's trace tells it), largest first;
+    ``M.SCHED_LATE_FREE_CPU_MS`` and ``M.SCHED_LATE_OPS_FREE_CPU`` (``cause_totals``; None unless
+    every run's summary has them). A policy with no traced run is left out."""
     totals = {}
     for policy, summaries in runs.items():
         traced = [s for s in summaries if s.get(M.SCHED_LATE_OPS) is not None]
@@ -140,6 +155,7 @@ def sched_totals(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, A
             ),
             M.SCHED_CPU_WHILE_RUNNABLE_MS: _summed_by_role(traced, M.SCHED_CPU_WHILE_RUNNABLE_MS),
             M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS: _summed_by_role(traced, M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS),
+            **{k: _summed(traced, k) for k in (M.SCHED_LATE_FREE_CPU_MS, M.SCHED_LATE_OPS_FREE_CPU)},
         }
     return totals
 
@@ -163,6 +179,13 @@ def sched_lines(totals: dict[str, dict[str, Any]]) -> list[str]:
             f"for a CPU, ran {t[M.SCHED_LATE_RUNNING_MS]:.1f} ms, slept {t[M.SCHED_LATE_SLEEPING_MS]:.1f} ms"
             + (f", {unknown:.1f} ms not in the trace" if unknown > 0.0005 else "")
         )
+        free, free_ops = t.get(M.SCHED_LATE_FREE_CPU_MS), t.get(M.SCHED_LATE_OPS_FREE_CPU)
+        if free is not None and free_ops is not None and t[M.SCHED_LATE_OPS]:
+            lines.append(
+                f"  another CPU was free (idle, or running only SCHED_IDLE work) {free:.1f} ms of their wait; "
+                f"{free_ops} of the {t[M.SCHED_LATE_OPS]} had one for at least as long as they were late past "
+                f"{LATE_START_NS / 1e6:g} ms"
+            )
         for figure, what in (
             (M.SCHED_CPU_WHILE_RUNNABLE_MS, "the CPUs ran meanwhile"),
             (M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS, "the CPU whose run queue each waited on ran"),

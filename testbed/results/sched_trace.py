@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from testbed.results import analysis as A
+from testbed.results.cpu_timeline import CpuTimeline
 from testbed.results.input_arrival import input_arrivals_ns
 from testbed.trace import schema as T
 from testbed.trace.task_names import role_of
@@ -40,6 +41,9 @@ _FORK = re.compile(r"comm=.* pid=(\d+) child_comm=(.*) child_pid=(\d+)$")
 #: a late operation's main thread, between its input and its start: on a CPU, on a run queue
 #: waiting for one (woken, or preempted), or asleep (waiting on a lock, a socket...)
 RUNNING, RUNNABLE, SLEEPING = "running", "runnable", "sleeping"
+#: of a late operation's time on a run queue, the ms some other CPU was free for its thread
+#: (``cpu_timeline.FREE_ROLES``: idle, or running only ``SCHED_IDLE`` work)
+FREE_CPU = "free_cpu_ms"
 
 
 def parse_sched_lines(lines: Iterable[str]) -> pd.DataFrame:
@@ -149,40 +153,6 @@ def relative_role(
     }[role]
 
 
-class _Cpus:
-    """Which task each CPU ran when: per CPU, the switch times and the task switched to; ``n_cpus``
-    the machine's CPUs (one that never switched in the trace is ``unknown``)."""
-
-    def __init__(self, sw: pd.DataFrame, n_cpus: int) -> None:
-        self.t: dict[int, np.ndarray] = {}
-        self.task: dict[int, pd.DataFrame] = {}
-        for cpu, g in sw.sort_values(T.T_NS, kind="stable").groupby(T.CPU):
-            self.t[int(cpu)] = g[T.T_NS].to_numpy()
-            self.task[int(cpu)] = g[[T.NEXT_COMM, T.NEXT_PID, T.NEXT_TGID]].reset_index(drop=True)
-        self.n_cpus = max(n_cpus, len(self.t))
-
-    def time_by_role(self, a: int, b: int, role_of_task, into: dict[str, float], cpu: int | None = None) -> None:
-        """Add to ``into`` each role's CPU time (ms) in [a, b) over all CPUs, or on ``cpu`` alone
-        (``role_of_task(comm, pid, tgid)``); time before a CPU's first switch, or on a CPU that
-        never switched, counts as ``unknown``."""
-        unseen = (self.n_cpus - len(self.t)) if cpu is None else int(cpu not in self.t)
-        if unseen:
-            into["unknown"] = into.get("unknown", 0.0) + unseen * (b - a) / 1e6
-        for c, t in self.t.items():
-            if cpu is not None and c != cpu:
-                continue
-            i = max(0, int(np.searchsorted(t, a, side="right")) - 1)
-            if t[0] > a:
-                into["unknown"] = into.get("unknown", 0.0) + (min(b, t[0]) - a) / 1e6
-            while i < len(t) and t[i] < b:
-                lo, hi = max(a, t[i]), min(b, t[i + 1] if i + 1 < len(t) else b)
-                if hi > lo:
-                    comm, pid, tgid = self.task[c].iloc[i]
-                    role = role_of_task(comm, pid, tgid)
-                    into[role] = into.get(role, 0.0) + (hi - lo) / 1e6
-                i += 1
-
-
 def _states(events: pd.DataFrame, pid: int) -> tuple[np.ndarray, list[str], list[int]]:
     """The state timeline of task ``pid``: the times it changed state or run queue, the state from
     each, and the CPU it ran on or whose run queue it was on (-1 asleep). A task moved while
@@ -236,7 +206,9 @@ def late_start_causes(
     it, before the worker saw the input: ``ready_ns`` less ``arrival_ns``) and the ms its
     worker's main thread spent ``running``, ``runnable`` and ``sleeping`` from the arrival to the
     start, and ``unknown``
-    (before the trace saw the thread, or outside what it holds whole: ``covered``); one row per
+    (before the trace saw the thread, or outside what it holds whole: ``covered``), and of its
+    time on a run queue, ``FREE_CPU``: the ms at least one other CPU than that queue's was idle
+    or ran only ``SCHED_IDLE`` work (``CpuTimeline.free_ms``; NaN unless ``queues``); one row per
     (late operation, role): ``op`` (the first table's index), ``role`` (``relative_role``),
     ``cpu_ms``, the CPU time all CPUs gave that role while the operation's thread was runnable,
     and ``queue_cpu_ms``, the part of it on the CPU whose run queue the thread was on: NaN unless
@@ -261,10 +233,11 @@ def late_start_causes(
     for s in (RUNNING, RUNNABLE, SLEEPING):
         ops[s] = 0.0
     ops["unknown"] = ops["late_ms"]  # until accounted for
+    ops[FREE_CPU] = 0.0 if queues else np.nan
     by_role: list[tuple[int, str, float, float]] = []
     if ops.empty or sched.empty:
         return ops, pd.DataFrame(by_role, columns=columns)
-    cpus = _Cpus(sched[sched[T.EVENT] == T.SCHED_SWITCH], n_cpus)
+    cpus = CpuTimeline(sched[sched[T.EVENT] == T.SCHED_SWITCH], n_cpus)
     rank_of_pid = {pid: rank for rank, pid in pids.items()}
     timelines = {rank: _states(sched, pid) for rank, pid in pids.items()}
     lo, hi_cover = covered(sched, lost_events)
@@ -291,6 +264,7 @@ def late_start_causes(
                     cpus.time_by_role(cursor, end, role, roles)
                     if queues:
                         cpus.time_by_role(cursor, end, role, on_queue, cpu=queue_cpus[i])
+                        ops.at[k, FREE_CPU] += cpus.free_ms(cursor, end, role, besides=queue_cpus[i])
                 cursor = end
             i += 1
         by_role += [(k, r, ms, on_queue.get(r, 0.0) if queues else np.nan) for r, ms in roles.items()]

@@ -17,7 +17,7 @@ from testbed.spec.policy import DEFAULT_POLICY, Policy, UnknownPolicy, parse_pol
 from testbed.trace import metrics as M
 from testbed.trace import schema as T
 from testbed.trace.jsonl import read_jsonl
-from testbed.trace.startup import FILL_NICE, SLICE_NS, STARTUP_LOG, WAIT_NICE
+from testbed.trace.startup import FILL_NICE, SLICE_NS, STARTUP_LOG, SWITCH_INTERVAL_US, WAIT_NICE
 
 #: A run whose share of padded operations that overran their target exceeds this is flagged.
 MAX_REPRESENTATIVE_OVERRUN = 0.05
@@ -158,7 +158,8 @@ def slice_stats(run_dir: Path) -> dict:
     """The training threads' CPU slice and the nice value their main threads waited for an input
     with (``thread_slice.py``): the longest slice (ms) and the highest nice value a worker
     reported on its ``process_group`` line of ``startup.jsonl``; each None where any worker
-    reported none, or none was recorded (a run from before it). With the highest nice value of
+    reported none, or none was recorded (a run from before it); the longest interpreter switch
+    interval (µs, ``M.SWITCH_INTERVAL_US``), the same way. With the highest nice value of
     BubbleTea's filling threads, where workers reported one (``M.FILL_THREAD_NICE``)."""
     path = run_dir / STARTUP_LOG
     rows = [r for r in (read_jsonl(path) if path.exists() else []) if r.get("phase") == "process_group"]
@@ -166,9 +167,11 @@ def slice_stats(run_dir: Path) -> dict:
     slices = [r.get(SLICE_NS) for r in rows]
     nices = [r.get(WAIT_NICE) for r in rows]
     fills = [r[FILL_NICE] for r in rows if r.get(FILL_NICE) is not None]
+    intervals = [r.get(SWITCH_INTERVAL_US) for r in rows]
     return {
         M.TRAINING_SLICE_MS: max(slices) / 1e6 if slices and None not in slices else None,
         M.TRAINING_WAIT_NICE: max(nices) if nices and None not in nices else None,
+        M.SWITCH_INTERVAL_US: max(intervals) if intervals and None not in intervals else None,
         **({M.FILL_THREAD_NICE: max(fills)} if fills else {}),
     }
 

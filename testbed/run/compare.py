@@ -11,7 +11,7 @@ from typing import Any
 
 from testbed.errors import SpecError
 from testbed.plan.what_if import best_plan as best_plan_of
-from testbed.results.compare import aggregate
+from testbed.results.compare import aggregate, run_folder_name
 from testbed.run.backends import runs_here
 from testbed.run.launch import Launcher
 from testbed.run.records import check_fresh_out_dir
@@ -23,13 +23,6 @@ def _layout(exp: Experiment, best: bool) -> tuple[Experiment, str | None]:
     if not best:
         return exp, None
     return best_plan_of(exp, exp.topology_spec)
-
-
-def run_folder_name(policy: str, k: int, repeat: int) -> str:
-    """A policy's run folder in a comparison: its name with the parts' ``/`` as ``_``
-    (``pp-fair_placement=atlas``), suffixed ``-k`` for the k-th repeat."""
-    name = policy.replace("/", "_")
-    return name if repeat == 1 else f"{name}-{k}"
 
 
 def compare(

@@ -88,6 +88,7 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
         lines = [r for r in read_jsonl(tmp_path / name / STARTUP_LOG) if r.get("phase") == "process_group"]
         assert len(lines) == exp.stages * exp.replicas, (name, lines)  # one per worker
         assert {r.get(SWITCH_INTERVAL_US) for r in lines} == {round(want_s * 1e6)}, (name, lines)
+    assert (plain["switch_interval_us"], bt["switch_interval_us"]) == (5000, round(SWITCH_INTERVAL_S * 1e6))
     # every chunk ran inside a bubble its worker was waiting in: a receive wait, the send drain or
     # the all-reduce; and each kind of wait was filled at least once
     ev = pd.read_parquet(tmp_path / "atlas+bubbletea" / "events.parquet")

@@ -59,7 +59,7 @@ def test_a_folder_holding_a_run_is_refused(tmp_path):
 
 
 def test_an_ablation_reports_each_parts_own_contribution():
-    from testbed.run.compare import run_folder_name
+    from testbed.results.compare import run_folder_name
 
     chain = ["pp-fair", "pp-fair/placement=atlas", "atlas"]
     runs = {

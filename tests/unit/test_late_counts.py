@@ -40,14 +40,28 @@ def test_exact_binomial_p_against_hand_worked_binomials():
             exact_binomial_p(k, n, p)
 
 
-def _run(late_kernel: int | None, late_workers: int, ops: int = 960, queue: dict | None = None) -> dict:
+def _run(
+    late_kernel: int | None,
+    late_workers: int,
+    ops: int = 960,
+    queue: dict | None = None,
+    free: tuple[float, float, int] | None = None,
+) -> dict:
     """A run's summary: its late operations counted each way, its operations with an input and
-    (traced) what the CPU of its late threads' run queues ran, by role."""
+    (traced) what the CPU of its late threads' run queues ran, by role, and (``free``) the ms
+    they waited for a CPU, of which another was free, and how many had one past their lateness."""
     return {
         M.SCHED_LATE_OPS: late_kernel,
         M.TRAINING_OPS_STARTED_LATE: late_workers,
         M.TRAINING_OPS_WITH_INPUT: ops,
         **({} if late_kernel is None else {M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS: queue or {}}),
+        **(
+            {}
+            if free is None
+            else dict(
+                zip((M.SCHED_LATE_RUNNABLE_MS, M.SCHED_LATE_FREE_CPU_MS, M.SCHED_LATE_OPS_FREE_CPU), free, strict=True)
+            )
+        ),
     }
 
 
@@ -75,6 +89,10 @@ def test_late_over_comparisons_totals_excess_and_the_exact_test():
         ("c0", _comparison({"atlas": [_run(1, 1), _run(1, 1)], bt: [_run(3, 2, queue={"decode": 2.0}), _run(2, 2)]})),
         ("c1", _comparison({"atlas": [_run(0, 0), _run(2, 2)], bt: [_run(4, 4, queue={"x": 4.0}), _run(0, 0)]})),
     ]
+    for (_, c), free in zip(cs, ((2.0, 1.0, 1), (3.0, 0.5, 0)), strict=True):
+        for run in c["runs"][bt]:
+            # only BubbleTea's summaries tell the free CPU
+            run.update(dict(zip((M.SCHED_LATE_RUNNABLE_MS, M.SCHED_LATE_FREE_CPU_MS, M.SCHED_LATE_OPS_FREE_CPU), free)))
     f = late_over_comparisons(cs, ["atlas", bt], "atlas")
     assert f["comparisons"] == 2 and f["source"] == KERNEL
     a, b = f["policies"]["atlas"], f["policies"][bt]
@@ -88,6 +106,11 @@ def test_late_over_comparisons_totals_excess_and_the_exact_test():
     assert "| atlas | 2, 2 | 4 | 3,840 | 1.04 | (baseline) |  |" in text
     assert f"| {bt} | 5, 4 | 9 | 3,840 | 2.34 | +2.50 | {exact_binomial_p(9, 13, 0.5):.2g} |" in text
     assert f"- {bt} (6.0 ms): x 4.0, decode 2.0" in text
+    # (2 runs x (2.0, 1.0, 1)) + (2 runs x (3.0, 0.5, 0))
+    assert (b["runnable_ms"], b["free_cpu_ms"], b["late_with_free_cpu"]) == (10.0, 3.0, 2)
+    assert a["free_cpu_ms"] is None and a["late_with_free_cpu"] is None
+    assert f"- {bt}: 3.0 of 10.0 ms waiting; 2 of 9 late operations" in text
+    assert "- atlas: not told (a trace without the moves between CPUs, or summaries from before)" in text
 
 
 def test_late_over_comparisons_scales_the_baseline_to_the_policys_operations():
@@ -121,6 +144,26 @@ def test_read_comparison_names_the_file_and_the_fault(tmp_path):
         read_comparison(tmp_path)
     (tmp_path / "comparison.json").write_text('{"policies": ["atlas"]}')
     with pytest.raises(SpecError, match="runs: None is missing"):
+        read_comparison(tmp_path)
+
+
+def test_read_comparison_takes_each_runs_summary_from_its_folder_where_there_is_one(tmp_path):
+    """A run folder's ``summary.json`` (rewritten by ``testbed analyze``) replaces the copy the
+    comparison made; a run without a folder keeps the copy; a bad one is named."""
+    import json
+
+    c = {"repeat": 2, "runs": {"atlas": [_run(1, 1), _run(2, 2)], "pp-fair/striping=on": [_run(3, 3), _run(4, 4)]}}
+    (tmp_path / "comparison.json").write_text(json.dumps(c))
+    (tmp_path / "atlas-1").mkdir()
+    (tmp_path / "atlas-1" / "summary.json").write_text(json.dumps(_run(5, 5, free=(2.0, 1.0, 1))))
+    (tmp_path / "pp-fair_striping=on-0").mkdir()
+    (tmp_path / "pp-fair_striping=on-0" / "summary.json").write_text(json.dumps(_run(6, 6)))
+    runs = read_comparison(tmp_path)["runs"]
+    assert [r[M.SCHED_LATE_OPS] for r in runs["atlas"]] == [1, 5]
+    assert runs["atlas"][1][M.SCHED_LATE_OPS_FREE_CPU] == 1
+    assert [r[M.SCHED_LATE_OPS] for r in runs["pp-fair/striping=on"]] == [6, 4]
+    (tmp_path / "atlas-1" / "summary.json").write_text("{")
+    with pytest.raises(SpecError, match=r"atlas-1/summary.json.*is not valid JSON.*testbed analyze"):
         read_comparison(tmp_path)
 
 

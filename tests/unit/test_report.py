@@ -312,17 +312,21 @@ def test_the_training_slice_is_the_longest_any_worker_reported_and_none_if_one_r
     wait's nice value, the highest); None where a worker reported none, and for a run that
     recorded none."""
     from testbed.results.summary import slice_stats
-    from testbed.trace.startup import SLICE_NS, WAIT_NICE, mark_startup
+    from testbed.trace.startup import SLICE_NS, SWITCH_INTERVAL_US, WAIT_NICE, mark_startup
 
-    nothing = {"training_slice_ms": None, "training_wait_nice": None}
+    nothing = {"training_slice_ms": None, "training_wait_nice": None, "switch_interval_us": None}
     assert slice_stats(tmp_path) == nothing  # no start-up log
     mark_startup(tmp_path, "run_start")
     mark_startup(tmp_path, "forked", 0)
     assert slice_stats(tmp_path) == nothing  # a run from before the slice
-    mark_startup(tmp_path, "process_group", 0, **{SLICE_NS: 100_000, WAIT_NICE: -10})
-    mark_startup(tmp_path, "process_group", 1, **{SLICE_NS: 1_400_000, WAIT_NICE: -5})
-    assert slice_stats(tmp_path) == {"training_slice_ms": pytest.approx(1.4), "training_wait_nice": -5}
-    mark_startup(tmp_path, "process_group", 2, **{SLICE_NS: None, WAIT_NICE: None})
+    mark_startup(tmp_path, "process_group", 0, **{SLICE_NS: 100_000, WAIT_NICE: -10, SWITCH_INTERVAL_US: 100})
+    mark_startup(tmp_path, "process_group", 1, **{SLICE_NS: 1_400_000, WAIT_NICE: -5, SWITCH_INTERVAL_US: 5000})
+    assert slice_stats(tmp_path) == {
+        "training_slice_ms": pytest.approx(1.4),
+        "training_wait_nice": -5,
+        "switch_interval_us": 5000,
+    }
+    mark_startup(tmp_path, "process_group", 2, **{SLICE_NS: None, WAIT_NICE: None})  # no interval: from before it
     assert slice_stats(tmp_path) == nothing
 
 

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from eventrows import MS, event_row
 
+from testbed.results.cpu_timeline import FREE_ROLES, CpuTimeline
 from testbed.results.sched_summary import (
     LATE_STARTS_FILE,
     SCHED_INFO_FILE,
@@ -17,7 +18,7 @@ from testbed.results.sched_summary import (
     sched_stats,
     write_sched_trace,
 )
-from testbed.results.sched_trace import late_start_causes, parse_sched_lines, run_tasks, worker_pids
+from testbed.results.sched_trace import late_start_causes, parse_sched_lines, relative_role, run_tasks, worker_pids
 from testbed.trace import schema as T
 from testbed.trace.task_names import name_this_thread, role_of
 
@@ -173,6 +174,55 @@ def test_a_thread_moved_as_it_is_woken_waits_on_the_wakeups_cpu_and_a_running_on
     assert on_queue == pytest.approx({"delay element": 0.0, "other workers": 2.0})
 
 
+@pytest.mark.parametrize(("w1_back_at", "free_ms", "counted"), [("1.004500", 2.0, 1), ("1.003500", 1.5, 0)])
+def test_a_thread_left_queued_while_another_cpu_idles_or_runs_sched_idle_work(w1_back_at, free_ms, counted):
+    """Worker 0 waits on CPU 0's queue behind the delay element from 1.002 to 1.004 (3 ms late, 2
+    past the 1 ms bound) while CPU 1 runs worker 1's prefill stream (SCHED_IDLE) from 1.0015 and
+    is idle from 1.003: CPU 1 was free for it the whole 2 ms, or 1.5 ms where worker 1 runs again
+    from 1.0035; counted only where the free time covers the lateness past the bound."""
+    stream = ("tb-w1-pf", 250, 250)
+    lines = [
+        switch("1.000000", 0, IDLE0, "R", W0[:2]),
+        switch("1.000000", 1, IDLE1, "R", W1[:2]),
+        switch("1.001000", 0, W0, "S", DELAY[:2]),
+        switch("1.001500", 1, W1, "S", stream[:2]),
+        wakeup("1.002000", 0, DELAY, W0[:2]),
+        switch("1.003000", 1, stream, "S", IDLE1[:2]),
+        switch(w1_back_at, 1, IDLE1, "R", W1[:2]),
+        switch("1.004000", 0, DELAY, "S", W0[:2]),
+    ]
+    ops, by_role = late_start_causes(_late_op_events(), parse_sched_lines(lines), warmup=1, n_cpus=2, queues=True)
+    assert ops.iloc[0]["free_cpu_ms"] == pytest.approx(free_ms)
+    totals = cause_totals(ops, by_role)
+    assert totals["sched_late_free_cpu_ms"] == pytest.approx(free_ms) and totals["sched_late_ops_free_cpu"] == counted
+    # without the moves between CPUs the queue, and so the other CPUs, are not known
+    ops, by_role = late_start_causes(_late_op_events(), parse_sched_lines(lines), warmup=1, n_cpus=2)
+    assert ops["free_cpu_ms"].isna().all()
+    assert cause_totals(ops, by_role)["sched_late_ops_free_cpu"] is None
+
+
+def test_free_time_is_the_union_over_the_other_cpus_not_their_sum():
+    """Two other CPUs idle at once count once; the thread's own queue's CPU never counts."""
+    lines = [
+        switch("1.000000", 0, IDLE0, "R", W0[:2]),
+        switch("1.000000", 1, IDLE1, "R", W1[:2]),
+        switch("1.000000", 2, ("swapper/2", 0, 0), "R", DELAY[:2]),
+        switch("1.001000", 1, W1, "S", IDLE1[:2]),  # CPU 1 idle from 1.001
+        switch("1.001500", 2, DELAY, "S", ("swapper/2", 0)),  # CPU 2 idle from 1.0015
+        switch("1.002500", 1, IDLE1, "R", W1[:2]),  # CPU 1 busy again at 1.0025
+        switch("1.001200", 0, W0, "S", IDLE0[:2]),  # the queue's CPU idles too: not counted
+    ]
+    sw = parse_sched_lines(lines)
+    cpus = CpuTimeline(sw[sw[T.EVENT] == T.SCHED_SWITCH], 3)
+
+    def role(comm: str, pid: int, tgid: int) -> str:
+        return relative_role(comm, pid, tgid, 0, {100: 0, 200: 1})
+
+    # [1.000, 1.003): CPU 1 idle 1.001-1.0025, CPU 2 idle 1.0015-1.003: at least one 1.001-1.003
+    assert cpus.free_ms(int(1.000 * 1e9), int(1.003 * 1e9), role, besides=0) == pytest.approx(2.0)
+    assert FREE_ROLES >= {"idle", "decode", "own stream", "other workers' streams"}
+
+
 @pytest.mark.parametrize("with_moves", [True, False])
 def test_a_run_folders_trace_gives_queue_figures_only_where_the_moves_were_recorded(tmp_path, with_moves):
     """``sched_stats`` on a run folder: a trace whose ``sched.json`` lists the moves between CPUs
@@ -276,6 +326,8 @@ def test_no_late_operation_or_no_trace_gives_empty_tables():
         "sched_late_unknown_ms": 0.0,
         "sched_cpu_while_runnable_ms": {},
         "sched_queue_cpu_while_runnable_ms": {},
+        "sched_late_free_cpu_ms": 0.0,
+        "sched_late_ops_free_cpu": 0,
     }
 
 
