@@ -1,14 +1,17 @@
 """What a run folder records about the run before it trains: ``config.json`` (the resolved
 experiment, its placement and the predicted iteration time) and ``env.json`` (versions, the kernel,
 the backend and what it found, the delay mechanism, the corpus's fingerprint, the CPU cgroup and
-autogroup of the runner and, on this machine, its workers, when the run began); and the check
+autogroup of the runner and, on this machine, its workers, and how its kernel schedules (tick
+rate, preemption model, scheduler sysctls), when the run began); and the check
 that a folder holds no run yet."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 from dataclasses import asdict
@@ -94,6 +97,54 @@ def sched_group(proc: Path = Path("/proc"), cgroup2: Path = Path("/sys/fs/cgroup
     return {"cpu_cgroup": cgroup, "autogroup": autogroup, "autogroup_nice": nice}
 
 
+def sched_kernel(
+    proc: Path = Path("/proc"), boot: Path = Path("/boot"), debugfs: Path = Path("/sys/kernel/debug")
+) -> dict:
+    """How this machine's kernel schedules, as far as it tells (read, never changed): ``kernel_hz``,
+    its tick rate (``CONFIG_HZ`` of ``/proc/config.gz`` or ``/boot/config-RELEASE``; a fair
+    thread left on a run queue waits at most for the next tick to be looked at again);
+    ``kernel_preempt``, its preemption model (``/sys/kernel/debug/sched/preempt``'s chosen one,
+    else ``preempt=`` of the command line, else the configured ``CONFIG_PREEMPT_*``: ``none``,
+    ``voluntary``, ``full`` or ``lazy``); ``sched_sysctls``, every readable
+    ``/proc/sys/kernel/sched_*`` (a machine's own, such as a VM platform's, included: compare them
+    before comparing two machines' late operations). Each None, or {}, where not told."""
+    config: list[str] = []
+    for path in (proc / "config.gz", boot / f"config-{platform.release()}"):
+        try:
+            config = (
+                gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+            ).splitlines()
+            break
+        except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError):
+            continue
+    options = dict(line.split("=", 1) for line in config if line.startswith("CONFIG_") and "=" in line)
+    hz = int(options["CONFIG_HZ"]) if options.get("CONFIG_HZ", "").isdigit() else None
+    preempt = None
+    try:  # "none (voluntary) full lazy": the chosen one in brackets
+        chosen = re.search(r"\((\w+)\)", (debugfs / "sched" / "preempt").read_text())
+        preempt = chosen.group(1) if chosen else None
+    except OSError:
+        pass
+    if preempt is None:
+        try:
+            given = re.search(r"(?:^|\s)preempt=(\w+)", (proc / "cmdline").read_text())
+            preempt = given.group(1) if given else None
+        except OSError:
+            pass
+    if preempt is None:
+        models = {"CONFIG_PREEMPT_NONE": "none", "CONFIG_PREEMPT_VOLUNTARY": "voluntary", "CONFIG_PREEMPT": "full"}
+        models["CONFIG_PREEMPT_LAZY"] = "lazy"
+        preempt = next((m for option, m in models.items() if options.get(option) == "y"), None)
+    sysctls = {}
+    for path in sorted((proc / "sys" / "kernel").glob("sched_*")):
+        try:
+            value = path.read_text().strip()
+        except OSError:  # write-only, or not ours to read
+            continue
+        sysctls[path.name] = int(value) if value.lstrip("-").isdigit() else value
+    return {"kernel_hz": hz, "kernel_preempt": preempt, "sched_sysctls": sysctls}
+
+
 def write_config(
     out_dir: Path, exp: Experiment, workers: list[WorkerSpec], predicted_s: float, plan_note: str | None = None
 ) -> None:
@@ -126,7 +177,8 @@ def write_env(out_dir: Path, net: Network, corpus_sha: str, t_begin_ns: int) -> 
                 "netem": net.mechanism == "netem",
                 "corpus_sha256": corpus_sha,
                 "cpus": os.cpu_count(),
-                **(sched_group() if isinstance(net, LocalHosts) else {}),  # the runner's: the workers' here
+                # the runner's and this machine's: the workers' here
+                **({**sched_group(), **sched_kernel()} if isinstance(net, LocalHosts) else {}),
                 "run_prefix": net.prefix,
                 "run_start_ns": t_begin_ns,
             },

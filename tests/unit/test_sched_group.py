@@ -1,12 +1,14 @@
 """The scheduling groups a run records in ``env.json`` (``run/records.sched_group``), read from
 hand-written procfs and cgroupfs files in the layouts of cgroup v1, v2 and a hybrid, and from this
-machine's."""
+machine's; and how its kernel schedules (``sched_kernel``)."""
 
 from __future__ import annotations
 
+import gzip
+import platform
 from pathlib import Path
 
-from testbed.run.records import sched_group
+from testbed.run.records import sched_group, sched_kernel
 
 
 def _proc(tmp_path: Path, cgroup: str | None, autogroup: str | None, enabled: str | None) -> Path:
@@ -86,3 +88,59 @@ def test_this_machines_autogroup_is_the_one_procfs_shows():
             assert got["autogroup"] == "/" and got["autogroup_nice"] is None
     else:
         assert got["autogroup"] is None and got["autogroup_nice"] is None
+
+
+def _kernel_files(tmp_path: Path, config: str | None, cmdline: str, sysctls: dict[str, str], debug: str | None) -> Path:
+    proc = tmp_path / "proc"
+    (proc / "sys" / "kernel").mkdir(parents=True)
+    if config is not None:
+        (proc / "config.gz").write_bytes(gzip.compress(config.encode()))
+    (proc / "cmdline").write_text(cmdline + "\n")
+    for name, value in sysctls.items():
+        (proc / "sys" / "kernel" / name).write_text(value + "\n")
+    if debug is not None:
+        (tmp_path / "debug" / "sched").mkdir(parents=True)
+        (tmp_path / "debug" / "sched" / "preempt").write_text(debug + "\n")
+    return proc
+
+
+def test_the_kernels_tick_preemption_model_and_scheduler_sysctls_as_it_tells_them(tmp_path):
+    """``sched_kernel``: the tick rate and preemption model from the configuration, the model
+    debugfs shows chosen before the command line's before the configuration's, and every
+    readable ``sched_*`` sysctl, a platform's own included."""
+    config = "# comment\nCONFIG_HZ_250=y\nCONFIG_HZ=250\nCONFIG_PREEMPT_NONE=y\nCONFIG_PREEMPT_DYNAMIC=y\n"
+    sysctls = {"sched_autogroup_enabled": "1", "sched_vcpu_pack": "15", "sched_domain_names": "MC DIE"}
+    proc = _kernel_files(tmp_path, config, "console=ttyS0 quiet", sysctls, None)
+    got = sched_kernel(proc, tmp_path / "boot", tmp_path / "debug")
+    assert got == {
+        "kernel_hz": 250,
+        "kernel_preempt": "none",
+        "sched_sysctls": {"sched_autogroup_enabled": 1, "sched_domain_names": "MC DIE", "sched_vcpu_pack": 15},
+    }
+    (proc / "cmdline").write_text("quiet preempt=full\n")
+    assert sched_kernel(proc, tmp_path / "boot", tmp_path / "debug")["kernel_preempt"] == "full"
+    _kernel_files(tmp_path / "d", None, "", {}, "none voluntary (lazy) full")
+    assert sched_kernel(proc, tmp_path / "boot", tmp_path / "d" / "debug")["kernel_preempt"] == "lazy"
+
+
+def test_a_kernel_that_tells_nothing_gives_none_not_an_error(tmp_path):
+    proc = _kernel_files(tmp_path, None, "", {}, None)
+    (proc / "config.gz").write_bytes(b"not gzip")
+    assert sched_kernel(proc, tmp_path / "boot", tmp_path / "debug") == {
+        "kernel_hz": None,
+        "kernel_preempt": None,
+        "sched_sysctls": {},
+    }
+    (tmp_path / "boot").mkdir()
+    (tmp_path / "boot" / f"config-{platform.release()}").write_text("CONFIG_HZ=1000\nCONFIG_PREEMPT=y\n")
+    got = sched_kernel(proc, tmp_path / "boot", tmp_path / "debug")
+    assert (got["kernel_hz"], got["kernel_preempt"]) == (1000, "full")
+
+
+def test_this_machines_kernel_is_read_not_changed():
+    got = sched_kernel()
+    assert set(got) == {"kernel_hz", "kernel_preempt", "sched_sysctls"}
+    assert got["kernel_hz"] is None or got["kernel_hz"] in (100, 250, 300, 1000)
+    on = Path("/proc/sys/kernel/sched_autogroup_enabled")
+    if on.exists():
+        assert got["sched_sysctls"]["sched_autogroup_enabled"] == int(on.read_text())
