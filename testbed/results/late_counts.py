@@ -182,7 +182,8 @@ def format_late_counts(figures: dict[str, Any]) -> str:
         ]
         for name, f in figures["policies"].items():
             if f["free_cpu_ms"] is None or f["late_with_free_cpu"] is None:
-                lines.append(f"- {name}: not told (a trace without the moves between CPUs, or summaries from before)")
+                why = "a trace without the moves between CPUs, or summaries from before: testbed analyze each run"
+                lines.append(f"- {name}: not told ({why})")
                 continue
             lines.append(
                 f"- {name}: {f['free_cpu_ms']:.1f} of {f['runnable_ms']:.1f} ms waiting; "

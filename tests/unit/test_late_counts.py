@@ -110,7 +110,7 @@ def test_late_over_comparisons_totals_excess_and_the_exact_test():
     assert (b["runnable_ms"], b["free_cpu_ms"], b["late_with_free_cpu"]) == (10.0, 3.0, 2)
     assert a["free_cpu_ms"] is None and a["late_with_free_cpu"] is None
     assert f"- {bt}: 3.0 of 10.0 ms waiting; 2 of 9 late operations" in text
-    assert "- atlas: not told (a trace without the moves between CPUs, or summaries from before)" in text
+    assert "- atlas: not told (a trace without the moves between CPUs, or summaries from before: testbed" in text
 
 
 def test_late_over_comparisons_scales_the_baseline_to_the_policys_operations():
