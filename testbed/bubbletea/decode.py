@@ -131,6 +131,8 @@ class DecodeHost:
             os.sched_setscheduler(0, DECODE_POLICY, os.sched_param(0))  # this thread only: not the receiving ones
         except OSError as e:  # decoded all the same, at nice 10 (``main``)
             print(f"decode host {self.address}: the decode steps stay in their class: {e}", file=sys.stderr)
+        else:
+            name_this_thread(task_names.DECODE_STEP)  # named for its class, which a trace does not show
         while True:
             self._admit(batch)
             s0 = now_ns()

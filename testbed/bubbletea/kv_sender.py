@@ -20,6 +20,7 @@ from typing import Any
 
 from testbed.bubbletea.kv_cache import KVCache
 from testbed.trace.clock import now_ns
+from testbed.trace.task_names import name_this_thread
 
 DECODE_PORT = 29600
 FRAME = struct.Struct(">II")
@@ -28,10 +29,11 @@ SEND_ATTEMPTS = 4  # tries to deliver one KV cache to the decode host before the
 
 class KVSender:
     """Sends each ``put`` cache to ``addr``'s ``DECODE_PORT`` in order (None: no decode host, the
-    caches are dropped), calling ``release`` with its held bytes once done."""
+    caches are dropped), calling ``release`` with its held bytes once done; its thread names
+    itself ``name`` (``trace.task_names.KV_SENDER``), where given."""
 
-    def __init__(self, addr: str | None, release: Callable[[int], None]) -> None:
-        self.addr, self.release = addr, release
+    def __init__(self, addr: str | None, release: Callable[[int], None], name: str | None = None) -> None:
+        self.addr, self.release, self.name = addr, release, name
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -45,6 +47,8 @@ class KVSender:
         self._thread.join(timeout=timeout_s)
 
     def _loop(self) -> None:
+        if self.name is not None:
+            name_this_thread(self.name)
         sock = None
         while True:
             item = self._queue.get()

@@ -21,7 +21,7 @@ from testbed.bubbletea.kv_cache import KVCache
 from testbed.bubbletea.kv_sender import KVSender
 from testbed.lifetime import die_with_parent
 from testbed.thread_slice import DEFAULT_SLICE_NS, slice_or_report
-from testbed.trace.task_names import name_this_thread
+from testbed.trace.task_names import KV_SUFFIX, name_this_thread
 
 #: the stream process's scheduling class: SCHED_IDLE, the CPU's counterpart of a low-priority
 #: stream. A waking thread of any other class preempts a SCHED_IDLE one at once (the kernel's
@@ -154,16 +154,18 @@ class StreamProcess:
 def serve_stream(
     conn: Connection, shared: Any, model: InferenceModel, decode_addr: str | None, worker_pid: int, name: str
 ) -> None:
-    """The stream process's body; ``name``: the process's (``trace.task_names.STREAM``)."""
+    """The stream process's body; ``name``: the process's (``trace.task_names.STREAM``; its KV
+    sender's thread: ``task_names.KV_SENDER``)."""
     die_with_parent(signal.SIGKILL, worker_pid)
-    name_this_thread(name)  # before the sender's thread: it inherits the name
+    name_this_thread(name)
     slice_or_report(DEFAULT_SLICE_NS)  # and this: not the training worker's shorter slice (``thread_slice.py``)
     torch.set_num_threads(1)
 
     def release(n: int) -> None:
         shared[RELEASED] += n  # only the sender's thread writes it
 
-    sender = KVSender(decode_addr, release)  # its thread is made before this one turns SCHED_IDLE
+    # its thread is made before this one turns SCHED_IDLE, and named apart (``task_names.KV_SENDER``)
+    sender = KVSender(decode_addr, release, name + KV_SUFFIX)
     stream = StreamProcess(conn, shared, model, sender)
     os.sched_setscheduler(0, SCHED_POLICY, os.sched_param(0))  # this (main) thread only
     stream.serve()

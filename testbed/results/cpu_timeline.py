@@ -1,6 +1,7 @@
 """Which task each CPU ran when, from a scheduler trace's switches (``sched.parquet``): the CPU
-time each role got over an interval, and how long some other CPU was free for a thread that
-waited on a run queue (``results/sched_trace.late_start_causes``)."""
+time each role got over an interval, and when some other CPU than a given one ran tasks of a
+kind (``results/sched_trace.late_start_causes``: idle, or only ``SCHED_IDLE`` work, while a late
+thread waited on a run queue)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,9 @@ import pandas as pd
 
 from testbed.trace import schema as T
 
-#: the roles (``sched_trace.relative_role``) whose CPU a woken ``SCHED_OTHER`` thread would have
-#: had at once: an idle CPU, or one running only the work the testbed runs in ``SCHED_IDLE``
-#: (BubbleTea's decode steps, ``bubbletea/decode.DECODE_POLICY``, and prefill streams,
-#: ``bubbletea/stream_process.SCHED_POLICY``), which a waking thread of another class preempts
-#: at once (sched(7), "SCHED_IDLE"). Such time while a thread waited on another CPU's run queue
-#: is time the kernel did not move it there: on a kernel without preemption, a queued thread
-#: moves at the next load balancing, which a CPU's tick starts (4 ms apart at HZ=250).
-FREE_ROLES = frozenset({"idle", "decode", "own stream", "other workers' streams"})
-
+#: a task's role, or whether it is of a kind, from its (comm, pid, tgid)
 RoleOf = Callable[[str, int, int], str]
+TaskTest = Callable[[str, int, int], bool]
 
 
 class CpuTimeline:
@@ -30,10 +24,11 @@ class CpuTimeline:
 
     def __init__(self, sw: pd.DataFrame, n_cpus: int) -> None:
         self.t: dict[int, np.ndarray] = {}
-        self.task: dict[int, pd.DataFrame] = {}
+        self.task: dict[int, list[tuple[str, int, int]]] = {}
         for cpu, g in sw.sort_values(T.T_NS, kind="stable").groupby(T.CPU):
             self.t[int(cpu)] = g[T.T_NS].to_numpy()
-            self.task[int(cpu)] = g[[T.NEXT_COMM, T.NEXT_PID, T.NEXT_TGID]].reset_index(drop=True)
+            pids, tgids = g[T.NEXT_PID].astype(int).tolist(), g[T.NEXT_TGID].astype(int).tolist()
+            self.task[int(cpu)] = list(zip(g[T.NEXT_COMM].tolist(), pids, tgids, strict=True))
         self.n_cpus = max(n_cpus, len(self.t))
 
     def _segments(self, cpu: int, a: int, b: int) -> Iterator[tuple[int, int, str, int, int]]:
@@ -44,8 +39,8 @@ class CpuTimeline:
         while i < len(t) and t[i] < b:
             lo, hi = max(a, int(t[i])), min(b, int(t[i + 1]) if i + 1 < len(t) else b)
             if hi > lo:
-                comm, pid, tgid = self.task[cpu].iloc[i]
-                yield lo, hi, comm, int(pid), int(tgid)
+                comm, pid, tgid = self.task[cpu][i]
+                yield lo, hi, comm, pid, tgid
             i += 1
 
     def time_by_role(
@@ -66,20 +61,21 @@ class CpuTimeline:
                 role = role_of_task(comm, pid, tgid)
                 into[role] = into.get(role, 0.0) + (hi - lo) / 1e6
 
-    def free_ms(self, a: int, b: int, role_of_task: RoleOf, besides: int) -> float:
-        """The time (ms) within [a, b) during which at least one CPU other than ``besides`` ran a
-        task of a role in ``FREE_ROLES`` (``role_of_task(comm, pid, tgid)``): the union over
-        those CPUs, not their sum. Time a CPU is not in the trace counts as not free."""
+    def spans_where(self, a: int, b: int, test: TaskTest, besides: int) -> list[tuple[int, int]]:
+        """The spans (from, to: ns) within [a, b) during which at least one CPU other than
+        ``besides`` ran a task for which ``test(comm, pid, tgid)`` holds: the union over those
+        CPUs, sorted, not overlapping. Time a CPU is not in the trace does not count."""
         spans = sorted(
             (lo, hi)
             for c in self.t
             if c != besides
             for lo, hi, comm, pid, tgid in self._segments(c, a, b)
-            if role_of_task(comm, pid, tgid) in FREE_ROLES
+            if test(comm, pid, tgid)
         )
-        total, end = 0, a
+        merged: list[tuple[int, int]] = []
         for lo, hi in spans:
-            if hi > end:
-                total += hi - max(lo, end)
-                end = hi
-        return total / 1e6
+            if merged and lo <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+            else:
+                merged.append((lo, hi))
+        return merged

@@ -1,6 +1,7 @@
 """Late training operations over several comparisons (``scripts/late_counts.py``): each policy's
 count per comparison and in all, and whether a policy's rate differs from the baseline's by more
-than chance. Pure: reads ``comparison.json`` files as ``run/compare.py`` writes them.
+than chance. Pure: reads ``comparison.json`` files as ``run/compare.py`` writes them, and their
+runs' ``summary.json`` (``read_comparison``).
 
 A late operation started more than 1 ms after its input arrived (``analysis.start_after_arrival``):
 counted from the kernel's waking where the comparisons were traced (``--sched-trace``: the runs'
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.errors import SpecError
-from testbed.results.analysis import LATE_START_TEXT
+from testbed.results.analysis import LATE_BOUND_TEXT, LATE_START_TEXT
 from testbed.results.compare import run_folder_name
 from testbed.results.sched_summary import sched_totals
 from testbed.trace import metrics as M
@@ -101,10 +102,10 @@ def late_over_comparisons(
     threads' run queues ran while they waited, ms by role, largest first; None unless every
     run's trace tells it: ``sched_summary.sched_totals``), ``runnable_ms`` (the ms they waited
     for a CPU), ``free_cpu_ms`` (of that, the ms another CPU was free for them) and
-    ``late_with_free_cpu`` (how many had a free CPU for at least as long as they were late past
-    the bound; both None unless every run's summary tells them: a trace without the moves
-    between CPUs, or a summary from before the figures, which ``testbed analyze`` of the run
-    folder rewrites: ``read_comparison``); and for each policy but the baseline
+    ``late_ops_free_cpu`` (how many had one at some moment before the bound; both None unless
+    every run's summary tells them: a trace without the moves between CPUs, or a summary from
+    before the figures, which ``testbed analyze`` of the run folder rewrites:
+    ``read_comparison``); and for each policy but the baseline
     ``excess_per_comparison`` (its count less the baseline's scaled to its operations, per
     comparison) and ``p_same_rate``: the conditional test of two Poisson rates (Przyborowski and
     Wilenski, Biometrika 31, 1940; R's ``poisson.test``): were both policies' operations late at
@@ -130,7 +131,7 @@ def late_over_comparisons(
             figures["queue_cpu_ms_by_role"] = totals[M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS]
             figures["runnable_ms"] = totals[M.SCHED_LATE_RUNNABLE_MS]
             figures["free_cpu_ms"] = totals[M.SCHED_LATE_FREE_CPU_MS]
-            figures["late_with_free_cpu"] = totals[M.SCHED_LATE_OPS_FREE_CPU]
+            figures["late_ops_free_cpu"] = totals[M.SCHED_LATE_OPS_FREE_CPU]
         out["policies"][p] = figures
     base = out["policies"][baseline]
     for p in names[1:]:
@@ -176,17 +177,17 @@ def format_late_counts(figures: dict[str, Any]) -> str:
             lines.append(f"- {name} ({sum(by_role.values()):.1f} ms): {shown}{lost}")
         lines += [
             "",
-            "Another CPU free while they waited for one (idle, or running only SCHED_IDLE work: the kernel left",
-            f"them queued), and how many had it for at least as long as they were late past {LATE_START_TEXT[1:]}:",
+            "Another CPU free while they waited for one (idle, or running only SCHED_IDLE work), and how many",
+            f"had one at some moment before {LATE_BOUND_TEXT} from their input:",
             "",
         ]
         for name, f in figures["policies"].items():
-            if f["free_cpu_ms"] is None or f["late_with_free_cpu"] is None:
+            if f["free_cpu_ms"] is None or f["late_ops_free_cpu"] is None:
                 why = "a trace without the moves between CPUs, or summaries from before: testbed analyze each run"
                 lines.append(f"- {name}: not told ({why})")
                 continue
             lines.append(
                 f"- {name}: {f['free_cpu_ms']:.1f} of {f['runnable_ms']:.1f} ms waiting; "
-                f"{f['late_with_free_cpu']} of {f['late_total']} late operations"
+                f"{f['late_ops_free_cpu']} of {f['late_total']} late operations"
             )
     return "\n".join(lines)

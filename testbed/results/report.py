@@ -158,7 +158,7 @@ EXTRA_ROWS = [
     (M.SCHED_LATE_RUNNING_MS, "  their thread on a CPU (ms)"),
     (M.SCHED_LATE_RUNNABLE_MS, "  waiting for a CPU (ms)"),
     (M.SCHED_LATE_FREE_CPU_MS, "    another CPU free (ms)"),
-    (M.SCHED_LATE_OPS_FREE_CPU, "    ops it was free for past 1 ms late"),
+    (M.SCHED_LATE_OPS_FREE_CPU, "    ops with one free before the bound"),
     (M.SCHED_LATE_SLEEPING_MS, "  asleep (ms)"),
     (M.SCHED_LATE_UNKNOWN_MS, "  not in the trace (ms)"),
     (M.SCHED_EVENTS_LOST, "  sched events lost"),

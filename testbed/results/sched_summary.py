@@ -13,8 +13,16 @@ from typing import Any
 
 import pandas as pd
 
-from testbed.results.analysis import LATE_START_NS, LATE_START_TEXT
-from testbed.results.sched_trace import FREE_CPU, RUNNABLE, RUNNING, SLEEPING, late_start_causes, parse_sched_lines
+from testbed.results.analysis import LATE_BOUND_TEXT, LATE_START_NS, LATE_START_TEXT
+from testbed.results.sched_trace import (
+    FREE_CPU,
+    FREE_FROM,
+    RUNNABLE,
+    RUNNING,
+    SLEEPING,
+    late_start_causes,
+    parse_sched_lines,
+)
 from testbed.trace import metrics as M
 from testbed.trace import schema as T
 
@@ -23,19 +31,18 @@ def cause_totals(ops: pd.DataFrame, by_role: pd.DataFrame) -> dict:
     """The late operations' states and the CPU time by role while they were runnable, on all CPUs
     and on the CPU whose run queue they were on, summed over all of them (ms; roles largest
     first), and the time another CPU was free for them (``M.SCHED_LATE_FREE_CPU_MS``, and
-    ``M.SCHED_LATE_OPS_FREE_CPU``: those it was free for at least as long as they were late past
-    ``LATE_START_NS``), as the summary's figures (``M.SCHED_*``; those on the queue's CPU None where
-    ``by_role``'s ``queue_cpu_ms`` or ``ops``' ``FREE_CPU`` is NaN: a trace without the moves
-    between CPUs, ``late_start_causes``)."""
+    ``M.SCHED_LATE_OPS_FREE_CPU``: those for which one was, at some moment, before the bound
+    ``LATE_START_NS``: ``sched_trace.FREE_FROM``; both over the operations whose thread the trace
+    saw), as the summary's figures (``M.SCHED_*``; those on the queue's CPU None where
+    ``by_role``'s ``queue_cpu_ms``, or every operation's ``FREE_CPU``, is NaN: a trace without
+    the moves between CPUs, ``late_start_causes``)."""
 
     def by_size(column: str) -> dict[str, float]:
         ms = by_role.groupby("role")[column].sum().sort_values(ascending=False) if len(by_role) else pd.Series()
         return {str(r): round(float(v), 3) for r, v in ms.items()}
 
     queues = by_role.empty or bool(by_role["queue_cpu_ms"].notna().all())  # no late operation: {}
-    free = ops[FREE_CPU] if FREE_CPU in ops else pd.Series(dtype=float)
-    told = bool(free.notna().all())  # no late operation: 0
-    past_bound = ops["late_ms"] - LATE_START_NS / 1e6
+    told = ops.empty or bool(ops[FREE_CPU].notna().any())  # no late operation: 0
     return {
         M.SCHED_LATE_OPS: int(len(ops)),
         M.SCHED_LATE_UNSEEN_MS: float(ops["unseen_ms"].sum()),
@@ -45,8 +52,8 @@ def cause_totals(ops: pd.DataFrame, by_role: pd.DataFrame) -> dict:
         M.SCHED_LATE_UNKNOWN_MS: float(ops["unknown"].sum()),
         M.SCHED_CPU_WHILE_RUNNABLE_MS: by_size("cpu_ms"),
         M.SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS: by_size("queue_cpu_ms") if queues else None,
-        M.SCHED_LATE_FREE_CPU_MS: float(free.sum()) if told else None,
-        M.SCHED_LATE_OPS_FREE_CPU: int((free >= past_bound).sum()) if told else None,
+        M.SCHED_LATE_FREE_CPU_MS: float(ops[FREE_CPU].sum()) if told else None,
+        M.SCHED_LATE_OPS_FREE_CPU: int((ops[FREE_FROM] < LATE_START_NS / 1e6).sum()) if told else None,
     }
 
 
@@ -55,8 +62,10 @@ def cause_totals(ops: pd.DataFrame, by_role: pd.DataFrame) -> dict:
 #: the run's processes when it began, ``run_tasks``' roots; ``events``: the kernel's events
 #: recorded, ``T.SCHED_MIGRATE_EVENT`` among them: a trace from before it was has no ``events``)
 SCHED_INFO_FILE = "sched.json"
-#: one row per late operation, its states and the CPU time by role while it waited (a column
-#: each, ``cpu_ms: ROLE`` on all CPUs, ``queue_cpu_ms: ROLE`` on the CPU whose run queue it was on)
+#: one row per late operation, its states, when another CPU was free for it (``free_cpu_ms``,
+#: ``free_from_ms``: ``sched_trace.late_start_causes``) and the CPU time by role while it waited
+#: (a column each, ``cpu_ms: ROLE`` on all CPUs, ``queue_cpu_ms: ROLE`` on the CPU whose run
+#: queue it was on)
 LATE_STARTS_FILE = "late_starts.csv"
 
 
@@ -183,8 +192,7 @@ def sched_lines(totals: dict[str, dict[str, Any]]) -> list[str]:
         if free is not None and free_ops is not None and t[M.SCHED_LATE_OPS]:
             lines.append(
                 f"  another CPU was free (idle, or running only SCHED_IDLE work) {free:.1f} ms of their wait; "
-                f"{free_ops} of the {t[M.SCHED_LATE_OPS]} had one for at least as long as they were late past "
-                f"{LATE_START_NS / 1e6:g} ms"
+                f"{free_ops} of the {t[M.SCHED_LATE_OPS]} had one before {LATE_BOUND_TEXT} from their input"
             )
         for figure, what in (
             (M.SCHED_CPU_WHILE_RUNNABLE_MS, "the CPUs ran meanwhile"),

@@ -41,9 +41,9 @@ _FORK = re.compile(r"comm=.* pid=(\d+) child_comm=(.*) child_pid=(\d+)$")
 #: a late operation's main thread, between its input and its start: on a CPU, on a run queue
 #: waiting for one (woken, or preempted), or asleep (waiting on a lock, a socket...)
 RUNNING, RUNNABLE, SLEEPING = "running", "runnable", "sleeping"
-#: of a late operation's time on a run queue, the ms some other CPU was free for its thread
-#: (``cpu_timeline.FREE_ROLES``: idle, or running only ``SCHED_IDLE`` work)
-FREE_CPU = "free_cpu_ms"
+#: of a late operation's time on a run queue, the ms at least one other CPU than that queue's ran
+#: only tasks of ``FREE_ROLES``, and the first such moment (ms after the input's arrival; NaN if none)
+FREE_CPU, FREE_FROM = "free_cpu_ms", "free_from_ms"
 
 
 def parse_sched_lines(lines: Iterable[str]) -> pd.DataFrame:
@@ -134,7 +134,7 @@ def relative_role(
     late operation: ``OUTSIDE`` for a task not of the run (``members``; None: every task is), an
     idle CPU as ``idle``; else its own threads (``own threads``: gloo's and torch's, whatever
     their names, by their process: ``rank_of_pid``, each worker's main thread id to its rank), its
-    own ``own fill``/``own stream``, the same of ``other workers``, or the role ``role_of`` gives
+    own ``own fill``/``own stream``/``own kv sender``, the same of ``other workers``, or the role ``role_of`` gives
     (``delay element``, ``controller``...; ``other of the run``: a task of the run named by no
     role, such as a tool it ran or the runner started as ``python -m``)."""
     role, rank = role_of(comm, pid == tgid)
@@ -150,7 +150,19 @@ def relative_role(
         "worker thread": "own threads" if own else "other workers' threads",
         "fill": "own fill" if own else "other workers' fills",
         "stream": "own stream" if own else "other workers' streams",
+        "kv sender": "own kv sender" if own else "other workers' kv senders",
     }[role]
+
+
+#: the roles (``relative_role``) of a CPU free for a woken thread of the fair class's normal
+#: policy: an idle CPU, or one running work the testbed runs in ``SCHED_IDLE`` (BubbleTea's
+#: prefill streams' computing threads, ``bubbletea/stream_process.SCHED_POLICY``, and the decode
+#: hosts' step threads, ``bubbletea/decode.DECODE_POLICY``), which such a thread queued on that
+#: CPU would preempt (``check_preempt_wakeup_fair``, kernel/sched/fair.c). Time a CPU ran them
+#: while a late thread waited on another CPU's run queue is time the kernel did not move it
+#: there (this module does not say why: affinity, a task kept where it ran recently, when the
+#: kernel balances).
+FREE_ROLES = frozenset({"idle", "decode step", "own stream", "other workers' streams"})
 
 
 def _states(events: pd.DataFrame, pid: int) -> tuple[np.ndarray, list[str], list[int]]:
@@ -207,8 +219,10 @@ def late_start_causes(
     worker's main thread spent ``running``, ``runnable`` and ``sleeping`` from the arrival to the
     start, and ``unknown``
     (before the trace saw the thread, or outside what it holds whole: ``covered``), and of its
-    time on a run queue, ``FREE_CPU``: the ms at least one other CPU than that queue's was idle
-    or ran only ``SCHED_IDLE`` work (``CpuTimeline.free_ms``; NaN unless ``queues``); one row per
+    time on a run queue, ``FREE_CPU``: the ms at least one other CPU than that queue's ran only
+    tasks of ``FREE_ROLES`` (idle, or ``SCHED_IDLE`` work; ``CpuTimeline.spans_where``), and
+    ``FREE_FROM``: the first such moment, in ms after the arrival (NaN where there was none;
+    both NaN unless ``queues``, or where the trace never saw the thread); one row per
     (late operation, role): ``op`` (the first table's index), ``role`` (``relative_role``),
     ``cpu_ms``, the CPU time all CPUs gave that role while the operation's thread was runnable,
     and ``queue_cpu_ms``, the part of it on the CPU whose run queue the thread was on: NaN unless
@@ -233,7 +247,7 @@ def late_start_causes(
     for s in (RUNNING, RUNNABLE, SLEEPING):
         ops[s] = 0.0
     ops["unknown"] = ops["late_ms"]  # until accounted for
-    ops[FREE_CPU] = 0.0 if queues else np.nan
+    ops[FREE_CPU] = ops[FREE_FROM] = np.nan
     by_role: list[tuple[int, str, float, float]] = []
     if ops.empty or sched.empty:
         return ops, pd.DataFrame(by_role, columns=columns)
@@ -251,6 +265,11 @@ def late_start_causes(
         def role(comm: str, pid: int, tgid: int, w: int = w) -> str:
             return relative_role(comm, pid, tgid, w, rank_of_pid, members)
 
+        def free(comm: str, pid: int, tgid: int) -> bool:
+            return role(comm, pid, tgid) in FREE_ROLES
+
+        free_ns, first_free = 0, None
+
         i = int(np.searchsorted(times, a, side="right")) - 1
         cursor = a
         if i < 0:  # the trace never saw the thread before: unknown until its first change
@@ -264,9 +283,14 @@ def late_start_causes(
                     cpus.time_by_role(cursor, end, role, roles)
                     if queues:
                         cpus.time_by_role(cursor, end, role, on_queue, cpu=queue_cpus[i])
-                        ops.at[k, FREE_CPU] += cpus.free_ms(cursor, end, role, besides=queue_cpus[i])
+                        spans = cpus.spans_where(cursor, end, free, besides=queue_cpus[i])
+                        free_ns += sum(hi - lo for lo, hi in spans)
+                        first_free = spans[0][0] if first_free is None and spans else first_free
                 cursor = end
             i += 1
+        if queues and len(times):
+            ops.at[k, FREE_CPU] = free_ns / 1e6
+            ops.at[k, FREE_FROM] = (first_free - int(op["arrival_ns"])) / 1e6 if first_free is not None else np.nan
         by_role += [(k, r, ms, on_queue.get(r, 0.0) if queues else np.nan) for r, ms in roles.items()]
     ops["unknown"] = ops["unknown"].clip(lower=0.0)
     return ops, pd.DataFrame(by_role, columns=columns)

@@ -14,6 +14,7 @@ import platform
 import re
 import shutil
 import subprocess
+import zlib
 from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
@@ -97,25 +98,35 @@ def sched_group(proc: Path = Path("/proc"), cgroup2: Path = Path("/sys/fs/cgroup
     return {"cpu_cgroup": cgroup, "autogroup": autogroup, "autogroup_nice": nice}
 
 
+#: the fair scheduler's tunables that live in debugfs since Linux 5.13 (``sched/``), read where the
+#: kernel lets root read them
+SCHED_DEBUGFS_TUNABLES = ("base_slice_ns", "migration_cost_ns", "nr_migrate", "tunable_scaling")
+
+
+def _number(text: str) -> int | str:
+    text = text.strip()
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
 def sched_kernel(
     proc: Path = Path("/proc"), boot: Path = Path("/boot"), debugfs: Path = Path("/sys/kernel/debug")
-) -> dict:
-    """How this machine's kernel schedules, as far as it tells (read, never changed): ``kernel_hz``,
-    its tick rate (``CONFIG_HZ`` of ``/proc/config.gz`` or ``/boot/config-RELEASE``; a fair
-    thread left on a run queue waits at most for the next tick to be looked at again);
-    ``kernel_preempt``, its preemption model (``/sys/kernel/debug/sched/preempt``'s chosen one,
-    else ``preempt=`` of the command line, else the configured ``CONFIG_PREEMPT_*``: ``none``,
-    ``voluntary``, ``full`` or ``lazy``); ``sched_sysctls``, every readable
-    ``/proc/sys/kernel/sched_*`` (a machine's own, such as a VM platform's, included: compare them
-    before comparing two machines' late operations). Each None, or {}, where not told."""
+) -> dict[str, Any]:
+    """How this machine's kernel schedules, as far as it tells (read, never changed), so that two
+    machines' late operations are compared knowing it: ``kernel_hz``, its tick rate
+    (``CONFIG_HZ`` of ``/proc/config.gz`` or ``/boot/config-RELEASE``); ``kernel_preempt``, its
+    preemption model (``none``, ``voluntary``, ``full``, ``lazy`` or ``rt``: debugfs's
+    ``sched/preempt`` where readable, else, on a kernel built with ``CONFIG_PREEMPT_DYNAMIC``,
+    ``preempt=`` of its command line, else the configured ``CONFIG_PREEMPT_*``); ``sched_sysctls``:
+    every readable ``/proc/sys/kernel/sched_*`` (a machine's own, such as a VM platform's,
+    included); ``sched_tunables``: the readable ``SCHED_DEBUGFS_TUNABLES``. Each None, or {},
+    where not told."""
     config: list[str] = []
     for path in (proc / "config.gz", boot / f"config-{platform.release()}"):
         try:
-            config = (
-                gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-            ).splitlines()
+            raw = path.read_bytes()
+            config = (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode().splitlines()
             break
-        except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError):
+        except (OSError, EOFError, zlib.error, gzip.BadGzipFile, UnicodeDecodeError):
             continue
     options = dict(line.split("=", 1) for line in config if line.startswith("CONFIG_") and "=" in line)
     hz = int(options["CONFIG_HZ"]) if options.get("CONFIG_HZ", "").isdigit() else None
@@ -125,24 +136,28 @@ def sched_kernel(
         preempt = chosen.group(1) if chosen else None
     except OSError:
         pass
-    if preempt is None:
+    if preempt is None and options.get("CONFIG_PREEMPT_DYNAMIC") == "y":
         try:
             given = re.search(r"(?:^|\s)preempt=(\w+)", (proc / "cmdline").read_text())
             preempt = given.group(1) if given else None
         except OSError:
             pass
     if preempt is None:
-        models = {"CONFIG_PREEMPT_NONE": "none", "CONFIG_PREEMPT_VOLUNTARY": "voluntary", "CONFIG_PREEMPT": "full"}
-        models["CONFIG_PREEMPT_LAZY"] = "lazy"
+        models = {"CONFIG_PREEMPT_RT": "rt", "CONFIG_PREEMPT_LAZY": "lazy", "CONFIG_PREEMPT": "full"}
+        models |= {"CONFIG_PREEMPT_VOLUNTARY": "voluntary", "CONFIG_PREEMPT_NONE": "none"}
         preempt = next((m for option, m in models.items() if options.get(option) == "y"), None)
-    sysctls = {}
+    sysctls, tunables = {}, {}
     for path in sorted((proc / "sys" / "kernel").glob("sched_*")):
         try:
-            value = path.read_text().strip()
+            sysctls[path.name] = _number(path.read_text())
         except OSError:  # write-only, or not ours to read
             continue
-        sysctls[path.name] = int(value) if value.lstrip("-").isdigit() else value
-    return {"kernel_hz": hz, "kernel_preempt": preempt, "sched_sysctls": sysctls}
+    for name in SCHED_DEBUGFS_TUNABLES:
+        try:
+            tunables[name] = _number((debugfs / "sched" / name).read_text())
+        except OSError:  # no debugfs, or locked down
+            continue
+    return {"kernel_hz": hz, "kernel_preempt": preempt, "sched_sysctls": sysctls, "sched_tunables": tunables}
 
 
 def write_config(

@@ -26,8 +26,8 @@ TRAINING_WAIT_NICE = "training_wait_nice"
 FILL_THREAD_NICE = "fill_thread_nice"
 #: the interpreter's switch interval the training workers ran with (µs, the longest a worker
 #: reported on its start-up line, ``trace/startup.SWITCH_INTERVAL_US``; None where one reported
-#: none, or a run from before it was recorded): 100 with BubbleTea's filling thread
-#: (``bubbletea/fill.SWITCH_INTERVAL_S``), Python's 5,000 otherwise
+#: none, or a run from before it was recorded): ``bubbletea/fill.SWITCH_INTERVAL_S`` with
+#: BubbleTea's filling thread, Python's own (``sys.getswitchinterval``) otherwise
 SWITCH_INTERVAL_US = "switch_interval_us"
 
 # training
@@ -166,10 +166,10 @@ SCHED_CPU_WHILE_RUNNABLE_MS = "sched_cpu_while_runnable_ms"
 #: that did not record the moves between CPUs)
 SCHED_QUEUE_CPU_WHILE_RUNNABLE_MS = "sched_queue_cpu_while_runnable_ms"
 #: of their time waiting for a CPU, the ms some other CPU than the one whose run queue they were
-#: on was idle or ran only ``SCHED_IDLE`` work (``results/cpu_timeline.FREE_ROLES``), summed; and
-#: how many of them had such a CPU for at least as long as they were late past the bound (the
-#: kernel left them queued where another CPU could have started them in time); both None for a
-#: trace that did not record the moves between CPUs
+#: on was idle or ran only ``SCHED_IDLE`` work (``results/sched_trace.FREE_ROLES``), summed; and
+#: how many of them had such a CPU at some moment before the bound (1 ms after their input,
+#: ``results/analysis.LATE_START_NS``) while they waited; both over the operations whose thread
+#: the trace saw, None for a trace that did not record the moves between CPUs
 SCHED_LATE_FREE_CPU_MS = "sched_late_free_cpu_ms"
 SCHED_LATE_OPS_FREE_CPU = "sched_late_ops_free_cpu"
 SCHED_EVENTS_LOST = "sched_events_lost"

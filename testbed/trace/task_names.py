@@ -16,11 +16,16 @@ import re
 WORKER = "tb-w{rank}"
 #: the thread of worker ``rank`` that gives prefill GPU time in a bubble (BubbleTea)
 FILL = "tb-w{rank}-fill"
-#: worker ``rank``'s prefill stream, a process of its own (BubbleTea), and its threads
+#: worker ``rank``'s prefill stream, a process of its own (BubbleTea), and its threads but one:
 STREAM = "tb-w{rank}-pf"
+#: the stream's thread that hands KV caches to the decode host (``bubbletea/kv_sender.py``), of
+#: the normal policy while the stream computes in ``SCHED_IDLE``
+KV_SUFFIX = "-kv"
+KV_SENDER = STREAM + KV_SUFFIX
 LAUNCHER = "tb-launcher"  # the process the workers are forked from (``train/launcher.py``)
 RUNNER = "testbed"  # the runner's main thread: the ``testbed`` command's own name, left as it is
-DECODE = "tb-decode"  # a decode host (BubbleTea)
+DECODE = "tb-decode"  # a decode host (BubbleTea), its threads but one:
+DECODE_STEP = "tb-decode-step"  # its thread that runs the decode steps, once in SCHED_IDLE
 CONTROLLER = "tb-atlas"  # Atlas's controller
 DISPATCHER = "tb-dispatch"  # BubbleTea's dispatcher, a thread of the runner
 SAMPLER = "tb-sampler"  # the WAN classes' counters sampler, a thread of the runner
@@ -29,7 +34,7 @@ DELAY = "nfq_delay"  # the NFQUEUE delay element: its program's name begins so (
 COMM_BYTES = 15
 PR_SET_NAME = 15
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-_WORKER_RE = re.compile(r"tb-w(\d+)(-fill|-pf)?$")
+_WORKER_RE = re.compile(r"tb-w(\d+)(-fill|-pf|-pf-kv)?$")
 
 
 def kernel_name(name: str) -> str:
@@ -54,12 +59,14 @@ def role_of(comm: str, main_thread: bool) -> tuple[str, int | None]:
     trace's process ids tell whose they are, ``results/sched_trace.relative_role``)."""
     m = _WORKER_RE.match(comm)
     if m:
-        kind = {"-fill": "fill", "-pf": "stream"}.get(m.group(2) or "", "worker" if main_thread else "worker thread")
+        kinds = {"-fill": "fill", "-pf": "stream", "-pf-kv": "kv sender"}
+        kind = kinds.get(m.group(2) or "", "worker" if main_thread else "worker thread")
         return kind, int(m.group(1))
     named = {
         LAUNCHER: "launcher",
         RUNNER: "runner",
         DECODE: "decode",
+        DECODE_STEP: "decode step",
         CONTROLLER: "controller",
         DISPATCHER: "dispatcher",
         SAMPLER: "sampler",

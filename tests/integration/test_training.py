@@ -65,7 +65,7 @@ def test_default_run_regime_and_traces(tmp_path, clean_machine):
     from testbed.run.records import sched_group, sched_kernel
 
     assert {k: env[k] for k in ("cpu_cgroup", "autogroup", "autogroup_nice")} == sched_group()  # the runner: this test
-    assert {k: env[k] for k in ("kernel_hz", "kernel_preempt", "sched_sysctls")} == sched_kernel()
+    assert {k: env[k] for k in ("kernel_hz", "kernel_preempt", "sched_sysctls", "sched_tunables")} == sched_kernel()
     assert summary["completed_iterations"] == 4 and not summary["aborted"]
     assert summary["loss_last"] < summary["loss_first"]
     # the regime the project exists for (issue: default experiment)

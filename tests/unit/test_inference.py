@@ -244,6 +244,28 @@ def test_empty_cache_round_trips():
     assert back.length == 0 and back.nbytes() == 0 and back.n_layers == CFG.n_layers
 
 
+def test_the_kv_senders_thread_names_itself_apart_from_its_stream():
+    """A stream's KV sender thread keeps the normal policy while the stream turns SCHED_IDLE, so
+    it carries a name of its own (``task_names.KV_SENDER``), which a scheduler trace reads back."""
+    import os
+    import time
+
+    from testbed.bubbletea.kv_sender import KVSender
+    from testbed.trace.task_names import KV_SENDER, role_of
+
+    name = KV_SENDER.format(rank=3)
+    sender = KVSender(None, lambda n: None, name)
+    try:
+        for _ in range(100):  # until its thread has started and named itself
+            comms = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+            if name in comms:
+                break
+            time.sleep(0.01)
+        assert name in comms and role_of(name, False) == ("kv sender", 3)
+    finally:
+        sender.close()
+
+
 def test_the_kv_sender_sends_the_caches_own_memory_in_the_wire_format(model):
     """``KVCache.buffers`` are views of the tensors (nothing copied), and what ``KVSender`` puts on
     a socket is one frame: the lengths, the JSON header, the cache that ``from_bytes`` reads back;

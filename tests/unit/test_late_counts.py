@@ -107,9 +107,10 @@ def test_late_over_comparisons_totals_excess_and_the_exact_test():
     assert f"| {bt} | 5, 4 | 9 | 3,840 | 2.34 | +2.50 | {exact_binomial_p(9, 13, 0.5):.2g} |" in text
     assert f"- {bt} (6.0 ms): x 4.0, decode 2.0" in text
     # (2 runs x (2.0, 1.0, 1)) + (2 runs x (3.0, 0.5, 0))
-    assert (b["runnable_ms"], b["free_cpu_ms"], b["late_with_free_cpu"]) == (10.0, 3.0, 2)
-    assert a["free_cpu_ms"] is None and a["late_with_free_cpu"] is None
+    assert (b["runnable_ms"], b["free_cpu_ms"], b["late_ops_free_cpu"]) == (10.0, 3.0, 2)
+    assert a["free_cpu_ms"] is None and a["late_ops_free_cpu"] is None
     assert f"- {bt}: 3.0 of 10.0 ms waiting; 2 of 9 late operations" in text
+    assert "had one at some moment before 1 ms from their input:" in text
     assert "- atlas: not told (a trace without the moves between CPUs, or summaries from before: testbed" in text
 
 
@@ -165,6 +166,12 @@ def test_read_comparison_takes_each_runs_summary_from_its_folder_where_there_is_
     (tmp_path / "atlas-1" / "summary.json").write_text("{")
     with pytest.raises(SpecError, match=r"atlas-1/summary.json.*is not valid JSON.*testbed analyze"):
         read_comparison(tmp_path)
+    # one run a policy: folders named without a repeat's suffix
+    once = tmp_path / "once"
+    (once / "atlas").mkdir(parents=True)
+    (once / "comparison.json").write_text(json.dumps({"repeat": 1, "runs": {"atlas": [_run(1, 1)]}}))
+    (once / "atlas" / "summary.json").write_text(json.dumps(_run(7, 7)))
+    assert read_comparison(once)["runs"]["atlas"][0][M.SCHED_LATE_OPS] == 7
 
 
 def test_the_script_prints_the_table_of_compare_folders(tmp_path):

@@ -90,7 +90,14 @@ def test_this_machines_autogroup_is_the_one_procfs_shows():
         assert got["autogroup"] is None and got["autogroup_nice"] is None
 
 
-def _kernel_files(tmp_path: Path, config: str | None, cmdline: str, sysctls: dict[str, str], debug: str | None) -> Path:
+def _kernel_files(
+    tmp_path: Path,
+    config: str | None,
+    cmdline: str,
+    sysctls: dict[str, str],
+    debug: str | None,
+    tunables: dict | None = None,
+) -> Path:
     proc = tmp_path / "proc"
     (proc / "sys" / "kernel").mkdir(parents=True)
     if config is not None:
@@ -101,6 +108,8 @@ def _kernel_files(tmp_path: Path, config: str | None, cmdline: str, sysctls: dic
     if debug is not None:
         (tmp_path / "debug" / "sched").mkdir(parents=True)
         (tmp_path / "debug" / "sched" / "preempt").write_text(debug + "\n")
+        for name, value in (tunables or {}).items():
+            (tmp_path / "debug" / "sched" / name).write_text(f"{value}\n")
     return proc
 
 
@@ -116,21 +125,27 @@ def test_the_kernels_tick_preemption_model_and_scheduler_sysctls_as_it_tells_the
         "kernel_hz": 250,
         "kernel_preempt": "none",
         "sched_sysctls": {"sched_autogroup_enabled": 1, "sched_domain_names": "MC DIE", "sched_vcpu_pack": 15},
+        "sched_tunables": {},
     }
     (proc / "cmdline").write_text("quiet preempt=full\n")
     assert sched_kernel(proc, tmp_path / "boot", tmp_path / "debug")["kernel_preempt"] == "full"
-    _kernel_files(tmp_path / "d", None, "", {}, "none voluntary (lazy) full")
-    assert sched_kernel(proc, tmp_path / "boot", tmp_path / "d" / "debug")["kernel_preempt"] == "lazy"
+    _kernel_files(tmp_path / "d", None, "", {}, "none voluntary (lazy) full", {"base_slice_ns": 700000})
+    got = sched_kernel(proc, tmp_path / "boot", tmp_path / "d" / "debug")
+    assert got["kernel_preempt"] == "lazy" and got["sched_tunables"] == {"base_slice_ns": 700000}
+    # a kernel without PREEMPT_DYNAMIC ignores preempt=: its configured model stands
+    static = _kernel_files(tmp_path / "s", "CONFIG_HZ=1000\nCONFIG_PREEMPT_VOLUNTARY=y\n", "preempt=full", {}, None)
+    assert sched_kernel(static, tmp_path / "boot", tmp_path / "s" / "debug")["kernel_preempt"] == "voluntary"
+    rt = _kernel_files(tmp_path / "r", "CONFIG_PREEMPT=y\nCONFIG_PREEMPT_RT=y\n", "", {}, None)
+    assert sched_kernel(rt, tmp_path / "boot", tmp_path / "r" / "debug")["kernel_preempt"] == "rt"
 
 
 def test_a_kernel_that_tells_nothing_gives_none_not_an_error(tmp_path):
     proc = _kernel_files(tmp_path, None, "", {}, None)
     (proc / "config.gz").write_bytes(b"not gzip")
-    assert sched_kernel(proc, tmp_path / "boot", tmp_path / "debug") == {
-        "kernel_hz": None,
-        "kernel_preempt": None,
-        "sched_sysctls": {},
-    }
+    nothing = {"kernel_hz": None, "kernel_preempt": None, "sched_sysctls": {}, "sched_tunables": {}}
+    assert sched_kernel(proc, tmp_path / "boot", tmp_path / "debug") == nothing
+    (proc / "config.gz").write_bytes(gzip.compress(b"CONFIG_HZ=250\n")[:-12] + b"garbled-tail")  # a bad stream
+    assert sched_kernel(proc, tmp_path / "boot", tmp_path / "debug") == nothing
     (tmp_path / "boot").mkdir()
     (tmp_path / "boot" / f"config-{platform.release()}").write_text("CONFIG_HZ=1000\nCONFIG_PREEMPT=y\n")
     got = sched_kernel(proc, tmp_path / "boot", tmp_path / "debug")
@@ -139,7 +154,7 @@ def test_a_kernel_that_tells_nothing_gives_none_not_an_error(tmp_path):
 
 def test_this_machines_kernel_is_read_not_changed():
     got = sched_kernel()
-    assert set(got) == {"kernel_hz", "kernel_preempt", "sched_sysctls"}
+    assert set(got) == {"kernel_hz", "kernel_preempt", "sched_sysctls", "sched_tunables"}
     assert got["kernel_hz"] is None or got["kernel_hz"] in (100, 250, 300, 1000)
     on = Path("/proc/sys/kernel/sched_autogroup_enabled")
     if on.exists():

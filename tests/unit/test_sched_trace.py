@@ -10,15 +10,24 @@ import pandas as pd
 import pytest
 from eventrows import MS, event_row
 
-from testbed.results.cpu_timeline import FREE_ROLES, CpuTimeline
+from testbed.results.cpu_timeline import CpuTimeline
 from testbed.results.sched_summary import (
     LATE_STARTS_FILE,
     SCHED_INFO_FILE,
     cause_totals,
+    sched_lines,
     sched_stats,
+    sched_totals,
     write_sched_trace,
 )
-from testbed.results.sched_trace import late_start_causes, parse_sched_lines, relative_role, run_tasks, worker_pids
+from testbed.results.sched_trace import (
+    FREE_ROLES,
+    late_start_causes,
+    parse_sched_lines,
+    relative_role,
+    run_tasks,
+    worker_pids,
+)
 from testbed.trace import schema as T
 from testbed.trace.task_names import name_this_thread, role_of
 
@@ -174,53 +183,81 @@ def test_a_thread_moved_as_it_is_woken_waits_on_the_wakeups_cpu_and_a_running_on
     assert on_queue == pytest.approx({"delay element": 0.0, "other workers": 2.0})
 
 
-@pytest.mark.parametrize(("w1_back_at", "free_ms", "counted"), [("1.004500", 2.0, 1), ("1.003500", 1.5, 0)])
-def test_a_thread_left_queued_while_another_cpu_idles_or_runs_sched_idle_work(w1_back_at, free_ms, counted):
-    """Worker 0 waits on CPU 0's queue behind the delay element from 1.002 to 1.004 (3 ms late, 2
-    past the 1 ms bound) while CPU 1 runs worker 1's prefill stream (SCHED_IDLE) from 1.0015 and
-    is idle from 1.003: CPU 1 was free for it the whole 2 ms, or 1.5 ms where worker 1 runs again
-    from 1.0035; counted only where the free time covers the lateness past the bound."""
-    stream = ("tb-w1-pf", 250, 250)
+STREAM1 = ("tb-w1-pf", 250, 250)
+
+
+@pytest.mark.parametrize(
+    ("cpu1", "free_ms", "free_from_ms", "counted"),
+    [
+        # worker 1's prefill stream (SCHED_IDLE) from 1.0015, idle from 1.003, worker 1 again at 1.0045
+        ([("1.001500", W1, STREAM1), ("1.003000", STREAM1, IDLE1), ("1.004500", IDLE1, W1)], 2.0, 0.5, 1),
+        # worker 1 until 1.003, idle until 1.0035: free only from 1.5 ms after the input
+        ([("1.003000", W1, IDLE1), ("1.003500", IDLE1, W1)], 0.5, 1.5, 0),
+    ],
+)
+def test_a_thread_left_queued_while_another_cpu_idles_or_runs_sched_idle_work(cpu1, free_ms, free_from_ms, counted):
+    """Worker 0's input comes at 1.0015; it waits on CPU 0's queue behind the delay element from
+    1.002 to 1.004 (3 ms late) while CPU 1 is free for it (worker 1's stream, then idle) 2 ms from
+    1.002, or 0.5 ms from 1.003: counted only where a CPU was free before 1 ms after the input."""
     lines = [
         switch("1.000000", 0, IDLE0, "R", W0[:2]),
         switch("1.000000", 1, IDLE1, "R", W1[:2]),
         switch("1.001000", 0, W0, "S", DELAY[:2]),
-        switch("1.001500", 1, W1, "S", stream[:2]),
         wakeup("1.002000", 0, DELAY, W0[:2]),
-        switch("1.003000", 1, stream, "S", IDLE1[:2]),
-        switch(w1_back_at, 1, IDLE1, "R", W1[:2]),
+        *(switch(t, 1, prev, "S", nxt[:2]) for t, prev, nxt in cpu1),
         switch("1.004000", 0, DELAY, "S", W0[:2]),
     ]
     ops, by_role = late_start_causes(_late_op_events(), parse_sched_lines(lines), warmup=1, n_cpus=2, queues=True)
-    assert ops.iloc[0]["free_cpu_ms"] == pytest.approx(free_ms)
+    row = ops.iloc[0]
+    assert (row["free_cpu_ms"], row["free_from_ms"]) == pytest.approx((free_ms, free_from_ms))
     totals = cause_totals(ops, by_role)
     assert totals["sched_late_free_cpu_ms"] == pytest.approx(free_ms) and totals["sched_late_ops_free_cpu"] == counted
     # without the moves between CPUs the queue, and so the other CPUs, are not known
     ops, by_role = late_start_causes(_late_op_events(), parse_sched_lines(lines), warmup=1, n_cpus=2)
-    assert ops["free_cpu_ms"].isna().all()
+    assert ops["free_cpu_ms"].isna().all() and ops["free_from_ms"].isna().all()
     assert cause_totals(ops, by_role)["sched_late_ops_free_cpu"] is None
+    assert sched_lines({"atlas": sched_totals({"atlas": [totals]})["atlas"]})[1] == (
+        f"  another CPU was free (idle, or running only SCHED_IDLE work) {free_ms:.1f} ms of their wait; "
+        f"{counted} of the 1 had one before 1 ms from their input"
+    )
 
 
 def test_free_time_is_the_union_over_the_other_cpus_not_their_sum():
-    """Two other CPUs idle at once count once; the thread's own queue's CPU never counts."""
+    """Two other CPUs idle at once count once; the thread's own queue's CPU, idle from 1.0005,
+    does not count."""
     lines = [
         switch("1.000000", 0, IDLE0, "R", W0[:2]),
         switch("1.000000", 1, IDLE1, "R", W1[:2]),
         switch("1.000000", 2, ("swapper/2", 0, 0), "R", DELAY[:2]),
+        switch("1.000500", 0, W0, "S", IDLE0[:2]),
         switch("1.001000", 1, W1, "S", IDLE1[:2]),  # CPU 1 idle from 1.001
         switch("1.001500", 2, DELAY, "S", ("swapper/2", 0)),  # CPU 2 idle from 1.0015
         switch("1.002500", 1, IDLE1, "R", W1[:2]),  # CPU 1 busy again at 1.0025
-        switch("1.001200", 0, W0, "S", IDLE0[:2]),  # the queue's CPU idles too: not counted
     ]
     sw = parse_sched_lines(lines)
     cpus = CpuTimeline(sw[sw[T.EVENT] == T.SCHED_SWITCH], 3)
 
+    def free(comm: str, pid: int, tgid: int) -> bool:
+        return relative_role(comm, pid, tgid, 0, {100: 0, 200: 1}) in FREE_ROLES
+
+    # [1.000, 1.003): CPU 1 idle 1.001-1.0025, CPU 2 idle 1.0015-1.003: at least one 1.001-1.003
+    assert cpus.spans_where(int(1.000e9), int(1.003e9), free, besides=0) == [(int(1.001e9), int(1.003e9))]
+
+
+def test_the_free_roles_are_those_of_sched_idle_work_and_idle_cpus():
+    """Each role counted free is one ``relative_role`` gives (to worker 0): an idle CPU, the
+    decode steps' thread, the streams' computing threads; not a decode host's other threads nor
+    a stream's KV sender, which keep the normal policy."""
+    from testbed.trace import task_names
+
     def role(comm: str, pid: int, tgid: int) -> str:
         return relative_role(comm, pid, tgid, 0, {100: 0, 200: 1})
 
-    # [1.000, 1.003): CPU 1 idle 1.001-1.0025, CPU 2 idle 1.0015-1.003: at least one 1.001-1.003
-    assert cpus.free_ms(int(1.000 * 1e9), int(1.003 * 1e9), role, besides=0) == pytest.approx(2.0)
-    assert FREE_ROLES >= {"idle", "decode", "own stream", "other workers' streams"}
+    free = {role("swapper/1", 0, 0), role(task_names.DECODE_STEP, 501, 500), role("tb-w0-pf", 300, 300)}
+    free |= {role("tb-w1-pf", 400, 400)}
+    assert free == FREE_ROLES
+    kept = {role(task_names.DECODE, 500, 500), role("tb-w0-pf-kv", 301, 300), role("tb-w1-pf-kv", 401, 400)}
+    assert kept == {"decode", "own kv sender", "other workers' kv senders"} and not kept & FREE_ROLES
 
 
 @pytest.mark.parametrize("with_moves", [True, False])
@@ -374,6 +411,9 @@ def test_time_the_trace_does_not_hold_whole_is_unknown():
         ("tb-w3", False, ("worker thread", 3)),
         ("tb-w12-fill", False, ("fill", 12)),
         ("tb-w0-pf", True, ("stream", 0)),
+        ("tb-w10-pf-kv", False, ("kv sender", 10)),
+        ("tb-decode", True, ("decode", None)),
+        ("tb-decode-step", False, ("decode step", None)),
         ("tb-atlas", True, ("controller", None)),
         ("tb-launcher", True, ("launcher", None)),
         ("testbed", True, ("runner", None)),
