@@ -61,8 +61,10 @@ def read_comparison(folder: Path) -> dict[str, Any]:
     if not isinstance(runs, dict):
         raise SpecError(str(path), "runs", None, "is missing: no comparison's runs", _FIX)
     repeat = comparison.get("repeat")
+    if not isinstance(repeat, int):  # no run folders to name: the comparison's copies stand
+        return comparison
     for policy, summaries in runs.items():
-        for k in range(len(summaries) if isinstance(summaries, list) and isinstance(repeat, int) else 0):
+        for k in range(len(summaries) if isinstance(summaries, list) else 0):
             rewritten = folder / run_folder_name(policy, k, repeat) / "summary.json"
             if rewritten.exists():
                 summaries[k] = read_json_object(rewritten, f"rerun testbed analyze {rewritten.parent}")

@@ -164,14 +164,17 @@ def slice_stats(run_dir: Path) -> dict:
     path = run_dir / STARTUP_LOG
     rows = [r for r in (read_jsonl(path) if path.exists() else []) if r.get("phase") == "process_group"]
     rows = [r for r in rows if r.get(T.WORKER) is not None]
-    slices = [r.get(SLICE_NS) for r in rows]
-    nices = [r.get(WAIT_NICE) for r in rows]
+
+    def highest(field: str) -> Any:  # None where any worker reported none, or there is no worker
+        values = [r.get(field) for r in rows]
+        return max(values) if values and None not in values else None
+
+    slice_ns = highest(SLICE_NS)
     fills = [r[FILL_NICE] for r in rows if r.get(FILL_NICE) is not None]
-    intervals = [r.get(SWITCH_INTERVAL_US) for r in rows]
     return {
-        M.TRAINING_SLICE_MS: max(slices) / 1e6 if slices and None not in slices else None,
-        M.TRAINING_WAIT_NICE: max(nices) if nices and None not in nices else None,
-        M.SWITCH_INTERVAL_US: max(intervals) if intervals and None not in intervals else None,
+        M.TRAINING_SLICE_MS: slice_ns / 1e6 if slice_ns is not None else None,
+        M.TRAINING_WAIT_NICE: highest(WAIT_NICE),
+        M.SWITCH_INTERVAL_US: highest(SWITCH_INTERVAL_US),
         **({M.FILL_THREAD_NICE: max(fills)} if fills else {}),
     }
 

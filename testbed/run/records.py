@@ -103,9 +103,16 @@ def sched_group(proc: Path = Path("/proc"), cgroup2: Path = Path("/sys/fs/cgroup
 SCHED_DEBUGFS_TUNABLES = ("base_slice_ns", "migration_cost_ns", "nr_migrate", "tunable_scaling")
 
 
-def _number(text: str) -> int | str:
-    text = text.strip()
-    return int(text) if text.lstrip("-").isdigit() else text
+def _readable(paths: list[Path]) -> dict[str, int | str]:
+    """Each of ``paths`` that can be read, by its name: its value, a number where it is one."""
+    values: dict[str, int | str] = {}
+    for path in paths:
+        try:
+            text = path.read_text().strip()
+        except OSError:  # write-only, absent, or not root's to read (a locked-down debugfs)
+            continue
+        values[path.name] = int(text) if text.lstrip("-").isdigit() else text
+    return values
 
 
 def sched_kernel(
@@ -146,18 +153,12 @@ def sched_kernel(
         models = {"CONFIG_PREEMPT_RT": "rt", "CONFIG_PREEMPT_LAZY": "lazy", "CONFIG_PREEMPT": "full"}
         models |= {"CONFIG_PREEMPT_VOLUNTARY": "voluntary", "CONFIG_PREEMPT_NONE": "none"}
         preempt = next((m for option, m in models.items() if options.get(option) == "y"), None)
-    sysctls, tunables = {}, {}
-    for path in sorted((proc / "sys" / "kernel").glob("sched_*")):
-        try:
-            sysctls[path.name] = _number(path.read_text())
-        except OSError:  # write-only, or not ours to read
-            continue
-    for name in SCHED_DEBUGFS_TUNABLES:
-        try:
-            tunables[name] = _number((debugfs / "sched" / name).read_text())
-        except OSError:  # no debugfs, or locked down
-            continue
-    return {"kernel_hz": hz, "kernel_preempt": preempt, "sched_sysctls": sysctls, "sched_tunables": tunables}
+    return {
+        "kernel_hz": hz,
+        "kernel_preempt": preempt,
+        "sched_sysctls": _readable(sorted((proc / "sys" / "kernel").glob("sched_*"))),
+        "sched_tunables": _readable([debugfs / "sched" / name for name in SCHED_DEBUGFS_TUNABLES]),
+    }
 
 
 def write_config(

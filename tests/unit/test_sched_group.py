@@ -152,7 +152,7 @@ def test_a_kernel_that_tells_nothing_gives_none_not_an_error(tmp_path):
     assert (got["kernel_hz"], got["kernel_preempt"]) == (1000, "full")
 
 
-def test_this_machines_kernel_is_read_not_changed():
+def test_this_machines_kernel_as_it_tells_it():
     got = sched_kernel()
     assert set(got) == {"kernel_hz", "kernel_preempt", "sched_sysctls", "sched_tunables"}
     assert got["kernel_hz"] is None or got["kernel_hz"] in (100, 250, 300, 1000)
