@@ -1,27 +1,40 @@
 """How soon a training thread whose input has come takes a CPU from a thread of another emulated
-GPU: the fair scheduler's slice (Linux's EEVDF; sched_setattr(2), ``sched_runtime`` of a
-``SCHED_OTHER`` thread, since Linux 6.12).
+GPU: the real-time class while it waits (sched(7), ``SCHED_FIFO``), else the fair scheduler's
+slice (Linux's EEVDF; sched_setattr(2), ``sched_runtime`` of a ``SCHED_OTHER`` thread, since
+Linux 6.12) and a lower nice value.
 
 Two cores here run six emulated GPUs, each of which would compute on a device of its own. A thread
 woken by gloo with its input was left waiting while the thread on its CPU, computing for another
 GPU, finished its slice (the kernel's base slice, 1.4 ms on two CPUs) or, once that was spent,
-until the next tick (4 ms at HZ=250) or until it blocked. A woken thread whose slice is shorter
-than the running one's takes the CPU at once, where it is owed time (the kernel's
-``PREEMPT_SHORT``). So a training worker asks for the kernel's shortest slice,
-``TRAINING_SLICE_NS``, once, which the threads it starts afterwards inherit (gloo's, which
-deliver its input), and its main thread holds it only while it waits for an operation's input
-(``SliceSwitch``): its compute keeps the kernel's slice and is the one a woken thread cuts
-short. All threads computing with 0.1 ms slices took turns so often that a woken one's way to
-its operation's start was cut up in turn (README, "Late", with the figures of both).
-While it waits, the main thread also has a lower nice value, ``TRAINING_WAIT_NICE``: a woken thread takes
-the CPU only where it is owed time, and a thread that has just computed often is not yet; a
-larger weight brings its virtual deadline closer. Measured, it halved the operations still late
-for either policy (README, "Late"); a real-time class for the wait instead made them about a hundred
-times as many. BubbleTea's threads set theirs back to the kernel's (``DEFAULT_SLICE_NS``): they
-never take a CPU from training this way. BubbleTea's filling thread, which shares the worker's
-interpreter lock with the main thread, has the wait's nice value as well (``FILL_THREAD_NICE``). The
-same for every policy; the worker records what it was given (``startup.jsonl``, the summary's
-``training_slice_ms``, ``training_wait_nice`` and ``fill_thread_nice``).
+until the next tick (4 ms at HZ=250) or until it blocked; or on one CPU's run queue while the
+other was free, which the fair scheduler did not move it to in time (README, "Late"). A thread
+in the real-time class takes its CPU from any fair-class thread as it wakes, on its own CPU,
+or, where that one runs real-time work of at least its priority, on one that runs none
+(kernel/sched/rt.c, ``select_task_rq_rt``). So a training worker's main thread waits for an operation's input in
+``SCHED_FIFO`` at ``TRAINING_WAIT_RT_PRIORITY`` and goes back to the fair class once the
+operation has started (``WaitSwitch``): its compute is the fair class's, as every other GPU's.
+It holds the real-time class only while asleep and for the few microseconds from the wake-up
+to the start, so it takes nothing from the delay elements or Atlas's controller (higher
+priorities) and nothing measurable from anyone else. One hazard: gloo's receive buffer, released,
+waits for gloo's thread to let go of it with ``sched_yield`` in a loop (gloo/common/memory.h,
+``~ShareableNonOwningPtr``), and a real-time thread's yield never gives a fair-class thread
+its CPU: released in the real-time class, it spun until the kernel's real-time throttling
+(950 ms of each second) let that thread run. The worker releases a receive's works only once
+the thread is back in the fair class (``train/worker.py``; ``scripts/bench_wait_class.py``
+shows the hazard).
+
+Where the real-time class is refused (without ``CAP_SYS_NICE`` or an ``RLIMIT_RTPRIO``), the
+thread waits in the fair class instead, with the kernel's shortest slice, ``TRAINING_SLICE_NS``
+(a woken thread whose slice is shorter than the running one's takes the CPU at once where it
+is owed time: the kernel's ``PREEMPT_SHORT``), and a lower nice value, ``TRAINING_WAIT_NICE``
+(a larger weight brings its virtual deadline closer). Either way the worker asks for the short
+slice once, which the threads it starts afterwards inherit (gloo's, which deliver its input).
+BubbleTea's threads set theirs back to the kernel's (``DEFAULT_SLICE_NS``): they never take a
+CPU from training this way. BubbleTea's filling thread, which shares the worker's interpreter
+lock with the main thread, has the wait's nice value (``FILL_THREAD_NICE``). The same for every
+policy; the worker records what it was given (``startup.jsonl``, the summary's
+``training_slice_ms``, ``training_wait_rt_priority``, ``training_wait_nice`` and
+``fill_thread_nice``).
 """
 
 from __future__ import annotations
@@ -39,10 +52,17 @@ from pathlib import Path
 TRAINING_SLICE_NS = 100_000
 #: ``request_slice``'s argument for the kernel's own base slice
 DEFAULT_SLICE_NS = 0
-#: the nice value a training thread waits for its input with (``SliceSwitch``): a weight 9.3
+#: the real-time priority (``SCHED_FIFO``) a training thread waits for its input at
+#: (``WaitSwitch``): the lowest, below Atlas's grant loop (``atlas/controller_process.RT_PRIORITY``)
+#: and the NFQUEUE delay element (``net/nfq_delay.c``), whose work feeds the wait. Needs
+#: ``CAP_SYS_NICE`` (root) or an ``RLIMIT_RTPRIO`` of at least this, else the thread waits in the
+#: fair class (``TRAINING_WAIT_NICE``)
+TRAINING_WAIT_RT_PRIORITY = 1
+#: the nice value a training thread waits for its input with where the real-time class is
+#: refused (``WaitSwitch``): a weight 9.3
 #: times nice 0's (kernel/sched/core.c, ``sched_prio_to_weight``: 9548 against 1024); lowering a
 #: nice value needs ``CAP_SYS_NICE`` (root) or an ``RLIMIT_NICE`` of at least 30, else the thread
-#: waits at its own. Asked only where the slice was (``SliceSwitch``): not on a kernel before 6.6,
+#: waits at its own. Asked only where the slice was (``WaitSwitch``): not on a kernel before 6.6,
 #: whose ``/proc`` reports no slice
 TRAINING_WAIT_NICE = -10
 #: the nice value of BubbleTea's filling thread (``bubbletea/fill.py``), with the kernel's slice. A
@@ -109,41 +129,76 @@ def request_slice(slice_ns: int, nice: int | None = None) -> int | None:
     return thread_slice_ns()
 
 
-class SliceSwitch:
-    """The calling thread asks for ``short_ns`` once (``slice_or_report``; ``granted_ns``, what the
+class WaitSwitch:
+    """How the calling thread waits for an operation's input, and computes once it has started.
+    The constructor asks for ``short_ns`` once (``slice_or_report``; ``granted_ns``, what the
     kernel reported, None where refused or not known), which the threads it starts afterwards
-    inherit; then switches between waiting and computing, one system call each, nothing
-    switched where the first request got nothing: ``short()`` before the thread waits for an
-    operation's input, with ``short_ns`` and ``wait_nice`` (``granted_nice``: None where the
-    kernel refused it, without ``CAP_SYS_NICE``; it waits at its own nice then), so that its
-    wake-up takes a CPU from a thread with the kernel's slice at once; ``default()`` once the
-    operation has started, back to the kernel's slice and the thread's own nice, so that its
-    compute is not the one cut short by the next wake-up."""
+    inherit, and whether the kernel grants the real-time class at ``wait_rt_priority``
+    (``granted_rt_priority``: None where refused, without ``CAP_SYS_NICE`` or an
+    ``RLIMIT_RTPRIO``, which it prints). Then one system call each: ``short()`` before the
+    thread waits for an input, ``SCHED_FIFO`` at that priority (reset on fork: a thread it
+    starts meanwhile has the fair class, the kernel's slice and no negative nice value), or
+    where refused the short slice at ``wait_nice`` (``granted_nice``: asked only then; None
+    where not asked, or refused, the thread then waiting at its own nice); ``default()`` once
+    the operation has started, back to the fair class with the kernel's slice and the
+    thread's own nice, so that its compute is the fair class's and not the one cut short by
+    the next wake-up. Nothing is switched where neither the real-time class nor the slice was
+    granted. Release gloo's works of the wait only after ``default()`` (module docstring:
+    gloo's buffer spins with ``sched_yield``)."""
 
-    def __init__(self, short_ns: int = TRAINING_SLICE_NS, wait_nice: int = TRAINING_WAIT_NICE) -> None:
+    def __init__(
+        self,
+        short_ns: int = TRAINING_SLICE_NS,
+        wait_nice: int = TRAINING_WAIT_NICE,
+        wait_rt_priority: int = TRAINING_WAIT_RT_PRIORITY,
+    ) -> None:
         own_nice = os.getpriority(os.PRIO_PROCESS, 0)
         inherited = _sched_attr(short_ns, own_nice)  # what the threads started now inherit
         self._default = _sched_attr(DEFAULT_SLICE_NS, own_nice)
         self._short = _sched_attr(short_ns, wait_nice)
+        self._fifo = os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(wait_rt_priority)
         self.granted_ns = slice_or_report(short_ns)
+        self.granted_rt_priority: int | None = None
         self.granted_nice: int | None = None
-        if self.granted_ns is None:
-            return
         try:
-            _set_attr(self._short)  # asked once here: refused without CAP_SYS_NICE
-            self.granted_nice = os.getpriority(os.PRIO_PROCESS, 0)
-        except OSError as e:
-            print(f"an input is waited for at nice {own_nice}: {e}", file=sys.stderr, flush=True)
-            self._short = inherited
+            os.sched_setscheduler(0, *self._fifo)  # asked once here: refused without the privilege
+            self.granted_rt_priority = wait_rt_priority
+        except PermissionError as e:
+            print(
+                f"an input is waited for in the fair class, not SCHED_FIFO {wait_rt_priority}: {e}",
+                file=sys.stderr,
+                flush=True,
+            )
+        if self.granted_ns is None:
+            if self.granted_rt_priority is not None:
+                _to_fair_at_own_nice()
+            return
+        if self.granted_rt_priority is None:
+            try:
+                _set_attr(self._short)  # refused without CAP_SYS_NICE
+                self.granted_nice = os.getpriority(os.PRIO_PROCESS, 0)
+            except OSError as e:
+                print(f"an input is waited for at nice {own_nice}: {e}", file=sys.stderr, flush=True)
+                self._short = inherited
         _set_attr(inherited)
 
     def short(self) -> None:
-        if self.granted_ns is not None:
+        if self.granted_rt_priority is not None:
+            os.sched_setscheduler(0, *self._fifo)
+        elif self.granted_ns is not None:
             _set_attr(self._short)
 
     def default(self) -> None:
         if self.granted_ns is not None:
             _set_attr(self._default)
+        elif self.granted_rt_priority is not None:
+            _to_fair_at_own_nice()
+
+
+def _to_fair_at_own_nice() -> None:
+    """The calling thread back to ``SCHED_OTHER`` at its own nice value with the kernel's slice,
+    where the kernel knows no custom slice (sched_setscheduler(2))."""
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 
 
 def kernel_has_custom_slices(release: str | None = None) -> bool:

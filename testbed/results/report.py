@@ -107,6 +107,7 @@ SUMMARY_ROWS = [
     (M.BACKEND, "network backend"),
     (M.DELAY_MECHANISM, "delay mechanism"),
     (M.TRAINING_SLICE_MS, "training threads' CPU slice (ms)"),
+    (M.TRAINING_WAIT_RT_PRIORITY, "  SCHED_FIFO priority while waiting for input"),
     (M.TRAINING_WAIT_NICE, "  nice while waiting for input"),
     (M.SWITCH_INTERVAL_US, "  interpreter switch interval (µs)"),
     (M.STARTUP_S, "start-up (s, first forward)"),

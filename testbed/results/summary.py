@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from testbed.spec.policy import DEFAULT_POLICY, Policy, UnknownPolicy, parse_pol
 from testbed.trace import metrics as M
 from testbed.trace import schema as T
 from testbed.trace.jsonl import read_jsonl
-from testbed.trace.startup import FILL_NICE, SLICE_NS, STARTUP_LOG, SWITCH_INTERVAL_US, WAIT_NICE
+from testbed.trace.startup import FILL_NICE, SLICE_NS, STARTUP_LOG, SWITCH_INTERVAL_US, WAIT_NICE, WAIT_RT_PRIORITY
 
 #: A run whose share of padded operations that overran their target exceeds this is flagged.
 MAX_REPRESENTATIVE_OVERRUN = 0.05
@@ -155,26 +156,27 @@ def _summarize(
 
 
 def slice_stats(run_dir: Path) -> dict:
-    """The training threads' CPU slice and the nice value their main threads waited for an input
-    with (``thread_slice.py``): the longest slice (ms) and the highest nice value a worker
-    reported on its ``process_group`` line of ``startup.jsonl``; each None where any worker
-    reported none, or none was recorded (a run from before it); the longest interpreter switch
-    interval (µs, ``M.SWITCH_INTERVAL_US``), the same way. With the highest nice value of
-    BubbleTea's filling threads, where workers reported one (``M.FILL_THREAD_NICE``)."""
+    """The training threads' CPU slice and how their main threads waited for an input
+    (``thread_slice.py``): the longest slice (ms), the lowest real-time priority and the highest
+    nice value a worker reported on its ``process_group`` line of ``startup.jsonl``; each None
+    where any worker reported none, or none was recorded (a run from before it); the longest
+    interpreter switch interval (µs, ``M.SWITCH_INTERVAL_US``), the same way. With the highest
+    nice value of BubbleTea's filling threads, where workers reported one (``M.FILL_THREAD_NICE``)."""
     path = run_dir / STARTUP_LOG
     rows = [r for r in (read_jsonl(path) if path.exists() else []) if r.get("phase") == "process_group"]
     rows = [r for r in rows if r.get(T.WORKER) is not None]
 
-    def highest(field: str) -> Any:  # None where any worker reported none, or there is no worker
+    def weakest(field: str, of: Callable = max) -> Any:  # None where any worker reported none, or no worker
         values = [r.get(field) for r in rows]
-        return max(values) if values and None not in values else None
+        return of(values) if values and None not in values else None
 
-    slice_ns = highest(SLICE_NS)
+    slice_ns = weakest(SLICE_NS)
     fills = [r[FILL_NICE] for r in rows if r.get(FILL_NICE) is not None]
     return {
         M.TRAINING_SLICE_MS: slice_ns / 1e6 if slice_ns is not None else None,
-        M.TRAINING_WAIT_NICE: highest(WAIT_NICE),
-        M.SWITCH_INTERVAL_US: highest(SWITCH_INTERVAL_US),
+        M.TRAINING_WAIT_RT_PRIORITY: weakest(WAIT_RT_PRIORITY, min),
+        M.TRAINING_WAIT_NICE: weakest(WAIT_NICE),
+        M.SWITCH_INTERVAL_US: weakest(SWITCH_INTERVAL_US),
         **({M.FILL_THREAD_NICE: max(fills)} if fills else {}),
     }
 

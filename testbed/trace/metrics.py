@@ -17,8 +17,13 @@ BACKEND, DELAY_MECHANISM, ABORTED = "backend", "delay_mechanism", "aborted"
 STARTUP_S = "startup_s"
 #: the fair-scheduler slice the training workers' threads had (ms; ``thread_slice.py``)
 TRAINING_SLICE_MS = "training_slice_ms"
-#: the nice value the training workers' main threads waited for their inputs with (the highest a
-#: worker reported; ``thread_slice.TRAINING_WAIT_NICE``)
+#: the real-time priority the training workers' main threads waited for their inputs at
+#: (``SCHED_FIFO``, the lowest a worker reported; None where any reported none: the fair class,
+#: refused; ``thread_slice.TRAINING_WAIT_RT_PRIORITY``)
+TRAINING_WAIT_RT_PRIORITY = "training_wait_rt_priority"
+#: the nice value the training workers' main threads waited for their inputs with where the
+#: real-time class was refused (the highest a worker reported; None where any reported none,
+#: the real-time class granted included; ``thread_slice.TRAINING_WAIT_NICE``)
 TRAINING_WAIT_NICE = "training_wait_nice"
 #: the nice value of BubbleTea's filling threads (the highest a worker reported; absent without
 #: BubbleTea; ``thread_slice.FILL_THREAD_NICE``). Unlike ``TRAINING_WAIT_NICE``, a refused value

@@ -15,8 +15,11 @@ STARTUP_LOG = "startup.jsonl"
 #: a worker's fair-scheduler slice as the kernel reported it (ns; None: not reported), on its
 #: ``process_group`` line (``thread_slice.py``)
 SLICE_NS = "slice_ns"
-#: the nice value its main thread waits for an input with (None: refused, or no slice), on the
-#: same line (``thread_slice.SliceSwitch``)
+#: the real-time priority its main thread waits for an input at (``SCHED_FIFO``; None: refused), on
+#: the same line (``thread_slice.WaitSwitch``)
+WAIT_RT_PRIORITY = "wait_rt_priority"
+#: the nice value its main thread waits for an input with where the real-time class was refused
+#: (None: the real-time class granted, or the nice value refused, or no slice), on the same line
 WAIT_NICE = "wait_nice"
 #: the nice value of its BubbleTea filling thread, on the same line of a BubbleTea run's workers
 #: (``bubbletea.fill.Filler``: ``thread_slice.FILL_THREAD_NICE``, or its own where the kernel refused it)
@@ -44,7 +47,7 @@ def mark_startup(
     run_dir: Path, phase: str, worker: int | None = None, t_ns: int | None = None, **fields: int | None
 ) -> None:
     """Append one start-up phase to ``run_dir``'s ``startup.jsonl`` (now, unless ``t_ns``), with
-    ``fields`` (a worker's ``process_group`` line: ``SLICE_NS``, ``WAIT_NICE``, ``FILL_NICE``,
+    ``fields`` (a worker's ``process_group`` line: ``SLICE_NS``, ``WAIT_RT_PRIORITY``, ``WAIT_NICE``, ``FILL_NICE``,
     ``SWITCH_INTERVAL_US``)."""
     with open(run_dir / STARTUP_LOG, "a") as f:
         write_row(f, {T.WORKER: worker, "phase": phase, "t_ns": t_ns if t_ns is not None else now_ns(), **fields})

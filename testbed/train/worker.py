@@ -32,12 +32,12 @@ from testbed.plan.placement import rank_of
 from testbed.plan.schedule import make_schedule
 from testbed.plan.worker_config import WorkerConfig, read_stagger, read_worker_config
 from testbed.spec.model import activation_bytes, activation_shape
-from testbed.thread_slice import SliceSwitch
+from testbed.thread_slice import WaitSwitch
 from testbed.trace import schema as T
 from testbed.trace import task_names
 from testbed.trace.clock import now_ns, sleep_until
 from testbed.trace.events import EventWriter
-from testbed.trace.startup import FILL_NICE, SLICE_NS, SWITCH_INTERVAL_US, WAIT_NICE, mark_startup
+from testbed.trace.startup import FILL_NICE, SLICE_NS, SWITCH_INTERVAL_US, WAIT_NICE, WAIT_RT_PRIORITY, mark_startup
 from testbed.trace.task_names import name_this_thread
 from testbed.train.checkout import join, leave_together
 from testbed.train.data import batch
@@ -62,8 +62,8 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     """Train as worker ``rank`` of the run configured by ``cfg``, from ``pre``."""
     name_this_thread(task_names.WORKER.format(rank=rank))  # before gloo's threads: they inherit it
     # the short CPU slice, inherited by gloo's threads and the prefill stream (which sets the
-    # kernel's back); this thread holds it only while it waits for an input (``thread_slice.py``)
-    switch = SliceSwitch()
+    # kernel's back); this thread waits for an input in the real-time class (``thread_slice.py``)
+    switch = WaitSwitch()
     exp, me = cfg.training, cfg.worker(rank)
     S, R, M, mb = exp.stages, exp.replicas, exp.microbatches, exp.microbatch_size
     stage, replica = me.stage, me.replica
@@ -79,10 +79,16 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     corpus = pre.train_tokens  # prompts are real text of it
     server = None if bt is None else PrefillServer.for_worker(bt, exp.seed, rank, me.dc, ev, exp.padded, corpus)
     my_dp = join(cfg, rank)
-    nices = {WAIT_NICE: switch.granted_nice, **({} if server is None else {FILL_NICE: server.filler.nice})}
+    waits = {WAIT_RT_PRIORITY: switch.granted_rt_priority, WAIT_NICE: switch.granted_nice}
+    nices = {} if server is None else {FILL_NICE: server.filler.nice}
     switch_interval_us = round(sys.getswitchinterval() * 1e6)
     startup_mark(
-        cfg, rank, "process_group", **{SLICE_NS: switch.granted_ns, SWITCH_INTERVAL_US: switch_interval_us}, **nices
+        cfg,
+        rank,
+        "process_group",
+        **{SLICE_NS: switch.granted_ns, SWITCH_INTERVAL_US: switch_interval_us},
+        **waits,
+        **nices,
     )
     switch.default()  # gloo's threads have the short slice; this one only while it waits for an input
     if bt is not None and server is not None and bt.alone:  # no training: the GPU serves prefill alone
@@ -110,6 +116,10 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     n_next = exp.wan_connections if next_rank is not None and dc_of[next_rank] != me.dc else 1
 
     prev_end = [now_ns()]  # end of this worker's latest compute: where a bubble starts
+    # the works of the latest receive, released only once this thread is back in the fair class
+    # (``operation_started``): gloo's receive buffer, released, spins with sched_yield until gloo's
+    # thread lets go of it, which a real-time thread's yield never lets run (``thread_slice.py``)
+    received_works: list = []
 
     def wait_filling(
         works: list, slot: str, since_ns: int, input_wait: bool = False
@@ -118,7 +128,8 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         without BubbleTea; under BubbleTea, where there is anything to prefill, a thread fills the
         bubble meanwhile (``PrefillServer.start_fill``) and is told when the works finished
         (``Fill.end``; it is woken later: ``operation_started``, or at once where no input feeds an
-        operation). An ``input_wait`` waits with the short CPU slice (``thread_slice.SliceSwitch``).
+        operation). An ``input_wait`` waits in the real-time class, or where refused with the short
+        CPU slice (``thread_slice.WaitSwitch``).
         Returns (when they had finished (ns), as this thread's wait returned; when it began to wait
         for the last of them (ns: every earlier one was in by then); the bubble's fill,
         if any: ``Fill.settle`` says whether a prefill pass had the GPU then; the wait event's
@@ -148,6 +159,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         t0 = now_ns()
         ctl.send(RECV, src, rank, it, m)
         works = post_recv_striped(buf, src, m, n)
+        received_works.extend(works)
         ready, last_wait, fill, bubble = wait_filling(works, slot, prev_end[0], input_wait=True)
         fields = {T.ITERATION: it, T.MICROBATCH: m, T.LAST_WAIT_NS: last_wait}
         ev.defer(T.RECV_WAIT, t0, now_ns(), **fields, bytes=act_bytes, peer=src, ready_ns=ready, **bubble)
@@ -156,13 +168,15 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     def operation_started(src: int, it: int, m: int, fill: Fill | None) -> None:
         """The operation fed by microbatch ``m``'s transfer from ``src`` has started: tell Atlas's
         controller the transfer is in, its link free ("done"), and wake the thread that filled
-        the bubble, if any (``Fill.wake``), to end its prefill pass at the arrival, this thread's
-        CPU slice back to the kernel's (``thread_slice.SliceSwitch``). Messages only now,
+        the bubble, if any (``Fill.wake``), to end its prefill pass at the arrival, this thread
+        back in the fair class with the kernel's slice (``thread_slice.WaitSwitch``), and only then
+        the receive's works released (``received_works``). Messages only now,
         as a GPU's kernel starts on the data while its host sends messages: the threads woken
         (the controller in the real-time class) then take this worker's CPU during its padded
         compute, not between the data's arrival and the operation's start (measured: README,
         "Late"; the filling thread: ``Arrived``)."""
         switch.default()
+        received_works.clear()
         ctl.send(DONE, src, rank, it, m)
         if fill is not None:
             fill.wake()

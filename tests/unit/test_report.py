@@ -309,20 +309,28 @@ def test_a_run_serving_prefill_alone_has_windows_not_iterations(tmp_path):
 
 def test_the_training_slice_is_the_longest_any_worker_reported_and_none_if_one_reported_none(tmp_path):
     """``slice_stats``: from the workers' ``process_group`` lines of ``startup.jsonl`` (ms; the
-    wait's nice value, the highest); None where a worker reported none, and for a run that
-    recorded none."""
+    wait's real-time priority, the lowest, and nice value, the highest); None where a worker
+    reported none, and for a run that recorded none."""
     from testbed.results.summary import slice_stats
-    from testbed.trace.startup import SLICE_NS, SWITCH_INTERVAL_US, WAIT_NICE, mark_startup
+    from testbed.trace.startup import SLICE_NS, SWITCH_INTERVAL_US, WAIT_NICE, WAIT_RT_PRIORITY, mark_startup
 
-    nothing = {"training_slice_ms": None, "training_wait_nice": None, "switch_interval_us": None}
+    nothing = {
+        "training_slice_ms": None,
+        "training_wait_rt_priority": None,
+        "training_wait_nice": None,
+        "switch_interval_us": None,
+    }
     assert slice_stats(tmp_path) == nothing  # no start-up log
     mark_startup(tmp_path, "run_start")
     mark_startup(tmp_path, "forked", 0)
     assert slice_stats(tmp_path) == nothing  # a run from before the slice
-    mark_startup(tmp_path, "process_group", 0, **{SLICE_NS: 100_000, WAIT_NICE: -10, SWITCH_INTERVAL_US: 100})
-    mark_startup(tmp_path, "process_group", 1, **{SLICE_NS: 1_400_000, WAIT_NICE: -5, SWITCH_INTERVAL_US: 5000})
+    first = {SLICE_NS: 100_000, WAIT_RT_PRIORITY: 3, WAIT_NICE: -10, SWITCH_INTERVAL_US: 100}
+    mark_startup(tmp_path, "process_group", 0, **first)
+    second = {SLICE_NS: 1_400_000, WAIT_RT_PRIORITY: 1, WAIT_NICE: -5, SWITCH_INTERVAL_US: 5000}
+    mark_startup(tmp_path, "process_group", 1, **second)
     assert slice_stats(tmp_path) == {
         "training_slice_ms": pytest.approx(1.4),
+        "training_wait_rt_priority": 1,  # the lowest priority, the highest nice value: the weakest
         "training_wait_nice": -5,
         "switch_interval_us": 5000,
     }

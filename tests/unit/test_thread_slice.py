@@ -18,7 +18,8 @@ from testbed.thread_slice import (
     FILL_THREAD_NICE,
     TRAINING_SLICE_NS,
     TRAINING_WAIT_NICE,
-    SliceSwitch,
+    TRAINING_WAIT_RT_PRIORITY,
+    WaitSwitch,
     _sched_attr,
     kernel_has_custom_slices,
     request_slice,
@@ -67,30 +68,45 @@ def test_a_thread_gets_the_slice_it_asks_for_and_its_threads_inherit_it():
     assert thread_slice_ns() == base  # the caller's thread was not touched
 
 
-@needs_custom_slices
-def test_a_worker_thread_switches_between_the_short_slice_and_the_kernels():
-    """``SliceSwitch``: the short slice at the thread's own nice value for the threads it starts,
-    the short slice at ``TRAINING_WAIT_NICE`` while waiting for an input, the kernel's own slice and the
-    thread's nice once the operation has started; only the calling thread's."""
-    base = thread_slice_ns()
+def _policy() -> int:
+    """The calling thread's scheduling policy, without the reset-on-fork flag."""
+    return os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK
 
+
+@needs_custom_slices
+def test_a_worker_thread_waits_in_the_real_time_class_and_computes_in_the_fair_one():
+    """``WaitSwitch``: the short slice at the thread's own nice value for the threads it starts;
+    ``SCHED_FIFO`` at ``TRAINING_WAIT_RT_PRIORITY`` while waiting for an input, reset on fork (a
+    thread started meanwhile is in the fair class with the kernel's slice); the fair class with the
+    kernel's own slice and the thread's nice once the operation has started; only the calling
+    thread's. Where the kernel refuses the real-time class, the short slice at
+    ``TRAINING_WAIT_NICE`` instead (``test_a_refused_real_time_class_...``)."""
+    base = thread_slice_ns()
     own = os.getpriority(os.PRIO_PROCESS, 0)
 
-    def switch():
-        s = SliceSwitch()
-        started = thread_slice_ns(), os.getpriority(os.PRIO_PROCESS, 0)  # what its threads inherit
-        s.short()
-        short = thread_slice_ns(), os.getpriority(os.PRIO_PROCESS, 0)
-        s.default()
-        return s.granted_nice, started, short, (thread_slice_ns(), os.getpriority(os.PRIO_PROCESS, 0))
+    def attrs():
+        return _policy(), os.sched_getparam(0).sched_priority, thread_slice_ns(), os.getpriority(os.PRIO_PROCESS, 0)
 
-    granted, started, short, back = in_thread(switch)
-    assert started == (TRAINING_SLICE_NS, own) and back == (base, own)
-    assert granted in (None, TRAINING_WAIT_NICE)
-    assert short == (TRAINING_SLICE_NS, granted if granted is not None else own)
-    if has_cap_sys_nice():  # the lower nice value granted
-        assert granted == TRAINING_WAIT_NICE
-    assert thread_slice_ns() == base and os.getpriority(os.PRIO_PROCESS, 0) == own
+    def switch():
+        s = WaitSwitch()
+        started = attrs()  # what its threads inherit
+        s.short()
+        waiting = attrs(), os.sched_getscheduler(0) & os.SCHED_RESET_ON_FORK
+        child = in_thread(attrs)
+        s.default()
+        return s.granted_rt_priority, s.granted_nice, started, waiting, child, attrs()
+
+    granted, nice, started, waiting, child, back = in_thread(switch)
+    assert started == (os.SCHED_OTHER, 0, TRAINING_SLICE_NS, own)
+    assert back == (os.SCHED_OTHER, 0, base, own)
+    if has_cap_sys_nice():  # as root: the real-time class granted, no nice value asked
+        assert granted == TRAINING_WAIT_RT_PRIORITY and nice is None
+        assert waiting[0][:2] == (os.SCHED_FIFO, TRAINING_WAIT_RT_PRIORITY) and waiting[1]
+        assert child == (os.SCHED_OTHER, 0, base, max(own, 0))  # reset on fork (kernel/sched/core.c, sched_fork)
+    else:
+        assert granted is None and nice in (None, TRAINING_WAIT_NICE)
+        assert waiting[0] == (os.SCHED_OTHER, 0, TRAINING_SLICE_NS, nice if nice is not None else own)
+    assert thread_slice_ns() == base and os.getpriority(os.PRIO_PROCESS, 0) == own and _policy() == os.SCHED_OTHER
 
 
 #: capget(2)/capset(2): _LINUX_CAPABILITY_VERSION_3 and CAP_SYS_NICE (include/uapi/linux/capability.h)
@@ -143,24 +159,32 @@ def refusal_of(nice: int):
     return marked
 
 
+@pytest.mark.skipif(
+    resource.getrlimit(resource.RLIMIT_RTPRIO)[0] >= TRAINING_WAIT_RT_PRIORITY,
+    reason="RLIMIT_RTPRIO grants the real-time class anyway",
+)
 @refusal_of(TRAINING_WAIT_NICE)
-def test_a_refused_wait_nice_leaves_the_thread_waiting_at_its_own(capfd):
-    """Without ``CAP_SYS_NICE`` the kernel refuses the wait's lower nice value: the thread waits
-    with the short slice at its own nice, says so, and records None."""
+def test_a_refused_real_time_class_and_wait_nice_leave_the_thread_waiting_at_its_own_nice(capfd):
+    """Without ``CAP_SYS_NICE`` the kernel refuses both the real-time class and the wait's lower
+    nice value: the thread waits in the fair class with the short slice at its own nice, says
+    so, and records None for both."""
     own = os.getpriority(os.PRIO_PROCESS, 0)
 
     def switch():
         _drop_cap_sys_nice()
-        s = SliceSwitch()
+        s = WaitSwitch()
         s.short()
-        short = thread_slice_ns(), os.getpriority(os.PRIO_PROCESS, 0)
+        short = _policy(), thread_slice_ns(), os.getpriority(os.PRIO_PROCESS, 0)
         s.default()
-        return s.granted_ns, s.granted_nice, short, (thread_slice_ns(), os.getpriority(os.PRIO_PROCESS, 0))
+        granted = s.granted_ns, s.granted_rt_priority, s.granted_nice
+        return granted, short, (_policy(), thread_slice_ns(), os.getpriority(os.PRIO_PROCESS, 0))
 
-    granted_ns, granted_nice, short, back = in_thread(switch)
-    assert granted_ns == TRAINING_SLICE_NS and granted_nice is None
-    assert short == (TRAINING_SLICE_NS, own) and back == (thread_slice_ns(), own)
-    assert f"waited for at nice {own}" in capfd.readouterr().err
+    granted, short, back = in_thread(switch)
+    assert granted == (TRAINING_SLICE_NS, None, None)
+    assert short == (os.SCHED_OTHER, TRAINING_SLICE_NS, own) and back == (os.SCHED_OTHER, thread_slice_ns(), own)
+    err = capfd.readouterr().err
+    assert f"in the fair class, not SCHED_FIFO {TRAINING_WAIT_RT_PRIORITY}" in err
+    assert f"waited for at nice {own}" in err
 
 
 def _fill_thread_attributes(drop_cap_sys_nice: bool = False) -> tuple[int | None, list]:
