@@ -144,6 +144,10 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
                 if k == len(works) - 1:
                     last_wait = now_ns()
                 w.wait()
+        except BaseException:
+            if input_wait:  # the failure is handled, and gloo torn down, in the fair class
+                switch.default()
+            raise
         finally:
             ready = now_ns()
             if fill is not None:

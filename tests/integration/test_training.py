@@ -97,13 +97,15 @@ def test_default_run_regime_and_traces(tmp_path, clean_machine):
     assert phases["workers_started"] <= phases["process_group"] and phases["forked"] <= phases["process_group"]
     kinds = set(read_events(tmp_path)[T.KIND])
     assert {T.FORWARD, T.BACKWARD, T.SEND, T.RECV_WAIT, T.ALLREDUCE, T.OPTIMIZER, T.IDLE} <= kinds
-    # the workers' threads had the kernel's shortest CPU slice, where the kernel has custom slices
-    from testbed.thread_slice import TRAINING_SLICE_NS, TRAINING_WAIT_NICE, kernel_has_custom_slices
+    # the workers' threads had the kernel's shortest CPU slice, where the kernel has custom slices,
+    # and their main threads waited for inputs in the real-time class (as root: granted)
+    from testbed.thread_slice import TRAINING_SLICE_NS, TRAINING_WAIT_RT_PRIORITY, kernel_has_custom_slices
 
+    assert summary["training_wait_rt_priority"] == TRAINING_WAIT_RT_PRIORITY, summary
+    assert summary["training_wait_nice"] is None  # the fair class's nice value: not asked
     got = summary["training_slice_ms"]
     if kernel_has_custom_slices():
         assert got == pytest.approx(TRAINING_SLICE_NS / 1e6), summary
-        assert summary["training_wait_nice"] == TRAINING_WAIT_NICE  # as root: granted
     else:  # the kernel's own slice where it reports one (EEVDF, 6.6+), else none
         assert got is None or got > TRAINING_SLICE_NS / 1e6, summary
     trace = json.loads((tmp_path / "trace.json").read_text())
