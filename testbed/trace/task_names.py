@@ -34,7 +34,17 @@ DELAY = "nfq_delay"  # the NFQUEUE delay element: its program's name begins so (
 COMM_BYTES = 15
 PR_SET_NAME = 15
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-_WORKER_RE = re.compile(r"tb-w(\d+)(-fill|-pf|-pf-kv)?$")
+#: the role of each thread a worker names apart, by the suffix its name adds to ``WORKER``'s
+_SUFFIX_ROLES = {
+    t.removeprefix(WORKER): role for t, role in ((FILL, "fill"), (STREAM, "stream"), (KV_SENDER, "kv sender"))
+}
+_WORKER_PREFIX = WORKER.removesuffix("{rank}")
+_WORKER_RE = re.compile(
+    re.escape(_WORKER_PREFIX)
+    + r"(\d+)("
+    + "|".join(re.escape(x) for x in sorted(_SUFFIX_ROLES, key=len, reverse=True))
+    + ")?$"
+)
 
 
 def kernel_name(name: str) -> str:
@@ -59,8 +69,7 @@ def role_of(comm: str, main_thread: bool) -> tuple[str, int | None]:
     trace's process ids tell whose they are, ``results/sched_trace.relative_role``)."""
     m = _WORKER_RE.match(comm)
     if m:
-        kinds = {"-fill": "fill", "-pf": "stream", "-pf-kv": "kv sender"}
-        kind = kinds.get(m.group(2) or "", "worker" if main_thread else "worker thread")
+        kind = _SUFFIX_ROLES.get(m.group(2) or "", "worker" if main_thread else "worker thread")
         return kind, int(m.group(1))
     named = {
         LAUNCHER: "launcher",
