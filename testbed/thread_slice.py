@@ -13,14 +13,16 @@ or, where that one runs real-time work of at least its priority, on one that run
 (kernel/sched/rt.c, ``select_task_rq_rt``). So a training worker's main thread waits for an operation's input in
 ``SCHED_FIFO`` at ``TRAINING_WAIT_RT_PRIORITY`` and goes back to the fair class once the
 operation has started (``WaitSwitch``): its compute is the fair class's, as every other GPU's.
-It holds the real-time class only while asleep and for the few microseconds from the wake-up
-to the start, so it takes nothing from the delay elements or Atlas's controller (higher
-priorities) and nothing measurable from anyone else. One hazard: gloo's receive buffer, released,
+It holds the real-time class only while asleep and for the tens of microseconds from the
+wake-up to the start (p99 about 0.1 ms here), so it takes nothing from the delay elements or
+Atlas's controller (higher priorities) and little from anyone else. A thread it started in
+that time would inherit the class; it starts none then (gloo's threads and BubbleTea's
+filling thread are started before its first wait). One hazard: gloo's receive buffer, released,
 waits for gloo's thread to let go of it with ``sched_yield`` in a loop (gloo/common/memory.h,
 ``~ShareableNonOwningPtr``), and a real-time thread's yield never gives a fair-class thread
 its CPU: released in the real-time class, it spun until the kernel's real-time throttling
 (950 ms of each second) let that thread run. The worker releases a receive's works only once
-the thread is back in the fair class (``train/worker.py``; ``scripts/bench_wait_class.py``
+the thread is back in the fair class (``train/input_wait.py``; ``scripts/bench_wait_class.py``
 shows the hazard).
 
 Where the real-time class is refused (without ``CAP_SYS_NICE`` or an ``RLIMIT_RTPRIO``), the
@@ -71,7 +73,8 @@ TRAINING_WAIT_NICE = -10
 #: At nice 0 the kernel left it on a run queue behind the other emulated GPUs' threads, holding
 #: the lock, while the main thread slept (3.8 ms in one late operation; scheduler traces, README
 #: "Late"); at the wait's nice value it runs again about as soon as the main thread would have,
-#: and a training thread woken meanwhile, with the short slice, still takes the CPU from it.
+#: and a training thread woken meanwhile, in the real-time class (or, where refused, with the
+#: short slice), still takes the CPU from it.
 #: Refused, as the wait's, without ``CAP_SYS_NICE``: the thread keeps its own
 FILL_THREAD_NICE = TRAINING_WAIT_NICE
 
@@ -136,15 +139,18 @@ class WaitSwitch:
     inherit, and whether the kernel grants the real-time class at ``wait_rt_priority``
     (``granted_rt_priority``: None where refused, without ``CAP_SYS_NICE`` or an
     ``RLIMIT_RTPRIO``, which it prints). Then one system call each: ``short()`` before the
-    thread waits for an input, ``SCHED_FIFO`` at that priority (reset on fork: a thread it
-    starts meanwhile has the fair class, the kernel's slice and no negative nice value), or
-    where refused the short slice at ``wait_nice`` (``granted_nice``: asked only then; None
+    thread waits for an input, ``SCHED_FIFO`` at that priority, or where refused the short
+    slice at ``wait_nice`` (``granted_nice``: asked only then; None
     where not asked, or refused, the thread then waiting at its own nice); ``default()`` once
     the operation has started, back to the fair class with the kernel's slice and the
     thread's own nice, so that its compute is the fair class's and not the one cut short by
     the next wake-up. Nothing is switched where neither the real-time class nor the slice was
     granted. Release gloo's works of the wait only after ``default()`` (module docstring:
-    gloo's buffer spins with ``sched_yield``)."""
+    gloo's buffer spins with ``sched_yield``: ``train/input_wait.InputWait``). Raises
+    ValueError for a ``wait_rt_priority`` outside ``SCHED_FIFO``'s range (1-99 on Linux).
+    Without ``SCHED_RESET_ON_FORK``: only ``CAP_SYS_NICE`` may clear that flag again
+    (sched(7)), so a thread granted the class by its ``RLIMIT_RTPRIO`` could not go back with
+    the flag cleared, and keeping it would take the short slice from the threads it starts."""
 
     def __init__(
         self,
@@ -156,7 +162,10 @@ class WaitSwitch:
         inherited = _sched_attr(short_ns, own_nice)  # what the threads started now inherit
         self._default = _sched_attr(DEFAULT_SLICE_NS, own_nice)
         self._short = _sched_attr(short_ns, wait_nice)
-        self._fifo = os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(wait_rt_priority)
+        lowest, highest = os.sched_get_priority_min(os.SCHED_FIFO), os.sched_get_priority_max(os.SCHED_FIFO)
+        if not lowest <= wait_rt_priority <= highest:
+            raise ValueError(f"wait_rt_priority {wait_rt_priority}: SCHED_FIFO takes {lowest}-{highest}")
+        self._fifo = os.SCHED_FIFO, os.sched_param(wait_rt_priority)
         self.granted_ns = slice_or_report(short_ns)
         self.granted_rt_priority: int | None = None
         self.granted_nice: int | None = None

@@ -166,7 +166,9 @@ def slice_stats(run_dir: Path) -> dict:
     rows = [r for r in (read_jsonl(path) if path.exists() else []) if r.get("phase") == "process_group"]
     rows = [r for r in rows if r.get(T.WORKER) is not None]
 
-    def weakest(field: str, of: Callable = max) -> Any:  # None where any worker reported none, or no worker
+    def weakest(
+        field: str, of: Callable[[list], Any] = max
+    ) -> Any:  # None where any worker reported none, or no worker
         values = [r.get(field) for r in rows]
         return of(values) if values and None not in values else None
 

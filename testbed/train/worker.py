@@ -41,6 +41,7 @@ from testbed.trace.startup import FILL_NICE, SLICE_NS, SWITCH_INTERVAL_US, WAIT_
 from testbed.trace.task_names import name_this_thread
 from testbed.train.checkout import join, leave_together
 from testbed.train.data import batch
+from testbed.train.input_wait import InputWait
 from testbed.train.padding import Padder
 from testbed.train.preload import Preloaded, preload
 from testbed.train.striping import post_recv_striped, send_striped
@@ -90,7 +91,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         **waits,
         **nices,
     )
-    switch.default()  # gloo's threads have the short slice; this one only while it waits for an input
+    switch.default()  # gloo's threads keep the short slice; this one waits for its inputs in the real-time class
     if bt is not None and server is not None and bt.alone:  # no training: the GPU serves prefill alone
         serve_alone(server, exp.iterations, bt.prior_iteration_s, ev)
         finish(cfg, rank, ev, server)
@@ -116,10 +117,9 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     n_next = exp.wan_connections if next_rank is not None and dc_of[next_rank] != me.dc else 1
 
     prev_end = [now_ns()]  # end of this worker's latest compute: where a bubble starts
-    # the works of the latest receive, released only once this thread is back in the fair class
-    # (``operation_started``): gloo's receive buffer, released, spins with sched_yield until gloo's
-    # thread lets go of it, which a real-time thread's yield never lets run (``thread_slice.py``)
-    received_works: list = []
+    # this thread's waits for its inputs, in the real-time class; each receive's works released
+    # once it is back in the fair class (``operation_started``, or an error leaving the loop)
+    inputs = InputWait(switch)
 
     def wait_filling(
         works: list, slot: str, since_ns: int, input_wait: bool = False
@@ -138,16 +138,12 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         fill = server.start_fill(predicted, since_ns) if server is not None and predicted is not None else None
         last_wait = since_ns
         if input_wait:
-            switch.short()
+            inputs.begin(works)
         try:
             for k, w in enumerate(works):
                 if k == len(works) - 1:
                     last_wait = now_ns()
                 w.wait()
-        except BaseException:
-            if input_wait:  # the failure is handled, and gloo torn down, in the fair class
-                switch.default()
-            raise
         finally:
             ready = now_ns()
             if fill is not None:
@@ -163,7 +159,6 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         t0 = now_ns()
         ctl.send(RECV, src, rank, it, m)
         works = post_recv_striped(buf, src, m, n)
-        received_works.extend(works)
         ready, last_wait, fill, bubble = wait_filling(works, slot, prev_end[0], input_wait=True)
         fields = {T.ITERATION: it, T.MICROBATCH: m, T.LAST_WAIT_NS: last_wait}
         ev.defer(T.RECV_WAIT, t0, now_ns(), **fields, bytes=act_bytes, peer=src, ready_ns=ready, **bubble)
@@ -173,14 +168,13 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         """The operation fed by microbatch ``m``'s transfer from ``src`` has started: tell Atlas's
         controller the transfer is in, its link free ("done"), and wake the thread that filled
         the bubble, if any (``Fill.wake``), to end its prefill pass at the arrival, this thread
-        back in the fair class with the kernel's slice (``thread_slice.WaitSwitch``), and only then
-        the receive's works released (``received_works``). Messages only now,
+        back in the fair class with the kernel's slice, and only then the receive's works
+        released (``InputWait.started``). Messages only now,
         as a GPU's kernel starts on the data while its host sends messages: the threads woken
         (the controller in the real-time class) then take this worker's CPU during its padded
         compute, not between the data's arrival and the operation's start (measured: README,
         "Late"; the filling thread: ``Arrived``)."""
-        switch.default()
-        received_works.clear()
+        inputs.started()
         ctl.send(DONE, src, rank, it, m)
         if fill is not None:
             fill.wake()
@@ -215,91 +209,92 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     last_opt_end = None
     stagger_ns = int(cfg.stagger_s[replica] * 1e9) if first and cfg.stagger_s else 0
     stagger_pending = first and cfg.stagger_file is not None  # planned from the first iteration's profile
-    for it in range(exp.iterations):
-        if stagger_pending and (planned := read_stagger(cfg.stagger_file)):
-            stagger_ns, stagger_pending = int(planned[replica] * 1e9), False
-        if stagger_ns:  # planned grants: this pipeline starts its iteration after the ones before it,
-            # counted from the end of the last optimizer step (the stage's replicas leave the
-            # all-reduce together), so that offsets do not add up over iterations
-            sleep_until((last_opt_end or now_ns()) + stagger_ns)
-        x, y = batch(train, R * M * mb, mcfg.seq_len, exp.seed, it)
-        rows = slice(replica * M * mb, (replica + 1) * M * mb)
-        x, y = x[rows], y[rows]
-        saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        pending = []
-        loss_sum = 0.0
-        for a in actions:
-            m = a.microbatch
-            fields = {T.ITERATION: it, T.MICROBATCH: m}
-            ready, fill = None, None
-            if a.kind == "F":
-                if first:
-                    inp = x[m * mb : (m + 1) * mb]
+    with inputs:  # an error leaving the loop releases the latest receive in the fair class
+        for it in range(exp.iterations):
+            if stagger_pending and (planned := read_stagger(cfg.stagger_file)):
+                stagger_ns, stagger_pending = int(planned[replica] * 1e9), False
+            if stagger_ns:  # planned grants: this pipeline starts its iteration after the ones before it,
+                # counted from the end of the last optimizer step (the stage's replicas leave the
+                # all-reduce together), so that offsets do not add up over iterations
+                sleep_until((last_opt_end or now_ns()) + stagger_ns)
+            x, y = batch(train, R * M * mb, mcfg.seq_len, exp.seed, it)
+            rows = slice(replica * M * mb, (replica + 1) * M * mb)
+            x, y = x[rows], y[rows]
+            saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+            pending = []
+            loss_sum = 0.0
+            for a in actions:
+                m = a.microbatch
+                fields = {T.ITERATION: it, T.MICROBATCH: m}
+                ready, fill = None, None
+                if a.kind == "F":
+                    if first:
+                        inp = x[m * mb : (m + 1) * mb]
+                    else:
+                        inp, ready, fill = receive(prev_rank, n_prev, it, m, f"F{m}")
+                        inp.requires_grad_()
+                    t0 = now_ns()
+                    if not first:
+                        operation_started(prev_rank, it, m, fill)
+                    outp = model(inp)
+                    if last:
+                        loss = lm_loss(outp, y[m * mb : (m + 1) * mb]) / M
+                        loss_sum += loss.item()
+                        outp = loss
+                    computed(T.FORWARD, t0, fields, ready, fill)
+                    saved[m] = (inp, outp)
+                    if not last:
+                        pending.extend(send(outp.detach(), next_rank, n_next, it, m))
                 else:
-                    inp, ready, fill = receive(prev_rank, n_prev, it, m, f"F{m}")
-                    inp.requires_grad_()
-                t0 = now_ns()
-                if not first:
-                    operation_started(prev_rank, it, m, fill)
-                outp = model(inp)
-                if last:
-                    loss = lm_loss(outp, y[m * mb : (m + 1) * mb]) / M
-                    loss_sum += loss.item()
-                    outp = loss
-                computed(T.FORWARD, t0, fields, ready, fill)
-                saved[m] = (inp, outp)
-                if not last:
-                    pending.extend(send(outp.detach(), next_rank, n_next, it, m))
-            else:
-                inp, outp = saved.pop(m)
-                grad = None
-                if not last:
-                    grad, ready, fill = receive(next_rank, n_next, it, m, f"B{m}")
-                t0 = now_ns()
-                if not last:
-                    operation_started(next_rank, it, m, fill)
-                outp.backward(grad)
-                computed(T.BACKWARD, t0, fields, ready, fill)
-                if not first:
-                    pending.extend(send(inp.grad, prev_rank, n_prev, it, m))
-        fields = {T.ITERATION: it, T.MICROBATCH: -1}
-        t0 = now_ns()
-        _, _, fill, bubble = wait_filling(pending, T.SEND_DRAIN_SLOT, prev_end[0])  # the sends drain
-        if fill is not None:  # no operation waits on the sends: the filling thread is woken at once
-            fill.wake()
-        ev.write(T.SEND_WAIT, t0, now_ns(), **fields, **bubble)
-        if R > 1:
+                    inp, outp = saved.pop(m)
+                    grad = None
+                    if not last:
+                        grad, ready, fill = receive(next_rank, n_next, it, m, f"B{m}")
+                    t0 = now_ns()
+                    if not last:
+                        operation_started(next_rank, it, m, fill)
+                    outp.backward(grad)
+                    computed(T.BACKWARD, t0, fields, ready, fill)
+                    if not first:
+                        pending.extend(send(inp.grad, prev_rank, n_prev, it, m))
+            fields = {T.ITERATION: it, T.MICROBATCH: -1}
             t0 = now_ns()
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
-            work = dist.all_reduce(flat, group=my_dp, async_op=True)
-            # BubbleTea fills while the gradients travel (and the peers arrive)
-            _, _, fill, bubble = wait_filling([work], T.ALLREDUCE_SLOT, t0)
-            if fill is not None:  # the optimizer step waits for no transfer: woken at once
+            _, _, fill, bubble = wait_filling(pending, T.SEND_DRAIN_SLOT, prev_end[0])  # the sends drain
+            if fill is not None:  # no operation waits on the sends: the filling thread is woken at once
                 fill.wake()
-            flat /= R
-            offset = 0
-            for p in params:
-                n = p.numel()
-                p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
-                offset += n
-            ev.write(T.ALLREDUCE, t0, now_ns(), **fields, bytes=flat.numel() * 4, **bubble)
-        t0 = now_ns()
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        opt_real, opt_padded = padder.finish(T.OPTIMIZER, t0)
-        opt_end = now_ns()  # the loss's all-reduce below waits for the replicas: not busy time
-        loss_value = None
-        if last:
-            loss_t = torch.tensor([loss_sum])
+            ev.write(T.SEND_WAIT, t0, now_ns(), **fields, **bubble)
             if R > 1:
-                dist.all_reduce(loss_t, group=my_dp)
-                loss_t /= R
-            loss_value = loss_t.item()
-        prev_end[0] = now_ns()
-        ev.write(T.OPTIMIZER, t0, opt_end, **fields, loss=loss_value, real_ns=opt_real, padded_ns=opt_padded)
-        if server is not None:
-            server.report(it, (prev_end[0] - last_opt_end) / 1e9 if last_opt_end else bt.prior_iteration_s)
-        last_opt_end = prev_end[0]
+                t0 = now_ns()
+                flat = torch.cat([p.grad.reshape(-1) for p in params])
+                work = dist.all_reduce(flat, group=my_dp, async_op=True)
+                # BubbleTea fills while the gradients travel (and the peers arrive)
+                _, _, fill, bubble = wait_filling([work], T.ALLREDUCE_SLOT, t0)
+                if fill is not None:  # the optimizer step waits for no transfer: woken at once
+                    fill.wake()
+                flat /= R
+                offset = 0
+                for p in params:
+                    n = p.numel()
+                    p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+                    offset += n
+                ev.write(T.ALLREDUCE, t0, now_ns(), **fields, bytes=flat.numel() * 4, **bubble)
+            t0 = now_ns()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+            opt_real, opt_padded = padder.finish(T.OPTIMIZER, t0)
+            opt_end = now_ns()  # the loss's all-reduce below waits for the replicas: not busy time
+            loss_value = None
+            if last:
+                loss_t = torch.tensor([loss_sum])
+                if R > 1:
+                    dist.all_reduce(loss_t, group=my_dp)
+                    loss_t /= R
+                loss_value = loss_t.item()
+            prev_end[0] = now_ns()
+            ev.write(T.OPTIMIZER, t0, opt_end, **fields, loss=loss_value, real_ns=opt_real, padded_ns=opt_padded)
+            if server is not None:
+                server.report(it, (prev_end[0] - last_opt_end) / 1e9 if last_opt_end else bt.prior_iteration_s)
+            last_opt_end = prev_end[0]
     finish(cfg, rank, ev, server)
 
 
