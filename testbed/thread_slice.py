@@ -10,9 +10,10 @@ until the next tick (4 ms at HZ=250) or until it blocked; or on one CPU's run qu
 other was free, which the fair scheduler did not move it to in time (README, "Late"). A thread
 in the real-time class takes its CPU from any fair-class thread as it wakes, on its own CPU,
 or, where that one runs real-time work of at least its priority, on one that runs none
-(kernel/sched/rt.c, ``select_task_rq_rt``). So a training worker's main thread waits for an operation's input in
-``SCHED_FIFO`` at ``TRAINING_WAIT_RT_PRIORITY`` and goes back to the fair class once the
-operation has started (``WaitSwitch``): its compute is the fair class's, as every other GPU's.
+(kernel/sched/rt.c, ``select_task_rq_rt``). So a training worker's main thread waits for an
+operation's input in ``SCHED_FIFO`` at ``TRAINING_WAIT_RT_PRIORITY`` and goes back to the fair
+class once the operation has started (``WaitSwitch``): its compute is the fair class's, as
+every other GPU's.
 It holds the real-time class only while asleep and for the tens of microseconds from the
 wake-up to the start (p99 about 0.1 ms here), so it takes nothing from the delay elements or
 Atlas's controller (higher priorities) and little from anyone else. A thread it started in
@@ -140,8 +141,8 @@ class WaitSwitch:
     (``granted_rt_priority``: None where refused, without ``CAP_SYS_NICE`` or an
     ``RLIMIT_RTPRIO``, which it prints). Then one system call each: ``short()`` before the
     thread waits for an input, ``SCHED_FIFO`` at that priority, or where refused the short
-    slice at ``wait_nice`` (``granted_nice``: asked only then; None
-    where not asked, or refused, the thread then waiting at its own nice); ``default()`` once
+    slice at ``wait_nice`` (``granted_nice``: asked only then; None where not asked, or
+    refused, the thread then waiting at its own nice); ``default()`` once
     the operation has started, back to the fair class with the kernel's slice and the
     thread's own nice, so that its compute is the fair class's and not the one cut short by
     the next wake-up. Nothing is switched where neither the real-time class nor the slice was
