@@ -48,14 +48,14 @@ def rank_main(rank: int, port: int, receives: int, order: str) -> None:
     if switch is not None:
         switch.default()
     buf = torch.zeros(ELEMENTS)
+    inputs = InputWait(switch) if switch is not None else None
     for _ in range(receives):
         dist.barrier()
-        if switch is None:
+        if switch is None or inputs is None:
             time.sleep(0.005)  # the receiver is waiting by then
             dist.send(buf, 1)
             continue
         work = dist.irecv(buf, 0)
-        inputs = InputWait(switch)
         if order == "fair-first":
             inputs.begin([work])  # held until the thread is back in the fair class
         else:

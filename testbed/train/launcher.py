@@ -57,7 +57,8 @@ def _reply(out: Any, obj: dict[str, Any]) -> None:
 
 def _child(req: dict[str, Any], cfg: Any, pre: Any, proto_fd: int, launcher_pid: int) -> int:
     """In the forked child: become the worker of ``req["rank"]``; returns its exit status."""
-    from testbed.train.worker import run, startup_mark
+    from testbed.train.worker import run
+    from testbed.train.worker_start import startup_mark
 
     die_with_parent(signal.SIGKILL)
     if os.getppid() != launcher_pid:  # the launcher died before the line above: no orphan worker

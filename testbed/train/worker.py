@@ -18,7 +18,6 @@ insert work between actions, none of which those schedules expose.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -32,24 +31,16 @@ from testbed.plan.placement import rank_of
 from testbed.plan.schedule import make_schedule
 from testbed.plan.worker_config import WorkerConfig, read_stagger, read_worker_config
 from testbed.spec.model import activation_bytes, activation_shape
-from testbed.thread_slice import WaitSwitch
 from testbed.trace import schema as T
-from testbed.trace import task_names
 from testbed.trace.clock import now_ns, sleep_until
 from testbed.trace.events import EventWriter
-from testbed.trace.startup import FILL_NICE, SLICE_NS, SWITCH_INTERVAL_US, WAIT_NICE, WAIT_RT_PRIORITY, mark_startup
-from testbed.trace.task_names import name_this_thread
-from testbed.train.checkout import join, leave_together
+from testbed.train.checkout import leave_together
 from testbed.train.data import batch
 from testbed.train.input_wait import InputWait
 from testbed.train.padding import Padder
 from testbed.train.preload import Preloaded, preload
 from testbed.train.striping import post_recv_striped, send_striped
-
-
-def startup_mark(cfg: WorkerConfig, rank: int, phase: str, **fields: int | None) -> None:
-    """One line of the run folder's ``startup.jsonl``: when this worker reached ``phase``, and ``fields``."""
-    mark_startup(Path(cfg.out_dir), phase, rank, **fields)
+from testbed.train.worker_start import start, startup_mark
 
 
 def main(config_path: str, rank: int) -> None:
@@ -61,37 +52,11 @@ def main(config_path: str, rank: int) -> None:
 
 def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     """Train as worker ``rank`` of the run configured by ``cfg``, from ``pre``."""
-    name_this_thread(task_names.WORKER.format(rank=rank))  # before gloo's threads: they inherit it
-    # the short CPU slice, inherited by gloo's threads and the prefill stream (which sets the
-    # kernel's back); this thread waits for an input in the real-time class (``thread_slice.py``)
-    switch = WaitSwitch()
-    exp, me = cfg.training, cfg.worker(rank)
+    started = start(cfg, rank, pre)
+    switch, ev, server, my_dp = started.switch, started.ev, started.server, started.dp_group
+    exp, me, bt = cfg.training, cfg.worker(rank), cfg.bubbletea
     S, R, M, mb = exp.stages, exp.replicas, exp.microbatches, exp.microbatch_size
     stage, replica = me.stage, me.replica
-    torch.set_num_threads(1)
-    torch.manual_seed(exp.seed)
-    ev = EventWriter(
-        Path(cfg.out_dir) / "events" / f"w{rank}.jsonl",
-        **{T.WORKER: rank, T.HOST: me.host, T.DC: me.dc, T.STAGE: stage, T.REPLICA: replica},
-    )
-    bt = cfg.bubbletea
-    # BubbleTea's prefill stream is a process forked from this one (bubbletea/prefill_stream.py):
-    # made before the process group, it inherits none of gloo's threads or sockets
-    corpus = pre.train_tokens  # prompts are real text of it
-    server = None if bt is None else PrefillServer.for_worker(bt, exp.seed, rank, me.dc, ev, exp.padded, corpus)
-    my_dp = join(cfg, rank)
-    waits = {WAIT_RT_PRIORITY: switch.granted_rt_priority, WAIT_NICE: switch.granted_nice}
-    nices = {} if server is None else {FILL_NICE: server.filler.nice}
-    switch_interval_us = round(sys.getswitchinterval() * 1e6)
-    startup_mark(
-        cfg,
-        rank,
-        "process_group",
-        **{SLICE_NS: switch.granted_ns, SWITCH_INTERVAL_US: switch_interval_us},
-        **waits,
-        **nices,
-    )
-    switch.default()  # gloo's threads keep the short slice; this one waits for its inputs in the real-time class
     if bt is not None and server is not None and bt.alone:  # no training: the GPU serves prefill alone
         serve_alone(server, exp.iterations, bt.prior_iteration_s, ev)
         finish(cfg, rank, ev, server)
