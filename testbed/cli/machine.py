@@ -22,7 +22,7 @@ from testbed.net.local import LocalNetwork
 from testbed.net.mininet_backend import mininet_status, openvswitch_status
 from testbed.net.registry import clean_run, list_runs
 from testbed.net.remote.clean import clean_remote_run
-from testbed.net.tracefs import tracefs_root
+from testbed.net.tracefs import tracefs_status
 from testbed.spec.topology_file import parse_topology
 from testbed.spec.units import format_rate
 
@@ -75,10 +75,7 @@ def cmd_doctor(args) -> int:
     except FeatureError as e:  # needed only where the kernel lacks sch_netem (the build below says)
         print(f"delay element: not built ({e}; needed only without sch_netem)")
     print(f"mininet (--backend mininet): {mininet_status()}")
-    try:
-        print(f"scheduler trace (--sched-trace): available (tracefs at {tracefs_root()})")
-    except FeatureError as e:
-        print(f"scheduler trace (--sched-trace): not available ({e})")
+    print(f"scheduler trace (--sched-trace): {tracefs_status()}")
     print(
         f"Open vSwitch: {openvswitch_status()} (the mininet backend uses none: hosts link straight to a "
         "bridge in their DC router)"

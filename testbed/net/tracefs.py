@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -40,8 +42,14 @@ BUFFER_KB_PER_CPU = 65536
 MAX_MEMORY_SHARE = 0.125
 
 
-def tracefs_root() -> Path:
-    """The mounted tracefs with the scheduler's events. Raises FeatureError naming the fix."""
+#: where a run mounts tracefs when none is mounted: the kernel's own mount point for it (since
+#: Linux 4.1), where libtracefs and trace-cmd mount it too
+TRACEFS_MOUNT_POINT = TRACEFS_MOUNTS[0]
+
+
+def mounted_tracefs() -> Path | None:
+    """The mounted tracefs with the scheduler's events, or None where none is mounted. Raises
+    FeatureError naming the fix where one is mounted without those events."""
     for root in TRACEFS_MOUNTS:
         if (root / "instances").is_dir():
             missing = [e for e in EVENTS if not (root / "events" / e / "enable").exists()]
@@ -51,10 +59,75 @@ def tracefs_root() -> Path:
                     "with CONFIG_FTRACE and its scheduler tracepoints; run without --sched-trace"
                 )
             return root
-    raise FeatureError(
-        "no tracefs mounted (looked at " + ", ".join(str(p) for p in TRACEFS_MOUNTS) + "): --sched-trace reads the "
-        "kernel's scheduler events there; mount it (mount -t tracefs nodev /sys/kernel/tracing) or run without it"
-    )
+    return None
+
+
+def kernel_has_tracefs(filesystems: Path = Path("/proc/filesystems")) -> bool:
+    """Whether this kernel can mount tracefs (it is in ``/proc/filesystems``)."""
+    try:
+        return any(line.split()[-1:] == ["tracefs"] for line in filesystems.read_text().splitlines())
+    except OSError:
+        return False
+
+
+def tracefs_status() -> str:
+    """What ``--sched-trace`` would find, in words (``testbed doctor``): where tracefs is mounted,
+    or that a run will mount it, or why it cannot. Never mounts anything."""
+    try:
+        root = mounted_tracefs()
+    except FeatureError as e:
+        return f"not available ({e})"
+    if root is not None:
+        return f"available (tracefs at {root})"
+    if kernel_has_tracefs() and TRACEFS_MOUNT_POINT.is_dir():
+        return f"available (tracefs not mounted: a traced run mounts it at {TRACEFS_MOUNT_POINT} and leaves it)"
+    return "not available (this kernel has no tracefs: it needs CONFIG_TRACING)"
+
+
+@dataclass(frozen=True)
+class TracefsMount:
+    """The tracefs a traced run reads: its ``root``, and whether the run mounted it there
+    (``mounted_by_run``: none was mounted before)."""
+
+    root: Path
+    mounted_by_run: bool
+
+    def env(self) -> dict[str, str | bool]:
+        """As the run's ``env.json`` records it."""
+        return {"tracefs": str(self.root), "tracefs_mounted_by_run": self.mounted_by_run}
+
+
+def ensure_tracefs() -> TracefsMount:
+    """The mounted tracefs, mounted at ``TRACEFS_MOUNT_POINT`` first where none is (and left
+    mounted, as libtracefs and trace-cmd leave it: a fresh machine mounts none), with whether this
+    call mounted it (recorded in the run's ``env.json``). Raises FeatureError,
+    naming the fix, where the kernel has no tracefs, refuses the mount, or lacks the scheduler's
+    events."""
+    root = mounted_tracefs()
+    if root is not None:
+        return TracefsMount(root, False)
+    if not kernel_has_tracefs():
+        raise FeatureError(
+            "this kernel has no tracefs (not in /proc/filesystems): --sched-trace reads the kernel's "
+            "scheduler events there and needs a kernel built with CONFIG_TRACING; run without --sched-trace"
+        )
+    cmd = ["mount", "-t", "tracefs", "nodev", str(TRACEFS_MOUNT_POINT)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise FeatureError(f"could not run {' '.join(cmd)}: {e}; run without --sched-trace") from e
+    if done.returncode != 0:
+        raise FeatureError(
+            f"tracefs is not mounted and mounting it failed ({' '.join(cmd)}: {done.stderr.strip()}): "
+            "--sched-trace needs root (CAP_SYS_ADMIN); run without --sched-trace"
+        )
+    root = mounted_tracefs()
+    if root is None:
+        raise FeatureError(
+            f"tracefs mounted at {TRACEFS_MOUNT_POINT} has no instances/ folder: --sched-trace needs a "
+            "kernel from Linux 4.1 on; run without --sched-trace"
+        )
+    return TracefsMount(root, True)
 
 
 def buffer_kb_per_cpu(n_cpus: int, available_kb: int) -> int:
@@ -75,11 +148,11 @@ class SchedTrace:
     """A tracefs instance recording the scheduler's events for the run ``record`` (named after its
     prefix). ``start`` makes and arms it (registered first), ``trace_file`` opens what it holds,
     ``lost_events`` says how many did not fit, ``close`` removes it (and then its registration).
-    Raises FeatureError where tracefs is missing."""
+    Raises FeatureError where tracefs cannot be mounted (``ensure_tracefs``)."""
 
     def __init__(self, record: RunRecord) -> None:
         self.record = record
-        self.root = tracefs_root()
+        self.root = ensure_tracefs().root
         self.path = self.root / "instances" / trace_instance_name(record.prefix)
         self.made = False  # this object made the instance (only then does it remove it)
 

@@ -180,9 +180,10 @@ def write_config(
     )
 
 
-def write_env(out_dir: Path, net: Network, corpus_sha: str, t_begin_ns: int) -> None:
+def write_env(out_dir: Path, net: Network, corpus_sha: str, t_begin_ns: int, extra: dict[str, Any]) -> None:
     """``env.json``: where and with what the run ran; ``run_start_ns`` is when it began (the run's
-    clock), from which the summary counts start-up."""
+    clock), from which the summary counts start-up; ``extra``: what the run itself set up on the
+    machine (``tracefs``, ``tracefs_mounted_by_run`` under ``--sched-trace``)."""
     (out_dir / "env.json").write_text(
         json.dumps(
             {
@@ -197,6 +198,7 @@ def write_env(out_dir: Path, net: Network, corpus_sha: str, t_begin_ns: int) -> 
                 **({**sched_group(), **sched_kernel()} if isinstance(net, LocalHosts) else {}),
                 "run_prefix": net.prefix,
                 "run_start_ns": t_begin_ns,
+                **extra,
             },
             indent=1,
         )

@@ -17,7 +17,7 @@ from typing import Any
 from testbed.bubbletea.stream import request_stream
 from testbed.errors import SpecError, TestbedError
 from testbed.net.network import LocalHosts, Network
-from testbed.net.tracefs import SchedTrace, tracefs_root
+from testbed.net.tracefs import SchedTrace, TracefsMount, ensure_tracefs
 from testbed.plan.connections import socket_buffer_cap, wan_connections
 from testbed.plan.cost_model import predict
 from testbed.plan.memory import gpu_shortfall
@@ -115,9 +115,10 @@ def run_experiment(
     measure one TCP connection on each WAN path training uses (``net/wan_probe.py``) into
     ``wan_profile.json``, for ``testbed sim --validate``. ``sched_trace``: record the kernel
     scheduler's events while training (``net/tracefs.py``, ``results/sched_trace.py``; hosts on
-    this machine only). Raises SpecError for a run refused before building (``check_runnable``),
-    RunError when a worker fails; PrivilegeError, FeatureError, BuildError from the network (and
-    FeatureError, before building, where tracefs cannot record the scheduler)."""
+    this machine only; tracefs mounted first where none is, recorded in ``env.json``). Raises
+    SpecError for a run refused before building (``check_runnable``), RunError when a worker fails;
+    PrivilegeError, FeatureError, BuildError from the network (and FeatureError, before building,
+    where tracefs cannot record the scheduler)."""
     t_begin_ns = t_command_ns or now_ns()
     workers = check_runnable(exp, backend, force)
     if sched_trace:
@@ -129,7 +130,8 @@ def run_experiment(
                 "traces this machine's scheduler",
                 "use --backend netns or mininet",
             )
-        tracefs_root()  # FeatureError, before anything is built, where the kernel cannot trace
+    # FeatureError, before anything is built, where the kernel cannot trace
+    tracefs = ensure_tracefs() if sched_trace else None
     check_fresh_out_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     mark_startup(out_dir, "run_start", t_ns=t_begin_ns)
@@ -149,7 +151,7 @@ def run_experiment(
             t_begin_ns,
             plan_note,
             profile_wan,
-            sched_trace,
+            tracefs,
         )
     finally:
         if own is not None:
@@ -170,8 +172,9 @@ def _run(
     t_begin_ns: int,
     plan_note: str | None = None,
     profile_wan: bool = False,
-    sched_trace: bool = False,
+    tracefs: TracefsMount | None = None,
 ) -> dict[str, Any]:
+    """``run_experiment``'s body; ``tracefs``: where the scheduler is traced from (None: it is not)."""
     topo = exp.topology_spec
     corpus_sha = corpus_sha256(corpus_bytes(Path(exp.data) if exp.data else None))
     predicted = predict(exp, topo, workers).iteration_s
@@ -188,14 +191,14 @@ def _run(
             out_dir=out_dir,
             tcp_buffer_bytes=socket_buffer_cap(exp, topo, workers),
         ) as net:
-            write_env(out_dir, net, corpus_sha, t_begin_ns)
+            write_env(out_dir, net, corpus_sha, t_begin_ns, tracefs.env() if tracefs else {})
             mark_startup(out_dir, "network_built")
             if profile_wan:
                 profile_wan_paths(net, exp, workers, out_dir, progress)
                 mark_startup(out_dir, "wan_profiled")
             if own_launcher is not None and isinstance(net, LocalHosts):
                 net.adopt(own_launcher.proc, "worker launcher")  # registered for testbed clean
-            tracer = net.sched_trace() if sched_trace and isinstance(net, LocalHosts) else None
+            tracer = net.sched_trace() if tracefs and isinstance(net, LocalHosts) else None
             _train(
                 net, exp, workers, out_dir, hang, progress, t_start, launcher if runs_here(backend) else None, tracer
             )

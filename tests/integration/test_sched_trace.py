@@ -1,7 +1,8 @@
 """``testbed run --sched-trace`` on a real run: the kernel's scheduler recorded in a tracefs
 instance of the run's own, every process and thread the testbed starts named for it, each late
 operation's time accounted for; and the instance removed at the end, or by ``testbed clean``
-after its run was killed."""
+after its run was killed. The traced run starts where a fresh machine does, with no tracefs
+mounted (in a private mount namespace, ``unshare -m``): the run mounts it."""
 
 from __future__ import annotations
 
@@ -25,11 +26,37 @@ from testbed.trace import schema as T
 
 from .conftest import REPO, run_cli
 
+#: a command's prefix that runs it in a private mount namespace with no tracefs mounted, as on a
+#: fresh machine (whose kernel mounts none; debugfs, whose tracing/ folder mounts one, goes too)
+WITHOUT_TRACEFS = [
+    "unshare",
+    "--mount",
+    "--propagation",
+    "private",
+    "sh",
+    "-c",
+    'for m in /sys/kernel/debug/tracing /sys/kernel/tracing /sys/kernel/debug; do while mountpoint -q "$m"; '
+    'do umount -l "$m" || exit 1; done; done; exec "$@"',
+    "sh",
+]
+
+
+def _host_mounts() -> str:
+    return open("/proc/self/mountinfo").read()
+
 
 def test_a_traced_run_names_its_tasks_and_accounts_for_each_late_start(tmp_path, clean_machine):
     out = tmp_path / "run"
-    r = run_cli("run", "--policy", "atlas+bubbletea", "--iterations", "4", "--sched-trace", "--out", str(out))
+    mounts = _host_mounts()
+    cmd = [sys.executable, "-m", "testbed.cli", "run", "--policy", "atlas+bubbletea", "--iterations", "4"]
+    r = subprocess.run(
+        WITHOUT_TRACEFS + cmd + ["--sched-trace", "--out", str(out)], capture_output=True, text=True, cwd=REPO
+    )
     assert r.returncode == 0, r.stderr[-3000:]
+    # the run mounted tracefs where none was, and said so; in its own mount namespace, not here
+    env = json.loads((out / "env.json").read_text())
+    assert env["tracefs_mounted_by_run"] is True and env["tracefs"] == "/sys/kernel/tracing", env
+    assert _host_mounts() == mounts
     sched = pd.read_parquet(out / T.SCHED_FILE)
     assert list(sched.columns) == T.SCHED_COLUMNS and len(sched) > 1000
     assert (sched[T.EVENT] == T.SCHED_WAKEUP).any() and sched[T.T_NS].is_monotonic_increasing
@@ -122,3 +149,20 @@ def test_testbed_clean_removes_the_instance_of_a_killed_run(tmp_path, clean_mach
     r = run_cli("clean", "--run", prefix)
     assert r.returncode == 0, r.stderr
     assert "1 tracefs instance(s)" in r.stdout and not os.path.exists(path)
+
+
+def test_tracefs_is_mounted_where_none_is_and_left_mounted():
+    code = (
+        "from testbed.net.tracefs import ensure_tracefs, mounted_tracefs, tracefs_status\n"
+        "assert mounted_tracefs() is None\n"
+        "print(tracefs_status())\n"
+        "print(ensure_tracefs())\n"
+        "print(ensure_tracefs())\n"
+        "print(tracefs_status())\n"
+    )
+    r = subprocess.run(WITHOUT_TRACEFS + [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    before, first, second, after = r.stdout.splitlines()
+    assert "a traced run mounts it at /sys/kernel/tracing" in before
+    assert "mounted_by_run=True" in first and "mounted_by_run=False" in second  # kept mounted
+    assert after == "available (tracefs at /sys/kernel/tracing)"

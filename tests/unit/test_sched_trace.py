@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from eventrows import MS, event_row
 
+from testbed.net.tracefs import kernel_has_tracefs
 from testbed.results.cpu_timeline import CpuTimeline
 from testbed.results.sched_summary import (
     LATE_STARTS_FILE,
@@ -439,3 +440,13 @@ def test_a_thread_named_is_named_for_the_kernel():
     t.start()
     t.join()
     assert got["comm"] == "tb-w7-fill-and-"
+
+
+@pytest.mark.parametrize(
+    "text, has",
+    [("nodev\tsysfs\nnodev\ttracefs\n", True), ("nodev\tsysfs\nnodev\tdebugfs\n", False), ("", False)],
+)
+def test_whether_the_kernel_can_mount_tracefs_is_read_from_its_filesystems(tmp_path, text, has):
+    (tmp_path / "filesystems").write_text(text)
+    assert kernel_has_tracefs(tmp_path / "filesystems") is has
+    assert kernel_has_tracefs(tmp_path / "absent") is False

@@ -31,7 +31,9 @@ class AgentClient:
         self._out = self.chan.makefile("rb")
         self._lock = threading.Lock()
         self._next_id = 0
-        #: why the agent cannot be used any more ("" while it can)
+        #: why the agent cannot be used any more, as the error that first said so ("" while it can):
+        #: every later call raises the same message, whichever thread (the heartbeat's or the run's)
+        #: met the event first
         self.gone = ""
         self._log = open(log_path, "ab")
         self._drain = threading.Thread(target=self._drain_stderr, name=f"agent-{m.name}-stderr", daemon=True)
@@ -54,7 +56,7 @@ class AgentClient:
         where = self.conn.where
         with self._lock:
             if self.gone:
-                raise RemoteError(f"{where}: the agent is gone ({self.gone})")
+                raise RemoteError(self.gone)
             self._next_id += 1
             want = self._next_id
             try:
@@ -68,26 +70,28 @@ class AgentClient:
                     if reply.get("id") == want:
                         break
             except TimeoutError:
-                self.gone = f"no answer to {op!r} within {timeout_s:g} s"
-                raise RemoteError(f"{where}: the agent did not answer {op!r} within {timeout_s:g} s") from None
+                raise self._lost(f"{where}: the agent did not answer {op!r} within {timeout_s:g} s") from None
             except OSError as e:
                 # a channel the server closed while the SSH connection lives on: the agent ended
                 # (a send after its exit fails with "Socket is closed" before any read sees EOF)
                 transport = self.chan.get_transport()
                 if self.chan.exit_status_ready() and transport is not None and transport.is_active():
                     raise self._exited() from None
-                self.gone = f"connection broke: {e}"
-                raise RemoteError(f"{where}: the connection to the agent broke ({e})") from None
+                raise self._lost(f"{where}: the connection to the agent broke ({e})") from None
         if not reply.pop("ok"):
             raise RemoteError(f"{where}: {op} failed: {reply['type']}: {reply['error']}")
         return reply
 
     def _exited(self) -> RemoteError:
-        self.gone = f"it exited; its output is in {self._log.name}"
-        return RemoteError(
+        return self._lost(
             f"{self.conn.where}: the agent exited or was killed (its output: {self._log.name}); "
             "what it built there is removed at teardown"
         )
+
+    def _lost(self, message: str) -> RemoteError:
+        """The agent cannot be used any more: ``message`` says why, now and on every later call."""
+        self.gone = message
+        return RemoteError(message)
 
     def close(self, timeout_s: float = 30.0) -> None:
         try:
