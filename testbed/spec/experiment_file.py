@@ -82,7 +82,7 @@ def parse_experiment(data: Any, source: str = "<memory>") -> Experiment:
     r = FieldReader(source, data, "", EXPERIMENT_FIELDS)
     kw: dict[str, Any] = {
         **{k: v for k, v in r.values().items() if k not in ("name", "description", "policy")},
-        "name": str(data.get("name") or Path(source).stem),
+        "name": r.value("name") or Path(source).stem,
         "source": source,
         "topology": str(data["topology"]),
         "topology_spec": experiment_topology(source, data["topology"]),

@@ -211,7 +211,7 @@ def parse_scenario(data: Any, source: str = "<memory>") -> Scenario:
             )
         dcs.append((raw["name"], gpus))
     # the DCs and the WAN are checked as a topology file's (names, links or matrix, connectivity)
-    topo_data = {"name": data.get("name", Path(source).stem), "dcs": [{"name": n, "hosts": g // t} for n, g in dcs]}
+    topo_data = {"name": r.value("name") or Path(source).stem, "dcs": [{"name": n, "hosts": g // t} for n, g in dcs]}
     for key in ("links", "matrix"):
         if key in data:
             topo_data[key] = data[key]
@@ -275,7 +275,7 @@ def parse_scenario(data: Any, source: str = "<memory>") -> Scenario:
         inference_model=inference,
         inference_model_name=inference_name,
         request_rate=float(rate),
-        description=str(data.get("description") or ""),
+        description=r.value("description"),
         source=source,
     )
 

@@ -103,13 +103,13 @@ def parse_topology(data: Any, source: str = "<memory>") -> TopologySpec:
             )
         seen[pair] = i
         links.append(link)
-    name = data.get("name") or (Path(source).stem if source != "<memory>" else "topology")
+    name = top.value("name") or (Path(source).stem if source != "<memory>" else "topology")
     spec = TopologySpec(
         name=str(name),
         dcs=tuple(dcs),
         links=tuple(links),
         source=source,
-        description=str(data.get("description") or ""),
+        description=top.value("description"),
         tcp_congestion=_read_congestion(top, data.get("tcp_congestion")),
         **_read_addressing(source, data.get("addressing")),
     )
