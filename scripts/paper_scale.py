@@ -28,7 +28,7 @@ import pandas as pd
 from testbed.results.sweep_plots import plot_sweep
 from testbed.sim.scenario import simulate_scenario
 from testbed.sim.sweep import parse_sweep, sweep
-from testbed.spec.experiment import MAX_WAN_CONNECTIONS as MAX_CONNECTIONS
+from testbed.spec.experiment_fields import MAX_WAN_CONNECTIONS as MAX_CONNECTIONS
 from testbed.spec.scenario_file import load_scenario, shipped_scenarios
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 
 from testbed.plan.workers import WorkerSpec
-from testbed.spec.experiment import MAX_WAN_CONNECTIONS, Experiment
+from testbed.spec.experiment import Experiment
+from testbed.spec.experiment_fields import MAX_WAN_CONNECTIONS
 from testbed.spec.routing import RoutingTable
 from testbed.spec.topology import TopologySpec
 

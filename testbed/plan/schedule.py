@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from testbed.spec.experiment import SCHEDULES
+from testbed.spec.experiment_fields import SCHEDULES
 
 
 @dataclass(frozen=True)

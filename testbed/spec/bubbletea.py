@@ -3,13 +3,12 @@ item 5), its limits and its checks."""
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, replace
 from typing import Any
 
 from testbed.errors import SpecError
-from testbed.spec.model import ModelConfig
+from testbed.spec.fields import Field, FieldTable
+from testbed.spec.model import MODEL_FIELDS, ModelConfig
 
 #: highest synthetic request rate (per second) an experiment may ask for
 MAX_REQUEST_RATE = 1000.0
@@ -75,6 +74,96 @@ class BubbleTeaSpec:
     ttft_slo_scale: float = 3.0
 
 
+#: an experiment's ``bubbletea``: defaults are ``BubbleTeaSpec``'s
+BUBBLETEA_FIELDS = FieldTable(
+    "experiment: bubbletea",
+    "bubbletea",
+    "Prefill of inference requests in the pipeline bubbles, under a policy with `+bubbletea`.",
+    (
+        Field(
+            "model",
+            "section",
+            "the inference model each worker holds beside its stage (keys as `model`'s)",
+            default_text="the training model's layers, width and heads, a context of the longest prompt "
+            "plus `max_output_tokens`",
+            table=MODEL_FIELDS.name,
+        ),
+        Field(
+            "request_rate",
+            "number",
+            "the synthetic stream's mean rate",
+            "requests/s",
+            4.0,
+            low=0,
+            low_open=True,
+            high=MAX_REQUEST_RATE,
+            fix="give e.g. 4: the workers' bubbles hold a few tens of prefills per second",
+        ),
+        Field(
+            "requests",
+            "path",
+            "a CSV in the Azure LLM inference trace format (TIMESTAMP,ContextTokens,GeneratedTokens), "
+            "relative to the experiment file",
+            default_text="a synthetic stream fitted to the Azure 2023 trace",
+        ),
+        Field("time_scale", "number", "the trace's time stretched by this factor", default=1.0, low=0, low_open=True),
+        Field("rate_factor", "number", "the trace's rate multiplied by this", default=1.0, low=0, low_open=True),
+        Field("max_prompt_tokens", "int", "prompts clipped to this", "tokens", default_text="unclipped", low=1),
+        Field("max_output_tokens", "int", "decode stops here", "tokens", 256, low=1),
+        Field(
+            "max_chunk_tokens",
+            "int",
+            "a prefill pass's token budget (chunks of one or more requests)",
+            "tokens",
+            128,
+            low=MIN_CHUNK_TOKENS,
+            fix=f"use {MIN_CHUNK_TOKENS} or more (the smallest chunk worth a pass)",
+        ),
+        Field(
+            "guard_ms",
+            "number",
+            "a chunk is sized to end this long before its predicted bubble does",
+            "ms",
+            3.0,
+            low=0,
+        ),
+        Field(
+            "profile_iterations",
+            "int",
+            "a bubble is predicted as the minimum of its last this many iterations",
+            "iterations",
+            3,
+            low=1,
+            rule="below `iterations`",
+        ),
+        Field("decode", "bool", "decode hosts run the decode steps", default=True),
+        Field(
+            "fill_every_bubble",
+            "bool",
+            "prefill through every bubble (resume or start a pass where no chunk fits)",
+            default=True,
+        ),
+        Field(
+            "ttft_slo_s",
+            "number",
+            "the time to first token a request is judged against",
+            "s",
+            1.0,
+            low=0,
+            low_open=True,
+        ),
+        Field(
+            "ttft_slo_scale",
+            "number",
+            "a second SLO: this multiple of each request's TTFT served alone",
+            default=3.0,
+            low=1,
+        ),
+        Field("max_decode_batch", "int", "requests per decode step (continuous batching)", default=32, low=1),
+    ),
+)
+
+
 def bubbletea_from_dict(d: dict[str, Any]) -> BubbleTeaSpec:
     """A BubbleTeaSpec from its ``asdict`` form (the workers' configuration)."""
     return BubbleTeaSpec(**{**d, "model": ModelConfig(**d["model"]) if d.get("model") else None})
@@ -103,10 +192,9 @@ def served_model(bt: BubbleTeaSpec, training: ModelConfig) -> ModelConfig:
 
 
 def check_model_size(source: str, where: str, model: ModelConfig) -> None:
-    """Raise SpecError naming ``<where>.<field>`` for a model size out of range."""
-    for key, low in (("n_layers", 1), ("d_model", 1), ("n_heads", 1), ("seq_len", 2)):
-        if getattr(model, key) < low:
-            raise SpecError(source, f"{where}.{key}", getattr(model, key), f"is below {low}", f"use {low} or more")
+    """Raise SpecError naming ``<where>.<field>`` for a model size out of range (``MODEL_FIELDS``)
+    or heads that do not divide the width."""
+    MODEL_FIELDS.check(source, model, where)
     if model.d_model % model.n_heads:
         raise SpecError(
             source,
@@ -126,47 +214,7 @@ def check_bubbletea(source: str, bt: BubbleTeaSpec, iterations: int | None) -> N
 
     if bt.model is not None:
         check_model_size(source, "bubbletea.model", bt.model)
-    for key in ("request_rate", "time_scale", "rate_factor", "ttft_slo_s", "ttft_slo_scale", "guard_ms"):
-        v = getattr(bt, key)
-        if isinstance(v, bool) or not isinstance(v, numbers.Real):  # the Python API takes anything
-            raise bad(f"bubbletea.{key}", v, "is not a number", "give a number, e.g. 1.0")
-    for key in ("request_rate", "time_scale", "rate_factor"):
-        v = getattr(bt, key)
-        if not (math.isfinite(v) and v > 0):
-            raise bad(f"bubbletea.{key}", v, "is not a finite number above 0", "give e.g. 4 (request_rate) or 1")
-    if bt.request_rate > MAX_REQUEST_RATE:
-        raise bad(
-            "bubbletea.request_rate",
-            bt.request_rate,
-            f"is above {MAX_REQUEST_RATE:g} requests per second",
-            "lower it: the workers' bubbles hold a few tens of prefills per second",
-        )
-    if not (math.isfinite(bt.ttft_slo_s) and bt.ttft_slo_s > 0):
-        raise bad("bubbletea.ttft_slo_s", bt.ttft_slo_s, "is not a finite number of seconds above 0", "give e.g. 1.0")
-    if not (math.isfinite(bt.ttft_slo_scale) and bt.ttft_slo_scale >= 1):
-        raise bad(
-            "bubbletea.ttft_slo_scale",
-            bt.ttft_slo_scale,
-            "is not a finite number of 1 or more (a multiple of each request's TTFT served alone)",
-            "give e.g. 3",
-        )
-    if not isinstance(bt.fill_every_bubble, bool):
-        raise bad("bubbletea.fill_every_bubble", bt.fill_every_bubble, "is not true or false", "give true or false")
-    if not (math.isfinite(bt.guard_ms) and bt.guard_ms >= 0):
-        raise bad("bubbletea.guard_ms", bt.guard_ms, "is not a finite number of ms >= 0", "give e.g. 3")
-    for key in ("max_prompt_tokens", "max_output_tokens", "max_chunk_tokens", "profile_iterations", "max_decode_batch"):
-        v = getattr(bt, key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral)):
-            raise bad(f"bubbletea.{key}", v, "is not a whole number", "give a count, e.g. 128")
-        if v is not None and v < 1:
-            raise bad(f"bubbletea.{key}", v, "is not positive", "use 1 or more")
-    if bt.max_chunk_tokens < MIN_CHUNK_TOKENS:
-        raise bad(
-            "bubbletea.max_chunk_tokens",
-            bt.max_chunk_tokens,
-            f"is below the smallest chunk ({MIN_CHUNK_TOKENS})",
-            f"use {MIN_CHUNK_TOKENS} or more",
-        )
+    BUBBLETEA_FIELDS.check(source, bt, "bubbletea")
     if iterations is not None and bt.profile_iterations >= iterations:
         raise bad(
             "bubbletea.profile_iterations",

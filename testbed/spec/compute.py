@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from testbed.errors import SpecError
+from testbed.spec.fields import REQUIRED, Field, FieldTable
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,100 @@ class ComputeModel:
         """The optimizer step's padding target (ms): ``optimizer_ms``, or one forward target (the
         module doc says why)."""
         return self.optimizer_ms if self.optimizer_ms is not None else self.forward_ms
+
+
+#: an experiment's ``compute``: defaults are ``ComputeModel``'s
+COMPUTE_FIELDS = FieldTable(
+    "experiment: compute",
+    "compute",
+    "The emulated GPU: each forward and backward of a stage on one microbatch is padded to a target "
+    "duration, given in ms or derived from a device's peak FLOP/s and efficiency.",
+    (
+        Field(
+            "mode",
+            "choice",
+            "`padded`: every operation padded to its target (an emulated GPU); `real`: the CPU's own speed",
+            default="padded",
+            choices=("padded", "real"),
+        ),
+        Field(
+            "forward_ms",
+            "number",
+            "a stage's forward on one microbatch",
+            "ms",
+            40.0,
+            low=0,
+            low_open=True,
+            fix="give targets above 0 ms",
+        ),
+        Field(
+            "backward_ms",
+            "number",
+            "a stage's backward on one microbatch",
+            "ms",
+            80.0,
+            low=0,
+            low_open=True,
+            fix="give targets above 0 ms",
+        ),
+        Field(
+            "optimizer_ms",
+            "number",
+            "a stage's optimizer step",
+            "ms",
+            default_text="one forward target",
+            low=0,
+            low_open=True,
+            fix="give a target above 0 ms, or leave it out for one forward target",
+        ),
+        Field(
+            "device",
+            "section",
+            "derive `forward_ms` and `backward_ms` (twice the forward) from a device's FLOP/s",
+            default_text="none: the targets as given",
+            table="experiment: compute.device",
+        ),
+        Field(
+            "reference_forward_tflop",
+            "number",
+            "FLOPs of one stage's forward pass on one microbatch, for `device`",
+            "TFLOP",
+            low=0,
+            low_open=True,
+            rule="required with `device`",
+        ),
+    ),
+)
+#: ``compute.device``: every field required
+DEVICE_FIELDS = FieldTable(
+    "experiment: compute.device",
+    "compute.device",
+    "A GPU's dense peak and the share of it a training step reaches (MFU), with their source.",
+    (
+        Field("name", "text", "the device's name", default=REQUIRED),
+        Field(
+            "peak_tflops",
+            "number",
+            "dense peak",
+            "TFLOP/s",
+            REQUIRED,
+            low=0,
+            low_open=True,
+            fix="give the device's dense peak in TFLOP/s, e.g. 312",
+        ),
+        Field(
+            "efficiency",
+            "number",
+            "the share of peak a training step reaches (MFU)",
+            default=REQUIRED,
+            low=0,
+            low_open=True,
+            high=1,
+            fix="give the reached share of peak (MFU), e.g. 0.4",
+        ),
+        Field("source", "text", "where the figures come from", default=REQUIRED),
+    ),
+)
 
 
 def compute_from_dict(d: dict[str, Any]) -> ComputeModel:

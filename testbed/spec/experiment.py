@@ -24,17 +24,13 @@ from typing import Any
 
 from testbed.errors import SpecError
 from testbed.spec.bubbletea import BubbleTeaSpec, bubbletea_from_dict, check_bubbletea, check_model_size, served_model
-from testbed.spec.compute import ComputeModel, compute_from_dict, resolve_compute
+from testbed.spec.compute import COMPUTE_FIELDS, ComputeModel, compute_from_dict, resolve_compute
+from testbed.spec.experiment_fields import EXPERIMENT_FIELDS
 from testbed.spec.model import ModelConfig, activation_bytes, largest_stage_blocks
 from testbed.spec.policy import DEFAULT_POLICY, Policy, UnknownPolicy, parse_policy
 from testbed.spec.topology import TopologySpec
 from testbed.spec.topology_file import load_topology
 from testbed.spec.wan_profile import WanProfile
-
-#: pipeline schedules (``plan/schedule.py`` builds their action tables)
-SCHEDULES = ("gpipe", "1f1b")
-#: the most TCP connections a cross-DC transfer is striped over (concurrent gloo operations)
-MAX_WAN_CONNECTIONS = 16
 
 
 def tokens_per_iteration(replicas: int, microbatches: int, microbatch_size: int, seq_len: int) -> int:
@@ -192,66 +188,39 @@ def resolve_policy(source: str, name: str) -> Policy:
 
 
 def check_experiment(e: Experiment) -> None:
-    """Raise SpecError naming the first field of ``e`` that is out of range, and the fix."""
+    """Raise SpecError naming the first field of ``e`` that is out of range (its table's range,
+    ``EXPERIMENT_FIELDS`` and the sections', or a rule between fields), and the fix."""
     src = e.source
 
     def bad(field: str, value: Any, problem: str, fix: str) -> SpecError:
         return SpecError(src, field, value, problem, fix)
 
-    for key in ("iterations", "stages", "replicas", "microbatches", "microbatch_size"):
-        if getattr(e, key) < 1:
-            raise bad(key, getattr(e, key), "is not positive", "use 1 or more")
+    EXPERIMENT_FIELDS.check(src, e)
     check_model_size(src, "model", e.model)
-    if not 0 <= e.warmup_iterations < e.iterations:
+    COMPUTE_FIELDS.check(src, e.compute, "compute")
+    if e.warmup_iterations >= e.iterations:
         raise bad(
             "warmup_iterations",
             e.warmup_iterations,
             f"must be from 0 to iterations - 1 ({e.iterations - 1})",
-            "measure at least one iteration after warm-up: "
-            + (
-                "use 0 or more warm-up iterations"
-                if e.warmup_iterations < 0
-                else f"run at least {e.warmup_iterations + 1} iterations (--iterations), or lower "
-                "warmup_iterations in the experiment file"
-            ),
+            f"measure at least one iteration after warm-up: run at least {e.warmup_iterations + 1} iterations "
+            "(--iterations), or lower warmup_iterations in the experiment file",
         )
-    if e.schedule not in SCHEDULES:
-        raise bad("schedule", e.schedule, "is not a known schedule", f"use one of {', '.join(SCHEDULES)}")
     if e.stages > e.model.n_layers:
         raise bad("stages", e.stages, f"exceeds model.n_layers ({e.model.n_layers})", "use at most one stage per block")
-    if e.compute.mode not in ("padded", "real"):
-        raise bad("compute.mode", e.compute.mode, "is not padded or real", "use padded (emulated GPU) or real")
-    for name in ("forward_ms", "backward_ms"):
-        target = getattr(e.compute, name)
-        if not (math.isfinite(target) and target > 0):
-            raise bad(f"compute.{name}", target, "is not a positive number", "give targets above 0 ms")
-    opt_ms = e.compute.optimizer_ms
-    if opt_ms is not None and not (math.isfinite(opt_ms) and opt_ms > 0):
-        raise bad(
-            "compute.optimizer_ms",
-            e.compute.optimizer_ms,
-            "is not a positive number",
-            "give a target above 0 ms, or leave it out for one forward target",
-        )
-    if not 0 <= e.wan_connections <= MAX_WAN_CONNECTIONS:
-        raise bad(
-            "wan_connections",
-            e.wan_connections,
-            f"is outside 0..{MAX_WAN_CONNECTIONS}",
-            f"stripe over 1 to {MAX_WAN_CONNECTIONS} connections, or 0 to choose from the bandwidth-delay product",
-        )
-    if e.gpu_memory_mb is not None and not (math.isfinite(e.gpu_memory_mb) and e.gpu_memory_mb > 0):
-        raise bad("gpu_memory_mb", e.gpu_memory_mb, "is not a positive number of MiB", "give e.g. gpu_memory_mb: 512")
-    if e.wan_connection_share is not None and not 0 < e.wan_connection_share <= 1:
-        raise bad(
-            "wan_connection_share",
-            e.wan_connection_share,
-            "is not in (0, 1]",
-            "give the share of a link one connection fills, e.g. 0.1",
-        )
     if e.wan_window_bytes is not None and e.wan_window_bytes < 1:
         raise bad("wan_window_bytes", e.wan_window_bytes, "is not a positive window", "give e.g. 16 MiB in bytes")
-    if not (math.isfinite(e.atlas_floor_share) and 0 <= e.atlas_floor_share < 1 / max(e.replicas, 1)):
+    if e.policy.grants and e.atlas_floor_share >= 1 / e.replicas:  # the floor matters only under grants
+        if e.atlas_floor_share == EXPERIMENT_FIELDS["atlas_floor_share"].default:  # the user set replicas
+            most = math.ceil(1 / e.atlas_floor_share) - 1
+            raise bad(
+                "replicas",
+                e.replicas,
+                f"leaves no share of a link to the granted pipeline: the {e.replicas - 1} held ones keep "
+                f"atlas_floor_share ({e.atlas_floor_share:g}) each, which must stay below 1/replicas",
+                f"use at most {most} replicas under Atlas's grants, or set atlas_floor_share below "
+                f"{1 / e.replicas:.3g}",
+            )
         raise bad(
             "atlas_floor_share",
             e.atlas_floor_share,
@@ -259,5 +228,3 @@ def check_experiment(e: Experiment) -> None:
             "give the share a held pipeline keeps, e.g. 0.05 (0: starve it)",
         )
     check_bubbletea(e.source, e.bubbletea, e.iterations if e.policy.bubbletea else None)
-    if not 0 < e.lr < 1:
-        raise bad("lr", e.lr, "is not a learning rate in (0, 1)", "use e.g. 0.0003")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from testbed.spec.fields import Field, FieldTable
+
 #: bytes of one fp32 value (activations, gradients and parameters are fp32 throughout)
 FP32_BYTES = 4
 
@@ -60,6 +62,22 @@ class ModelConfig:
         attention's 2 x n_layers x seq_len x d_model per token (Kaplan et al. 2020, table 1)."""
         attention = self.n_layers * (self.block_forward_flops(tokens) - 2.0 * self.block_params * tokens)
         return 2.0 * self.params() * tokens + attention
+
+
+#: an experiment's ``model`` (and ``bubbletea.model``): a GPT of identical blocks over byte-level
+#: tokens (``vocab`` 256, not a field); defaults are ``ModelConfig``'s
+MODEL_FIELDS = FieldTable(
+    "experiment: model",
+    "model",
+    "The training model's shape: a GPT-style transformer of identical blocks over byte-level tokens "
+    "(256 of them). `bubbletea.model` takes the same keys.",
+    (
+        Field("n_layers", "int", "transformer blocks, split among the pipeline stages", "blocks", 6, low=1),
+        Field("d_model", "int", "width of the residual stream", default=128, low=1),
+        Field("n_heads", "int", "attention heads", default=4, low=1, rule="divides `d_model`"),
+        Field("seq_len", "int", "context length (a training sequence's tokens)", "tokens", 128, low=2),
+    ),
+)
 
 
 def stage_layers(n_layers: int, n_stages: int, stage: int) -> range:

@@ -84,6 +84,14 @@ class Scenario:
         """Microbatches per replica and iteration: the global batch over replicas x microbatch size."""
         return self.global_batch // (self.replicas * self.microbatch_size)
 
+    @property
+    def atlas_floor_share(self) -> float:
+        """The share of a WAN link each held pipeline keeps under Atlas's grants: the experiments'
+        default (``Experiment.atlas_floor_share``), but at most half of 1 / replicas, so that the
+        held pipelines together keep at most half the link and the granted one has the rest (an
+        experiment's floor must stay below 1 / replicas; 20 replicas or more would reach it)."""
+        return min(Experiment.atlas_floor_share, 0.5 / self.replicas)
+
     def stage_forward_s(self) -> float:
         """One forward of the largest stage on one microbatch (s): its blocks' FLOPs
         (``ModelConfig.block_forward_flops``; the embedding and the head are left out) over the
@@ -130,6 +138,7 @@ class Scenario:
             compute=ComputeModel(forward_ms=fwd_ms, backward_ms=fwd_ms * self.backward_factor()),
             policy=policy,  # type: ignore[arg-type]  # resolved in __post_init__
             wan_window_bytes=self.tcp_window_bytes,
+            atlas_floor_share=self.atlas_floor_share,
             # the served model's own context bounds the prompts (clipped to leave room for the output)
             bubbletea=BubbleTeaSpec(
                 model=self.inference_model,

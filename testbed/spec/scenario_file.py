@@ -32,37 +32,130 @@ from pathlib import Path
 from typing import Any
 
 from testbed.errors import SpecError
-from testbed.spec.bubbletea import MAX_REQUEST_RATE, check_model_size
+from testbed.spec.addressing import max_hosts_per_dc
+from testbed.spec.bubbletea import MAX_REQUEST_RATE, BubbleTeaSpec, check_model_size
 from testbed.spec.devices import DEVICES
-from testbed.spec.experiment import SCHEDULES
+from testbed.spec.experiment_fields import SCHEDULES
+from testbed.spec.fields import REQUIRED, Field, FieldTable
 from testbed.spec.model import ModelConfig
 from testbed.spec.model_presets import MODELS
 from testbed.spec.scenario import SCENARIO_DC_POOL, SCENARIO_DC_PREFIX, Scenario
-from testbed.spec.specfile import REQUIRED, FieldReader, read_spec_file
+from testbed.spec.specfile import FieldReader, read_spec_file
+from testbed.spec.topology_fields import LINK_FIELDS, MATRIX_FIELDS
 from testbed.spec.topology_file import parse_topology
-from testbed.spec.topology_links import positive_int
-from testbed.spec.units import parse_bytes, parse_rate_bps
 
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "workloads" / "scenarios"
-KEYS = (
-    "name",
-    "description",
+#: a scenario's model given as a mapping (16-bit values): every field required, the emulator's
+#: defaults being tiny
+SCENARIO_MODEL_FIELDS = FieldTable(
+    "scenario: model",
     "model",
-    "device",
-    "tensor_parallel",
-    "stages",
-    "global_batch",
-    "microbatch_size",
-    "schedule",
-    "recompute",
-    "gpu_memory",
-    "gpu_nic_rate",
-    "tcp_window",
-    "inference_model",
-    "request_rate",
-    "dcs",
-    "links",
-    "matrix",
+    "A model given by its shape instead of a name (16-bit values).",
+    tuple(
+        Field(name, "int", doc, unit, REQUIRED, low=low)
+        for name, doc, unit, low in (
+            ("n_layers", "transformer blocks", "blocks", 1),
+            ("d_model", "width of the residual stream", "", 1),
+            ("n_heads", "attention heads", "", 1),
+            ("seq_len", "context length", "tokens", 2),
+            ("vocab", "vocabulary", "tokens", 1),
+        )
+    ),
+)
+SCENARIO_DC_FIELDS = FieldTable(
+    "scenario: dcs[i]",
+    "dcs[i]",
+    "One datacenter of the scenario and its GPUs.",
+    (
+        Field("name", "text", "the DC's name (as a topology's DC name)", default=REQUIRED),
+        Field("gpus", "int", "its GPUs", "GPUs", REQUIRED, low=1, rule="a multiple of `tensor_parallel`"),
+    ),
+)
+SCENARIO_FIELDS = FieldTable(
+    "scenario",
+    "",
+    "A scenario file (`workloads/scenarios/*.yaml`, told from an experiment by its `device` key): a "
+    "real-scale job for the simulator, from which the emulated experiment is derived.",
+    (
+        Field("name", "text", "the scenario's name", default_text="the file's name"),
+        Field("description", "text", "a sentence on what it models", default="", default_text="none"),
+        Field(
+            "model",
+            "model",
+            f"a named shape ({', '.join(f'`{m}`' for m in MODELS)}) or a mapping",
+            default=REQUIRED,
+            table=SCENARIO_MODEL_FIELDS.name,
+        ),
+        Field("device", "choice", "the GPU", default=REQUIRED, choices=tuple(DEVICES)),
+        Field(
+            "tensor_parallel",
+            "int",
+            "GPUs of a stage replica, inside a node",
+            "GPUs",
+            REQUIRED,
+            low=1,
+            rule="divides the model's heads",
+        ),
+        Field(
+            "stages",
+            "int",
+            "pipeline stages",
+            default=REQUIRED,
+            low=1,
+            rule="at most the model's blocks; divides the devices (GPUs / `tensor_parallel`)",
+        ),
+        Field(
+            "global_batch",
+            "int",
+            "sequences per iteration",
+            "sequences",
+            REQUIRED,
+            low=1,
+            rule="a multiple of replicas x `microbatch_size`",
+        ),
+        Field("microbatch_size", "int", "sequences per microbatch", "sequences", 1, low=1),
+        Field("schedule", "choice", "the pipeline schedule", default="1f1b", choices=SCHEDULES),
+        Field("recompute", "bool", "full activation recomputation", default=False),
+        Field("gpu_memory", "size", "each GPU's memory", "bytes", default_text="the device's", low=0, low_open=True),
+        Field(
+            "gpu_nic_rate",
+            "rate",
+            "each GPU's link to its DC's fabric",
+            "bit/s",
+            200 * 10**9,
+            low=0,
+            low_open=True,
+        ),
+        Field(
+            "tcp_window",
+            "size",
+            "one TCP connection's most bytes in flight on the WAN",
+            "bytes",
+            default_text="no per-connection limit",
+            low=1,
+        ),
+        Field(
+            "inference_model",
+            "model",
+            "what BubbleTea serves in the bubbles (a name or a mapping, as `model`)",
+            default="gpt-7b",
+            rule="`tensor_parallel` divides its heads",
+            table=SCENARIO_MODEL_FIELDS.name,
+        ),
+        Field(
+            "request_rate",
+            "number",
+            "BubbleTea's requests per second",
+            "requests/s",
+            100.0,
+            low=0,
+            low_open=True,
+            high=MAX_REQUEST_RATE,
+        ),
+        Field("dcs", "list", "the datacenters", default=REQUIRED, table=SCENARIO_DC_FIELDS.name),
+        Field("links", "list", "the WAN links, as in a topology file", table=LINK_FIELDS.name),
+        Field("matrix", "section", "the WAN links as a matrix, as in a topology file", table=MATRIX_FIELDS.name),
+    ),
 )
 
 
@@ -73,31 +166,21 @@ def is_scenario(data: Any) -> bool:
 
 def _model(source: str, raw: Any, where: str = "model") -> tuple[ModelConfig, str]:
     """A model named (``model_presets.MODELS``) or given as a mapping (16-bit values), and its name."""
-    if isinstance(raw, str):
-        if raw not in MODELS:
+    if not isinstance(raw, dict):
+        if not isinstance(raw, str) or raw not in MODELS:
             raise SpecError(source, where, raw, "is not a known model", f"use one of {', '.join(MODELS)} or a mapping")
         return MODELS[raw][0], raw
-    keys = ("n_layers", "d_model", "n_heads", "seq_len", "vocab")
-    m = FieldReader(source, raw, where, keys, keys)  # every one: the emulator's defaults are tiny
-    cfg = ModelConfig(**{k: m.get(k, positive_int, REQUIRED) for k in m.data}, value_bytes=2)
+    cfg = ModelConfig(**FieldReader(source, raw, where, SCENARIO_MODEL_FIELDS).values(), value_bytes=2)
     check_model_size(source, where, cfg)
     return cfg, "custom"
 
 
 def parse_scenario(data: Any, source: str = "<memory>") -> Scenario:
     """Validate parsed YAML ``data`` into a Scenario. Raises SpecError naming field, value and fix."""
-    r = FieldReader(source, data, "", KEYS, ("model", "device", "tensor_parallel", "stages", "global_batch", "dcs"))
+    r = FieldReader(source, data, "", SCENARIO_FIELDS)
     model, model_name = _model(source, data["model"])
-    device = data["device"]
-    if device not in DEVICES:
-        raise r.fail("device", "is not a known device", f"use one of {', '.join(DEVICES)}")
-    count = {
-        k: r.get(k, positive_int, REQUIRED if k != "microbatch_size" else 1)
-        for k in ("tensor_parallel", "stages", "global_batch", "microbatch_size")
-    }
-    for k, v in count.items():
-        if v < 1:
-            raise r.fail(k, "is not positive", "use 1 or more")
+    device = r.value("device")
+    count = {k: r.value(k) for k in ("tensor_parallel", "stages", "global_batch", "microbatch_size")}
     t, stages = count["tensor_parallel"], count["stages"]
     if model.n_heads % t:
         raise r.fail(
@@ -107,26 +190,28 @@ def parse_scenario(data: Any, source: str = "<memory>") -> Scenario:
         )
     if stages > model.n_layers:
         raise r.fail("stages", f"exceeds the model's {model.n_layers} blocks", "use at most one stage per block")
-    schedule = data.get("schedule", "1f1b")
-    if schedule not in SCHEDULES:
-        raise r.fail("schedule", "is not a known schedule", f"use one of {', '.join(SCHEDULES)}")
-    recompute = data.get("recompute", False)
-    if not isinstance(recompute, bool):
-        raise r.fail("recompute", "is not true or false", "write recompute: true for full activation recomputation")
+    schedule, recompute = r.value("schedule"), r.value("recompute")
     raw_dcs = data["dcs"]
     if not isinstance(raw_dcs, list) or not raw_dcs:
         raise r.fail("dcs", "is not a non-empty list", "list the DCs: - {name: east, gpus: 512}")
     dcs = []
     for i, raw in enumerate(raw_dcs):
-        d = FieldReader(source, raw, f"dcs[{i}]", ("name", "gpus"), ("name", "gpus"))
-        gpus = d.get("gpus", positive_int, REQUIRED)
-        if gpus < 1 or gpus % t:
+        d = FieldReader(source, raw, f"dcs[{i}]", SCENARIO_DC_FIELDS)
+        gpus = d.value("gpus")
+        if gpus // t > max_hosts_per_dc(SCENARIO_DC_PREFIX):
+            raise d.fail(
+                "gpus",
+                f"makes {gpus // t} devices (tensor_parallel {t} GPUs each), more than one DC's "
+                f"/{SCENARIO_DC_PREFIX} subnet holds",
+                f"use at most {max_hosts_per_dc(SCENARIO_DC_PREFIX) * t} GPUs per DC",
+            )
+        if gpus % t:
             raise d.fail(
                 "gpus", f"is not a positive multiple of tensor_parallel ({t})", f"give each DC a multiple of {t} GPUs"
             )
         dcs.append((raw["name"], gpus))
     # the DCs and the WAN are checked as a topology file's (names, links or matrix, connectivity)
-    topo_data = {"name": data.get("name", Path(source).stem), "dcs": [{"name": n, "hosts": g // t} for n, g in dcs]}
+    topo_data = {"name": r.value("name") or Path(source).stem, "dcs": [{"name": n, "hosts": g // t} for n, g in dcs]}
     for key in ("links", "matrix"):
         if key in data:
             topo_data[key] = data[key]
@@ -141,19 +226,19 @@ def parse_scenario(data: Any, source: str = "<memory>") -> Scenario:
         )
     replicas = devices // stages
     per_step = replicas * count["microbatch_size"]
+    if count["microbatch_size"] > 1 and per_step > count["global_batch"]:
+        raise r.fail(
+            "microbatch_size",
+            f"times replicas {replicas} exceeds global_batch {count['global_batch']}",
+            f"use at most {max(1, count['global_batch'] // replicas)} sequences per microbatch",
+        )
     if count["global_batch"] % per_step:
         raise r.fail(
             "global_batch",
             f"is not a multiple of replicas {replicas} x microbatch_size {count['microbatch_size']} ({per_step})",
             f"use a multiple of {per_step}, such as {per_step * max(1, count['global_batch'] // per_step)}",
         )
-    memory = r.get("gpu_memory", parse_bytes)
-    nic = r.get("gpu_nic_rate", parse_rate_bps, 200 * 10**9)
-    if nic <= 0:
-        raise r.fail("gpu_nic_rate", "is not a positive rate", "write e.g. 200gbit")
-    window = r.get("tcp_window", parse_bytes)
-    if window is not None and window < 1:
-        raise r.fail("tcp_window", "is not a positive size", "write e.g. 64MiB, or omit it for no per-connection limit")
+    memory, nic, window = (r.value(k) for k in ("gpu_memory", "gpu_nic_rate", "tcp_window"))
     inference, inference_name = _model(source, data.get("inference_model", "gpt-7b"), "inference_model")
     if inference.n_heads % t:
         raise r.fail(
@@ -161,15 +246,16 @@ def parse_scenario(data: Any, source: str = "<memory>") -> Scenario:
             f"has {inference.n_heads} heads, which tensor_parallel {t} does not divide",
             "serve a model whose heads tensor_parallel divides",
         )
-    rate = data.get("request_rate", 100.0)
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= MAX_REQUEST_RATE:
-        raise r.fail(
-            "request_rate",
-            f"is not a rate in (0, {MAX_REQUEST_RATE:g}] requests per second",
-            "give e.g. request_rate: 100",
+    output = BubbleTeaSpec.max_output_tokens  # the served context holds a clipped prompt and the output
+    if inference.seq_len <= output:
+        raise SpecError(
+            source,
+            "inference_model.seq_len" if isinstance(data.get("inference_model"), dict) else "inference_model",
+            inference.seq_len,
+            f"leaves no room for a prompt beside the {output} output tokens BubbleTea decodes",
+            f"serve a model whose context (seq_len) is above {output}",
         )
-    if memory is not None and memory <= 0:
-        raise r.fail("gpu_memory", "is not a positive size", "write e.g. 80GB")
+    rate = r.value("request_rate")
     return Scenario(
         name=str(topo_data["name"]),
         model=model,
@@ -189,7 +275,7 @@ def parse_scenario(data: Any, source: str = "<memory>") -> Scenario:
         inference_model=inference,
         inference_model_name=inference_name,
         request_rate=float(rate),
-        description=str(data.get("description") or ""),
+        description=r.value("description"),
         source=source,
     )
 

@@ -5,16 +5,14 @@ the lookup of shipped files by name."""
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from testbed.errors import SpecError
+from testbed.spec.fields import SCALAR_KINDS, FieldTable
 from testbed.spec.units import UnitError
-
-REQUIRED = object()
 
 
 class SpecLoader(yaml.SafeLoader):
@@ -42,18 +40,16 @@ class SpecLoader(yaml.SafeLoader):
 
 
 class FieldReader:
-    """Reads one mapping of the file, naming the field path in every error."""
+    """Reads one mapping of a file by its table (``fields.FieldTable``: the keys allowed and
+    required, each one's kind, range and fix), naming the field path in every error. ``path``: the
+    mapping's place in the file (``links[2]``; "" for the top level); ``fields``: field paths to
+    name in place of ``<path>.<key>`` (a matrix cell)."""
 
     def __init__(
-        self,
-        source: str,
-        data: Any,
-        path: str,
-        allowed: tuple[str, ...],
-        required: tuple[str, ...] = (),
-        fields: dict[str, str] | None = None,
-    ):
-        self.source, self.path, self.fields = source, path, fields or {}
+        self, source: str, data: Any, path: str, table: FieldTable, fields: dict[str, str] | None = None
+    ) -> None:
+        self.source, self.path, self.table, self.fields = source, path, table, fields or {}
+        allowed = table.keys
         if not isinstance(data, dict):
             raise SpecError(
                 source,
@@ -67,7 +63,7 @@ class FieldReader:
                 close = difflib.get_close_matches(str(key), allowed, n=1)
                 fix = f"did you mean {close[0]!r}?" if close else f"allowed keys are {', '.join(allowed)}"
                 raise SpecError(source, self.at(str(key)), key, "is not a known key", fix)
-        for key in required:
+        for key in table.required:
             if key not in data:
                 raise SpecError(source, self.at(key), None, "is missing", f"add '{key}:' to {path or 'the file'}")
         self.data = data
@@ -80,21 +76,32 @@ class FieldReader:
     def fail(self, key: str, problem: str, fix: str) -> SpecError:
         return SpecError(self.source, self.at(key), self.data.get(key), problem, fix)
 
-    def get(self, key: str, parse: Callable[[Any], Any], default: Any = None) -> Any:
+    def value(self, key: str) -> Any:
+        """Field ``key`` as read by its table: parsed and checked against its kind, choices and
+        range, or its default where the file leaves it out. Written out empty (``key:`` or
+        ``null``), it is its default where that is "unset" (None), and an error where the field
+        is required or has a value of its own. Raises SpecError naming the field, the value and the fix."""
+        field = self.table[key]
         if key not in self.data or self.data[key] is None:
-            if default is REQUIRED:
+            if key in self.data and (field.required or field.default is not None):
                 raise SpecError(
                     self.source,
                     self.at(key),
                     None,
                     "is empty",
-                    f"give '{key}' a value, or leave the key out for its default where it has one",
+                    f"give '{key}' a value" + ("" if field.required else ", or leave the key out for its default"),
                 )
-            return default
+            return None if field.required else field.default
         try:
-            return parse(self.data[key])
+            return field.parse(self.data[key])
         except UnitError as e:
             raise SpecError(self.source, self.at(key), self.data[key], *split_unit_error(e)) from None
+
+    def values(self, keys: tuple[str, ...] | None = None) -> dict[str, Any]:
+        """``value`` of each of ``keys`` (default: every field of a kind the table checks whole)
+        that the file gives: what it leaves out keeps the description's own default."""
+        keys = keys if keys is not None else tuple(f.name for f in self.table.fields if f.kind in SCALAR_KINDS)
+        return {key: self.value(key) for key in keys if key in self.data}
 
 
 def split_unit_error(e: UnitError) -> tuple[str, str]:

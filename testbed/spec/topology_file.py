@@ -16,7 +16,6 @@ File format (YAML)::
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import warnings
 from pathlib import Path
@@ -25,10 +24,10 @@ from typing import Any
 from testbed.errors import SpecError, TestbedWarning
 from testbed.spec.addressing import check_address_pools
 from testbed.spec.queues import queue_shortfalls
-from testbed.spec.specfile import REQUIRED, FieldReader, read_spec_file
+from testbed.spec.specfile import FieldReader, read_spec_file
 from testbed.spec.topology import IFNAME_MAX, WAN_IFNAME_PREFIX, DCSpec, LinkSpec, TopologySpec
-from testbed.spec.topology_links import check_delay, positive_int, read_link, read_matrix
-from testbed.spec.units import parse_duration_us, parse_rate_bps
+from testbed.spec.topology_fields import ADDRESSING_FIELDS, DC_FIELDS, TOPOLOGY_FIELDS
+from testbed.spec.topology_links import read_link, read_matrix
 
 TOPOLOGY_DIR = Path(__file__).resolve().parents[2] / "topologies"
 DEFAULT_TOPOLOGY = "three_dc"
@@ -36,9 +35,7 @@ _DC_NAME = re.compile(r"[a-z][a-z0-9-]*\Z")
 
 
 def _read_dc(source: str, raw: Any, i: int) -> DCSpec:
-    r = FieldReader(
-        source, raw, f"dcs[{i}]", ("name", "hosts", "intra_rate", "intra_delay", "decode_hosts"), ("name", "hosts")
-    )
+    r = FieldReader(source, raw, f"dcs[{i}]", DC_FIELDS)
     name = raw["name"]
     if not isinstance(name, str) or not _DC_NAME.match(name):
         raise r.fail(
@@ -54,16 +51,8 @@ def _read_dc(source: str, raw: Any, i: int) -> DCSpec:
             f"Linux's {IFNAME_MAX}-character limit (IFNAMSIZ)",
             f"use a DC name of at most {IFNAME_MAX - len(WAN_IFNAME_PREFIX)} characters",
         )
-    hosts = r.get("hosts", positive_int, REQUIRED)
-    if hosts < 1:
-        raise r.fail("hosts", "is not a positive number of hosts", "give each DC at least 1 host")
-    rate = r.get("intra_rate", parse_rate_bps)
-    if rate is not None and rate <= 0:
-        raise r.fail("intra_rate", "is not a positive rate", "write a rate above 0, such as 10gbit, or omit it")
-    delay = r.get("intra_delay", parse_duration_us, 0)
-    check_delay(r, "intra_delay", delay)
-    decode = r.get("decode_hosts", positive_int, 0)
-    if not 0 <= decode < hosts:
+    hosts, rate, delay, decode = (r.value(k) for k in ("hosts", "intra_rate", "intra_delay", "decode_hosts"))
+    if decode >= hosts:
         raise r.fail(
             "decode_hosts",
             f"is not between 0 and hosts - 1 ({hosts - 1})",
@@ -73,30 +62,13 @@ def _read_dc(source: str, raw: Any, i: int) -> DCSpec:
 
 
 def _read_addressing(source: str, raw: Any) -> dict[str, Any]:
-    r = FieldReader(source, raw or {}, "addressing", ("dc_pool", "dc_prefix_len", "wan_pool"))
-    out: dict[str, Any] = {}
-    for key in ("dc_pool", "wan_pool"):
-        if key in r.data:
-            try:
-                net = ipaddress.IPv4Network(str(r.data[key]))
-            except ValueError:
-                raise r.fail(
-                    key, "is not an IPv4 network", "write it as address/prefix, such as 10.100.0.0/16"
-                ) from None
-            out[key] = net
-    if "dc_prefix_len" in r.data:
-        plen = r.data["dc_prefix_len"]
-        if isinstance(plen, bool) or not isinstance(plen, int) or not 16 <= plen <= 29:
-            raise r.fail("dc_prefix_len", "is not a prefix length from 16 to 29", "write a number such as 24")
-        out["dc_prefix_len"] = plen
-    return out
+    r = FieldReader(source, raw or {}, "addressing", ADDRESSING_FIELDS)
+    return r.values(ADDRESSING_FIELDS.keys)
 
 
 def parse_topology(data: Any, source: str = "<memory>") -> TopologySpec:
     """Validate parsed YAML ``data`` into a TopologySpec. Raises SpecError naming field, value and fix."""
-    top = FieldReader(
-        source, data, "", ("name", "description", "dcs", "links", "matrix", "addressing", "tcp_congestion"), ("dcs",)
-    )
+    top = FieldReader(source, data, "", TOPOLOGY_FIELDS)
     raw_dcs = data["dcs"]
     if not isinstance(raw_dcs, list) or not raw_dcs:
         raise top.fail("dcs", "is not a non-empty list", "list at least one DC: - {name: east, hosts: 2}")
@@ -109,7 +81,7 @@ def parse_topology(data: Any, source: str = "<memory>") -> TopologySpec:
     names = [dc.name for dc in dcs]
     if "links" in data and "matrix" in data:
         raise top.fail("matrix", "is given together with 'links'", "describe the WAN with either links or matrix")
-    raw_links = data.get("links") or []
+    raw_links = [] if data.get("links") is None else data["links"]
     if not isinstance(raw_links, list):
         raise top.fail("links", "is not a list", "list links as - {between: [a, b], rate: 100mbit, delay: 10ms}")
     read = (
@@ -131,13 +103,13 @@ def parse_topology(data: Any, source: str = "<memory>") -> TopologySpec:
             )
         seen[pair] = i
         links.append(link)
-    name = data.get("name") or (Path(source).stem if source != "<memory>" else "topology")
+    name = top.value("name") or (Path(source).stem if source != "<memory>" else "topology")
     spec = TopologySpec(
         name=str(name),
         dcs=tuple(dcs),
         links=tuple(links),
         source=source,
-        description=str(data.get("description") or ""),
+        description=top.value("description"),
         tcp_congestion=_read_congestion(top, data.get("tcp_congestion")),
         **_read_addressing(source, data.get("addressing")),
     )

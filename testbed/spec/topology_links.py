@@ -7,31 +7,14 @@ import difflib
 from typing import Any
 
 from testbed.errors import SpecError
-from testbed.spec.specfile import REQUIRED, FieldReader, split_unit_error
-from testbed.spec.topology import DEFAULT_QUEUE_PACKETS, MAX_DELAY_US, LinkSpec
-from testbed.spec.units import UnitError, parse_duration_us, parse_percent, parse_rate_bps
-
-
-def positive_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise UnitError("is not a whole number; write a count such as 4")
-    return value
-
-
-def check_delay(r: FieldReader, key: str, us: int) -> None:
-    if us > MAX_DELAY_US:
-        raise r.fail(key, "is above the 10 s limit for a one-way delay", "write a delay between 0ms and 10s")
+from testbed.spec.specfile import FieldReader, split_unit_error
+from testbed.spec.topology import LinkSpec
+from testbed.spec.topology_fields import LINK_FIELDS, MATRIX_FIELDS
+from testbed.spec.units import UnitError, parse_duration_us, parse_rate_bps
 
 
 def read_link(source: str, raw: Any, i: int, dc_names: list[str], fields: dict[str, str] | None = None) -> LinkSpec:
-    r = FieldReader(
-        source,
-        raw,
-        f"links[{i}]",
-        ("between", "rate", "delay", "jitter", "loss", "queue"),
-        ("between", "rate", "delay"),
-        fields,
-    )
+    r = FieldReader(source, raw, f"links[{i}]", LINK_FIELDS, fields)
     between = raw["between"]
     if not (isinstance(between, list) and len(between) == 2 and all(isinstance(x, str) for x in between)):
         raise r.fail("between", "is not a pair of DC names", "write it as [dc1, dc2]")
@@ -42,24 +25,13 @@ def read_link(source: str, raw: Any, i: int, dc_names: list[str], fields: dict[s
             raise r.fail("between", f"names unknown DC {name!r}", f"{hint}known DCs are {', '.join(dc_names)}")
     if between[0] == between[1]:
         raise r.fail("between", "joins a DC to itself", "name two different DCs")
-    rate = r.get("rate", parse_rate_bps, REQUIRED)
-    if rate <= 0:
-        raise r.fail("rate", "is not a positive rate", "write a rate above 0, such as 100mbit")
-    delay = r.get("delay", parse_duration_us, REQUIRED)
-    check_delay(r, "delay", delay)
-    jitter = r.get("jitter", parse_duration_us, 0)
+    rate, delay, jitter, loss, queue = (r.value(k) for k in ("rate", "delay", "jitter", "loss", "queue"))
     if jitter > delay:
         raise r.fail(
             "jitter",
             f"is larger than the delay ({delay} us), which would need negative delays",
             "use a jitter no larger than the delay",
         )
-    loss = r.get("loss", parse_percent, 0.0)
-    if not 0 <= loss < 100:
-        raise r.fail("loss", "is outside 0-100%", "write a loss probability from 0% up to (not including) 100%")
-    queue = r.get("queue", positive_int, DEFAULT_QUEUE_PACKETS)
-    if queue < 1:
-        raise r.fail("queue", "is not a positive queue limit", "write a number of packets, such as 1000")
     return LinkSpec(
         a=between[0], b=between[1], rate_bps=rate, delay_us=delay, jitter_us=jitter, loss_pct=loss, queue_packets=queue
     )
@@ -67,7 +39,7 @@ def read_link(source: str, raw: Any, i: int, dc_names: list[str], fields: dict[s
 
 def read_matrix(source: str, raw: Any, dc_names: list[str]) -> list[LinkSpec]:
     """Turn a symmetric rate/delay matrix into links; errors name the matrix cell."""
-    r = FieldReader(source, raw, "matrix", ("dcs", "rate", "delay"), ("dcs", "rate", "delay"))
+    r = FieldReader(source, raw, "matrix", MATRIX_FIELDS)
     order = raw["dcs"]
     if not isinstance(order, list) or sorted(map(str, order)) != sorted(dc_names):
         raise r.fail("dcs", "does not list exactly the DCs of 'dcs'", f"list {', '.join(dc_names)} in any order")

@@ -216,7 +216,7 @@ def test_declared_decode_hosts_never_train():
         ({"ttft_slo_scale": float("inf")}, "bubbletea.ttft_slo_scale", "finite"),
         ({"ttft_slo_scale": "3x"}, "bubbletea.ttft_slo_scale", "number"),
         ({"request_rate": float("inf")}, "bubbletea.request_rate", "finite"),
-        ({"request_rate": 5000}, "bubbletea.request_rate", "above 1000"),
+        ({"request_rate": 5000}, "bubbletea.request_rate", "is not in (0, 1000]"),
         ({"max_chunk_tokens": 4}, "bubbletea.max_chunk_tokens", "smallest chunk"),
         ({"profile_iterations": 8}, "bubbletea.profile_iterations", "not below iterations"),
         ({"fill_every_bubble": "yes"}, "bubbletea.fill_every_bubble", "true or false"),

@@ -72,8 +72,10 @@ def test_the_floor_share_is_an_experiment_knob():
     assert exp.atlas_floor_share == 0.1
     import pytest
 
-    with pytest.raises(SpecError, match="atlas_floor_share"):
-        parse_experiment({"topology": "three_dc", "atlas_floor_share": 0.5}, "x.yaml")  # 2 replicas: < 0.5
+    with pytest.raises(SpecError, match="atlas_floor_share"):  # 2 replicas: < 0.5
+        parse_experiment({"topology": "three_dc", "policy": "atlas", "atlas_floor_share": 0.5}, "x.yaml")
+    # without grants no class keeps a floor: the share is not checked against the replicas
+    assert parse_experiment({"topology": "three_dc", "atlas_floor_share": 0.5}, "x.yaml").atlas_floor_share == 0.5
 
 
 # ---- the grant state machine and the controller's message loop ------------------------------------

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from testbed.errors import SpecError
-from testbed.net.remote.machine import DEFAULT_PYTHON, Machine, expand_path, read_machine, text_field
+from testbed.net.remote.machine import DEFAULT_PYTHON, MACHINE_FIELDS, Machine, expand_path, read_machine, text_field
+from testbed.spec.fields import REQUIRED, Field, FieldTable
 from testbed.spec.specfile import FieldReader, read_spec_file
 from testbed.spec.topology import TopologySpec
 
@@ -38,6 +39,30 @@ __all__ = ["DEFAULT_PYTHON", "Inventory", "Machine", "check_against", "load_inve
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 MAX_MACHINES = 1024
 MAX_INVENTORY_BYTES = 1 << 20
+
+#: an inventory file's top level
+INVENTORY_FIELDS = FieldTable(
+    "inventory",
+    "",
+    "An inventory file (`--backend remote --inventory FILE`): the machines a topology's DCs are spread over.",
+    (
+        Field(
+            "machines",
+            "list",
+            f"the machines, each DC of the topology on exactly one (at most {MAX_MACHINES})",
+            default=REQUIRED,
+            table=MACHINE_FIELDS.name,
+        ),
+        Field("known_hosts", "path", "host keys are checked against this file", default=DEFAULT_KNOWN_HOSTS),
+        Field(
+            "accept_unknown_host_keys",
+            "bool",
+            "trust a host key never seen before (only on a network you trust)",
+            default=False,
+            fix="write true only to trust host keys never seen before (leave it out otherwise)",
+        ),
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -79,7 +104,7 @@ class Inventory:
 def parse_inventory(data: Any, source: str, base: Path | None = None) -> Inventory:
     """Validate an inventory given as parsed YAML; relative paths start at ``base`` (the file's
     folder; default: the current one). Raises SpecError."""
-    r = FieldReader(source, data, "", ("machines", "known_hosts", "accept_unknown_host_keys"), ("machines",))
+    r = FieldReader(source, data, "", INVENTORY_FIELDS)
     raw = r.data["machines"]
     if not isinstance(raw, list) or not raw:
         raise r.fail("machines", "is not a list of machines", "list at least one machine (see inventory.py)")
@@ -128,13 +153,7 @@ def parse_inventory(data: Any, source: str, base: Path | None = None) -> Invento
                     "put every DC on one machine only",
                 )
             owner[dc] = i
-    accept = r.data.get("accept_unknown_host_keys", False)
-    if not isinstance(accept, bool):
-        raise r.fail(
-            "accept_unknown_host_keys",
-            "is not true or false",
-            "write true only to trust host keys never seen before (leave it out otherwise)",
-        )
+    accept = r.value("accept_unknown_host_keys")
     known = expand_path(r, "known_hosts", text_field(r, "known_hosts", DEFAULT_KNOWN_HOSTS), base)
     return Inventory(source, machines, known, accept)
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from testbed.errors import SpecError
-from testbed.spec.specfile import REQUIRED, FieldReader
+from testbed.spec.fields import REQUIRED, Field, FieldTable
+from testbed.spec.specfile import FieldReader
 
 DEFAULT_WORKDIR = "/var/tmp/testbed"
 DEFAULT_PYTHON = "python3"
@@ -39,6 +40,38 @@ class Machine:
     python: str = DEFAULT_PYTHON
     tunnel_address: str = ""
     workdir: str = DEFAULT_WORKDIR
+
+
+#: an inventory's ``machines[i]``: defaults are ``Machine``'s
+MACHINE_FIELDS = FieldTable(
+    "inventory: machines[i]",
+    "machines[i]",
+    "One machine of `--backend remote`, reached over SSH, and the DCs it builds.",
+    (
+        Field(
+            "name",
+            "text",
+            "a short name for messages and trace files (letters, digits, `.`, `_`, `-`)",
+            default=REQUIRED,
+        ),
+        Field("address", "text", "where SSH reaches it: an IPv4 or IPv6 address or a host name", default=REQUIRED),
+        Field("port", "int", "the SSH port", default=22, low=1, high=65535, fix="give a whole number from 1 to 65535"),
+        Field("user", "text", "the login: root, or a user with root's keys", default=REQUIRED),
+        Field("key", "path", "the SSH private key", default_text="ssh-agent and ~/.ssh/id_*"),
+        Field("dcs", "list", "the topology's DCs built on this machine", default=REQUIRED),
+        Field(
+            "python", "text", "the Python with torch and pyroute2 there (a path or a command)", default=DEFAULT_PYTHON
+        ),
+        Field(
+            "tunnel_address",
+            "text",
+            "the IPv4 address the WAN tunnels (VXLAN, UDP 4789) use",
+            default="",
+            default_text="`address`, which must then be IPv4",
+        ),
+        Field("workdir", "text", "where the run's code and traces go there", default=DEFAULT_WORKDIR),
+    ),
+)
 
 
 def text_field(r: FieldReader, key: str, default: Any = REQUIRED) -> Any:
@@ -113,20 +146,12 @@ def _tunnel_ok(text: str) -> bool:
 
 
 def read_machine(source: str, data: Any, i: int, base: Path | None = None) -> Machine:
-    r = FieldReader(
-        source,
-        data,
-        f"machines[{i}]",
-        ("name", "address", "port", "user", "key", "dcs", "python", "tunnel_address", "workdir"),
-        ("name", "address", "user", "dcs"),
-    )
+    r = FieldReader(source, data, f"machines[{i}]", MACHINE_FIELDS)
     name = text_field(r, "name")
     if not _NAME.match(name):
         raise r.fail("name", "is not a short name", "use letters, digits, '.', '_' or '-' (at most 32 characters)")
     address = _address(r)
-    port = r.data.get("port", 22)
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise r.fail("port", "is not a TCP port", "give a whole number from 1 to 65535")
+    port = r.value("port")
     user = text_field(r, "user")
     if not _USER.match(user):
         raise r.fail(
