@@ -20,6 +20,7 @@ from testbed.cli.common import (
     policy_name,
     sched_trace_option,
 )
+from testbed.cli.examples import add_examples
 from testbed.errors import SpecError, TestbedError, TestbedWarning
 from testbed.net.features import DELAY_MECHANISMS
 from testbed.run.interrupts import tears_down_on_signals
@@ -195,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("doctor", help="detect kernel features, build the delay element, measure capacity")
     sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
     sp.set_defaults(func=cmd_doctor)
-    return p
+    return add_examples(p)
 
 
 def add_sim_parser(sub) -> None:
