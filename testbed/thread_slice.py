@@ -7,7 +7,7 @@ Two cores here run six emulated GPUs, each of which would compute on a device of
 woken by gloo with its input was left waiting while the thread on its CPU, computing for another
 GPU, finished its slice (the kernel's base slice, 1.4 ms on two CPUs) or, once that was spent,
 until the next tick (4 ms at HZ=250) or until it blocked; or on one CPU's run queue while the
-other was free, which the fair scheduler did not move it to in time (README, "Late"). A thread
+other was free, which the fair scheduler did not move it to in time (docs/history.md). A thread
 in the real-time class takes its CPU from any fair-class thread as it wakes, on its own CPU,
 or, where that one runs real-time work of at least its priority, on one that runs none
 (kernel/sched/rt.c, ``select_task_rq_rt``). So a training worker's main thread waits for an
@@ -72,7 +72,7 @@ TRAINING_WAIT_NICE = -10
 #: thread of the worker, it holds the worker's interpreter lock while it runs, and the worker's
 #: main thread, woken by gloo with its input, needs that lock before its operation can start.
 #: At nice 0 the kernel left it on a run queue behind the other emulated GPUs' threads, holding
-#: the lock, while the main thread slept (3.8 ms in one late operation; scheduler traces, README
+#: the lock, while the main thread slept (3.8 ms in one late operation; scheduler traces, docs/history.md
 #: "Late"); at the wait's nice value it runs again about as soon as the main thread would have,
 #: and a training thread woken meanwhile, in the real-time class (or, where refused, with the
 #: short slice), still takes the CPU from it.

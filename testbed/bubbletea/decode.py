@@ -40,7 +40,7 @@ from testbed.trace.task_names import name_this_thread
 #: workers leave (a woken worker's thread preempts them at once). A decode host stands for GPUs of
 #: its own, apart from the training hosts; here its real compute shares their CPUs, and nice 10 (the
 #: whole host, still) did not keep it off the run queues training's late threads waited on
-#: (README, "Late", with the figures). Steps stay padded to the emulated GPU's time, and those
+#: (docs/history.md, with the figures). Steps stay padded to the emulated GPU's time, and those
 #: whose real time overran it are counted (``decode_overrun_fraction``). The threads receiving
 #: caches, which stamp the first token, keep their class.
 DECODE_POLICY = os.SCHED_IDLE

@@ -5,7 +5,7 @@ input came.
 
 One thread for the worker's life, handed one bubble at a time, rather than one started per
 bubble: a thread starting takes the CPU (before it has even named itself) that a worker whose
-input came meanwhile waits for. Measured in the README ("Late"), with the figures."""
+input came meanwhile waits for. Measured in docs/history.md, with the figures."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from testbed.trace.task_names import name_this_thread
 #: thread holding it must hand it over. The filling thread runs the interpreter for up to a few
 #: ms at a time (it chooses a pass among the queued requests and traces the last), and the
 #: worker's main thread, woken by its input meanwhile, slept until the interval had passed
-#: (scheduler traces, README "Late")
+#: (scheduler traces, docs/history.md)
 SWITCH_INTERVAL_S = 1e-4
 
 

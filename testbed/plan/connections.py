@@ -134,7 +134,7 @@ def transfer_time_s(nbytes: float, rate_bps: float, one_bps: float | None, conne
     carries ``rate_bps`` (the line rate times TCP's goodput share), over ``connections`` of at most
     ``one_bps`` each: its bytes at ``connection_rate_bps``. (A window-by-window model, rounds one
     RTT apart, predicted the default experiment's pp-fair layouts in the wrong order: see the
-    README's prediction table.)"""
+    prediction table in docs/results.md.)"""
     return nbytes * 8 / connection_rate_bps(rate_bps, one_bps, connections)
 
 

@@ -52,7 +52,7 @@ __all__ = [
 
 #: the share of a link a held (not granted) pipeline's class keeps (DESIGN.md section 1, item 4)
 FLOOR_SHARE = 0.05
-#: deadline of a grant: this many times its transfer time, plus one round trip (README, Atlas)
+#: deadline of a grant: this many times its transfer time, plus one round trip (docs/policies.md)
 DEADLINE_TRANSFERS = 3.0
 #: pipeline offsets tried: r x k/STAGGER_STEPS x the longest transfer time, k = 0..STAGGER_STEPS
 STAGGER_STEPS = 4

@@ -185,7 +185,7 @@ def _row(label: str, v: Any) -> str:
 
 
 #: a prediction error (|measured - predicted| / measured) above which the summary says where the
-#: prediction came from: the modelled window is off by up to 29% on this kernel (README, "The
+#: prediction came from: the modelled window is off by up to 29% on this kernel (docs/results.md, "The
 #: simulator against measured runs"), the measured paths by up to 7.2%
 PREDICTION_NOTE_ABOVE = 0.10
 
@@ -217,7 +217,7 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(
             "  note: the prediction is the cost model's, made before the run with its modelled TCP window; "
             "a run with --profile-wan, checked with `testbed sim --validate RUN_DIR`, is predicted from its "
-            'measured paths (README, "The simulator against measured runs")'
+            'measured paths (docs/results.md, "The simulator against measured runs")'
         )
     measured = s[M.COMPLETED_ITERATIONS] - s[M.WARMUP_ITERATIONS]
     if 0 < measured < 3:

@@ -60,7 +60,8 @@ def check_backend_options(backend: str, inventory: Path | None) -> None:
             "--inventory",
             None,
             "is missing",
-            "give the inventory file that lists the machines and the DCs they host (README: Several machines)",
+            "give the inventory file that lists the machines and the DCs they host "
+            "(docs/backends.md, 'Several machines')",
         )
     if inventory is not None and backend != "remote":
         raise SpecError(

@@ -77,7 +77,7 @@ class Experiment:
     atlas_floor_share: float = 0.05
     #: under Atlas's grants, whether held classes (and the granted one) may borrow the link's idle
     #: capacity (HTB ceil at the link rate: work-conserving) or stay at their rates (ceil = rate);
-    #: borrowing measured 1.07x faster on the sharing experiment (README, "Measured here")
+    #: borrowing measured 1.07x faster on the sharing experiment (docs/results.md)
     atlas_borrow: bool = True
     #: memory of one emulated GPU (MiB), scaled like the rest of the experiment (DESIGN.md 2a); plans
     #: whose stage does not fit are infeasible (``plan/memory.py``'s ``gpu_bytes``); None: unchecked

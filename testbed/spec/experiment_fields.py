@@ -100,7 +100,7 @@ EXPERIMENT_FIELDS = FieldTable(
             low=0,
             high=1,
             high_open=True,
-            rule="below 1 / `replicas`",
+            rule="below 1 / `replicas` under Atlas's grants",
         ),
         Field(
             "atlas_borrow",

@@ -137,8 +137,8 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         released (``InputWait.started``). Messages only now,
         as a GPU's kernel starts on the data while its host sends messages: the threads woken
         (the controller in the real-time class) then take this worker's CPU during its padded
-        compute, not between the data's arrival and the operation's start (measured: README,
-        "Late"; the filling thread: ``Arrived``)."""
+        compute, not between the data's arrival and the operation's start (measured: docs/history.md;
+        the filling thread: ``Arrived``)."""
         inputs.started()
         ctl.send(DONE, src, rank, it, m)
         if fill is not None:

@@ -72,7 +72,7 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
     # every run counts the operations that started over 1 ms after their input arrived, by one
     # definition (results/analysis.start_after_arrival): the run without BubbleTea is the floor.
     # With the wait in the real-time class (thread_slice.py; as root: granted), none did, with
-    # BubbleTea or without (README, "Late")
+    # BubbleTea or without (docs/results.md)
     for name, s in (("atlas", plain), ("atlas+bubbletea", bt)):
         late = start_after_arrival(read_events(tmp_path / name), exp.warmup_iterations)
         assert s["training_ops_with_input"] == len(late) > 0 and (late["late_ns"] >= 0).all()

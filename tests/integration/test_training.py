@@ -282,7 +282,7 @@ def test_the_simulator_validates_a_fresh_run(tmp_path, clean_machine):
     """``testbed sim --validate`` on a fresh run of the default experiment (pp-fair, one
     connection per boundary) whose WAN paths were measured first (``--profile-wan``): iteration
     time within 10% and utilization within 0.05 (the Paper-scale issue's tolerance). With the
-    modelled window instead the error is about 22% on this experiment (README, "Measured here"):
+    modelled window instead the error is about 22% on this experiment (docs/results.md):
     that figure is printed, not asserted."""
     out = tmp_path / "run"
     exp = load_experiment().with_overrides(iterations=5, warmup_iterations=1)

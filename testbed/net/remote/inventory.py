@@ -167,7 +167,7 @@ def load_inventory(path: str | Path) -> Inventory:
             "(file)",
             str(path),
             "is not a file",
-            "give the path of an inventory file (README: Several machines)",
+            "give the path of an inventory file (docs/backends.md, 'Several machines')",
         )
     if p.stat().st_size > MAX_INVENTORY_BYTES:
         raise SpecError(
