@@ -9,10 +9,8 @@ from pathlib import Path
 
 from testbed.cli.common import backend, bubbletea_overrides, root_preamble
 from testbed.errors import SpecError
-from testbed.plan.connections import wan_connections
-from testbed.plan.cost_model import predict
-from testbed.plan.grant_plan import format_grant_plan, plan_grants
-from testbed.plan.placement import place
+from testbed.plan.grant_plan import format_grant_plan
+from testbed.plan.run_plan import format_plan, make_plan
 from testbed.plan.schedule import bubble_fraction, format_grid, grid, make_schedule
 from testbed.plan.wan_load import boundary_loads, format_loads
 from testbed.plan.what_if import alternatives, best_plan, what_if
@@ -130,12 +128,12 @@ def cmd_plan(args) -> int:
     )
     for policy in POLICIES:
         try:
-            workers = place(exp, topo, parse_policy(policy))
+            plan = make_plan(exp.with_overrides(policy=policy))
         except SpecError as e:
             print(f"  {policy}: infeasible: {e.field} {e.value} {e.problem}")
             continue
-        p = predict(exp.with_overrides(policy=policy), topo, workers)
-        where = ", ".join(f"s{w.stage}r{w.replica}@{w.host}" for w in workers)
+        p = plan.prediction
+        where = ", ".join(f"s{w.stage}r{w.replica}@{w.host}" for w in plan.workers)
         pipeline = (
             f"pipeline {p.fill_s:.3f} simulated" if p.steady_s == 0 else f"fill {p.fill_s:.3f}, steady {p.steady_s:.3f}"
         )
@@ -143,13 +141,12 @@ def cmd_plan(args) -> int:
     own = exp.policy if exp.policy.pipeline_across_dcs else parse_policy("pp-fair")
     for pol in dict.fromkeys([own, parse_policy("atlas")]):  # the experiment's, then Atlas's striping
         try:
-            workers = place(exp, topo, pol)
+            plan = make_plan(replace(exp, policy=pol))
         except SpecError:
             continue
-        t = predict(replace(exp, policy=pol), topo, workers).iteration_s
-        n = wan_connections(replace(exp, policy=pol), topo, workers)
+        t, n = plan.predicted_iteration_s, plan.connections
         print(f"WAN load under {pol.name} ({n} connection(s) per transfer; predicted iteration {t:.3f} s):")
-        print(format_loads(boundary_loads(exp, topo, workers, n), t))
+        print(format_loads(boundary_loads(exp, topo, list(plan.workers), n), t))
     plans = alternatives(exp, topo)
     print("plans weighed (same global batch and microbatch size; Atlas's DC selection):")
     print(f"  {'stages':>6} {'replicas':>8} {'microbatches':>12} {'DCs':>4} {'predicted s':>12}")
@@ -174,20 +171,24 @@ def cmd_plan(args) -> int:
             print(f"what-if: the best plan uses {best.prediction.dcs_used} DC(s); no feasible plan uses one more")
     if args.grants:
         pol = exp.policy if exp.policy.grants else parse_policy("atlas")
-        planned = replace(exp, policy=pol)
-        workers = place(planned, topo)
-        n = wan_connections(planned, topo, workers)
-        print(f"grant plan under {pol.name} ({n} connection(s) per cross-DC transfer):")
-        print(format_grant_plan(plan_grants(planned, topo, workers, n)))
+        plan = make_plan(replace(exp, policy=pol))
+        assert plan.grant_plan is not None  # a policy with grants has one
+        print(f"grant plan under {pol.name} ({plan.connections} connection(s) per cross-DC transfer):")
+        print(format_grant_plan(plan.grant_plan))
+    try:  # the one value a run of this experiment is made from (plan/run_plan.py)
+        print(format_plan(make_plan(exp)))
+    except SpecError as e:
+        print(f"the run's plan under {exp.policy.name}: infeasible: {e.field} {e.value} {e.problem}")
     return 0
 
 
 def cmd_schedule(args) -> int:
     exp = load_experiment(args.experiment).with_overrides(microbatches=args.microbatches, schedule=args.schedule)
-    workers = place(exp)
+    plan = make_plan(exp)
+    workers = plan.workers
     from testbed.run.fit import check_iteration_time
 
-    check_iteration_time(exp, workers)  # a schedule of 10^12 microbatches is no table to print
+    check_iteration_time(plan)  # a schedule of 10^12 microbatches is no table to print
     sched = make_schedule(exp.schedule, exp.stages, exp.microbatches)
     print(f"{exp.schedule}: {exp.stages} stages x {exp.replicas} replicas, {exp.microbatches} microbatches")
     print("actions per worker (F/B = forward/backward of microbatch m; receives and sends implied):")

@@ -8,8 +8,8 @@ from pathlib import Path
 from testbed.atlas.controller import Controller
 from testbed.net.network import Network
 from testbed.net.registry import control_dir
-from testbed.plan.grant_plan import GrantPlan, format_grant_plan, plan_grants
-from testbed.plan.placement import WorkerSpec
+from testbed.plan.grant_plan import GrantPlan, format_grant_plan
+from testbed.plan.run_plan import RunPlan
 from testbed.run.profile import unprofiled
 from testbed.spec.experiment import Experiment
 
@@ -21,16 +21,14 @@ def profiles_first(exp: Experiment) -> bool:
     return exp.policy.sharing == "planned" and not exp.compute.padded and exp.policy.training
 
 
-def start_controller(
-    net: Network, exp: Experiment, workers: list[WorkerSpec], n_conn: int, out_dir: Path
-) -> tuple[Controller | None, GrantPlan | None]:
+def start_controller(net: Network, run_plan: RunPlan, out_dir: Path) -> tuple[Controller | None, GrantPlan | None]:
     """(the started controller, its grant plan), or (None, None) for a policy without grants.
-    The plan (from iteration 0, ``plan_grants``) is written to ``grant_plan.txt``; a run that
+    The plan (the run plan's, from iteration 0) is written to ``grant_plan.txt``; a run that
     ``profiles_first`` starts from it ``unprofiled``. The controller's socket lives beside the run
     registry (AF_UNIX paths are limited to 108 bytes). Raises what ``Controller.install`` raises."""
-    if not (exp.policy.grants and exp.policy.training):
+    exp, workers, plan = run_plan.experiment, list(run_plan.workers), run_plan.grant_plan
+    if plan is None:
         return None, None
-    plan = plan_grants(exp, exp.topology_spec, workers, n_conn)
     (out_dir / "grant_plan.txt").write_text(format_grant_plan(plan) + "\n")
     if profiles_first(exp):
         plan = unprofiled(plan)

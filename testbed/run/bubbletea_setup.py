@@ -13,12 +13,12 @@ from testbed.bubbletea.request_table import requests_to_frame
 from testbed.bubbletea.stream import request_stream
 from testbed.net.network import Network
 from testbed.net.registry import control_dir
-from testbed.plan.bubble_timeline import END, bubble_timeline
+from testbed.plan.bubble_timeline import END
 from testbed.plan.cost_model import optimizer_s
 from testbed.plan.memory import device_bytes_besides_kv
 from testbed.plan.placement import WorkerSpec, decode_hosts
+from testbed.plan.run_plan import RunPlan
 from testbed.plan.worker_config import BubbleTeaConfig
-from testbed.spec.experiment import Experiment
 from testbed.trace import schema as T
 
 #: a run serving prefill alone under real compute, whose iteration is not known before the run,
@@ -26,13 +26,12 @@ from testbed.trace import schema as T
 ALONE_WINDOW_S = 1.0
 
 
-def prepare_bubbletea(
-    net: Network, exp: Experiment, workers: list[WorkerSpec], out_dir: Path
-) -> tuple[BubbleTeaConfig, Dispatcher, dict[str, str]]:
+def prepare_bubbletea(net: Network, plan: RunPlan, out_dir: Path) -> tuple[BubbleTeaConfig, Dispatcher, dict[str, str]]:
     """(the workers' BubbleTea configuration, the dispatcher (not started), the decode host of each
     DC). The stream is written to ``requests/stream.parquet``. Serving prefill alone
     (``+prefill-alone``), a worker's window is the predicted iteration (``ALONE_WINDOW_S`` under
     real compute), all of it one bubble, and its GPU holds no training state."""
+    exp, workers = plan.experiment, list(plan.workers)
     bt = exp.bubbletea
     reqs = request_stream(exp)
     (out_dir / "requests").mkdir(parents=True, exist_ok=True)
@@ -40,7 +39,7 @@ def prepare_bubbletea(
     hosts = decode_hosts(exp.topology_spec, workers)
     s_per_flop = seconds_per_flop(exp)
     control = control_dir()
-    prior, iteration_s = bubble_prior(exp, workers)
+    prior, iteration_s = bubble_prior(plan)
     if not exp.policy.training:  # prefill alone: each worker's whole window is its one bubble
         iteration_s = iteration_s or ALONE_WINDOW_S
         prior = {str(w.rank): {T.ALONE_SLOT: iteration_s} for w in workers}
@@ -99,17 +98,17 @@ def stop_bubbletea(
         Path(cfg.inbox_of(w.rank)).unlink(missing_ok=True)
 
 
-def bubble_prior(exp: Experiment, workers: list[WorkerSpec]) -> tuple[dict[str, dict[str, float]], float]:
+def bubble_prior(plan: RunPlan) -> tuple[dict[str, dict[str, float]], float]:
     """Each worker's predicted bubbles before the run (rank as a string -> the action a bubble
-    precedes -> s) and the predicted iteration (s), from the schedule, the compute targets and the
-    WAN (``plan/bubble_timeline.py``), so that prefill starts in the first iteration; none under
-    real compute, whose times are not known before the run."""
-    if not exp.compute.padded:
+    precedes -> s) and the predicted iteration (s), from the run plan's bubbles (the schedule, the
+    compute targets and the WAN: ``plan/bubble_timeline.py``), so that prefill starts in the first
+    iteration; none under real compute, whose times are not known before the run."""
+    if plan.bubbles is None or not plan.experiment.compute.padded:
         return {}, 0.0
-    t, bubbles = bubble_timeline(exp, exp.topology_spec, workers)
-    rank = {(w.stage, w.replica): w.rank for w in workers}
+    t, bubbles = plan.bubbles
+    rank = {(w.stage, w.replica): w.rank for w in plan.workers}
     prior: dict[str, dict[str, float]] = {}
     for b in bubbles:  # the drain: the wait after the last compute (until the all-reduce can start)
         slot = T.SEND_DRAIN_SLOT if b.before == END else b.before
         prior.setdefault(str(rank[(b.stage, b.replica)]), {})[slot] = b.duration_s
-    return prior, t + optimizer_s(exp)
+    return prior, t + optimizer_s(plan.experiment)

@@ -1,16 +1,16 @@
 """Refusing, before anything is built, a run this machine cannot carry out: more memory than it has
-(``plan/memory.py``'s estimate against MemAvailable), a corpus too small for the sequence length,
-or an iteration the cost model predicts to last longer than ``MAX_ITERATION_S`` (unless forced).
-Every refusal names the field, the value, the figure it was checked against and the fix."""
+(the run plan's estimate, ``plan/memory.py``, against MemAvailable), a corpus too small for the
+sequence length, or an iteration the plan predicts to last longer than ``MAX_ITERATION_S`` (unless
+forced). Every refusal names the field, the value, the figure it was checked against and the fix;
+the figures come from the run's plan (``plan/run_plan.RunPlan``), made once."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from testbed.errors import SpecError
-from testbed.plan.cost_model import predict
-from testbed.plan.memory import LAUNCHER_BYTES, largest_worker
-from testbed.plan.placement import WorkerSpec
+from testbed.plan.memory import LAUNCHER_BYTES
+from testbed.plan.run_plan import RunPlan
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import ModelConfig
 from testbed.train.corpus import corpus_bytes, train_split_bytes
@@ -52,11 +52,12 @@ def available_memory_bytes() -> int:
     raise OSError("/proc/meminfo has no MemAvailable")
 
 
-def check_memory(exp: Experiment, workers: list[WorkerSpec], available: int | None = None) -> None:
-    """Raise SpecError when the workers need more than ``MEMORY_SHARE`` of ``available`` bytes
-    (default: this machine's MemAvailable), naming the part that dominates a worker's need."""
+def check_memory(plan: RunPlan, available: int | None = None) -> None:
+    """Raise SpecError when the plan's workers need more than ``MEMORY_SHARE`` of ``available``
+    bytes (default: this machine's MemAvailable), naming the part that dominates a worker's need."""
+    exp, workers = plan.experiment, plan.workers
     avail = available_memory_bytes() if available is None else available
-    worst = largest_worker(exp)
+    worst = plan.largest_worker
     need = worst.total_bytes * len(workers) + LAUNCHER_BYTES
     if need <= MEMORY_SHARE * avail:
         return
@@ -100,10 +101,10 @@ def check_corpus(exp: Experiment) -> None:
         )
 
 
-def check_iteration_time(exp: Experiment, workers: list[WorkerSpec], force: bool = False) -> float:
-    """The predicted iteration time (s); SpecError above ``MAX_ITERATION_S`` unless ``force``,
-    naming the count that makes it long."""
-    predicted = predict(exp, exp.topology_spec, workers).iteration_s
+def check_iteration_time(plan: RunPlan, force: bool = False) -> float:
+    """The plan's predicted iteration time (s); SpecError above ``MAX_ITERATION_S`` unless
+    ``force``, naming the count that makes it long."""
+    exp, predicted = plan.experiment, plan.predicted_iteration_s
     if predicted <= MAX_ITERATION_S or force:
         return predicted
     field, value = largest_size(exp, tuple(SIZES))

@@ -15,11 +15,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from testbed.atlas.controller import Controller
-from testbed.plan.grant_plan import GrantPlan, format_grant_plan, plan_grants
+from testbed.plan.grant_plan import GrantPlan, format_grant_plan
+from testbed.plan.run_plan import RunPlan, make_plan
 from testbed.plan.worker_config import write_stagger
 from testbed.plan.workers import WorkerSpec
-from testbed.spec.experiment import Experiment
+from testbed.run.records import record_plan
 from testbed.trace import schema as T
+from testbed.trace.clock import now_ns
 from testbed.trace.jsonl import read_jsonl
 
 #: the profiled iteration
@@ -84,21 +86,24 @@ def unprofiled(plan: GrantPlan) -> GrantPlan:
 
 
 def replan_from_profile(
-    exp: Experiment,
-    workers: list[WorkerSpec],
-    connections: int,
+    run_plan: RunPlan,
     controller: Controller,
     out_dir: Path,
     stagger_path: Path,
     progress: Callable[[str], object],
 ) -> FirstIterationProfile:
-    """The profile of a run under planned grants and real compute: once iteration 0 is traced, the
-    plan made from its stage times goes to the controller and its stagger to the workers; both are
-    recorded in ``grant_plan_profiled.txt``."""
+    """The profile of a run under planned grants and real compute: once iteration 0 is traced, a new
+    run plan is made from its stage times (``make_plan``, the same function as the first), its
+    grant plan goes to the controller and its stagger to the workers; the plan is recorded
+    (``records.record_plan``) with the time it took effect, its grants in ``grant_plan_profiled.txt``."""
+    exp, workers = run_plan.experiment, list(run_plan.workers)
 
     def replan(stage_s: tuple[tuple[float, float], ...]) -> None:
-        plan = plan_grants(exp, exp.topology_spec, workers, connections, stage_s=stage_s)
+        profiled = make_plan(exp, workers, stage_s=stage_s)
+        plan = profiled.grant_plan
+        assert plan is not None  # a run that profiles first has planned grants (``profiles_first``)
         controller.replan(plan)
+        record_plan(out_dir, profiled, now_ns(), f"profiled from iteration {PROFILED_ITERATION}")
         write_stagger(stagger_path, plan.stagger_s)  # after the controller has the order
         profile = ", ".join(f"stage {s} {f * 1e3:.1f}/{b * 1e3:.1f} ms" for s, (f, b) in enumerate(stage_s))
         (out_dir / "grant_plan_profiled.txt").write_text(

@@ -23,8 +23,10 @@ from typing import Any
 from testbed.errors import SpecError
 from testbed.net.network import LocalHosts, Network
 from testbed.plan.placement import WorkerSpec
+from testbed.plan.run_plan import PLANS_FILE, RunPlan, plan_record
 from testbed.spec.experiment import Experiment
 from testbed.trace import schema as T
+from testbed.trace.jsonl import open_jsonl, write_row
 
 
 def _versions() -> dict[str, Any]:
@@ -178,6 +180,13 @@ def write_config(
             indent=1,
         )
     )
+
+
+def record_plan(out_dir: Path, plan: RunPlan, t_ns: int, why: str) -> None:
+    """Append ``plan`` to the run folder's record of every plan the run used (``PLANS_FILE``), with
+    the time it took effect (``t_ns``, the run's clock) and ``why``."""
+    with open_jsonl(out_dir / PLANS_FILE) as f:
+        write_row(f, plan_record(plan, t_ns, why))
 
 
 def write_env(out_dir: Path, net: Network, corpus_sha: str, t_begin_ns: int, extra: dict[str, Any]) -> None:

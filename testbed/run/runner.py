@@ -18,10 +18,8 @@ from testbed.bubbletea.stream import request_stream
 from testbed.errors import SpecError, TestbedError
 from testbed.net.network import LocalHosts, Network
 from testbed.net.tracefs import SchedTrace, TracefsMount, ensure_tracefs
-from testbed.plan.connections import socket_buffer_cap, wan_connections
-from testbed.plan.cost_model import predict
-from testbed.plan.memory import gpu_shortfall
-from testbed.plan.placement import WorkerSpec, decode_hosts, place
+from testbed.plan.placement import decode_hosts
+from testbed.plan.run_plan import RunPlan, make_plan
 from testbed.plan.worker_config import STAGGER_FILE, TrainingConfig, WorkerConfig, write_worker_config
 from testbed.results.report import finalize
 from testbed.run.atlas_setup import profiles_first, start_controller
@@ -30,7 +28,7 @@ from testbed.run.bubbletea_setup import prepare_bubbletea, start_bubbletea, stop
 from testbed.run.fit import check_corpus, check_iteration_time, check_memory
 from testbed.run.launch import Launcher, start_workers
 from testbed.run.profile import replan_from_profile
-from testbed.run.records import check_fresh_out_dir, write_config, write_env
+from testbed.run.records import check_fresh_out_dir, record_plan, write_config, write_env
 from testbed.run.sched_tracing import start_sched_trace
 from testbed.run.wan_profiling import profile_wan_paths
 from testbed.run.watch import LinkSampler, RunError, watch
@@ -56,11 +54,11 @@ def timeout_s(exp: Experiment) -> float:
     return max(60.0, 10 * (act_bytes * 8 / slowest + longest) * exp.microbatches * exp.stages + 3 * per_iter)
 
 
-def check_runnable(exp: Experiment, backend: str = "netns", force: bool = False) -> list[WorkerSpec]:
+def check_runnable(exp: Experiment, backend: str = "netns", force: bool = False) -> RunPlan:
     """Everything about ``exp`` on its topology that can be refused before anything is built: what
     the backend cannot do, the placement, BubbleTea's decode hosts and request trace, the memory the workers need,
     the corpus, an iteration longer than ``fit.MAX_ITERATION_S`` (unless ``force``). Returns the
-    placement; raises SpecError."""
+    run's plan (``plan/run_plan.make_plan``), made here once; raises SpecError."""
     if (exp.policy.grants or exp.policy.bubbletea) and not offers_live_shaping(backend):
         raise SpecError(
             "--policy",
@@ -71,12 +69,12 @@ def check_runnable(exp: Experiment, backend: str = "netns", force: bool = False)
             f"use --policy pp-fair or dp-wan with --backend {backend}, or run atlas and BubbleTea on "
             "the netns or mininet backend",
         )
-    workers = place(exp)
+    plan = make_plan(exp)
     if exp.policy.bubbletea:
-        decode_hosts(exp.topology_spec, workers)
+        decode_hosts(exp.topology_spec, list(plan.workers))
         request_stream(exp)  # a trace file is read and checked before anything is built
-    check_iteration_time(exp, workers, force)
-    short = gpu_shortfall(exp)
+    check_iteration_time(plan, force)
+    short = plan.gpu_shortfall
     if short:
         raise SpecError(
             exp.source,
@@ -86,9 +84,9 @@ def check_runnable(exp: Experiment, backend: str = "netns", force: bool = False)
             "use more stages, a smaller microbatch_size or model, or a larger gpu_memory_mb",
         )
     if runs_here(backend):  # remote workers use the remote machines' memory, not checked from here
-        check_memory(exp, workers)
+        check_memory(plan)
     check_corpus(exp)
-    return workers
+    return plan
 
 
 def run_experiment(
@@ -120,7 +118,7 @@ def run_experiment(
     PrivilegeError, FeatureError, BuildError from the network (and FeatureError, before building,
     where tracefs cannot record the scheduler)."""
     t_begin_ns = t_command_ns or now_ns()
-    workers = check_runnable(exp, backend, force)
+    plan = check_runnable(exp, backend, force)
     if sched_trace:
         if not runs_here(backend):
             raise SpecError(
@@ -140,7 +138,7 @@ def run_experiment(
         return _run(
             exp,
             out_dir,
-            workers,
+            plan,
             delay_mechanism,
             progress,
             hang_timeout_s,
@@ -161,7 +159,7 @@ def run_experiment(
 def _run(
     exp: Experiment,
     out_dir: Path,
-    workers: list[WorkerSpec],
+    plan: RunPlan,
     delay_mechanism: str,
     progress: Callable[[str], Any],
     hang_timeout_s: float | None,
@@ -176,9 +174,10 @@ def _run(
 ) -> dict[str, Any]:
     """``run_experiment``'s body; ``tracefs``: where the scheduler is traced from (None: it is not)."""
     topo = exp.topology_spec
+    workers = list(plan.workers)
     corpus_sha = corpus_sha256(corpus_bytes(Path(exp.data) if exp.data else None))
-    predicted = predict(exp, topo, workers).iteration_s
-    write_config(out_dir, exp, workers, predicted, plan_note)
+    write_config(out_dir, exp, workers, plan.predicted_iteration_s, plan_note)
+    record_plan(out_dir, plan, t_begin_ns, "made before the run")
     hang = hang_timeout_s or timeout_s(exp)
     error: BaseException | None = None
     t_start = time.monotonic()
@@ -189,7 +188,7 @@ def _run(
             inventory,
             delay_mechanism=delay_mechanism,
             out_dir=out_dir,
-            tcp_buffer_bytes=socket_buffer_cap(exp, topo, workers),
+            tcp_buffer_bytes=plan.socket_buffer_bytes,
         ) as net:
             write_env(out_dir, net, corpus_sha, t_begin_ns, tracefs.env() if tracefs else {})
             mark_startup(out_dir, "network_built")
@@ -199,9 +198,7 @@ def _run(
             if own_launcher is not None and isinstance(net, LocalHosts):
                 net.adopt(own_launcher.proc, "worker launcher")  # registered for testbed clean
             tracer = net.sched_trace() if tracefs and isinstance(net, LocalHosts) else None
-            _train(
-                net, exp, workers, out_dir, hang, progress, t_start, launcher if runs_here(backend) else None, tracer
-            )
+            _train(net, exp, plan, out_dir, hang, progress, t_start, launcher if runs_here(backend) else None, tracer)
     # RunError, a dead delay element or agent, Ctrl-C, SIGTERM or SIGHUP (SystemExit, run/interrupts.py):
     # the traces are kept and summarised, then the error raised again
     except (TestbedError, KeyboardInterrupt, SystemExit) as e:
@@ -228,7 +225,7 @@ def _corpus_for_hosts(net: Network, exp: Experiment) -> str | None:
 def _train(
     net: Network,
     exp: Experiment,
-    workers: list[WorkerSpec],
+    plan: RunPlan,
     out_dir: Path,
     hang_s: float,
     progress: Callable[[str], Any],
@@ -236,24 +233,22 @@ def _train(
     launcher: Launcher | None,
     tracer: SchedTrace | None = None,
 ) -> None:
-    """Start the controller, BubbleTea's processes and the workers on the built ``net``; watch them
-    (with ``tracer``, the kernel's scheduler recorded meanwhile into ``sched.parquet``: started
-    before anything of the run's, so that a refusal costs no training, and saved and removed
-    whatever happens)."""
+    """Start the controller, BubbleTea's processes and the workers on the built ``net`` as ``plan``
+    places and plans them; watch them (with ``tracer``, the kernel's scheduler recorded meanwhile
+    into ``sched.parquet``: started before anything of the run's, so that a refusal costs no
+    training, and saved and removed whatever happens)."""
     with ExitStack() as stack:
         if tracer is not None:
             start_sched_trace(stack, tracer, launcher, out_dir, progress)
         # gloo connects each pair when it first talks instead of the whole mesh up front: seconds of
         # start-up, more so with many striped connections (torch's TORCH_GLOO_LAZY_INIT)
         worker_env = {"OMP_NUM_THREADS": "1", "TORCH_GLOO_LAZY_INIT": "1"}
-        n_conn = wan_connections(exp, exp.topology_spec, workers)
-        controller, grant_plan = start_controller(net, exp, workers, n_conn, out_dir)
+        workers, n_conn = list(plan.workers), plan.connections
+        controller, grant_plan = start_controller(net, plan, out_dir)
         if controller is not None:  # stopped even if what follows fails to start
             stack.callback(controller.stop)
         profiling = profiles_first(exp)
-        bt, dispatcher, decode_at = (
-            prepare_bubbletea(net, exp, workers, out_dir) if exp.policy.bubbletea else (None, None, {})
-        )
+        bt, dispatcher, decode_at = prepare_bubbletea(net, plan, out_dir) if exp.policy.bubbletea else (None, None, {})
         cfg = WorkerConfig(
             TrainingConfig.of(exp, _corpus_for_hosts(net, exp), n_conn),
             tuple(workers),
@@ -287,7 +282,7 @@ def _train(
             if tracer is not None:
                 stops.callback(tracer.stop)  # the teardown is not training: not recorded
             profile = (
-                replan_from_profile(exp, workers, n_conn, controller, out_dir, out_dir / STAGGER_FILE, progress)
+                replan_from_profile(plan, controller, out_dir, out_dir / STAGGER_FILE, progress)
                 if profiling and controller is not None
                 else None
             )

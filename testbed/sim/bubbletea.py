@@ -35,10 +35,8 @@ from testbed.bubbletea.decisions import (
 )
 from testbed.bubbletea.stream import request_stream
 from testbed.plan.allreduce import allreduce_s
-from testbed.plan.bubble_timeline import bubble_timeline
-from testbed.plan.workers import WorkerSpec
+from testbed.plan.run_plan import RunPlan
 from testbed.spec.bubbletea import MIN_CHUNK_TOKENS, longest_prompt, served_model
-from testbed.spec.experiment import Experiment
 
 #: a figure is made over this many iterations of requests at most (the first one's requests find
 #: empty queues), fewer when they would bring more than ``REQUESTS`` requests, but never under
@@ -63,17 +61,20 @@ class PrefillFigures:
 
 
 def prefill_in_bubbles(
-    exp: Experiment, workers: list[WorkerSpec], iteration_s: float, busy_s: float, iterations: int | None = None
+    plan: RunPlan, iteration_s: float, busy_s: float, iterations: int | None = None
 ) -> PrefillFigures:
-    """BubbleTea's figures for ``exp`` placed as ``workers`` (see the module doc): ``iteration_s``
+    """BubbleTea's figures for the run ``plan`` (its experiment, placement and bubbles: see the
+    module doc): ``iteration_s``
     the simulated iteration (s), ``busy_s`` a training worker's busy seconds in it (mean),
     ``iterations`` of requests (default: see ``ITERATIONS``). Raises ValueError when the schedule
     cannot complete (``bubble_timeline``) and SpecError for a request rate the stream refuses."""
+    exp, workers = plan.experiment, list(plan.workers)
     bt = exp.bubbletea
     if iterations is None:
         iterations = max(MIN_ITERATIONS, min(ITERATIONS, math.ceil(REQUESTS / (bt.request_rate * iteration_s))))
     cfg, guard_s, spf = served_model(bt, exp.model), bt.guard_ms / 1000, seconds_per_flop(exp)
-    pipe_s, bubbles = bubble_timeline(exp, exp.topology_spec, workers)
+    assert plan.bubbles is not None  # a plan under BubbleTea has them
+    pipe_s, bubbles = plan.bubbles
     smallest = prefill_seconds(cfg, 0, MIN_CHUNK_TOKENS, spf)
     windows: dict[tuple[int, int], list[tuple[float, float]]] = {}
     for b in bubbles:

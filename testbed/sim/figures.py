@@ -19,8 +19,8 @@ from typing import Any
 
 from testbed.errors import SpecError
 from testbed.plan.allreduce import wan_allreduce_bits
-from testbed.plan.cost_model import optimizer_s, predict, stage_compute_s
-from testbed.plan.placement import place
+from testbed.plan.cost_model import optimizer_s, stage_compute_s
+from testbed.plan.run_plan import make_plan
 from testbed.plan.workers import WorkerSpec
 from testbed.sim.bubbletea import PrefillFigures, prefill_in_bubbles
 from testbed.spec.experiment import Experiment
@@ -133,16 +133,15 @@ def simulate_policy(
             "the prefill a BubbleTea policy's GPUs would serve alone beside it",
             f"simulate {exp.policy.base}{BUBBLETEA_SUFFIX}",
         )
-    if workers is None:
-        workers = place(exp)
-    t = predict(exp, exp.topology_spec, workers, start_offsets_s=start_offsets_s).iteration_s
+    plan = make_plan(exp, workers, start_offsets_s=start_offsets_s)
+    workers, t = list(plan.workers), plan.predicted_iteration_s
     busy = [exp.microbatches * c + optimizer_s(exp) for c in stage_compute_s(exp)]
     util = [min(1.0, b / t) for b in busy]
     rates = {f"{link.a}->{link.b}": link.rate_bps for link in exp.topology_spec.links}
     rates.update({f"{link.b}->{link.a}": link.rate_bps for link in exp.topology_spec.links})
     wan = {k: v / (rates[k] * t) for k, v in sorted(wan_bits(exp, workers).items())}
     training = sum(util) / len(util)  # every stage has the same number of replicas
-    prefill = prefill_in_bubbles(exp, workers, t, sum(busy) / len(busy)) if exp.policy.bubbletea else None
+    prefill = prefill_in_bubbles(plan, t, sum(busy) / len(busy)) if exp.policy.bubbletea else None
     return Figures(
         exp.policy.name,
         t,

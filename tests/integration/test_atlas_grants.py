@@ -191,10 +191,17 @@ def test_under_real_compute_the_plan_is_made_from_the_first_iteration(tmp_path, 
     assert any("grant plan made from iteration 0's compute" in line for line in lines), lines
     text = (out / "grant_plan_profiled.txt").read_text()
     assert text.startswith("profiled in iteration 0") and "order:" in text
+    # every plan the run used, with when it took effect: the first before the run, the profiled one
+    # after iteration 0, made by the same function from its stage times
+    first, profiled = [json.loads(line) for line in (out / "plans.jsonl").read_text().splitlines()]
+    assert first["why"] == "made before the run" and first["stage_s"] is None
+    assert profiled["why"] == "profiled from iteration 0" and len(profiled["stage_s"]) == exp.stages
+    assert first["t_ns"] < profiled["t_ns"] and profiled["placement"] == first["placement"]
     replan = json.loads((out / "controller_replan.json").read_text())
     assert replan["iteration_ns"] > 0 and all(row["order"] for row in replan["timing"])
     stagger = read_stagger(str(out / "stagger.json"))
     assert stagger is not None and len(stagger) == exp.replicas
+    assert profiled["grant_plan"]["stagger_s"] == pytest.approx(stagger)  # what the workers applied
     ev = read_events(out)
     first = ev[ev["stage"] == 0]
     for r, offset in enumerate(stagger):

@@ -58,8 +58,14 @@ def test_default_run_regime_and_traces(tmp_path, clean_machine):
         "wan_utilization.png",
         "shaping.jsonl",
         "link_counters.jsonl",
+        "plans.jsonl",
     ):
         assert (tmp_path / name).exists(), name
+    # the one plan the run was made from, recorded as the runner read it
+    (plan,) = [json.loads(line) for line in (tmp_path / "plans.jsonl").read_text().splitlines()]
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert plan["predicted_iteration_s"] == config["predicted_iteration_time_s"]
+    assert plan["placement"] == {f"s{w['stage']}r{w['replica']}": w["host"] for w in config["workers"]}
     env = json.loads((tmp_path / "env.json").read_text())
     assert env["delay_mechanism"] in ("netem", "nfqueue") and len(env["corpus_sha256"]) == 64
     from testbed.run.records import sched_group, sched_kernel

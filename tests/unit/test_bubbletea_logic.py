@@ -269,18 +269,19 @@ def test_a_prior_predicts_before_any_bubble_is_seen_and_the_first_observation_re
 
 def test_the_prior_comes_from_the_schedule_for_every_worker():
     from testbed.plan.placement import place
+    from testbed.plan.run_plan import make_plan
     from testbed.run.bubbletea_setup import bubble_prior
     from testbed.spec.experiment_file import load_experiment
 
     e = load_experiment().with_overrides(policy="atlas+bubbletea")
-    prior, iteration_s = bubble_prior(e, place(e))
+    prior, iteration_s = bubble_prior(make_plan(e))
     assert set(prior) == {str(w.rank) for w in place(e)}  # every worker waits somewhere
     assert all(d > 0 for slots in prior.values() for d in slots.values())
     assert 0.5 < iteration_s < 2.0
     # stage 1 waits for its first input: a bubble before F0
     assert prior["2"]["F0"] > 0
     real = e.with_overrides(compute=type(e.compute)(mode="real"))
-    assert bubble_prior(real, place(real)) == ({}, 0.0)
+    assert bubble_prior(make_plan(real)) == ({}, 0.0)
 
 
 def test_work_choice_resumes_a_stopped_pass_first_then_batches_any_requests_that_fit():

@@ -60,8 +60,8 @@ def test_what_a_backend_can_do_is_known_before_it_is_built():
             check_runnable(exp.with_overrides(policy=policy), "remote")
         assert e.value.value == policy and "--backend remote" in e.value.problem
     for policy in ("pp-fair", "dp-wan"):
-        assert len(check_runnable(exp.with_overrides(policy=policy), "remote")) == 6
-    assert len(check_runnable(exp.with_overrides(policy="atlas"), "mininet")) == 6
+        assert len(check_runnable(exp.with_overrides(policy=policy), "remote").workers) == 6
+    assert len(check_runnable(exp.with_overrides(policy="atlas"), "mininet").workers) == 6
 
 
 def test_a_network_without_live_shaping_is_refused_by_name():

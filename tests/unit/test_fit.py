@@ -8,7 +8,7 @@ from experiments import exp
 
 from testbed.errors import SpecError
 from testbed.plan.memory import RUNTIME_BYTES, block_activation_bytes, in_flight, largest_worker, worker_memory
-from testbed.plan.placement import place
+from testbed.plan.run_plan import make_plan
 from testbed.run.fit import GIB, MAX_ITERATION_S, check_corpus, check_iteration_time, check_memory
 from testbed.spec.experiment_file import load_experiment
 from testbed.spec.model import ModelConfig
@@ -61,15 +61,14 @@ def test_bubbletea_adds_the_inference_model():
 
 def test_the_default_experiment_fits_a_small_machine():
     e = load_experiment()
-    workers = place(e)
     assert largest_worker(e).total_bytes < GIB
-    check_memory(e, workers, available=4 * GIB)
+    check_memory(make_plan(e), available=4 * GIB)
 
 
 def test_a_model_too_large_for_memory_is_refused_by_name():
     big = exp(model=ModelConfig(n_layers=48, d_model=4096, n_heads=32, seq_len=128), source="big.yaml")
     with pytest.raises(SpecError) as err:
-        check_memory(big, place(big), available=24 * GIB)
+        check_memory(make_plan(big), available=24 * GIB)
     assert err.value.field == "model.d_model" and err.value.value == 4096
     assert "GiB" in err.value.problem and "24 GiB this machine has available" in err.value.problem
     assert "smaller model" in err.value.fix
@@ -78,7 +77,7 @@ def test_a_model_too_large_for_memory_is_refused_by_name():
 def test_long_microbatches_are_refused_by_their_activations():
     e = exp(model=ModelConfig(n_layers=4, d_model=256, n_heads=8, seq_len=2048), microbatch_size=64)
     with pytest.raises(SpecError) as err:
-        check_memory(e, place(e), available=24 * GIB)
+        check_memory(make_plan(e), available=24 * GIB)
     assert err.value.field == "microbatch_size" and err.value.value == 64  # 16x its default, seq_len 16x
     assert "mostly activations" in err.value.problem and "1f1b" in err.value.fix
 
@@ -97,17 +96,17 @@ def test_a_sequence_longer_than_the_corpus_is_refused(tmp_path):
 def test_the_refusal_blames_the_size_furthest_above_its_default():
     e = exp(model=ModelConfig(n_layers=4, d_model=10**9, n_heads=4, seq_len=128))
     with pytest.raises(SpecError) as err:
-        check_iteration_time(e, place(e))
+        check_iteration_time(make_plan(e))
     assert (err.value.field, err.value.value) == ("model.d_model", 10**9)
     assert "use a smaller model.d_model" in err.value.fix
 
 
 def test_an_iteration_of_hours_is_refused_unless_forced():
     e = exp(microbatches=10**7)
-    workers = place(e)
+    plan = make_plan(e)
     with pytest.raises(SpecError) as err:
-        check_iteration_time(e, workers)
+        check_iteration_time(plan)
     assert err.value.field == "microbatches" and err.value.value == 10**7
     assert f"above the {MAX_ITERATION_S:g} s limit" in err.value.problem and "--force" in err.value.fix
-    assert check_iteration_time(e, workers, force=True) > MAX_ITERATION_S
-    assert check_iteration_time(exp(), place(exp())) < MAX_ITERATION_S
+    assert check_iteration_time(plan, force=True) > MAX_ITERATION_S
+    assert check_iteration_time(make_plan(exp())) < MAX_ITERATION_S
