@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Write the documentation's reference pages from the code (``docs/reference/``: description
-files, command line, summary metrics; ``testbed/cli/reference.py``). Run it after changing a
-field table, a command's arguments or a metric; the test suite fails while a page is stale.
+"""Write the documentation's pages that come from the code and from recorded data
+(``testbed/cli/reference.py``): the reference pages (``docs/reference/``: description files,
+command line, summary metrics) and the results page's tables (from ``docs/results/*.json``, which
+the benchmark scripts write). Run it after changing a field table, a command's arguments or a
+metric, or rerunning a benchmark; the test suite fails while a page is stale.
 
     .venv/bin/python scripts/reference_pages.py
 """

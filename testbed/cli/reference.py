@@ -1,8 +1,9 @@
-"""The reference pages of the documentation, written from the code so that the two cannot disagree
+"""The pages of the documentation written from the code, so that the two cannot disagree
 (``docs/reference/``): every field of every description file (the tables of ``spec/fields.py``),
 every command and flag (the argument parser, with its examples) and every summary figure with its
-definition (``trace/metrics.METRICS``). ``scripts/reference_pages.py`` writes them; a unit test
-regenerates them and fails where a committed page differs."""
+definition (``trace/metrics.METRICS``); and the results page's recorded tables, rendered from the
+data the benchmark scripts write (``results/published.py``). ``scripts/reference_pages.py`` writes
+them; a unit test regenerates them and fails where a committed page differs."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from testbed.cli import build_parser
 from testbed.cli.examples import EXAMPLES, subcommands
 from testbed.net.remote.inventory import INVENTORY_FIELDS
 from testbed.net.remote.machine import MACHINE_FIELDS
+from testbed.results.published import RESULTS_DIR, refresh_page
 from testbed.spec.bubbletea import BUBBLETEA_FIELDS
 from testbed.spec.compute import COMPUTE_FIELDS, DEVICE_FIELDS
 from testbed.spec.experiment_fields import EXPERIMENT_FIELDS
@@ -200,13 +202,21 @@ def pages() -> dict[str, str]:
     return {"files.md": files_page(), "cli.md": cli_page(), "metrics.md": metrics_page()}
 
 
+def generated(root: Path) -> dict[Path, str]:
+    """Every page written from the code or from recorded data, by its path under ``root``, with
+    the text it should have: the reference pages, and the results page with each recorded table
+    rendered from ``docs/results/`` (``results/published.py``)."""
+    out = {root / REFERENCE_DIR / name: text for name, text in pages().items()}
+    results_page = root / "docs" / "results.md"
+    out[results_page] = refresh_page(results_page.read_text(), root / RESULTS_DIR)
+    return out
+
+
 def write_pages(root: Path) -> list[Path]:
-    """Write the pages under ``root / REFERENCE_DIR``; returns the files whose text changed."""
-    folder = root / REFERENCE_DIR
-    folder.mkdir(parents=True, exist_ok=True)
+    """Write the generated pages under ``root``; returns the files whose text changed."""
     changed = []
-    for name, text in pages().items():
-        path = folder / name
+    for path, text in generated(root).items():
+        path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
             changed.append(path)
@@ -214,6 +224,5 @@ def write_pages(root: Path) -> list[Path]:
 
 
 def stale_pages(root: Path) -> list[str]:
-    """The reference pages under ``root`` whose text differs from what the code gives now."""
-    folder = root / REFERENCE_DIR
-    return [n for n, t in pages().items() if not (folder / n).exists() or (folder / n).read_text() != t]
+    """The generated pages under ``root`` whose text differs from what the code and data give now."""
+    return [str(p.relative_to(root)) for p, t in generated(root).items() if not p.exists() or p.read_text() != t]

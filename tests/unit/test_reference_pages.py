@@ -17,8 +17,8 @@ from testbed.trace.metrics import METRICS, Metric
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_the_committed_reference_pages_are_what_the_code_gives():
-    assert not stale_pages(REPO), "stale reference pages: run .venv/bin/python scripts/reference_pages.py"
+def test_the_committed_generated_pages_are_what_the_code_and_data_give():
+    assert not stale_pages(REPO), "stale generated pages: run .venv/bin/python scripts/reference_pages.py"
 
 
 def test_a_field_added_to_a_table_appears_on_the_files_page():
