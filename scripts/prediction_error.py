@@ -7,7 +7,9 @@ error (measured - predicted) / measured), training GPU utilization and WAN utili
 the pipelines started as far apart as the run's were; and the iteration time's error with the
 modelled window instead (``--modelled-window``), the part of the error the link model's
 assumption accounts for, and with the pipelines started together (``--in-step``). Prints a markdown table with the
-median errors (and writes it to ``prediction_error.md`` in ``--out``); nothing asserted.
+median errors (and writes it to ``prediction_error.md`` in ``--out``), and records the table the
+results page shows in ``docs/results/prediction_error.json`` (``results/published.py``; then
+``scripts/reference_pages.py`` renders the page; ``--no-record`` leaves both alone); nothing asserted.
 
 Under TCP sharing the simulator starts every pipeline at the same instant, and identical pipelines
 then stay in step; the emulator's pipelines drift apart on their own. ``--offsets-ms 1,5`` adds,
@@ -17,8 +19,9 @@ started r x each offset later, beside the pipeline in step: how much the predict
 symmetry.
 
 Run as root: .venv/bin/python scripts/prediction_error.py [--policies pp-fair,dp-wan,atlas] [--ablation]
-[--iterations 8] [--offsets-ms 1,5] [--out DIR [--revalidate]]; ``--ablation`` adds the steps between pp-fair and atlas
-(``compare --ablation``'s chain); ``--revalidate`` runs nothing and validates the folders in ``--out``.
+[--iterations 8] [--offsets-ms 1,5] [--out DIR [--revalidate]] [--no-record]; ``--ablation`` adds the steps
+between pp-fair and atlas (``compare --ablation``'s chain); ``--revalidate`` runs nothing and validates the
+folders in ``--out``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from testbed.errors import SpecError
 from testbed.plan.connections import wan_connections
 from testbed.plan.grant_plan import wan_links
 from testbed.plan.grant_sim import simulate
+from testbed.results.published import Column, record_result
 from testbed.run.interrupts import tears_down_on_signals
 from testbed.run.runner import run_experiment
 from testbed.sim.validate import load_run, validate_run
@@ -43,6 +47,23 @@ from testbed.spec.policy import ABLATION
 from testbed.trace import metrics as M
 
 EXPERIMENTS = ("default", "four_dc", "two_dc", "sharing")
+REPO = Path(__file__).resolve().parents[1]
+#: the results page's table: a row per run (``record`` below), infeasible ones saying why
+COLUMNS = [
+    Column("experiment", ("{experiment}",)),
+    Column("policy", ("{policy}",)),
+    Column("iteration s: predicted", ("{predicted_s:.3f}", "-")),
+    Column("measured", ("{measured_s:.3f}", "-")),
+    Column("error", ("{error:+.1%}", "infeasible: {infeasible}")),
+    Column("error, modelled window", ("{modelled_error:+.1%}", "-")),
+    Column("error, in step", ("{in_step_error:+.1%}", "-")),
+    Column("GPU utilization: predicted", ("{gpu_predicted:.3f}", "-")),
+    Column("measured", ("{gpu_measured:.3f}", "-")),
+    Column("difference", ("{gpu_difference:+.3f}", "-")),
+    Column("WAN utilization: predicted", ("{wan_predicted:.3f}", "-")),
+    Column("measured", ("{wan_measured:.3f}", "-")),
+    Column("difference", ("{wan_difference:+.3f}", "-")),
+]
 
 
 def main() -> None:
@@ -58,7 +79,9 @@ def main() -> None:
         help="run nothing: validate the run folders already in --out (after a change to the simulator)",
     )
     ap.add_argument("--out", type=Path, default=Path("results") / f"prediction-{time.strftime('%Y%m%d-%H%M%S')}")
+    ap.add_argument("--no-record", action="store_true", help="leave docs/results/prediction_error.json as it is")
     args = ap.parse_args()
+    records: list[dict] = []
     args.out.mkdir(parents=True, exist_ok=True)
     rows = [
         "| experiment | policy | iteration s: predicted | measured | error | error, modelled window | error, in step "
@@ -85,6 +108,7 @@ def main() -> None:
                     continue
             except SpecError as e:
                 rows.append(f"| {name} | {policy} | - | - | infeasible: {e.problem} |" + " - |" * 8)
+                records.append({"experiment": name, "policy": policy, "infeasible": e.problem})
                 continue
             f = validate_run(run_dir)["figures"]  # the simulator beside the run (testbed sim --validate)
             it, gpu, wan = f[M.ITERATION_TIME_S], f[M.GPU_UTILIZATION], f[M.WAN_UTILIZATION_MEAN]
@@ -100,6 +124,23 @@ def main() -> None:
                 f"| {_frac(wan['predicted'])} | {_frac(wan['measured'])} | {_diff(wan['error'])} |"
             )
             print(rows[-1], flush=True)
+            records.append(
+                {
+                    "experiment": name,
+                    "policy": policy,
+                    "predicted_s": it["predicted"],
+                    "measured_s": it["measured"],
+                    "error": it["error"],
+                    "modelled_error": modelled,
+                    "in_step_error": in_step,
+                    "gpu_predicted": gpu["predicted"],
+                    "gpu_measured": gpu["measured"],
+                    "gpu_difference": gpu["error"],
+                    "wan_predicted": wan["predicted"],
+                    "wan_measured": wan["measured"],
+                    "wan_difference": wan["error"],
+                }
+            )
             if offsets_s and exp.replicas > 1 and not exp.policy.grants:
                 offset_rows.append(f"| {name} | {policy} | " + " | ".join(_pipeline_s(run_dir, offsets_s)) + " |")
     if errors:
@@ -116,6 +157,10 @@ def main() -> None:
     text = "\n".join(rows)
     (args.out / "prediction_error.md").write_text(text + "\n")
     print(text)
+    if records and not args.no_record:
+        command = ("scripts/prediction_error.py " + " ".join(sys.argv[1:])).strip()
+        path = record_result(REPO, "prediction_error", COLUMNS, records, "scripts/prediction_error.py", command)
+        print(f"recorded for the results page in {path}: run scripts/reference_pages.py to show it")
 
 
 def _pipeline_s(run_dir: Path, offsets_s: list[float]) -> list[str]:
