@@ -32,6 +32,22 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason="integration tier needs root: run scripts/test with sudo"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def leaves_tracefs_as_it_found_it():
+    """A traced run mounts tracefs where none is and leaves it mounted, as it does for a user
+    (``net/tracefs.ensure_tracefs``); the suite unmounts what its own runs mounted, so that it
+    leaves the machine as it found it (a fresh machine has none: ``shared/fresh-machine``). Left
+    alone where tracefs was there before, or holds an instance."""
+    from testbed.net.tracefs import TRACEFS_MOUNT_POINT
+
+    was = os.path.ismount(TRACEFS_MOUNT_POINT)
+    yield
+    if was or os.geteuid() != 0 or not os.path.ismount(TRACEFS_MOUNT_POINT):
+        return
+    if not any((TRACEFS_MOUNT_POINT / "instances").iterdir()):
+        subprocess.run(["umount", str(TRACEFS_MOUNT_POINT)], capture_output=True)
+
+
 def goodput_within(measure, expected_bps: float, attempts: int = 2) -> list[float]:
     """Goodputs (bit/s) of up to ``attempts`` calls of ``measure``, stopping at the first within 5%
     of ``expected_bps``: a failing rate measurement is taken again, as in the fidelity settings
