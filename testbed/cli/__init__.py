@@ -22,6 +22,7 @@ from testbed.cli.common import (
 )
 from testbed.cli.examples import add_examples
 from testbed.errors import SpecError, TestbedError, TestbedWarning
+from testbed.invocation import testbed_command
 from testbed.net.features import DELAY_MECHANISMS
 from testbed.run.interrupts import tears_down_on_signals
 from testbed.spec.policy import ABLATION, POLICIES
@@ -48,7 +49,8 @@ cmd_clean, cmd_doctor = (_command_in("machine", n) for n in ("cmd_clean", "cmd_d
 cmd_sim = _command_in("sim", "cmd_sim")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
+    """The command line's parser; ``command``: how its examples write the testbed's command."""
     p = argparse.ArgumentParser(prog="testbed", description="Emulated multi-datacenter LLM training testbed.")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -196,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("doctor", help="detect kernel features, build the delay element, measure capacity")
     sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
     sp.set_defaults(func=cmd_doctor)
-    return add_examples(p)
+    return add_examples(p, command)
 
 
 def add_sim_parser(sub) -> None:
@@ -240,7 +242,7 @@ def show_warning(message, category, filename, lineno, file=None, line=None) -> N
 
 def main(argv: list[str] | None = None) -> int:
     with tears_down_on_signals():
-        args = build_parser().parse_args(argv)
+        args = build_parser(testbed_command()).parse_args(argv)
         warnings.showwarning = show_warning
         return _command(args)
 

@@ -37,10 +37,11 @@ def subcommands(parser: argparse.ArgumentParser, words: str = "") -> dict[str, a
     return found
 
 
-def add_examples(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """``parser`` with each command's ``EXAMPLES`` as the end of its ``--help`` (kept as written)."""
+def add_examples(parser: argparse.ArgumentParser, command: str = "testbed") -> argparse.ArgumentParser:
+    """``parser`` with each command's ``EXAMPLES`` as the end of its ``--help`` (kept as written),
+    ``testbed`` in them written as ``command`` (how the user runs it: ``invocation.testbed_command``)."""
     for words, sub in subcommands(parser).items():
-        lines = EXAMPLES.get(words, ())
+        lines = [line.replace("testbed", command, 1) for line in EXAMPLES.get(words, ())]
         if lines:
             sub.epilog = "examples:\n" + "\n".join(f"  {line}" for line in lines)
             sub.formatter_class = argparse.RawDescriptionHelpFormatter

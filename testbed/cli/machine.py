@@ -7,6 +7,7 @@ from pathlib import Path
 
 from testbed.cli.common import root_preamble
 from testbed.errors import FeatureError
+from testbed.invocation import sudo_testbed
 from testbed.net.capacity import CACHE
 from testbed.net.capacity_probe import PROBE, machine_capacity_bps
 from testbed.net.delay_element import build_helper
@@ -50,8 +51,8 @@ def cmd_clean(args) -> int:
                 print(f"run {r.prefix}: {note}")
             if any(note.startswith("could not") for note in notes) and not args.forget:
                 print(
-                    f"run {r.prefix}: kept in the registry; run 'testbed clean' again once the machines are "
-                    f"reachable, or 'testbed clean --run {r.prefix} --forget' if they are gone for good"
+                    f"run {r.prefix}: kept in the registry; run '{sudo_testbed('clean')}' again once the machines are "
+                    f"reachable, or '{sudo_testbed(f'clean --run {r.prefix} --forget')}' if they are gone for good"
                 )
                 continue
         removed = clean_run(r)
@@ -61,7 +62,7 @@ def cmd_clean(args) -> int:
             + (f", {len(traced)} tracefs instance(s)" if traced else "")
         )
         for why in removed["left"]:
-            print(f"run {r.prefix}: could not remove {why}; kept in the registry: run 'testbed clean' again")
+            print(f"run {r.prefix}: could not remove {why}; kept in the registry: run '{sudo_testbed('clean')}' again")
         left = left or bool(removed["left"])
     return 1 if left else 0
 

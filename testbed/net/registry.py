@@ -23,6 +23,7 @@ from pathlib import Path
 
 from pyroute2 import netns as _netns
 
+from testbed.invocation import sudo_testbed
 from testbed.net.signals import deferred_signals
 from testbed.spec.addressing import new_run_prefix
 
@@ -214,7 +215,7 @@ def unused_run_prefix() -> str:
         if any((m / "instances" / trace_instance_name(prefix)).exists() for m in TRACEFS_MOUNTS):
             continue
         return prefix
-    raise RuntimeError("100 run prefixes drawn were all in use: run testbed clean")
+    raise RuntimeError(f"100 run prefixes drawn were all in use: run '{sudo_testbed('clean')}'")
 
 
 def existing_namespaces() -> set[str]:
@@ -289,5 +290,5 @@ def warn_stale_runs() -> str | None:
     traces = f" and {n_tr} tracefs instance(s), perhaps still recording" if n_tr else ""
     return (
         f"{len(stale)} earlier run(s) ({', '.join(r.prefix for r in stale)}) died without tearing down "
-        f"(up to {n_ns} namespaces{traces}): run 'sudo testbed clean' to remove their leftovers"
+        f"(up to {n_ns} namespaces{traces}): run '{sudo_testbed('clean')}' to remove their leftovers"
     )

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from testbed.invocation import sudo_testbed
 from testbed.net.network import tear_down_unfinished
 
 
@@ -36,7 +37,7 @@ def tear_down_left_behind() -> None:
     except (KeyboardInterrupt, SystemExit):  # a signal held back during that teardown: ending anyway
         return
     except Exception as e:  # noqa: BLE001 - said, with the fix; the command's own outcome stands
-        err(f"error: a teardown failed ({e}); run 'sudo testbed clean' to remove what is left")
+        err(f"error: a teardown failed ({e}); run '{sudo_testbed('clean')}' to remove what is left")
         return
     if prefixes:
         err(f"tore down run {', '.join(prefixes)}, which an interruption had left up")

@@ -10,6 +10,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from testbed.invocation import sudo_testbed
 from testbed.net.tracefs import EVENTS, SchedTrace
 from testbed.results.sched_summary import write_sched_trace
 from testbed.run.launch import Launcher
@@ -44,4 +45,4 @@ def save_sched_trace(tracer: SchedTrace, out_dir: Path, progress: Callable[[str]
         raise
     finally:
         if not tracer.close():
-            progress(f"could not remove the tracefs instance {tracer.path}: run 'testbed clean'")
+            progress(f"could not remove the tracefs instance {tracer.path}: run '{sudo_testbed('clean')}'")

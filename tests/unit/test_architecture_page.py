@@ -19,7 +19,7 @@ def listed_modules() -> set[str]:
         heading = re.match(r"#{2,3} ([\w/]+)(:|/$)", line)
         if heading:
             folder = "" if heading.group(1) == "testbed" else heading.group(1)
-        elif line.startswith("## errors, lifetime, thread_slice"):
+        elif line.startswith("## errors, lifetime, thread_slice"):  # the bottom layer: top-level modules
             folder = ""
         elif line.startswith("#"):
             folder = None

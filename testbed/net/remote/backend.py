@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from testbed.errors import BuildError, CheckError, DelayElementError, RemoteError
+from testbed.invocation import sudo_testbed
 from testbed.net.features import require_root
 from testbed.net.network import ManagedNetwork
 from testbed.net.registry import RunRecord, unused_run_prefix
@@ -185,7 +186,7 @@ class RemoteNetwork(ManagedNetwork):
         unclean = finish_machines(conns, gone, self.prefix)
         if unclean:
             print(
-                f"testbed: warning: could not clean {', '.join(unclean)}: run 'sudo testbed clean' once the "
+                f"testbed: warning: could not clean {', '.join(unclean)}: run '{sudo_testbed('clean')}' once the "
                 "machines are reachable",
                 flush=True,
             )
