@@ -82,6 +82,7 @@ def main() -> None:
     ap.add_argument("--no-record", action="store_true", help="leave docs/results/prediction_error.json as it is")
     args = ap.parse_args()
     records: list[dict] = []
+    offset_records: list[dict] = []
     args.out.mkdir(parents=True, exist_ok=True)
     rows = [
         "| experiment | policy | iteration s: predicted | measured | error | error, modelled window | error, in step "
@@ -142,7 +143,11 @@ def main() -> None:
                 }
             )
             if offsets_s and exp.replicas > 1 and not exp.policy.grants:
-                offset_rows.append(f"| {name} | {policy} | " + " | ".join(_pipeline_s(run_dir, offsets_s)) + " |")
+                pipeline_s = _pipeline_s(run_dir, offsets_s)
+                offset_rows.append(f"| {name} | {policy} | " + " | ".join(f"{x:.3f}" for x in pipeline_s) + " |")
+                offset_records.append(
+                    {"experiment": name, "policy": policy, **{f"s{i}": x for i, x in enumerate(pipeline_s)}}
+                )
     if errors:
         rows.append("")
         rows.append(
@@ -161,9 +166,19 @@ def main() -> None:
         command = ("scripts/prediction_error.py " + " ".join(sys.argv[1:])).strip()
         path = record_result(REPO, "prediction_error", COLUMNS, records, "scripts/prediction_error.py", command)
         print(f"recorded for the results page in {path}: run scripts/reference_pages.py to show it")
+        if offset_records:
+            columns = [Column("experiment", ("{experiment}",)), Column("policy", ("{policy}",))]
+            columns += [
+                Column("pipeline s: in step" if i == 0 else f"{x * 1000:g} ms apart", (f"{{s{i}:.3f}}",))
+                for i, x in enumerate((0.0, *offsets_s))
+            ]
+            path = record_result(
+                REPO, "pipeline_offsets", columns, offset_records, "scripts/prediction_error.py", command
+            )
+            print(f"recorded for the results page in {path}")
 
 
-def _pipeline_s(run_dir: Path, offsets_s: list[float]) -> list[str]:
+def _pipeline_s(run_dir: Path, offsets_s: list[float]) -> list[float]:
     """The run's simulated pipeline (s; its links as measured) in step, then at each offset."""
     run = load_run(run_dir)
     exp, topo = run.exp, run.exp.topology_spec
@@ -172,7 +187,7 @@ def _pipeline_s(run_dir: Path, offsets_s: list[float]) -> list[str]:
     for offset in (0.0, *offsets_s):
         stagger = tuple(r * offset for r in range(exp.replicas))
         end, _ = simulate(exp, run.workers, wan.links, wan.paths, wan.one_way_s, stagger, sharing="tcp")
-        out.append(f"{end:.3f}")
+        out.append(end)
     return out
 
 
