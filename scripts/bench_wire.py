@@ -20,8 +20,12 @@ do: the testbed sizes them at 4 x BDP, ``net/netns.py``):
   packets (its own counters: mean, p99 bucket edge, max) and its CPU share while the TCP test ran
   (both elements' utime + stime over the wall time, in % of one core).
 
+The cells are recorded for the results page in ``docs/results/wire_<mechanism>.json``
+(``results/published.py``; then ``scripts/reference_pages.py`` renders the page; ``--no-record``
+leaves them alone).
+
 Run as root: .venv/bin/python scripts/bench_wire.py [--rates 1,10,100,1000] [--delays 1,10,50,200]
-[--duration 5] [--delay-mechanism auto|netem|nfqueue]
+[--duration 5] [--delay-mechanism auto|netem|nfqueue] [--no-record]
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from testbed.net.delay_element import read_element_stats
 from testbed.net.features import default_congestion
 from testbed.net.fidelity import jitter_rtt_sd_ms, parse_ping_ms, path_queue_drops
 from testbed.net.iperf import iperf
+from testbed.results.published import Column, record_result
 from testbed.run.backends import make_network
 from testbed.run.interrupts import tears_down_on_signals
 from testbed.spec.topology_file import parse_topology
@@ -50,6 +55,21 @@ from testbed.spec.wire import TCP_GOODPUT_FRACTION, bdp_packets
 
 RTT_GOAL_MS = 0.3
 GOODPUT_GOAL = 0.02
+REPO = Path(__file__).resolve().parents[1]
+#: the results page's table: a row per cell (keys of ``measure_cell``'s figures, with the cell's
+#: rate and delay and whether its goodput was judged)
+COLUMNS = [
+    Column("rate Mbit/s", ("{rate:g}",)),
+    Column("one-way delay ms", ("{delay:g}",)),
+    Column("idle RTT ms (mean)", ("{rtt_ms:.3f}",)),
+    Column("over 2 x delay", ("{rtt_err_ms:+.3f} ms",)),
+    Column("TCP goodput Mbit/s", ("{goodput_mbit:.2f}",)),
+    Column("against rate x 1448/1514", ("{goodput_err:+.1%}",)),
+    Column("judged", ("{judged}",)),
+    Column("queue drops", ("{drops:.0f}",)),
+    Column("element CPU % of a core", ("{cpu_pct:.1f}", "-")),
+    Column("release late: mean, p99, max us", ("{late_mean_us:.1f}, {late_p99_us:.0f}, {late_max_us:.0f}", "-")),
+]
 TICKS = os.sysconf("SC_CLK_TCK")
 WIDTHS = (6, 6, 8, 9, 7, 9, 7, 7, 6, 8, 9, 6, 7)
 
@@ -145,7 +165,9 @@ def main() -> None:
     ap.add_argument(
         "--tcp-congestion", help="the hosts' TCP congestion control (default: the machine's; see testbed doctor)"
     )
+    ap.add_argument("--no-record", action="store_true", help="leave docs/results/wire_*.json as they are")
     args = ap.parse_args()
+    records: list[dict] = []
     rates = [float(r) for r in args.rates.split(",")]
     delays = [float(d) for d in args.delays.split(",")]
     print(
@@ -189,6 +211,7 @@ def main() -> None:
                     if r["late_mean_us"] is not None
                     else f"{'-':>9} {'-':>6} {'-':>7}"
                 )
+                records.append({"rate": rate, "delay": delay, "judged": "yes" if fair else "no", **r})
                 print(
                     f"{rate:6g} {delay:6g} {r['rtt_median_ms']:8.2f} {r['rtt_ms']:9.3f} {r['rtt_err_ms']:+7.3f} "
                     f"{r['goodput_mbit']:9.2f} "
@@ -205,6 +228,10 @@ def main() -> None:
         f"each way: {jitter['expected_sd_ms']:.2f} ms), min {jitter['min_ms']:.2f}, max {jitter['max_ms']:.2f} ms "
         f"over {jitter['samples']} pings"
     )
+    if not args.no_record:
+        command = ("scripts/bench_wire.py " + " ".join(sys.argv[1:])).strip()
+        path = record_result(REPO, f"wire_{r['mechanism']}", COLUMNS, records, "scripts/bench_wire.py", command)
+        print(f"recorded for the results page in {path}: run scripts/reference_pages.py to show it")
 
 
 if __name__ == "__main__":

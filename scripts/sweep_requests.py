@@ -5,11 +5,13 @@ For each rate and repeat, trains the experiment with ``POLICY`` and with ``POLIC
 (interleaved, as ``testbed compare`` does), with synthetic requests at that rate (fitted to the
 Azure LLM inference trace of 2023). Writes ``sweep_requests_runs.csv`` (one row per pair),
 ``sweep_requests.csv`` (per rate: medians, min and max over the repeats, and the noise floor, the
-plain runs' own spread) and ``sweep_requests.png`` (``results/request_sweep.py``). Figures only;
-nothing asserted.
+plain runs' own spread) and ``sweep_requests.png`` (``results/request_sweep.py``), and records the
+results page's rows in ``docs/results/request_sweep_<experiment>.json`` (``results/published.py``;
+then ``scripts/reference_pages.py`` renders the page; ``--no-record`` leaves both alone). Figures
+only; nothing asserted.
 
 Run as root: .venv/bin/python scripts/sweep_requests.py [EXPERIMENT] [--rates 1,4,16] [--repeat 3]
-             [--policy atlas] [--iterations 8] [--out DIR] [--reanalyze]
+             [--policy atlas] [--iterations 8] [--out DIR] [--reanalyze] [--no-record]
 
 ``--reanalyze`` runs nothing: it recomputes every run folder's summary under ``--out`` with this
 checkout's analysis (``testbed analyze``'s) and writes the tables and plot again.
@@ -18,18 +20,30 @@ checkout's analysis (``testbed analyze``'s) and writes the tables and plot again
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
+from testbed.results.published import Column, record_result
 from testbed.results.report import finalize
-from testbed.results.request_sweep import SLO_SHARE, plot_request_sweep, slo_operating_point, sweep_row, sweep_summary
+from testbed.results.request_sweep import (
+    PAGE_COLUMNS,
+    SLO_SHARE,
+    page_rows,
+    plot_request_sweep,
+    slo_operating_point,
+    sweep_row,
+    sweep_summary,
+)
 from testbed.run.interrupts import tears_down_on_signals
 from testbed.run.runner import run_experiment
 from testbed.spec.experiment_file import load_experiment
 from testbed.trace import metrics as M
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
@@ -48,6 +62,7 @@ def main() -> None:
     ap.add_argument(
         "--reanalyze", action="store_true", help="recompute the summaries of the run folders under --out; run nothing"
     )
+    ap.add_argument("--no-record", action="store_true", help="leave docs/results/request_sweep_*.json as they are")
     args = ap.parse_args()
     if args.repeat < 1:
         ap.error(f"--repeat {args.repeat}: give 1 or more pairs of runs per rate")
@@ -95,6 +110,18 @@ def main() -> None:
             )
         )
     print(f"wrote {args.out / 'sweep_requests.csv'} and {args.out / 'sweep_requests.png'}")
+    if not args.no_record:
+        columns = [Column(header, cells) for header, cells in PAGE_COLUMNS]
+        command = ("scripts/sweep_requests.py " + " ".join(sys.argv[1:])).strip()
+        path = record_result(
+            REPO,
+            f"request_sweep_{base.name}",
+            columns,
+            page_rows(summary, base.name),
+            "scripts/sweep_requests.py",
+            command,
+        )
+        print(f"recorded for the results page in {path}: run scripts/reference_pages.py to show it")
 
 
 if __name__ == "__main__":

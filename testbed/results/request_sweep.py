@@ -146,3 +146,70 @@ def plot_request_sweep(summary: pd.DataFrame, path: Path, title: str) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _ranged(key: str, median: float | None, low: float | None, high: float | None, fmt: str) -> dict:
+    """``{key: median}``, with ``key_min`` and ``key_max`` where the two ends read differently in
+    ``fmt`` (a range that shows as one number is not shown)."""
+    out: dict = {key: median}
+    if low is not None and high is not None and fmt.format(low) != fmt.format(high):
+        out |= {f"{key}_min": low, f"{key}_max": high}
+    return out
+
+
+def page_rows(summary: pd.DataFrame, experiment: str) -> list[dict]:
+    """The results page's rows of a sweep (``sweep_summary``'s), one per rate, in the keys of
+    ``PAGE_COLUMNS``: medians over the repeats, with the min-max range where it shows; shares and
+    the slowdown in percent."""
+
+    def pct(r: dict, col: str) -> tuple:
+        return tuple(None if pd.isna(r.get(c)) else 100 * r[c] for c in (col, f"{col}_min", f"{col}_max"))
+
+    rows = []
+    for r in summary.to_dict("records"):
+        slowdown = tuple(
+            100 * (r[c] - 1) for c in ("training_slowdown", "training_slowdown_min", "training_slowdown_max")
+        )
+        counts = {
+            "late": M.TRAINING_OPS_STARTED_LATE,
+            "late_plain": f"{M.TRAINING_OPS_STARTED_LATE}_plain",
+            "held": M.TRAINING_OPS_DELAYED_BY_PREFILL,
+        }
+        row = {
+            "experiment": experiment,
+            "rate": r["rate_per_s"],
+            "noise": r["noise_floor"],
+            "ttft_p50": r[M.TTFT_P50_S],
+        }
+        row |= _ranged(
+            "gpu", r[M.GPU_UTILIZATION], r[f"{M.GPU_UTILIZATION}_min"], r[f"{M.GPU_UTILIZATION}_max"], "{:.2f}"
+        )
+        row |= _ranged("slowdown_pct", *slowdown, "{:+.1f}")
+        row |= _ranged("scaled_pct", *pct(r, M.TTFT_SCALED_SLO_ATTAINMENT), "{:.0f}")
+        row["slo_pct"] = pct(r, M.TTFT_SLO_ATTAINMENT)[0]
+        for key, col in counts.items():
+            row |= _ranged(key, r[col], r[f"{col}_min"], r[f"{col}_max"], "{:.0f}")
+        # plain numbers for JSON, a figure no run gave as None
+        rows.append(
+            {k: v if isinstance(v, str) else None if v is None or pd.isna(v) else float(v) for k, v in row.items()}
+        )
+    return rows
+
+
+#: the results page's sweep table: (header, cell formats), the first whose figures a row has
+PAGE_COLUMNS = (
+    ("experiment", ("{experiment}",)),
+    ("requests/s", ("{rate:g}",)),
+    ("GPU utilization", ("{gpu:.2f} ({gpu_min:.2f}-{gpu_max:.2f})", "{gpu:.2f}")),
+    (
+        "slowdown",
+        ("{slowdown_pct:+.1f}% ({slowdown_pct_min:+.1f} to {slowdown_pct_max:+.1f}%)", "{slowdown_pct:+.1f}%"),
+    ),
+    ("noise floor", ("{noise:.1%}",)),
+    ("TTFT p50", ("{ttft_p50:.1f} s",)),
+    ("within 3 x alone", ("{scaled_pct:.0f}% ({scaled_pct_min:.0f}-{scaled_pct_max:.0f}%)", "{scaled_pct:.0f}%")),
+    ("within 1 s", ("{slo_pct:.0f}%",)),
+    ("late", ("{late_min:.0f}-{late_max:.0f}", "{late:.0f}")),
+    ("late without BubbleTea", ("{late_plain_min:.0f}-{late_plain_max:.0f}", "{late_plain:.0f}")),
+    ("held", ("{held_min:.0f}-{held_max:.0f}", "{held:.0f}")),
+)

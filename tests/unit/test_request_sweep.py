@@ -72,3 +72,28 @@ def test_operations_started_late_are_kept_for_both_runs_of_a_pair():
     )
     old = rows.drop(columns=["training_ops_started_late_plain", "training_ops_started_late"])
     assert sweep_summary(old)["training_ops_started_late_plain"].isna().all()
+
+
+def test_the_pages_rows_show_a_range_only_where_its_ends_read_differently():
+    from testbed.results.published import Column, render_table
+    from testbed.results.request_sweep import PAGE_COLUMNS, page_rows
+
+    pairs = [(1.0, 0, 1.00, 1.02, 0.701, 4.0), (1.0, 1, 1.04, 1.05, 0.704, 5.0), (4.0, 0, 1.00, 1.03, 0.84, 7.0)]
+    rows = pd.DataFrame([sweep_row(r, i, _summary(p, 0.5, 0), _summary(b, u, t)) for r, i, p, b, u, t in pairs])
+    got = page_rows(sweep_summary(rows), "default")
+    assert [r["rate"] for r in got] == [1.0, 4.0] and got[0]["experiment"] == "default"
+    assert "gpu_min" not in got[0]  # 0.70 either end: shown as one number
+    assert got[0]["slowdown_pct_min"] == pytest.approx(100 * (1.05 / 1.04 - 1))
+    assert got[1]["noise"] is None and got[1]["scaled_pct"] is None  # one pair; a figure no run gave
+    data = {
+        "name": "s",
+        "command": "c",
+        "commit": "x",
+        "date": "d",
+        "machine": {"cpus": 2, "memory_gib": 1.0, "kernel": "k"},
+        "columns": [{"header": h, "cells": list(c)} for h, c in PAGE_COLUMNS],
+        "rows": got,
+    }
+    assert Column(*PAGE_COLUMNS[0]).header == "experiment"
+    line = render_table(data).splitlines()[2]
+    assert line.startswith("| default | 1 | 0.70 | +1.5% (+1.0 to +2.0%) | 3.9% | 4.5 s |"), line
