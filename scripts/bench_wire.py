@@ -68,7 +68,9 @@ COLUMNS = [
     Column("judged", ("{judged}",)),
     Column("queue drops", ("{drops:.0f}",)),
     Column("element CPU % of a core", ("{cpu_pct:.1f}", "-")),
-    Column("release late: mean, p99, max us", ("{late_mean_us:.1f}, {late_p99_us:.0f}, {late_max_us:.0f}", "-")),
+    Column(
+        "release late us: mean, p99 bucket edge, max", ("{late_mean_us:.1f}, {late_p99_us:.0f}, {late_max_us:.0f}", "-")
+    ),
 ]
 TICKS = os.sysconf("SC_CLK_TCK")
 WIDTHS = (6, 6, 8, 9, 7, 9, 7, 7, 6, 8, 9, 6, 7)
