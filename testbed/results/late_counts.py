@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.errors import SpecError
+from testbed.invocation import testbed_command
 from testbed.results.analysis import LATE_BOUND_TEXT, LATE_START_TEXT
 from testbed.results.compare import run_folder_name
 from testbed.results.sched_summary import sched_totals
@@ -67,7 +68,7 @@ def read_comparison(folder: Path) -> dict[str, Any]:
         for k in range(len(summaries) if isinstance(summaries, list) else 0):
             rewritten = folder / run_folder_name(policy, k, repeat) / "summary.json"
             if rewritten.exists():
-                summaries[k] = read_json_object(rewritten, f"rerun testbed analyze {rewritten.parent}")
+                summaries[k] = read_json_object(rewritten, f"rerun {testbed_command()} analyze {rewritten.parent}")
     return comparison
 
 
@@ -185,7 +186,10 @@ def format_late_counts(figures: dict[str, Any]) -> str:
         ]
         for name, f in figures["policies"].items():
             if f["free_cpu_ms"] is None or f["late_ops_free_cpu"] is None:
-                why = "a trace without the moves between CPUs, or summaries from before: testbed analyze each run"
+                why = (
+                    "a trace without the moves between CPUs, or summaries from before: "
+                    f"{testbed_command()} analyze each run"
+                )
                 lines.append(f"- {name}: not told ({why})")
                 continue
             lines.append(

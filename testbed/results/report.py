@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from testbed.errors import SpecError
+from testbed.invocation import testbed_command
 from testbed.results import analysis as A
 from testbed.results import link_counters as L
 from testbed.results.bubbletea_summary import bubbletea_stats
@@ -216,8 +217,8 @@ def format_summary(s: dict[str, Any]) -> str:
     if error is not None and abs(error) > PREDICTION_NOTE_ABOVE:
         lines.append(
             "  note: the prediction is the cost model's, made before the run with its modelled TCP window; "
-            "a run with --profile-wan, checked with `testbed sim --validate RUN_DIR`, is predicted from its "
-            'measured paths (docs/results.md, "The simulator against measured runs")'
+            f"a run with --profile-wan, checked with `{testbed_command()} sim --validate RUN_DIR`, is predicted from "
+            'its measured paths (docs/results.md, "The simulator against measured runs")'
         )
     measured = s[M.COMPLETED_ITERATIONS] - s[M.WARMUP_ITERATIONS]
     if 0 < measured < 3:
