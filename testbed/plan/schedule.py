@@ -20,6 +20,7 @@ closed-form bubble. The workers, the cost model and the experiment files do not 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from testbed.spec.experiment_fields import SCHEDULES
@@ -68,36 +69,10 @@ def make_schedule(name: str, n_stages: int, n_micro: int) -> list[list[Action]]:
 
 def grid(schedule: list[list[Action]], f_slots: int = 1, b_slots: int = 2) -> list[list[str]]:
     """Simulate the schedule in unit time slots (a forward takes ``f_slots``, a backward ``b_slots``,
-    communication free) and return one row per stage: the action in each slot, '' for a bubble."""
-    n_stages = len(schedule)
-    done: dict[tuple[str, int, int], int] = {}  # (kind, stage, mb) -> end slot
-    pos = [0] * n_stages
-    free = [0] * n_stages
-    rows: list[list[str]] = [[] for _ in range(n_stages)]
-    remaining = sum(len(a) for a in schedule)
-    while remaining:
-        progressed = False
-        for s in range(n_stages):
-            if pos[s] == len(schedule[s]):
-                continue
-            a = schedule[s][pos[s]]
-            if a.kind == "F":
-                dep = done.get(("F", s - 1, a.microbatch)) if s > 0 else 0
-            else:
-                dep = done.get(("B", s + 1, a.microbatch)) if s < n_stages - 1 else done.get(("F", s, a.microbatch))
-            if dep is None:
-                continue
-            start = max(free[s], dep)
-            dur = f_slots if a.kind == "F" else b_slots
-            rows[s].extend([""] * (start - len(rows[s])) + [str(a)] * dur)
-            free[s] = done[(a.kind, s, a.microbatch)] = start + dur
-            pos[s] += 1
-            remaining -= 1
-            progressed = True
-        if not progressed:
-            raise ValueError("schedule deadlocks: an action waits on one that never runs")
-    width = max(len(r) for r in rows)
-    return [r + [""] * (width - len(r)) for r in rows]
+    communication free) and return one row per stage: the action in each slot, '' for a bubble
+    (``rank_grid``, each stage its own worker)."""
+    table = [[RankAction(a.kind, s, a.microbatch) for a in acts] for s, acts in enumerate(schedule)]
+    return rank_grid(table, {"F": f_slots, "B": b_slots}, label=lambda a: f"{a.kind}{a.microbatch}")
 
 
 def format_grid(rows: list[list[str]]) -> str:
@@ -278,9 +253,12 @@ def zbv(ranks: int, microbatches: int) -> list[list[RankAction]]:
 UNIT_SLOTS = {"F": 1, "B": 2, "I": 1, "W": 1}
 
 
-def rank_grid(table: list[list[RankAction]], slots: dict[str, int] | None = None) -> list[list[str]]:
+def rank_grid(
+    table: list[list[RankAction]], slots: dict[str, int] | None = None, label: Callable[[RankAction], str] = str
+) -> list[list[str]]:
     """Simulate a worker table in unit time slots (``slots`` per kind, default ``UNIT_SLOTS``;
-    communication free) and return one row per worker: the action in each slot, '' for a bubble.
+    communication free) and return one row per worker: each action's ``label`` in each slot it
+    takes, '' for a bubble.
     A forward of stage s waits for stage s-1's of its microbatch, a backward (full or input part)
     of stage s for stage s+1's (the last stage's for its own forward), a weight part for its input
     part. Raises ValueError when the table deadlocks."""
@@ -310,7 +288,7 @@ def rank_grid(table: list[list[RankAction]], slots: dict[str, int] | None = None
             if dep is None:
                 continue
             start = max(free[r], dep)
-            rows[r].extend([""] * (start - len(rows[r])) + [str(a)] * slots[a.kind])
+            rows[r].extend([""] * (start - len(rows[r])) + [label(a)] * slots[a.kind])
             free[r] = done[(a.kind, a.stage, a.microbatch)] = start + slots[a.kind]
             pos[r] += 1
             remaining -= 1
