@@ -3,7 +3,7 @@ name, kind, unit, default, allowed range and the fix an error names), one :class
 mapping of a file (the top level, ``compute``, ``links[i]``...). The readers (``specfile.FieldReader``)
 take keys, kinds and ranges from these tables, the checks of a value set on the command line
 (``experiment.check_experiment``) take the same ranges, and the reference page of the file formats
-(``docs/reference/files.md``, ``results/reference_pages.py``) is written from them: a field added to
+(``docs/reference/files.md``, ``cli/reference.py``) is written from them: a field added to
 a table is read, checked and documented at once.
 
 What a table cannot say (a rule between fields, such as ``stages`` at most ``model.n_layers``) is
