@@ -10,6 +10,7 @@ transfers are), the fairness check of that figure. Writes each scenario's sweep.
 paper_scale.md, to --out. Figures printed, nothing asserted.
 
 Run: .venv/bin/python scripts/paper_scale.py [--rates 100gbit,400gbit,1.6tbit] [--delays 5ms,20ms,50ms,100ms]
+[--scheduler tcp://HOST:8786]
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def main() -> None:
     ap.add_argument("--rates", default="100gbit,400gbit,1.6tbit")
     ap.add_argument("--delays", default="5ms,20ms,50ms,100ms")
     ap.add_argument("--out", type=Path, default=Path("results") / f"paper-scale-{time.strftime('%Y%m%d-%H%M%S')}")
+    ap.add_argument("--scheduler", metavar="ADDRESS", help="the sweeps on a Dask cluster (tcp://HOST:8786)")
     args = ap.parse_args()
     grid = parse_sweep(f"wan_rate={args.rates},delay={args.delays}")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -53,7 +55,7 @@ def main() -> None:
     for name in args.scenarios.split(","):
         sc = load_scenario(name)
         t0 = time.perf_counter()
-        rows = pd.DataFrame(sweep(sc, grid))
+        rows = pd.DataFrame(sweep(sc, grid, scheduler=args.scheduler))
         folder = args.out / name
         folder.mkdir(exist_ok=True)
         rows.to_csv(folder / "sweep.csv", index=False)

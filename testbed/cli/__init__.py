@@ -227,6 +227,11 @@ def add_sim_parser(sub) -> None:
     )
     sp.add_argument("--out", type=Path, metavar="DIR", help="--sweep's folder (default sim-sweep-<scenario>)")
     sp.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="--sweep's points on a Dask distributed cluster (tcp://HOST:8786) instead of this machine's cores",
+    )
+    sp.add_argument(
         "--timeline", type=Path, metavar="DIR", help="write DIR/POLICY/trace.json and timeline.png of one iteration"
     )
     sp.set_defaults(func=cmd_sim)

@@ -105,7 +105,7 @@ def _sweep(args) -> int:
         err("--sweep: give a scenario (workloads/scenarios), e.g. testbed sim gpt3_175b_2dc --sweep delay=5ms,50ms")
         return 2
     sc = load_scenario(args.experiment)
-    rows = pd.DataFrame(sweep(sc, parse_sweep(args.sweep)))
+    rows = pd.DataFrame(sweep(sc, parse_sweep(args.sweep), scheduler=args.scheduler))
     folder = args.out or Path(f"sim-sweep-{sc.name}")
     folder.mkdir(parents=True, exist_ok=True)
     rows.to_csv(folder / "sweep.csv", index=False)

@@ -2,16 +2,19 @@
 point's figures per policy, simulated in parallel on all cores, as rows of one table; and the
 speed-up of ``atlas`` over each baseline at each point (the plots: ``results/sweep_plots.py``).
 
-Pure, apart from the worker processes (``concurrent.futures``).
+Pure, apart from the worker processes: a local process pool (``concurrent.futures``), or the
+workers of a Dask distributed cluster (``scheduler``: its address), whose results are the same.
 """
 
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
-from testbed.errors import SpecError
+from testbed.errors import FeatureError, SpecError
 from testbed.sim.scenario import simulate_scenario
 from testbed.spec.scenario import Scenario
 from testbed.spec.units import UnitError, parse_duration_us, parse_rate_bps
@@ -19,6 +22,8 @@ from testbed.trace import metrics as M
 
 #: what ``--sweep`` may vary: name -> (parser, the Scenario.with_wan argument it sets)
 SWEPT = {"wan_rate": (parse_rate_bps, "rate_bps"), "delay": (parse_duration_us, "delay_us")}
+#: how long a sweep waits for a Dask scheduler to answer (s): a cluster's, reached over a network
+SCHEDULER_TIMEOUT_S = 10
 #: the policies a sweep simulates; speed-ups are atlas's over the first two
 SWEEP_POLICIES = ("pp-fair", "dp-wan", "atlas", "atlas+bubbletea")
 
@@ -71,19 +76,53 @@ def _point(args: tuple[Scenario, int | None, int | None, tuple[str, ...]]) -> li
     return rows
 
 
+@contextmanager
+def points_executor(workers: int | None = None, scheduler: str | None = None) -> Iterator[Executor]:
+    """Where a sweep's points are simulated: a pool of ``workers`` local processes (default every
+    core), or, with ``scheduler`` (``tcp://HOST:8786``), the workers of that Dask distributed
+    cluster (``distributed.Client.get_executor``; each worker must have this checkout's package).
+    Raises FeatureError where distributed is not installed, SpecError naming ``--scheduler`` where
+    no scheduler answers there."""
+    if scheduler is None:
+        with ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+            yield pool
+        return
+    try:
+        from distributed import Client
+    except ImportError as e:
+        raise FeatureError(f"--scheduler needs Dask's distributed package ({e}): pip install distributed") from None
+    try:
+        client = Client(scheduler, timeout=SCHEDULER_TIMEOUT_S)
+    except (OSError, TimeoutError) as e:
+        raise SpecError(
+            "--scheduler",
+            "--scheduler",
+            scheduler,
+            f"has no Dask scheduler answering ({e})",
+            "start one there (dask scheduler) with workers (dask worker ADDRESS), or leave --scheduler out",
+        ) from None
+    with client:
+        yield client.get_executor()
+
+
 def sweep(
-    sc: Scenario, grid: dict[str, list[int]], policies: tuple[str, ...] = SWEEP_POLICIES, workers: int | None = None
+    sc: Scenario,
+    grid: dict[str, list[int]],
+    policies: tuple[str, ...] = SWEEP_POLICIES,
+    workers: int | None = None,
+    scheduler: str | None = None,
 ) -> list[dict[str, Any]]:
     """One row per grid point and policy: the point's WAN rate (bit/s) and one-way delay (us) (every
     link is set to the swept values; a parameter not swept keeps each link's own, and the row then
     names the first link's), the policy, its iteration time, utilization (with prefill, and training alone),
     BubbleTea's prefill figures, or why it is infeasible; ``speedup_over_<baseline>`` on atlas's
-    rows. A parameter left out of ``grid`` keeps the scenario's links. ``workers`` processes
-    (default every core)."""
+    rows. A parameter left out of ``grid`` keeps the scenario's links. Simulated on ``workers``
+    local processes (default every core) or on the Dask cluster at ``scheduler``
+    (``points_executor``)."""
     rates: list[int | None] = [*grid.get("wan_rate", [])] or [None]
     delays: list[int | None] = [*grid.get("delay", [])] or [None]
     points = [(sc, r, d, policies) for r in rates for d in delays]
-    with ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+    with points_executor(workers, scheduler) as pool:
         rows = [row for point in pool.map(_point, points) for row in point]
     for row in rows:
         if row["policy"] != "atlas" or M.ITERATION_TIME_S not in row:
