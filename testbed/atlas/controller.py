@@ -38,6 +38,7 @@ from testbed.atlas.switch import GrantSwitch
 from testbed.atlas.timing import HopTiming, timing_to_json
 from testbed.net.network import Network, require_live_shaping
 from testbed.plan.grant_plan import GrantPlan, granted_class_bps
+from testbed.plan.schedule import home_boundaries
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
 from testbed.trace.jsonl import write_json_atomic
@@ -61,9 +62,12 @@ class Controller:
         sharing: str = "fifo",
         plan: GrantPlan | None = None,
         borrow: bool = False,
+        homes: list[int] | None = None,
     ) -> None:
         """``sharing``: ``fifo`` or ``planned`` (``grants.py``); ``plan``: the run's grant plan (its
-        deadlines serve both; ``planned`` needs it); ``borrow``: held classes may use idle capacity."""
+        deadlines serve both; ``planned`` needs it); ``borrow``: held classes may use idle capacity;
+        ``homes``: the worker's stage holding each virtual stage (``schedule.stage_homes``; default
+        one virtual stage per worker)."""
         self.net, self.workers, self.replicas = net, {w.rank: w for w in workers}, replicas
         self.shaping = require_live_shaping(net, "Atlas's controller")
         self.floor_share, self.sharing, self.grant_plan, self.borrow = floor_share, sharing, plan, borrow
@@ -71,7 +75,8 @@ class Controller:
             raise ValueError("planned sharing needs a grant plan")
         self.sock_path, self.log_path = Path(sock_path), Path(log_path)
         self.error_file = self.log_path.with_name("controller_error.txt")
-        self.hops = boundary_paths(workers, net.routes)
+        self.homes = homes if homes is not None else list(range(max(w.stage for w in workers) + 1))
+        self.hops = boundary_paths(workers, net.routes, home_boundaries(self.homes))
         self.switch: GrantSwitch | None = None
         self.proc = None
         self._sock: socket.socket | None = None
@@ -133,6 +138,7 @@ class Controller:
             "iteration_ns": _iteration_ns(self.grant_plan) if self.grant_plan else NEVER,
             "replica_of": {str(r): w.replica for r, w in self.workers.items()},
             "stage_of": {str(r): w.stage for r, w in self.workers.items()},
+            "stage_homes": self.homes,
             "hops": [{"src": s, "dst": d, "hops": [[h.src, h.dst] for h in hs]} for (s, d), hs in self.hops.items()],
             "notice": [
                 {"src": s, "dst": d, "ns": routes.one_way_delay_us(self.workers[d].dc, self.workers[s].dc) * 1000}

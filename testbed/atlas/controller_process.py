@@ -114,6 +114,7 @@ def grant_loop_from_plan(plan: dict, switch: GrantSwitch) -> GrantLoop:
         notice_ns={(n["src"], n["dst"]): n["ns"] for n in plan["notice"]},
         counters=switch.class_bytes,
         iteration_ns=plan.get("iteration_ns", NEVER),
+        homes=plan.get("stage_homes"),
     )
 
 

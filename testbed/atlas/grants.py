@@ -75,8 +75,9 @@ class GrantLoop:
     pair; ``timing``: each hop's plan (``planned``; under ``fifo`` only its deadline is used);
     ``notice_ns``: the one-way delay from each pair's receiver back to its sender; ``counters``:
     ``(hop, replica) -> bytes`` its class has sent (``planned``); ``iteration_ns``: the planned
-    iteration, after which a half-reported transfer counts as lost-and-ready. Raises ValueError for a sharing
-    it does not know, or ``planned`` without what it needs."""
+    iteration, after which a half-reported transfer counts as lost-and-ready; ``homes``: the
+    worker's stage holding each virtual stage (``schedule.stage_homes``; default one each). Raises
+    ValueError for a sharing it does not know, or ``planned`` without what it needs."""
 
     def __init__(
         self,
@@ -89,6 +90,7 @@ class GrantLoop:
         notice_ns: dict[tuple[int, int], int] | None = None,
         counters: Callable[[Hop, int], int] | None = None,
         iteration_ns: int = NEVER,
+        homes: list[int] | None = None,
     ) -> None:
         if sharing not in ("fifo", "planned"):
             raise ValueError(f"unknown sharing {sharing!r}: fifo or planned")
@@ -97,6 +99,7 @@ class GrantLoop:
         self.switch, self.replica_of, self.hops, self.sharing = switch, replica_of, hops, sharing
         self.timing, self.stage_of = timing or {}, stage_of or {}
         self.notice_ns, self.counters, self.iteration_ns = notice_ns or {}, counters, iteration_ns
+        self.homes = homes
         all_hops = {h for hs in hops.values() for h in hs}
         self.queues = {h: GrantQueue() for h in all_hops}  # fifo: who holds and waits, in order
         self.held: dict[Hop, _Held | None] = dict.fromkeys(all_hops)
@@ -165,9 +168,13 @@ class GrantLoop:
         self._dispatch(path[0], t_ns)
 
     def _transfer(self, key: TransferKey) -> Transfer:
-        src, dst, _, mb = key
-        forward = self.stage_of[src] < self.stage_of[dst]
-        return Transfer("F" if forward else "B", min(self.stage_of[src], self.stage_of[dst]), mb, self.replica_of[src])
+        """The plan's name of ``key``: its boundary's virtual stage as the worker sent it, or (-1) the
+        lower of the two workers' stages; forward where the sender holds that virtual stage."""
+        src, dst, _, mb, boundary = key
+        if boundary < 0:
+            boundary = min(self.stage_of[src], self.stage_of[dst])
+        home = self.homes[boundary] if self.homes is not None else boundary
+        return Transfer("F" if home == self.stage_of[src] else "B", boundary, mb, self.replica_of[src])
 
     def _passed(self, key: TransferKey, t_ns: int) -> None:
         """Planned: ``key``'s bytes have passed its first hop (or it is done, or its grant there

@@ -25,6 +25,7 @@ from testbed.errors import SpecError, TestbedError, TestbedWarning
 from testbed.invocation import testbed_command
 from testbed.net.features import DELAY_MECHANISMS
 from testbed.run.interrupts import tears_down_on_signals
+from testbed.spec.pipeline_schedules import SCHEDULES
 from testbed.spec.policy import ABLATION, POLICIES
 from testbed.spec.topology_file import DEFAULT_TOPOLOGY
 
@@ -104,7 +105,10 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
     sp.add_argument("experiment", nargs="?", default=None, help="experiment file or shipped name (default: default)")
     sp.add_argument("--iterations", type=number(1, 100000, int))
     sp.add_argument("--microbatches", type=number(1, 1024, int))
-    sp.add_argument("--schedule", choices=("gpipe", "1f1b"))
+    sp.add_argument("--schedule", choices=SCHEDULES)
+    sp.add_argument(
+        "--virtual-stages", type=number(1, 64, int), help="model chunks per worker under interleaved-1f1b (default 2)"
+    )
     sp.add_argument("--topology", help="topology file or shipped name")
     sp.add_argument("--stages", type=number(1, 1024, int), help="pipeline stages")
     sp.add_argument("--replicas", type=number(1, 1024, int), help="data-parallel replicas per stage")
@@ -178,7 +182,10 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
     sp = sub.add_parser("schedule", help="print an experiment's pipeline schedule as a table (no root needed)")
     sp.add_argument("experiment", nargs="?", default=None)
     sp.add_argument("--microbatches", type=number(1, 1024, int))
-    sp.add_argument("--schedule", choices=("gpipe", "1f1b"))
+    sp.add_argument("--schedule", choices=SCHEDULES)
+    sp.add_argument(
+        "--virtual-stages", type=number(1, 64, int), help="model chunks per worker under interleaved-1f1b (default 2)"
+    )
     sp.set_defaults(func=cmd_schedule)
     sp = sub.add_parser("analyze", help="recompute summary, parquet, Chrome trace and plots of a run folder")
     sp.add_argument("run_dir", type=Path)

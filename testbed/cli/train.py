@@ -11,7 +11,7 @@ from testbed.cli.common import backend, bubbletea_overrides, root_preamble
 from testbed.errors import SpecError
 from testbed.plan.grant_plan import format_grant_plan
 from testbed.plan.run_plan import format_plan, make_plan
-from testbed.plan.schedule import bubble_fraction, format_grid, grid, make_schedule
+from testbed.plan.schedule import RankAction, bubble_fraction, chunk_numbers, experiment_tables, format_grid, rank_grid
 from testbed.plan.wan_load import boundary_loads, format_loads
 from testbed.plan.what_if import alternatives, best_plan, what_if
 from testbed.run.records import check_fresh_out_dir, discard_unused_out
@@ -30,6 +30,7 @@ def cmd_run(args) -> int:
         microbatches=args.microbatches,
         topology=args.topology,
         schedule=args.schedule,
+        virtual_stages=args.virtual_stages,
         stages=args.stages,
         replicas=args.replicas,
         data=str(args.data) if args.data else None,
@@ -183,26 +184,36 @@ def cmd_plan(args) -> int:
 
 
 def cmd_schedule(args) -> int:
-    exp = load_experiment(args.experiment).with_overrides(microbatches=args.microbatches, schedule=args.schedule)
+    exp = load_experiment(args.experiment).with_overrides(
+        microbatches=args.microbatches, schedule=args.schedule, virtual_stages=args.virtual_stages
+    )
     plan = make_plan(exp)
     workers = plan.workers
     from testbed.run.fit import check_iteration_time
 
     check_iteration_time(plan)  # a schedule of 10^12 microbatches is no table to print
-    sched = make_schedule(exp.schedule, exp.stages, exp.microbatches)
-    print(f"{exp.schedule}: {exp.stages} stages x {exp.replicas} replicas, {exp.microbatches} microbatches")
-    print("actions per worker (F/B = forward/backward of microbatch m; receives and sends implied):")
+    tables, chunk = experiment_tables(exp), chunk_numbers(exp)
+
+    def label(a: RankAction) -> str:
+        return f"{a.kind}{a.microbatch}" + (f"c{chunk[a.stage]}" if chunk[a.stage] else "")
+
+    held = f", {exp.chunks} virtual stages per worker" if exp.chunks > 1 else ""
+    print(f"{exp.schedule}: {exp.stages} stages x {exp.replicas} replicas, {exp.microbatches} microbatches{held}")
+    print(
+        "actions per worker (F/B = forward/backward of microbatch m, I/W = the backward's input/weight part, "
+        "c1 = on the worker's second virtual stage; receives and sends implied):"
+    )
     for w in workers:
         print(
             f"  worker {w.rank} ({w.host}, stage {w.stage}, replica {w.replica}): "
-            + " ".join(str(a) for a in sched[w.stage])
+            + " ".join(label(a) for a in tables[w.stage])
         )
-    rows = grid(sched)
+    rows = rank_grid(tables, label=label)
     print(
-        f"simulated grid (backward = 2 forward slots, communication free; '.' = bubble, "
-        f"{bubble_fraction(rows):.0%} of slots):"
+        f"simulated grid (a forward of a virtual stage = 1 slot, its backward 2, input and weight parts 1 each; "
+        f"communication free; '.' = bubble, {bubble_fraction(rows):.0%} of slots):"
     )
-    print(format_grid(rows))
+    print(format_grid(rows, width=max(3, *(len(c) for row in rows for c in row))))
     return 0
 
 

@@ -28,8 +28,9 @@ class Hop:
 @dataclass(frozen=True, order=True)
 class Transfer:
     """One stage-boundary transfer of an iteration: pipeline ``replica``'s activations (``F``,
-    stage ``stage`` to ``stage + 1``) or activation gradients (``B``, ``stage + 1`` to ``stage``)
-    of ``microbatch``."""
+    virtual stage ``stage`` to ``stage + 1``) or activation gradients (``B``, ``stage + 1`` to
+    ``stage``) of ``microbatch``. Under one virtual stage per worker (GPipe, 1F1B, ZB-H1) a virtual
+    stage is the worker's stage."""
 
     kind: str
     stage: int
@@ -40,18 +41,24 @@ class Transfer:
         return f"{self.kind}{self.microbatch}r{self.replica}"
 
 
-def boundary_paths(workers: list[WorkerSpec], routes: RoutingTable) -> dict[tuple[int, int], list[Hop]]:
-    """For each (sender rank, receiver rank) pair of neighbouring stages in different DCs (both
-    directions), the WAN egresses its packets cross, in order."""
+def boundary_paths(
+    workers: list[WorkerSpec], routes: RoutingTable, boundaries: list[tuple[int, int]]
+) -> dict[tuple[int, int], list[Hop]]:
+    """For each (sender rank, receiver rank) pair of a pipeline's workers that a stage boundary
+    joins (``boundaries``: pairs of workers' stages, ``schedule.worker_boundaries``) in different
+    DCs (both directions), the WAN egresses its packets cross, in order."""
     by = {(w.stage, w.replica): w for w in workers}
     out = {}
     for w in workers:
-        nxt = by.get((w.stage + 1, w.replica))
-        if nxt is None or nxt.dc == w.dc:
-            continue
-        for a, b in ((w, nxt), (nxt, w)):
-            dcs = routes.route(a.dc, b.dc).dcs
-            out[(a.rank, b.rank)] = [Hop(x, y) for x, y in zip(dcs, dcs[1:])]
+        for a_stage, b_stage in boundaries:
+            if w.stage != a_stage:
+                continue
+            nxt = by.get((b_stage, w.replica))
+            if nxt is None or nxt.dc == w.dc:
+                continue
+            for a, b in ((w, nxt), (nxt, w)):
+                dcs = routes.route(a.dc, b.dc).dcs
+                out[(a.rank, b.rank)] = [Hop(x, y) for x, y in zip(dcs, dcs[1:])]
     return out
 
 

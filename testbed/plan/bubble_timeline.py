@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from testbed.plan.connections import wan_connections
 from testbed.plan.grant_plan import simulated_iteration
+from testbed.plan.schedule import chunk_numbers, slot_name
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import TopologySpec
@@ -26,8 +27,8 @@ END = "end"
 @dataclass(frozen=True)
 class Bubble:
     """One idle window of a worker: pipeline ``stage``, data-parallel ``replica``, the action it
-    precedes (``F2``: the forward of microbatch 2; ``END``: the drain), when it starts and how long
-    it lasts (s)."""
+    precedes (``schedule.slot_name``: ``F2``, the forward of microbatch 2; ``END``: the drain), when
+    it starts and how long it lasts (s)."""
 
     stage: int
     replica: int
@@ -51,13 +52,15 @@ def bubble_timeline(
         connections = wan_connections(exp, topo, workers)
     timeline: list = []
     end = simulated_iteration(exp, topo, workers, connections, block_s, timeline)
+    chunk = chunk_numbers(exp)
     bubbles = []
     for w in sorted(workers, key=lambda x: (x.stage, x.replica)):
         mine = sorted((x for x in timeline if (x[0], x[1]) == (w.stage, w.replica)), key=lambda x: x[3])
         t = 0.0
         for _, _, action, start, finish in mine:
             if start > t + 1e-12:
-                bubbles.append(Bubble(w.stage, w.replica, f"{action.kind}{action.microbatch}", t, start - t))
+                slot = slot_name(action.kind, action.microbatch, chunk[action.stage])
+                bubbles.append(Bubble(w.stage, w.replica, slot, t, start - t))
             t = finish
         if end > t + 1e-12:
             bubbles.append(Bubble(w.stage, w.replica, END, t, end - t))

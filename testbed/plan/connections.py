@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from testbed.plan.schedule import experiment_boundaries
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.experiment_fields import MAX_WAN_CONNECTIONS
@@ -44,7 +45,7 @@ def wan_connections(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpe
     if cap is None:
         return 4
     routes = RoutingTable(topo)
-    pairs = wan_pairs(workers)
+    pairs = wan_pairs(exp, workers)
     if not pairs:
         return 1
     return max(
@@ -52,13 +53,15 @@ def wan_connections(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpe
     )
 
 
-def wan_pairs(workers: list[WorkerSpec]) -> list[tuple[str, str]]:
-    """DC pairs whose WAN path carries training traffic: neighbouring stages of one pipeline (PP)
-    and replicas of one stage (the gradient all-reduce), where the two sit in different DCs."""
+def wan_pairs(exp: Experiment, workers: list[WorkerSpec]) -> list[tuple[str, str]]:
+    """DC pairs whose WAN path carries training traffic: the workers a stage boundary of one
+    pipeline joins (PP: ``schedule.experiment_boundaries``) and replicas of one stage (the gradient
+    all-reduce), where the two sit in different DCs."""
     by = {(w.stage, w.replica): w for w in workers}
+    nxt = {a: [b for x, b in experiment_boundaries(exp) if x == a] for a in range(exp.stages)}
     pairs: set[tuple[str, str]] = set()
     for w in workers:
-        for other in (by.get((w.stage + 1, w.replica)), by.get((w.stage, w.replica + 1))):
+        for other in (*(by.get((b, w.replica)) for b in nxt[w.stage]), by.get((w.stage, w.replica + 1))):
             if other is not None and other.dc != w.dc:
                 a, b = sorted((w.dc, other.dc))
                 pairs.add((a, b))
@@ -150,7 +153,7 @@ def socket_buffer_cap(exp: Experiment, topo: TopologySpec, workers: list[WorkerS
     if exp.wan_connection_share is None:
         return None
     routes = RoutingTable(topo)
-    pairs = wan_pairs(workers)
+    pairs = wan_pairs(exp, workers)
     if not pairs:
         return None
     return min(

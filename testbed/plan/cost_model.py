@@ -5,11 +5,12 @@ of a pipeline schedule with ``microbatches`` microbatches:
 
   T = P + A + O
 
-- P, the pipeline: when no stage boundary crosses the WAN, the fill and drain plus (M - 1) times
-  the slowest step (Narayanan et al. 2021, section 2.2), sum_s (f_s + b_s) + (M - 1) max_s (f_s +
-  b_s), with f_s, b_s the padded forward and backward time of stage s on one microbatch (its blocks
-  times the emulated GPU's time per block, ``Experiment.block_s``, so that plans with other stage
-  counts scale). When one does, the list-schedule simulation of the schedule tables
+- P, the pipeline: under GPipe and 1F1B when no stage boundary crosses the WAN, the fill and
+  drain plus (M - 1) times the slowest step (Narayanan et al. 2021, section 2.2), sum_s (f_s + b_s)
+  + (M - 1) max_s (f_s + b_s), with f_s, b_s the padded forward and backward time of stage s on one
+  microbatch (its blocks times the emulated GPU's time per block, ``Experiment.block_s``, so that
+  plans with other stage counts scale). When one does, or under the schedules of several virtual
+  stages or a split backward (no such closed form), the list-schedule simulation of the schedule tables
   (``grant_sim.simulate``): every action starts when its worker is free and its input has arrived;
   a transfer moves once its receive is posted and the receiver's ready notice has crossed back
   (gloo's rendezvous; the notice queues behind the receiver's own bytes to that sender on their
@@ -27,15 +28,18 @@ of a pipeline schedule with ``microbatches`` microbatches:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from testbed.plan.allreduce import allreduce_s
 from testbed.plan.connections import wan_connections
 from testbed.plan.grant_plan import simulated_iteration
+from testbed.plan.schedule import experiment_boundaries
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import stage_layers
+from testbed.spec.pipeline_schedules import IN_ROUNDS
 from testbed.spec.topology import TopologySpec
 
 #: above twice this many microbatches an iteration is simulated with this many and twice as many,
@@ -71,12 +75,13 @@ def predict(
     ``start_offsets_s``: when each pipeline starts (``simulated_iteration``)."""
     if connections is None:
         connections = wan_connections(exp, topo, workers)
-    S, M = exp.stages, exp.microbatches
+    M = exp.microbatches
     step = stage_compute_s(exp, block_s)
     dc_of = {(w.stage, w.replica): w.dc for w in workers}
     fill, steady = sum(step), (M - 1) * max(step)
-    if any(dc_of[(s, 0)] != dc_of[(s + 1, 0)] for s in range(S - 1)):
-        # the pipeline crosses the WAN: the list-schedule simulation of the schedule tables
+    crosses = any(dc_of[(a, 0)] != dc_of[(b, 0)] for a, b in experiment_boundaries(exp))
+    if crosses or exp.schedule not in ("gpipe", "1f1b"):
+        # the list-schedule simulation of the schedule tables
         fill = _pipelined_s(
             exp, lambda e: simulated_iteration(e, topo, workers, connections, block_s, start_offsets_s=start_offsets_s)
         )
@@ -105,8 +110,11 @@ def optimizer_s(exp: Experiment, block_s: tuple[float, float] | None = None) -> 
 def _pipelined_s(exp: Experiment, simulated_s: Callable[[Experiment], float]) -> float:
     """``simulated_s(exp)``; for more than 2 x ``SIM_MICROBATCHES`` microbatches its linear
     extrapolation from K and 2K of them (K = ``SIM_MICROBATCHES``): once the pipeline is full each
-    further microbatch adds the same steady step, so the cost of a prediction stays bounded."""
+    further microbatch adds the same steady step, so the cost of a prediction stays bounded. Under a
+    schedule that takes microbatches in rounds, K is rounded up to a multiple of the stages."""
     M, k = exp.microbatches, SIM_MICROBATCHES
+    if exp.schedule in IN_ROUNDS:  # K and 2K in whole rounds of ``stages`` microbatches
+        k = exp.stages * math.ceil(k / exp.stages)
     if M <= 2 * k:
         return simulated_s(exp)
     t1, t2 = simulated_s(exp.with_overrides(microbatches=k)), simulated_s(exp.with_overrides(microbatches=2 * k))

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer, boundary_paths
 from testbed.plan.connections import one_connection_bps, sent_at_once, transfer_time_s
 from testbed.plan.grant_sim import simulate
-from testbed.plan.schedule import Action
+from testbed.plan.schedule import RankAction, experiment_boundaries
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.routing import RoutingTable
@@ -137,7 +137,7 @@ def wan_links(
     many such transfers the link carries at once before each slows down (that time over the bytes'
     time at the line rate)."""
     routes = RoutingTable(topo)
-    paths = boundary_paths(workers, routes)
+    paths = boundary_paths(workers, routes, experiment_boundaries(exp))
     dc = {w.rank: w.dc for w in workers}
     nbytes = exp.activation_bytes
     one: dict[tuple[str, str], float | None] = {}
@@ -214,7 +214,7 @@ def simulated_iteration(
     workers: list[WorkerSpec],
     connections: int,
     block_s: tuple[float, float] | None = None,
-    timeline: list[tuple[int, int, Action, float, float]] | None = None,
+    timeline: list[tuple[int, int, RankAction, float, float]] | None = None,
     start_offsets_s: tuple[float, ...] | None = None,
 ) -> float:
     """One iteration of ``exp`` placed as ``workers`` with its links shared as its policy shares

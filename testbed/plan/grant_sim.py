@@ -33,7 +33,7 @@ import simpy
 
 from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer
 from testbed.plan.fair_share import FairShare
-from testbed.plan.schedule import Action, make_schedule
+from testbed.plan.schedule import INPUT_SHARE, RankAction, experiment_tables, stage_homes
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import stage_layers
@@ -52,13 +52,14 @@ def simulate(
     block_s: tuple[float, float] | None = None,
     sharing: str = "planned",
     stage_s: tuple[tuple[float, float], ...] | None = None,
-    timeline: list[tuple[int, int, Action, float, float]] | None = None,
+    timeline: list[tuple[int, int, RankAction, float, float]] | None = None,
 ) -> tuple[float, dict[Hop, list[Transfer]]]:
     """One iteration of every pipeline (see the module doc): ``links``, each crossed hop's transfer
     time and delay; ``paths``, the hops of each (sender, receiver) pair; ``one_way_s``, each pair's
     one-way delay; ``stagger_s``, each replica's first-stage offset; ``block_s``, per-block
     (forward, backward) seconds (default the experiment's); ``stage_s``, each stage's own (forward,
-    backward) seconds on one microbatch (a profile; overrides ``block_s``); ``sharing``, how a link
+    backward) seconds on one microbatch, each of its virtual stages' (a profile; overrides
+    ``block_s``); ``sharing``, how a link
     direction is shared (``SHARING``): ``planned``, one transfer at a time from when its bytes can
     go to when they have passed; ``fifo``, one at a time in the order they become ready, for the
     whole rendezvous (the notice, the bytes and their flight) unless ``exp.atlas_borrow`` (then
@@ -68,8 +69,10 @@ def simulate(
     slowest link of its path), recomputed whenever a transfer starts or ends; a transfer that
     leaves as one burst on a link (``LinkTiming.bursts``) goes into its queue at its speed alone
     and leaves in arrival order (``fifo_queue.PacedFifo``). ``timeline``, when
-    given, receives every compute action as (stage, replica, action, start s, end s) in the order
-    they start. Returns (the iteration time: the
+    given, receives every compute action as (worker's stage, replica, action, start s, end s) in
+    the order they start. A worker runs its schedule table (``schedule.worker_tables``) over its
+    virtual stages; a split backward's input part takes ``INPUT_SHARE`` of the backward, its weight
+    part the rest. Returns (the iteration time: the
     last worker's last compute or byte on a link, in s; the order in which transfers took each
     link direction). Raises ValueError when the schedule cannot complete or ``sharing`` is
     unknown."""
@@ -77,14 +80,17 @@ def simulate(
         raise ValueError(f"unknown sharing {sharing!r}: use one of {', '.join(SHARING)}")
     # with borrowing, held classes fill what a FIFO rendezvous leaves idle (its notice, its flight)
     rendezvous_hold, fair = sharing == "fifo" and not exp.atlas_borrow, sharing == "tcp"
-    S, R, M = exp.stages, exp.replicas, exp.microbatches
+    S, R = exp.stages, exp.replicas
+    home = stage_homes(exp.schedule, S, exp.chunks)
+    V = len(home)  # virtual stages
     per_f, per_b = block_s or exp.block_s
-    f = [len(stage_layers(exp.model.n_layers, S, s)) * per_f for s in range(S)]
-    b = [len(stage_layers(exp.model.n_layers, S, s)) * per_b for s in range(S)]
+    f = [len(stage_layers(exp.model.n_layers, V, v)) * per_f for v in range(V)]
+    b = [len(stage_layers(exp.model.n_layers, V, v)) * per_b for v in range(V)]
     if stage_s is not None:
-        f, b = [x[0] for x in stage_s], [x[1] for x in stage_s]
+        f, b = [stage_s[w][0] for w in home], [stage_s[w][1] for w in home]
+    took = {"F": f, "B": b, "I": [x * INPUT_SHARE for x in b], "W": [x * (1 - INPUT_SHARE) for x in b]}
     rank = {(w.stage, w.replica): w.rank for w in workers}
-    actions = make_schedule(exp.schedule, S, M)
+    actions = experiment_tables(exp)
     env = simpy.Environment()
     pos = {(s, r): 0 for s in range(S) for r in range(R)}
     arrived: dict[Transfer, float] = {}
@@ -108,9 +114,8 @@ def simulate(
         env.timeout(max(0.0, t - env.now)).callbacks.append(lambda _: act(*args))
 
     def pair(t: Transfer) -> tuple[int, int]:
-        src = (t.stage, t.replica) if t.kind == "F" else (t.stage + 1, t.replica)
-        dst = (t.stage + 1, t.replica) if t.kind == "F" else (t.stage, t.replica)
-        return rank[src], rank[dst]
+        src, dst = (t.stage, t.stage + 1) if t.kind == "F" else (t.stage + 1, t.stage)
+        return rank[(home[src], t.replica)], rank[(home[dst], t.replica)]
 
     def post(t: Transfer) -> None:
         """The receiver posts the receive of ``t``: its ready notice leaves now, or behind the bytes
@@ -153,10 +158,14 @@ def simulate(
             else:
                 at(max(ready[t], notice_sent[t] + one_way_s[key]), hop, t, 0, None, 0.0)
 
-    def needs(s: int, a: Action, r: int) -> Transfer | None:
+    def needs(a: RankAction, r: int) -> Transfer | None:
+        """The transfer ``a`` waits for: a forward its input, a backward (or its input part) the
+        gradient; none on the first (last) virtual stage, nor for a weight part."""
         if a.kind == "F":
-            return Transfer("F", s - 1, a.microbatch, r) if s > 0 else None
-        return Transfer("B", s, a.microbatch, r) if s < S - 1 else None
+            return Transfer("F", a.stage - 1, a.microbatch, r) if a.stage > 0 else None
+        if a.kind == "W":
+            return None
+        return Transfer("B", a.stage, a.microbatch, r) if a.stage < V - 1 else None
 
     def reshare() -> None:
         """Schedule the next completion under the new shares, outdating the previous one."""
@@ -221,7 +230,7 @@ def simulate(
         if s == 0 and stagger_s[r] > 0:
             yield env.timeout(stagger_s[r])
         for a in actions[s]:
-            need = needs(s, a, r)
+            need = needs(a, r)
             if need is not None:
                 if need not in posted:
                     post(need)
@@ -229,15 +238,15 @@ def simulate(
                     arrival[need] = env.event()
                     yield arrival[need]  # resumed by the arrival
             start = env.now
-            done = start + (f[s] if a.kind == "F" else b[s])
+            done = start + took[a.kind][a.stage]
             if timeline is not None:
                 timeline.append((s, r, a, start, done))
             end = max(end, done)
             out = None
-            if a.kind == "F" and s < S - 1:
-                out = Transfer("F", s, a.microbatch, r)
-            elif a.kind == "B" and s > 0:
-                out = Transfer("B", s - 1, a.microbatch, r)
+            if a.kind == "F" and a.stage < V - 1:
+                out = Transfer("F", a.stage, a.microbatch, r)
+            elif a.kind in ("B", "I") and a.stage > 0:
+                out = Transfer("B", a.stage - 1, a.microbatch, r)
             if out is not None:
                 ready[out] = done
                 eligible(out)

@@ -12,7 +12,10 @@ Per worker of the emulator (fp32 throughout, 4 bytes a value; the simulator's sc
   Activation Recomputation in Large Transformer Models", section 4.1, counted there in bytes of
   16-bit values; here 4-byte values, so twice their figure: ``block_activation_bytes``), times the
   microbatches in flight:
-  GPipe keeps all M, 1F1B at most S - s on stage s (Narayanan et al. 2021, section 2.2);
+  GPipe keeps all M, 1F1B at most S - s on stage s (Narayanan et al. 2021, section 2.2), the
+  schedules of virtual stages or a split backward what their tables hold at most
+  (``schedule.peak_in_flight``: interleaving's longer warm-up holds more, a weight backward
+  delayed holds its microbatch's activations until it runs);
 - the transfers' buffers: a received activation or gradient per microbatch in flight;
 - with BubbleTea: the inference model (every parameter) and the KV caches of the queued requests:
   one at full context, the others at a long prompt's length (``QUEUED_PROMPT_TOKENS``) plus the
@@ -35,6 +38,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from testbed.plan.schedule import peak_in_flight
 from testbed.spec.bubbletea import QUEUED_PROMPT_TOKENS, BubbleTeaSpec, served_model
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import FP32_BYTES, ModelConfig, activation_bytes, stage_layers, stage_params
@@ -135,7 +139,7 @@ def device_bytes_besides_kv(exp: Experiment, stage: int) -> int:
     ``gpu_memory_mb`` less this is the room BubbleTea's admission control gives the caches of the
     prompts it prefills (``bubbletea.decisions.KVBudget``)."""
     train = (
-        stage_device_bytes(exp.model, exp.stages, stage, exp.microbatch_size, in_flight(exp, stage))
+        stage_device_bytes(exp.model, exp.stages, stage, exp.microbatch_size, in_flight(exp, stage), chunks=exp.chunks)
         if exp.policy.training
         else 0
     )
@@ -147,26 +151,30 @@ def stage_device_bytes(
     stages: int,
     stage: int,
     microbatch_size: int,
-    held: int,
+    held: float,
     tensor_parallel: int = 1,
     recompute: bool = False,
+    chunks: int = 1,
 ) -> int:
     """What one device of ``stage`` holds for training, split ``tensor_parallel`` ways: its share of
     the stage's weights, gradients and optimizer state (``STATE_BYTES_PER_PARAM``), and for each of
-    the ``held`` microbatches in flight its blocks' saved activations and one received boundary
-    tensor (its share of it)."""
+    the ``held`` microbatches in flight its blocks' saved activations and, for each of its
+    ``chunks`` (virtual stages), one received boundary tensor (its share of it)."""
     blocks = len(stage_layers(cfg.n_layers, stages, stage))
     state = STATE_BYTES_PER_PARAM * stage_params(cfg, stages, stage) / tensor_parallel
     saved = blocks * block_activation_bytes(cfg, microbatch_size, tensor_parallel, recompute)
-    per_microbatch = saved + activation_bytes(cfg, microbatch_size) / tensor_parallel
+    per_microbatch = saved + chunks * activation_bytes(cfg, microbatch_size) / tensor_parallel
     return math.ceil(state + held * per_microbatch)
 
 
-def in_flight(exp: Experiment, stage: int) -> int:
-    """Microbatches whose activations stage ``stage`` holds at once under the experiment's schedule."""
+def in_flight(exp: Experiment, stage: int) -> float:
+    """Microbatches' worth of activations the worker of ``stage`` holds at once under the
+    experiment's schedule."""
     if exp.schedule == "gpipe":
         return exp.microbatches
-    return min(exp.stages - stage, exp.microbatches)
+    if exp.schedule == "1f1b":
+        return min(exp.stages - stage, exp.microbatches)
+    return peak_in_flight(exp.schedule, exp.stages, exp.microbatches, exp.chunks)[stage]
 
 
 def worker_memory(exp: Experiment, stage: int) -> WorkerMemory:
@@ -174,8 +182,13 @@ def worker_memory(exp: Experiment, stage: int) -> WorkerMemory:
     cfg = exp.model
     blocks = len(stage_layers(cfg.n_layers, exp.stages, stage))
     held = in_flight(exp, stage)
-    acts = held * (
-        blocks * block_activation_bytes(cfg, exp.microbatch_size) + activation_bytes(cfg, exp.microbatch_size)
+    # a received boundary tensor per live microbatch of each chunk
+    acts = math.ceil(
+        held
+        * (
+            blocks * block_activation_bytes(cfg, exp.microbatch_size)
+            + exp.chunks * activation_bytes(cfg, exp.microbatch_size)
+        )
     )
     bt = inference_bytes(served_model(exp.bubbletea, exp.model)) if exp.policy.bubbletea else 0
     runtime = 2 * RUNTIME_BYTES if exp.policy.bubbletea else RUNTIME_BYTES  # and the prefill stream's
@@ -189,7 +202,9 @@ def gpu_bytes(exp: Experiment, stage: int) -> int:
     checked against it): ``stage_device_bytes`` (its stage's training state, the activations in
     flight) and, with BubbleTea, the inference model and KV caches; not the host-side copy of the
     full model nor the interpreter (``worker_memory``)."""
-    train = stage_device_bytes(exp.model, exp.stages, stage, exp.microbatch_size, in_flight(exp, stage))
+    train = stage_device_bytes(
+        exp.model, exp.stages, stage, exp.microbatch_size, in_flight(exp, stage), chunks=exp.chunks
+    )
     return train + worker_memory(exp, stage).bubbletea_bytes
 
 

@@ -15,15 +15,22 @@ The schedules the field runs today list a worker's actions over several virtual 
 (``RankAction``): interleaved 1F1B (``interleaved_1f1b``), ZB-H1 (``zb_h1``) and ZB-V (``zbv``),
 whose backward is split into its input and weight parts; ``rank_grid`` simulates them. Unit tests
 hold each table to ``torch.distributed.pipelining``'s own (imported only there) and to its
-closed-form bubble. The workers, the cost model and the experiment files do not run them yet.
+closed-form bubble. ``worker_tables`` gives every schedule's tables in that form (GPipe and 1F1B
+with one virtual stage per worker), ``stage_homes`` the worker of each virtual stage and
+``home_boundaries`` the pairs of workers a pipeline's transfers cross.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from testbed.spec.experiment_fields import SCHEDULES
+from testbed.spec.pipeline_schedules import SCHEDULES, rounds, rounds_problem
+
+if TYPE_CHECKING:
+    from testbed.spec.experiment import Experiment
 
 
 @dataclass(frozen=True)
@@ -75,9 +82,9 @@ def grid(schedule: list[list[Action]], f_slots: int = 1, b_slots: int = 2) -> li
     return rank_grid(table, {"F": f_slots, "B": b_slots}, label=lambda a: f"{a.kind}{a.microbatch}")
 
 
-def format_grid(rows: list[list[str]]) -> str:
-    """The grid as text: one line per stage, '.' for a bubble slot."""
-    return "\n".join(f"stage {s}: " + " ".join(f"{c or '.':>3}" for c in row) for s, row in enumerate(rows))
+def format_grid(rows: list[list[str]], width: int = 3) -> str:
+    """The grid as text: one line per stage, each slot right-aligned to ``width``, '.' for a bubble."""
+    return "\n".join(f"stage {s}: " + " ".join(f"{c or '.':>{width}}" for c in row) for s, row in enumerate(rows))
 
 
 def bubble_fraction(rows: list[list[str]]) -> float:
@@ -138,24 +145,6 @@ class _Table:
         self.listed[("W", done.stage)] = self.count("W", done.stage) + 1
 
 
-def rounds(ranks: int, microbatches: int) -> int:
-    """How many rounds of microbatches an interleaved table takes its chunks in: one per ``ranks``
-    microbatches (at least one); ``microbatches`` must be a multiple of it (``check_rounds``)."""
-    return max(1, microbatches // ranks)
-
-
-def check_rounds(ranks: int, microbatches: int) -> None:
-    """Raise ValueError, naming the rule and the fix, where ``microbatches`` is no multiple of the
-    rounds an interleaved or ZB-H1 table takes them in (``rounds``)."""
-    n = rounds(ranks, microbatches)
-    if microbatches % n:
-        lower, higher = microbatches // n * n, (microbatches // n + 1) * n
-        raise ValueError(
-            f"{microbatches} microbatches over {ranks} workers make {n} rounds, which do not divide them: "
-            f"use a multiple of {n}, such as {lower} or {higher}"
-        )
-
-
 def _looped_worker(r: int, ranks: int, chunks: int, microbatches: int, split_backward: bool) -> list[RankAction]:
     """Worker ``r``'s depth-first interleaved table (Narayanan et al. 2021, section 2.2: chunk c
     of worker r is stage c x ranks + r): its forwards go through its chunks a round of microbatches
@@ -164,7 +153,9 @@ def _looped_worker(r: int, ranks: int, chunks: int, microbatches: int, split_bac
     al. 2024, section 3.1: worker r delays its weight backwards by r steps) each backward is its
     input part, and the weight part of the oldest one follows from the worker's (r+1)-th backward
     on; the warm-up is then one forward per worker after it, not two."""
-    check_rounds(ranks, microbatches)
+    problem = rounds_problem("zb-h1" if split_backward else "interleaved-1f1b", ranks, microbatches)
+    if problem is not None:
+        raise ValueError(f"{microbatches} microbatches {problem[0]}: {problem[1]}")
     per_round = microbatches // rounds(ranks, microbatches)
     total = chunks * microbatches  # forwards (and backwards) per worker
     hops = (ranks - 1 - r) * (1 if split_backward else 2)
@@ -297,3 +288,94 @@ def rank_grid(
             raise ValueError("schedule deadlocks: an action waits on one that never runs")
     width = max(len(r) for r in rows)
     return [r + [""] * (width - len(r)) for r in rows]
+
+
+# ---- every schedule as worker tables ------------------------------------------------------------
+#: the share of a backward its input part takes under a split backward (ZB-H1, ZB-V), the weight
+#: part the rest: the two are about equal (Qi et al. 2024, section 2: each about one forward's
+#: matrix multiplications, so T_B = T_W = T_F under their 1:2 forward to backward)
+INPUT_SHARE = 0.5
+
+
+def stage_homes(schedule: str, stages: int, chunks: int) -> list[int]:
+    """The worker (pipeline position) holding each of the ``stages`` x ``chunks`` virtual stages:
+    looped (virtual stage v on worker v mod stages) except under ``zbv``'s V (worker w holds w and
+    2 x stages - 1 - w)."""
+    if schedule == "zbv":
+        return list(range(stages)) + list(reversed(range(stages)))
+    return [v % stages for v in range(stages * chunks)]
+
+
+def worker_tables(schedule: str, stages: int, microbatches: int, chunks: int = 1) -> list[list[RankAction]]:
+    """Every worker's compute actions in order, over the virtual stages (``RankAction``), for
+    ``schedule`` (``SCHEDULES``) with ``chunks`` virtual stages per worker (``interleaved-1f1b``;
+    ``zbv`` has two, the others one). Raises ValueError for an unknown schedule, or microbatches
+    that the rounds of an interleaved or ZB-H1 table do not divide."""
+    if schedule in ("gpipe", "1f1b"):
+        return [
+            [RankAction(a.kind, s, a.microbatch) for a in acts]
+            for s, acts in enumerate(make_schedule(schedule, stages, microbatches))
+        ]
+    if schedule == "interleaved-1f1b":
+        return interleaved_1f1b(stages, chunks, microbatches)
+    if schedule == "zb-h1":
+        return zb_h1(stages, microbatches)
+    if schedule == "zbv":
+        return zbv(stages, microbatches)
+    raise ValueError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
+
+
+def home_boundaries(homes: list[int]) -> list[tuple[int, int]]:
+    """The (sender, receiver) workers of each forward boundary of a pipeline whose virtual stages
+    sit on the workers ``homes`` (``stage_homes``), where the two differ, in virtual-stage order (a
+    pair twice where two boundaries join the same workers; the backward crosses each the other
+    way)."""
+    return [(a, b) for a, b in zip(homes, homes[1:]) if a != b]
+
+
+def slot_name(kind: str, microbatch: int, chunk: int = 0) -> str:
+    """The name of the wait before an action fed by a transfer, as the workers and BubbleTea's bubble
+    timeline call it: ``F2`` (the forward of microbatch 2), ``B2`` (its backward, or the input part
+    of it), ``F2c1`` on a worker's second chunk."""
+    return f"{'F' if kind == 'F' else 'B'}{microbatch}" + (f"c{chunk}" if chunk else "")
+
+
+def experiment_tables(exp: Experiment) -> list[list[RankAction]]:
+    """``worker_tables`` of ``exp``'s schedule, stages, microbatches and chunks."""
+    return worker_tables(exp.schedule, exp.stages, exp.microbatches, exp.chunks)
+
+
+def experiment_homes(exp: Experiment) -> list[int]:
+    """``stage_homes`` of ``exp``'s schedule, stages and chunks."""
+    return stage_homes(exp.schedule, exp.stages, exp.chunks)
+
+
+def experiment_boundaries(exp: Experiment) -> list[tuple[int, int]]:
+    """``home_boundaries`` of ``exp``'s virtual stages."""
+    return home_boundaries(experiment_homes(exp))
+
+
+def chunk_numbers(exp: Experiment) -> list[int]:
+    """Each virtual stage's chunk number on its worker (0 for its first, in virtual-stage order)."""
+    seen: dict[int, int] = {}
+    out = []
+    for w in experiment_homes(exp):
+        out.append(seen.get(w, 0))
+        seen[w] = out[-1] + 1
+    return out
+
+
+@functools.cache
+def peak_in_flight(schedule: str, stages: int, microbatches: int, chunks: int = 1) -> tuple[float, ...]:
+    """Per worker, the most microbatches' worth of its activations it holds at once under the
+    table: a virtual stage's activations of a microbatch live from its forward to its backward (a
+    split backward's weight part: an upper bound, as that part needs only its layers' inputs), each
+    a ``1 / chunks`` share of the worker's. Raises what ``worker_tables`` raises."""
+    out = []
+    for acts in worker_tables(schedule, stages, microbatches, chunks):
+        live = peak = 0
+        for a in acts:
+            live += 1 if a.kind == "F" else -1 if a.kind in ("B", "W") else 0
+            peak = max(peak, live)
+        out.append(peak / chunks)
+    return tuple(out)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from testbed.plan.connections import one_connection_bps, path_connection_share, transfer_time_s
+from testbed.plan.schedule import experiment_homes
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import stage_layers
@@ -24,7 +25,8 @@ from testbed.spec.wire import TCP_GOODPUT_FRACTION
 
 @dataclass(frozen=True)
 class BoundaryLoad:
-    """Stage ``stage`` -> ``stage + 1`` between DCs ``src`` and ``dst`` (seconds; shares 0..1)."""
+    """Virtual stage ``stage`` -> ``stage + 1`` (the workers' stages where each holds one) between DCs
+    ``src`` and ``dst`` (seconds; shares 0..1)."""
 
     stage: int
     src: str
@@ -49,9 +51,10 @@ def boundary_loads(
     routes = RoutingTable(topo)
     dc_of = {(w.stage, w.replica): w.dc for w in workers}
     per_f, _ = exp.block_s
+    homes = experiment_homes(exp)
     out = []
-    for s in range(exp.stages - 1):
-        a, b = dc_of[(s, 0)], dc_of[(s + 1, 0)]
+    for s in range(len(homes) - 1):
+        a, b = dc_of[(homes[s], 0)], dc_of[(homes[s + 1], 0)]
         if a == b:
             continue
         rate = routes.wan_rate_bps(a, b)
@@ -69,7 +72,7 @@ def boundary_loads(
                 exp.replicas,
                 alone,
                 together,
-                len(stage_layers(exp.model.n_layers, exp.stages, s)) * per_f,
+                len(stage_layers(exp.model.n_layers, len(homes), s)) * per_f,
                 exp.replicas * exp.microbatches * bits / rate,
                 share,
             )

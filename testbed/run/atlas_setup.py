@@ -10,6 +10,7 @@ from testbed.net.network import Network
 from testbed.net.registry import control_dir
 from testbed.plan.grant_plan import GrantPlan, format_grant_plan
 from testbed.plan.run_plan import RunPlan
+from testbed.plan.schedule import experiment_homes
 from testbed.run.profile import unprofiled
 from testbed.spec.experiment import Experiment
 
@@ -42,6 +43,7 @@ def start_controller(net: Network, run_plan: RunPlan, out_dir: Path) -> tuple[Co
         exp.policy.sharing,
         plan,
         exp.atlas_borrow,
+        experiment_homes(exp),
     )
     controller.install()
     controller.start()

@@ -23,7 +23,7 @@ def profile_wan_paths(
 ) -> None:
     """Measure the WAN paths training uses, before any worker starts (``net/wan_probe.py``:
     messages of the activations' size, one stage's forward apart), into ``wan_profile.json``."""
-    pairs = wan_pairs(workers)
+    pairs = wan_pairs(exp, workers)
     t = time.monotonic()
     prof = profile_wan(
         net,

@@ -21,6 +21,7 @@ from testbed.errors import SpecError
 from testbed.plan.allreduce import wan_allreduce_bits
 from testbed.plan.cost_model import optimizer_s, stage_compute_s
 from testbed.plan.run_plan import make_plan
+from testbed.plan.schedule import experiment_boundaries
 from testbed.plan.workers import WorkerSpec
 from testbed.sim.bubbletea import PrefillFigures, prefill_in_bubbles
 from testbed.spec.experiment import Experiment
@@ -88,9 +89,9 @@ class Figures:
 
 def wan_bits(exp: Experiment, workers: list[WorkerSpec]) -> dict[str, float]:
     """Bits on the wire per iteration on each WAN link direction (``"a->b"``) of a placement: every
-    cross-DC boundary transfer along its routed path (activations one way, their gradients back,
-    ``microbatches`` of each per pipeline), and the gradient all-reduce of each stage whose replicas
-    sit in several DCs (``allreduce.wan_allreduce_bits``)."""
+    cross-DC boundary transfer (``schedule.experiment_boundaries``) along its routed path
+    (activations one way, their gradients back, ``microbatches`` of each per pipeline), and the
+    gradient all-reduce of each stage whose replicas sit in several DCs (``allreduce.wan_allreduce_bits``)."""
     routes = RoutingTable(exp.topology_spec)
     at = {(w.stage, w.replica): w.dc for w in workers}
     bits: dict[str, float] = {}
@@ -103,9 +104,9 @@ def wan_bits(exp: Experiment, workers: list[WorkerSpec]) -> dict[str, float]:
             bits[f"{x}->{y}"] = bits.get(f"{x}->{y}", 0.0) + nbytes * 8 / TCP_GOODPUT_FRACTION
 
     for r in range(exp.replicas):
-        for s in range(exp.stages - 1):
-            carry(at[(s, r)], at[(s + 1, r)], exp.microbatches * exp.activation_bytes)
-            carry(at[(s + 1, r)], at[(s, r)], exp.microbatches * exp.activation_bytes)
+        for sender, receiver in experiment_boundaries(exp):
+            carry(at[(sender, r)], at[(receiver, r)], exp.microbatches * exp.activation_bytes)
+            carry(at[(receiver, r)], at[(sender, r)], exp.microbatches * exp.activation_bytes)
     for (a, b), payload in wan_allreduce_bits(exp, exp.topology_spec, workers).items():
         bits[f"{a}->{b}"] = bits.get(f"{a}->{b}", 0.0) + payload / TCP_GOODPUT_FRACTION
     return bits

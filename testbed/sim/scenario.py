@@ -24,7 +24,14 @@ def stage_memory_gb(sc: Scenario, bubbletea: bool = False) -> list[float]:
     return [
         (
             stage_device_bytes(
-                sc.model, sc.stages, s, sc.microbatch_size, in_flight(exp, s), sc.tensor_parallel, sc.recompute
+                sc.model,
+                sc.stages,
+                s,
+                sc.microbatch_size,
+                in_flight(exp, s),
+                sc.tensor_parallel,
+                sc.recompute,
+                exp.chunks,
             )
             + extra
         )

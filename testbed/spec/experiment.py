@@ -27,6 +27,7 @@ from testbed.spec.bubbletea import BubbleTeaSpec, bubbletea_from_dict, check_bub
 from testbed.spec.compute import COMPUTE_FIELDS, ComputeModel, compute_from_dict, resolve_compute
 from testbed.spec.experiment_fields import EXPERIMENT_FIELDS
 from testbed.spec.model import ModelConfig, activation_bytes, largest_stage_blocks
+from testbed.spec.pipeline_schedules import chunks_per_worker, schedule_problem
 from testbed.spec.policy import DEFAULT_POLICY, Policy, UnknownPolicy, parse_policy
 from testbed.spec.topology import TopologySpec
 from testbed.spec.topology_file import load_topology
@@ -49,6 +50,8 @@ class Experiment:
     topology: str
     topology_spec: TopologySpec = None  # type: ignore[assignment]  # loaded in __post_init__ when None
     schedule: str = "1f1b"
+    #: model chunks per worker under interleaved-1f1b (None: ``DEFAULT_VIRTUAL_STAGES``); ``chunks``
+    virtual_stages: int | None = None
     iterations: int = 10
     warmup_iterations: int = 2
     stages: int = 3
@@ -98,6 +101,11 @@ class Experiment:
             object.__setattr__(
                 self, "bubbletea", replace(self.bubbletea, model=served_model(self.bubbletea, self.model))
             )
+
+    @property
+    def chunks(self) -> int:
+        """Virtual stages (model chunks) each worker holds under the schedule."""
+        return chunks_per_worker(self.schedule, self.virtual_stages)
 
     @property
     def global_batch(self) -> int:
@@ -208,6 +216,9 @@ def check_experiment(e: Experiment) -> None:
         )
     if e.stages > e.model.n_layers:
         raise bad("stages", e.stages, f"exceeds model.n_layers ({e.model.n_layers})", "use at most one stage per block")
+    problem = schedule_problem(e.schedule, e.stages, e.microbatches, e.virtual_stages, e.model.n_layers)
+    if problem is not None:
+        raise bad(*problem)
     if e.wan_window_bytes is not None and e.wan_window_bytes < 1:
         raise bad("wan_window_bytes", e.wan_window_bytes, "is not a positive window", "give e.g. 16 MiB in bytes")
     if e.policy.grants and e.atlas_floor_share >= 1 / e.replicas:  # the floor matters only under grants

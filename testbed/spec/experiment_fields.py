@@ -9,10 +9,11 @@ from testbed.spec.bubbletea import BUBBLETEA_FIELDS
 from testbed.spec.compute import COMPUTE_FIELDS
 from testbed.spec.fields import REQUIRED, Field, FieldTable
 from testbed.spec.model import MODEL_FIELDS
+from testbed.spec.pipeline_schedules import DEFAULT_VIRTUAL_STAGES, SCHEDULES
 from testbed.spec.policy import DEFAULT_POLICY
 
-#: pipeline schedules (``plan/schedule.py`` builds their action tables)
-SCHEDULES = ("gpipe", "1f1b")
+__all__ = ["EXPERIMENT_FIELDS", "MAX_WAN_CONNECTIONS", "SCHEDULES"]
+
 #: the most TCP connections a cross-DC transfer is striped over (concurrent gloo operations)
 MAX_WAN_CONNECTIONS = 16
 
@@ -31,6 +32,14 @@ EXPERIMENT_FIELDS = FieldTable(
             default=REQUIRED,
         ),
         Field("schedule", "choice", "the pipeline schedule", default="1f1b", choices=SCHEDULES),
+        Field(
+            "virtual_stages",
+            "int",
+            "model chunks (virtual stages) each worker holds under interleaved-1f1b",
+            default_text=f"{DEFAULT_VIRTUAL_STAGES} under interleaved-1f1b; zbv holds 2, the others 1",
+            low=1,
+            rule="interleaved-1f1b only; `model.n_layers` a multiple of `stages` x it",
+        ),
         Field("iterations", "int", "training iterations of a run", default=10, low=1),
         Field(
             "warmup_iterations",
@@ -43,7 +52,14 @@ EXPERIMENT_FIELDS = FieldTable(
         ),
         Field("stages", "int", "pipeline stages", default=3, low=1, rule="at most `model.n_layers`"),
         Field("replicas", "int", "data-parallel replicas of each stage", default=2, low=1),
-        Field("microbatches", "int", "microbatches per iteration and replica", default=4, low=1),
+        Field(
+            "microbatches",
+            "int",
+            "microbatches per iteration and replica",
+            default=4,
+            low=1,
+            rule="under interleaved-1f1b and zb-h1, a multiple of its rounds (one per `stages` microbatches)",
+        ),
         Field("microbatch_size", "int", "sequences per microbatch", "sequences", 4, low=1),
         Field("model", "section", "the training model's shape", default_text="see its table", table=MODEL_FIELDS.name),
         Field(

@@ -54,6 +54,7 @@ class Scenario:
     global_batch: int
     microbatch_size: int = 1
     schedule: str = "1f1b"
+    virtual_stages: int | None = None
     recompute: bool = False
     gpu_memory_gb: float | None = None
     gpu_nic_rate_bps: int = 200 * 10**9
@@ -128,6 +129,7 @@ class Scenario:
             topology=self.name,
             topology_spec=self.topology(),
             schedule=self.schedule,
+            virtual_stages=self.virtual_stages,
             iterations=BubbleTeaSpec().profile_iterations + 2,  # not simulated: BubbleTea's checks need them
             warmup_iterations=0,
             stages=self.stages,

@@ -35,10 +35,10 @@ from testbed.errors import SpecError
 from testbed.spec.addressing import max_hosts_per_dc
 from testbed.spec.bubbletea import MAX_REQUEST_RATE, BubbleTeaSpec, check_model_size
 from testbed.spec.devices import DEVICES
-from testbed.spec.experiment_fields import SCHEDULES
 from testbed.spec.fields import REQUIRED, Field, FieldTable
 from testbed.spec.model import ModelConfig
 from testbed.spec.model_presets import MODELS
+from testbed.spec.pipeline_schedules import SCHEDULES, schedule_problem
 from testbed.spec.scenario import SCENARIO_DC_POOL, SCENARIO_DC_PREFIX, Scenario
 from testbed.spec.specfile import FieldReader, read_spec_file
 from testbed.spec.topology_fields import LINK_FIELDS, MATRIX_FIELDS
@@ -115,6 +115,14 @@ SCENARIO_FIELDS = FieldTable(
         ),
         Field("microbatch_size", "int", "sequences per microbatch", "sequences", 1, low=1),
         Field("schedule", "choice", "the pipeline schedule", default="1f1b", choices=SCHEDULES),
+        Field(
+            "virtual_stages",
+            "int",
+            "model chunks (virtual stages) each GPU holds under interleaved-1f1b",
+            default_text="2 under interleaved-1f1b",
+            low=1,
+            rule="interleaved-1f1b only; the model's blocks a multiple of `stages` x it",
+        ),
         Field("recompute", "bool", "full activation recomputation", default=False),
         Field("gpu_memory", "size", "each GPU's memory", "bytes", default_text="the device's", low=0, low_open=True),
         Field(
@@ -190,7 +198,7 @@ def parse_scenario(data: Any, source: str = "<memory>") -> Scenario:
         )
     if stages > model.n_layers:
         raise r.fail("stages", f"exceeds the model's {model.n_layers} blocks", "use at most one stage per block")
-    schedule, recompute = r.value("schedule"), r.value("recompute")
+    schedule, recompute, virtual_stages = r.value("schedule"), r.value("recompute"), r.value("virtual_stages")
     raw_dcs = data["dcs"]
     if not isinstance(raw_dcs, list) or not raw_dcs:
         raise r.fail("dcs", "is not a non-empty list", "list the DCs: - {name: east, gpus: 512}")
@@ -256,7 +264,7 @@ def parse_scenario(data: Any, source: str = "<memory>") -> Scenario:
             f"serve a model whose context (seq_len) is above {output}",
         )
     rate = r.value("request_rate")
-    return Scenario(
+    sc = Scenario(
         name=str(topo_data["name"]),
         model=model,
         model_name=model_name,
@@ -268,6 +276,7 @@ def parse_scenario(data: Any, source: str = "<memory>") -> Scenario:
         global_batch=count["global_batch"],
         microbatch_size=count["microbatch_size"],
         schedule=schedule,
+        virtual_stages=virtual_stages,
         recompute=recompute,
         gpu_memory_gb=memory / 1e9 if memory is not None else DEVICES[device].memory_gb,
         gpu_nic_rate_bps=nic,
@@ -278,6 +287,20 @@ def parse_scenario(data: Any, source: str = "<memory>") -> Scenario:
         description=r.value("description"),
         source=source,
     )
+    return _check_schedule(r, sc)
+
+
+def _check_schedule(r: FieldReader, sc: Scenario) -> Scenario:
+    """``sc``, or SpecError where its schedule breaks a rule of its layout (``schedule_problem``):
+    the microbatches come from ``global_batch``, the blocks from ``model``."""
+    problem = schedule_problem(sc.schedule, sc.stages, sc.microbatches, sc.virtual_stages, sc.model.n_layers)
+    if problem is None:
+        return sc
+    field, _, text, fix = problem
+    key = {"microbatches": "global_batch", "model.n_layers": "model"}.get(field, field)
+    if key == "global_batch":
+        text = f"gives {sc.microbatches} microbatches per replica, which {text}"
+    raise r.fail(key, text, fix)
 
 
 def load_scenario(name_or_path: str | Path) -> Scenario:

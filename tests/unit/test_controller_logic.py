@@ -47,7 +47,7 @@ def test_boundary_paths_follow_the_routed_path_both_ways():
         "t",
     )
     workers = [WorkerSpec(0, 0, 0, "a-h0", "a"), WorkerSpec(1, 1, 0, "c-h0", "c")]
-    hops = boundary_paths(workers, RoutingTable(topo))
+    hops = boundary_paths(workers, RoutingTable(topo), [(0, 1)])
     assert hops[(0, 1)] == [Hop("a", "b"), Hop("b", "c")]
     assert hops[(1, 0)] == [Hop("c", "b"), Hop("b", "a")]
 
@@ -55,7 +55,7 @@ def test_boundary_paths_follow_the_routed_path_both_ways():
 def test_boundaries_inside_a_dc_need_no_grants():
     topo = parse_topology({"dcs": [{"name": "a", "hosts": 2}], "links": []}, "t")
     workers = [WorkerSpec(0, 0, 0, "a-h0", "a"), WorkerSpec(1, 1, 0, "a-h1", "a")]
-    assert boundary_paths(workers, RoutingTable(topo)) == {}
+    assert boundary_paths(workers, RoutingTable(topo), [(0, 1)]) == {}
 
 
 def test_floor_is_a_small_share_never_zero():
@@ -114,7 +114,9 @@ def _two_pipelines():
         WorkerSpec(3, 1, 1, "b-h1", "b"),
     ]
     switch = RecordingSwitch()
-    loop = GrantLoop(switch, {w.rank: w.replica for w in workers}, boundary_paths(workers, RoutingTable(topo)))
+    loop = GrantLoop(
+        switch, {w.rank: w.replica for w in workers}, boundary_paths(workers, RoutingTable(topo), [(0, 1)])
+    )
     return loop, switch
 
 

@@ -8,6 +8,7 @@ import pytest
 from testbed.atlas.grants import GrantLoop, HopTiming, boundary_paths
 from testbed.plan.grant_plan import DEADLINE_TRANSFERS, Hop, Transfer, format_grant_plan, plan_grants
 from testbed.plan.placement import place
+from testbed.plan.schedule import experiment_boundaries
 from testbed.spec.compute import ComputeModel
 from testbed.spec.model import ModelConfig
 from testbed.spec.policy import parse_policy
@@ -101,7 +102,7 @@ def _planned_loop():
     loop = GrantLoop(
         switch,
         {w.rank: w.replica for w in workers},
-        boundary_paths(workers, RoutingTable(e.topology_spec)),
+        boundary_paths(workers, RoutingTable(e.topology_spec), experiment_boundaries(e)),
         sharing="planned",
         timing=timing,
         stage_of={w.rank: w.stage for w in workers},
@@ -175,7 +176,7 @@ def test_fifo_grants_release_at_their_deadline_without_done():
     loop = GrantLoop(
         switch,
         {w.rank: w.replica for w in workers},
-        boundary_paths(workers, RoutingTable(e.topology_spec)),
+        boundary_paths(workers, RoutingTable(e.topology_spec), experiment_boundaries(e)),
         timing=timing,
     )
     by = {(w.stage, w.replica): w.rank for w in workers}
@@ -231,7 +232,7 @@ def test_a_transfer_over_two_hops_is_granted_on_the_second_one_link_delay_after_
     loop = GrantLoop(
         switch,
         {0: 0, 1: 0},
-        boundary_paths(workers, RoutingTable(e.topology_spec)),
+        boundary_paths(workers, RoutingTable(e.topology_spec), experiment_boundaries(e)),
         sharing="planned",
         timing=timing,
         stage_of={0: 0, 1: 1},

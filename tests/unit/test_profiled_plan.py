@@ -14,6 +14,7 @@ from testbed.atlas.controller_process import serve_messages
 from testbed.atlas.grants import GrantLoop, HopTiming, boundary_paths
 from testbed.atlas.timing import timing_from_json, timing_to_json
 from testbed.plan.grant_plan import Hop, plan_grants
+from testbed.plan.schedule import experiment_boundaries
 from testbed.plan.worker_config import read_stagger, write_stagger
 from testbed.run.profile import FirstIterationProfile, stage_times_s, unprofiled
 from testbed.spec.routing import RoutingTable
@@ -109,7 +110,7 @@ def test_replan_swaps_the_order_from_readiness_to_the_profiled_plan(tmp_path):
     loop = GrantLoop(
         Recorder(),
         {w.rank: w.replica for w in workers},
-        boundary_paths(workers, RoutingTable(e.topology_spec)),
+        boundary_paths(workers, RoutingTable(e.topology_spec), experiment_boundaries(e)),
         sharing="planned",
         timing=HopTiming.from_plan(unprofiled(plan), TCP_GOODPUT_FRACTION),
         stage_of={w.rank: w.stage for w in workers},

@@ -5,7 +5,6 @@ import itertools
 import pytest
 
 from testbed.plan.schedule import (
-    SCHEDULES,
     Action,
     bubble_fraction,
     format_grid,
@@ -13,8 +12,11 @@ from testbed.plan.schedule import (
     grid,
     make_schedule,
     one_f_one_b,
+    worker_tables,
 )
 
+#: the schedules of one virtual stage per worker and a whole backward (``make_schedule``'s)
+SCHEDULES = ("gpipe", "1f1b")
 SHAPES = [(1, 1), (1, 4), (2, 1), (2, 3), (3, 4), (4, 2), (4, 8), (5, 5)]  # (stages, microbatches)
 
 
@@ -84,6 +86,8 @@ def test_unknown_schedule_raises_value_error_naming_choices():
     assert "interleaved" in str(e.value)
     for name in SCHEDULES:
         assert name in str(e.value)
+    with pytest.raises(ValueError, match="unknown schedule 'dualpipe'.*zbv"):
+        worker_tables("dualpipe", 2, 2)
 
 
 def test_action_str():

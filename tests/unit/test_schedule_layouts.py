@@ -1,0 +1,186 @@
+"""Every schedule as worker tables over virtual stages (``plan/schedule.py``), the rules an
+experiment's layout must keep under each (refused at load with the rule and the fix), and the
+list-schedule simulation (``grant_sim.simulate``) of the schedules of several virtual stages or a
+split backward: inside one DC it is the unit-slot grid's makespan, across DCs the boundary back
+to the first worker crosses the WAN."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.atlas.grants import GrantLoop
+from testbed.errors import SpecError
+from testbed.plan.boundary_transfers import Transfer
+from testbed.plan.bubble_timeline import bubble_timeline
+from testbed.plan.grant_plan import plan_grants, simulated_iteration, wan_links
+from testbed.plan.memory import in_flight
+from testbed.plan.placement import place
+from testbed.plan.schedule import (
+    UNIT_SLOTS,
+    RankAction,
+    chunk_numbers,
+    experiment_boundaries,
+    home_boundaries,
+    make_schedule,
+    peak_in_flight,
+    rank_grid,
+    slot_name,
+    stage_homes,
+    worker_tables,
+)
+from testbed.spec.compute import ComputeModel
+from testbed.spec.experiment_file import parse_experiment
+from testbed.spec.model import ModelConfig
+from testbed.spec.policy import parse_policy
+from tests.unit.experiments import exp, topo
+
+NEW = ("interleaved-1f1b", "zb-h1", "zbv")
+
+
+def test_gpipe_and_1f1b_tables_are_their_action_lists_on_one_virtual_stage_each():
+    for name in ("gpipe", "1f1b"):
+        assert worker_tables(name, 3, 4) == [
+            [RankAction(a.kind, s, a.microbatch) for a in acts] for s, acts in enumerate(make_schedule(name, 3, 4))
+        ]
+
+
+def test_virtual_stages_are_looped_or_v_shaped():
+    assert stage_homes("interleaved-1f1b", 3, 2) == [0, 1, 2, 0, 1, 2]
+    assert stage_homes("zbv", 3, 2) == [0, 1, 2, 2, 1, 0]
+    assert stage_homes("1f1b", 3, 1) == [0, 1, 2]
+    # interleaving's chunk boundary goes from the last worker back to the first; ZB-V's tip stays
+    assert home_boundaries([0, 1, 2, 0, 1, 2]) == [(0, 1), (1, 2), (2, 0), (0, 1), (1, 2)]
+    assert home_boundaries([0, 1, 2, 2, 1, 0]) == [(0, 1), (1, 2), (2, 1), (1, 0)]
+    e = exp(schedule="zbv", stages=2, model=ModelConfig(n_layers=4, d_model=64, n_heads=4, seq_len=128))
+    assert e.chunks == 2 and chunk_numbers(e) == [0, 0, 1, 1]
+    assert slot_name("F", 2) == "F2" and slot_name("I", 3, 1) == "B3c1" and slot_name("B", 0, 0) == "B0"
+
+
+@pytest.mark.parametrize(
+    "overrides, field, words",
+    [
+        ({"schedule": "1f1b", "virtual_stages": 3}, "virtual_stages", "interleaved-1f1b schedule only"),
+        ({"schedule": "zb-h1", "microbatches": 5}, "microbatches", "2 rounds under zb-h1"),
+        ({"schedule": "interleaved-1f1b", "microbatches": 5}, "microbatches", "such as 4 or 6"),
+        ({"schedule": "interleaved-1f1b", "virtual_stages": 3}, "model.n_layers", "multiple of 6 blocks"),
+        ({"schedule": "zbv", "stages": 3}, "model.n_layers", "3 stages x 2 virtual stages"),
+    ],
+)
+def test_layouts_a_schedule_cannot_run_are_refused_with_the_rule_and_the_fix(overrides, field, words):
+    with pytest.raises(SpecError) as e:
+        exp(topology_spec=topo({"a": 6, "b": 6})).with_overrides(**overrides)
+    assert e.value.field == field
+    assert words in str(e.value)
+
+
+def test_an_experiment_file_names_the_field_at_load():
+    data = {"topology": "two_dc", "schedule": "interleaved-1f1b", "virtual_stages": 4, "stages": 2}
+    with pytest.raises(SpecError, match="n_layers.*multiple of 8 blocks"):
+        parse_experiment(data, "x.yaml")
+    ok = parse_experiment({**data, "virtual_stages": 2, "model": {"n_layers": 8}}, "x.yaml")
+    assert ok.chunks == 2
+
+
+def one_dc(schedule: str, stages: int, microbatches: int) -> object:
+    """``schedule`` inside one DC (communication free), a forward of a virtual stage 10 ms."""
+    chunks = 2 if schedule in ("interleaved-1f1b", "zbv") else 1
+    return exp(
+        topology_spec=topo({"a": 8}),
+        schedule=schedule,
+        stages=stages,
+        replicas=1,
+        microbatches=microbatches,
+        model=ModelConfig(n_layers=stages * chunks, d_model=64, n_heads=4, seq_len=128),
+        compute=ComputeModel(forward_ms=10 * chunks, backward_ms=20 * chunks),
+        policy=parse_policy("pp-fair"),
+    )
+
+
+@pytest.mark.parametrize("schedule", NEW)
+@pytest.mark.parametrize("stages, microbatches", [(2, 4), (3, 6), (4, 8)])
+def test_inside_one_dc_the_simulation_is_the_unit_slot_grid(schedule, stages, microbatches):
+    e = one_dc(schedule, stages, microbatches)
+    workers = place(e)
+    table = worker_tables(schedule, stages, microbatches, e.chunks)
+    slots = len(rank_grid(table, UNIT_SLOTS)[0])
+    timeline: list = []
+    assert simulated_iteration(e, e.topology_spec, workers, 1, timeline=timeline) == pytest.approx(slots * 0.010)
+    # every action once, a split backward's parts half the backward each
+    assert len(timeline) == sum(len(t) for t in table)
+    for _, _, a, start, end in timeline:
+        assert end - start == pytest.approx(0.010 * UNIT_SLOTS[a.kind])
+    end, bubbles = bubble_timeline(e, e.topology_spec, workers, 1)
+    idle = sum(b.duration_s for b in bubbles)
+    assert idle / (end * stages) == pytest.approx(sum(c == "" for r in rank_grid(table) for c in r) / (slots * stages))
+
+
+def three_dc_interleaved(policy: str = "pp-fair"):
+    return exp(
+        topology_spec=topo({"a": 2, "b": 2, "c": 2}, rate="50mbit", delay="10ms"),
+        schedule="interleaved-1f1b",
+        stages=3,
+        replicas=2,
+        microbatches=6,
+        model=ModelConfig(n_layers=6, d_model=64, n_heads=4, seq_len=128),
+        compute=ComputeModel(forward_ms=40, backward_ms=80),
+        policy=parse_policy(policy),
+    )
+
+
+def test_interleaving_crosses_back_from_the_last_dc_to_the_first():
+    e = three_dc_interleaved()
+    workers = place(e)
+    rank = {(w.stage, w.replica): w.rank for w in workers}
+    wan = wan_links(e, e.topology_spec, workers, 1, float)
+    assert [str(h) for h in wan.paths[(rank[(2, 0)], rank[(0, 0)])]] == ["c->b", "b->a"]
+    assert experiment_boundaries(e) == [(0, 1), (1, 2), (2, 0), (0, 1), (1, 2)]
+    # the chunk boundary's transfer crosses two links back: worker 0's forward of virtual stage 3
+    # starts at least their two one-way delays (20 ms) after worker 2's of virtual stage 2 ends
+    timeline: list = []
+    simulated_iteration(e, e.topology_spec, workers, 1, timeline=timeline)
+    ends = {(a.stage, r, a.microbatch): end for _, r, a, _, end in timeline if a.kind == "F"}
+    starts = {(a.stage, r, a.microbatch): start for _, r, a, start, _ in timeline if a.kind == "F"}
+    for r in range(2):
+        for m in range(6):
+            assert starts[(3, r, m)] - ends[(2, r, m)] >= 0.020 - 1e-9
+
+
+def test_the_grant_plan_orders_every_chunk_boundarys_transfers():
+    e = three_dc_interleaved("atlas")
+    plan = plan_grants(e, e.topology_spec, place(e), connections=1)
+    ca = plan.hop(next(h.hop for h in plan.hops if str(h.hop) == "c->b"))
+    # c->b carries the chunk boundary (virtual stage 2 -> 3) forwards and 3 -> 2's... gradients of
+    # boundary 1 (b<-c) backwards: 6 microbatches x 2 replicas each
+    forward = [t for t in ca.order if t.kind == "F"]
+    assert {t.stage for t in forward} == {2} and len(forward) == 12
+    assert {t.stage for t in ca.order if t.kind == "B"} == {1, 4}
+
+
+def test_the_controller_names_a_chunks_transfer_as_the_plan_does():
+    e = three_dc_interleaved("atlas")
+    workers = place(e)
+    loop = GrantLoop(
+        None,  # type: ignore[arg-type]  # no switch: only the naming is used
+        {w.rank: w.replica for w in workers},
+        {},
+        stage_of={w.rank: w.stage for w in workers},
+        homes=stage_homes("interleaved-1f1b", 3, 2),
+    )
+    rank = {(w.stage, w.replica): w.rank for w in workers}
+    assert loop._transfer((rank[(2, 1)], rank[(0, 1)], 0, 3, 2)) == Transfer("F", 2, 3, 1)
+    assert loop._transfer((rank[(0, 1)], rank[(2, 1)], 0, 3, 2)) == Transfer("B", 2, 3, 1)
+    assert loop._transfer((rank[(0, 1)], rank[(1, 1)], 0, 3, 3)) == Transfer("F", 3, 3, 1)
+    plain = GrantLoop(None, {0: 0, 1: 0}, {}, stage_of={0: 0, 1: 1})  # type: ignore[arg-type]
+    assert plain._transfer((1, 0, 0, 2, -1)) == Transfer("B", 0, 2, 0)
+
+
+def test_memory_in_flight_follows_the_table():
+    assert peak_in_flight("1f1b", 4, 8) == (4, 3, 2, 1)  # 1F1B's S - s
+    # interleaving's longer warm-up holds more of a chunk's (half-size) activations
+    inter = peak_in_flight("interleaved-1f1b", 4, 8, 2)
+    assert all(x > y for x, y in zip(inter, (4, 3, 2, 1)))
+    # ZB-H1: worker r's weight parts come r steps late, and a microbatch counts until its weight
+    # part (an upper bound: that part needs only its layers' inputs), S on every worker
+    assert peak_in_flight("zb-h1", 4, 8) == (4, 4, 4, 4)
+    e = exp(schedule="zb-h1", stages=2, microbatches=4)
+    assert in_flight(e, 1) == 2
