@@ -11,7 +11,15 @@ from testbed.cli.common import backend, bubbletea_overrides, root_preamble
 from testbed.errors import SpecError
 from testbed.plan.grant_plan import format_grant_plan
 from testbed.plan.run_plan import format_plan, make_plan
-from testbed.plan.schedule import RankAction, bubble_fraction, chunk_numbers, experiment_tables, format_grid, rank_grid
+from testbed.plan.schedule import (
+    RankAction,
+    bubble_fraction,
+    chunk_numbers,
+    experiment_homes,
+    experiment_tables,
+    format_grid,
+    rank_grid,
+)
 from testbed.plan.wan_load import boundary_loads, format_loads
 from testbed.plan.what_if import alternatives, best_plan, what_if
 from testbed.run.records import check_fresh_out_dir, discard_unused_out
@@ -192,7 +200,7 @@ def cmd_schedule(args) -> int:
     from testbed.run.fit import check_iteration_time
 
     check_iteration_time(plan)  # a schedule of 10^12 microbatches is no table to print
-    tables, chunk = experiment_tables(exp), chunk_numbers(exp)
+    tables, chunk = experiment_tables(exp), chunk_numbers(experiment_homes(exp))
 
     def label(a: RankAction) -> str:
         return f"{a.kind}{a.microbatch}" + (f"c{chunk[a.stage]}" if chunk[a.stage] else "")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from testbed.plan.connections import wan_connections
 from testbed.plan.grant_plan import simulated_iteration
-from testbed.plan.schedule import chunk_numbers, slot_name
+from testbed.plan.schedule import chunk_numbers, experiment_homes, slot_name
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import TopologySpec
@@ -52,7 +52,7 @@ def bubble_timeline(
         connections = wan_connections(exp, topo, workers)
     timeline: list = []
     end = simulated_iteration(exp, topo, workers, connections, block_s, timeline)
-    chunk = chunk_numbers(exp)
+    chunk = chunk_numbers(experiment_homes(exp))
     bubbles = []
     for w in sorted(workers, key=lambda x: (x.stage, x.replica)):
         mine = sorted((x for x in timeline if (x[0], x[1]) == (w.stage, w.replica)), key=lambda x: x[3])

@@ -355,11 +355,12 @@ def experiment_boundaries(exp: Experiment) -> list[tuple[int, int]]:
     return home_boundaries(experiment_homes(exp))
 
 
-def chunk_numbers(exp: Experiment) -> list[int]:
-    """Each virtual stage's chunk number on its worker (0 for its first, in virtual-stage order)."""
+def chunk_numbers(homes: list[int]) -> list[int]:
+    """Each virtual stage's chunk number on its worker (0 for its first, in virtual-stage order),
+    the virtual stages sitting on the workers ``homes`` (``stage_homes``)."""
     seen: dict[int, int] = {}
     out = []
-    for w in experiment_homes(exp):
+    for w in homes:
         out.append(seen.get(w, 0))
         seen[w] = out[-1] + 1
     return out
@@ -379,3 +380,10 @@ def peak_in_flight(schedule: str, stages: int, microbatches: int, chunks: int = 
             peak = max(peak, live)
         out.append(peak / chunks)
     return tuple(out)
+
+
+def transfer_tag(kind: str, boundary: int, microbatch: int, microbatches: int) -> int:
+    """The tag that tells a transfer apart from the others between the same two workers in one
+    iteration: its direction (``kind`` F, activations; B, gradients), the boundary after virtual
+    stage ``boundary`` and the microbatch."""
+    return (2 * boundary + (kind != "F")) * microbatches + microbatch

@@ -42,6 +42,8 @@ class TrainingConfig:
     optimizer_target_ms: float
     padded: bool
     wan_connections: int
+    #: model chunks (virtual stages) per worker (``Experiment.chunks``)
+    chunks: int = 1
 
     @classmethod
     def of(cls, exp: Experiment, data: str | None, wan_connections: int) -> TrainingConfig:
@@ -61,6 +63,7 @@ class TrainingConfig:
             exp.compute.optimizer_target_ms,
             exp.compute.padded,
             wan_connections,
+            exp.chunks,
         )
 
 

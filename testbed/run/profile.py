@@ -31,17 +31,23 @@ PROFILED_ITERATION = 0
 def stage_times_s(
     events_dir: Path, workers: list[WorkerSpec], stages: int, iteration: int = PROFILED_ITERATION
 ) -> tuple[tuple[float, float], ...] | None:
-    """Each stage's (forward, backward) seconds on one microbatch in ``iteration``: the median of
-    every forward and backward its replicas traced (``padded_ns``: the real time under real
-    compute). None until every worker has traced that iteration's optimizer step."""
+    """Each stage's (forward, backward) seconds on one microbatch of one of its virtual stages in
+    ``iteration``: the median of every forward and backward its replicas traced (``padded_ns``: the
+    real time under real compute; a split backward's two parts added up). None until every worker
+    has traced that iteration's optimizer step."""
     ops: dict[int, dict[str, list[int]]] = {s: {T.FORWARD: [], T.BACKWARD: []} for s in range(stages)}
     for w in workers:
         rows = [r for r in read_jsonl(events_dir / f"w{w.rank}.jsonl") if r.get(T.ITERATION) == iteration]
         if not any(r.get(T.KIND) == T.OPTIMIZER for r in rows):
             return None
+        backward: dict[tuple[int, int], int] = {}  # (virtual stage, microbatch) -> its parts' time
         for r in rows:
-            if r.get(T.KIND) in (T.FORWARD, T.BACKWARD) and isinstance(r.get(T.PADDED_NS), int):
-                ops[w.stage][r[T.KIND]].append(r[T.PADDED_NS])
+            if r.get(T.KIND) == T.FORWARD and isinstance(r.get(T.PADDED_NS), int):
+                ops[w.stage][T.FORWARD].append(r[T.PADDED_NS])
+            elif r.get(T.KIND) == T.BACKWARD and isinstance(r.get(T.PADDED_NS), int):
+                key = (r.get(T.VIRTUAL_STAGE, w.stage), r[T.MICROBATCH])
+                backward[key] = backward.get(key, 0) + r[T.PADDED_NS]
+        ops[w.stage][T.BACKWARD].extend(backward.values())
     if any(not v for op in ops.values() for v in op.values()):
         return None
     return tuple(

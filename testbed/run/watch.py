@@ -15,6 +15,7 @@ from testbed.atlas.controller import Controller
 from testbed.errors import TestbedError
 from testbed.net.network import Network, Process
 from testbed.plan.placement import WorkerSpec
+from testbed.plan.schedule import experiment_homes
 from testbed.run.profile import FirstIterationProfile
 from testbed.spec.experiment import Experiment
 from testbed.trace import schema as T
@@ -103,7 +104,8 @@ def watch(
     polls ``profile`` (planned grants under real compute) until it has made its plan."""
     events = out_dir / "events"
     last_size, last_change, shown, offset = -1, time.monotonic(), -1, 0
-    last_stage = [w for w in workers if w.stage == exp.stages - 1 and w.replica == 0][0]
+    loss_stage = experiment_homes(exp)[-1]  # the worker holding the last virtual stage traces the loss
+    last_stage = [w for w in workers if w.stage == loss_stage and w.replica == 0][0]
     while True:
         net.check_alive()
         why = controller.poll_failure() if controller is not None else None

@@ -41,6 +41,11 @@ QUEUE_EMPTY_NS = "queue_empty_ns"
 #: gloo operations, every earlier one in by then): a scheduler trace's waking of the thread after it
 #: is the whole input's arrival (``results/input_arrival.input_arrivals_ns``)
 LAST_WAIT_NS = "last_wait_ns"
+#: on forward, backward, send and receive wait events, the model chunk's virtual stage (the worker's
+#: stage where it holds one: ``plan/schedule.py``); on a backward of a split-backward schedule, which
+#: part it is (``INPUT_PART``: the gradient the stage before waits for; ``WEIGHT_PART``: the weights')
+VIRTUAL_STAGE, PART = "virtual_stage", "part"
+INPUT_PART, WEIGHT_PART = "input", "weight"
 COLUMNS = [
     WORKER,
     HOST,
@@ -67,6 +72,8 @@ COLUMNS = [
     OVERRUN_NS,
     QUEUE_EMPTY_NS,
     LAST_WAIT_NS,
+    VIRTUAL_STAGE,
+    PART,
     RID,
     CHUNK_START,
     TOKENS,

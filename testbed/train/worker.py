@@ -12,7 +12,12 @@ its event file as it completes.
 The schedule is executed here, from ``plan/schedule.py``'s action tables, rather than by
 ``torch.distributed.pipelining``'s schedules: the testbed must time every send, receive wait and
 compute operation separately, pad compute to the emulated GPU's duration, and (for BubbleTea)
-insert work between actions, none of which those schedules expose.
+insert work between actions, none of which those schedules expose. A worker holds one model chunk
+per virtual stage of its table (interleaved 1F1B: several; ZB-V: two, its second feeding the
+first locally at the V's tip). A split backward (ZB-H1, ZB-V) runs as real autograd in two
+parts: the input part (``backward(inputs=[input])``, what the stage before waits for: the weight
+gradients are not computed), then, later, the weight part (``backward(inputs=parameters)``, which
+walks the retained graph again to reach them); each is padded to its own target.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from testbed.bubbletea.fill import Fill
 from testbed.bubbletea.prefill import PrefillServer
 from testbed.model.gpt import Stage, lm_loss
 from testbed.plan.placement import rank_of
-from testbed.plan.schedule import make_schedule
+from testbed.plan.schedule import INPUT_SHARE, chunk_numbers, slot_name, stage_homes, transfer_tag, worker_tables
 from testbed.plan.worker_config import WorkerConfig, read_stagger, read_worker_config
 from testbed.spec.model import activation_bytes, activation_shape
 from testbed.trace import schema as T
@@ -55,32 +60,46 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     started = start(cfg, rank, pre)
     switch, ev, server, my_dp = started.switch, started.ev, started.server, started.dp_group
     exp, me, bt = cfg.training, cfg.worker(rank), cfg.bubbletea
-    S, R, M, mb = exp.stages, exp.replicas, exp.microbatches, exp.microbatch_size
+    R, M, mb = exp.replicas, exp.microbatches, exp.microbatch_size
     stage, replica = me.stage, me.replica
     if bt is not None and server is not None and bt.alone:  # no training: the GPU serves prefill alone
         serve_alone(server, exp.iterations, bt.prior_iteration_s, ev)
         finish(cfg, rank, ev, server)
         return
     mcfg = exp.model
-    model = Stage(pre.full_model, stage, S)
-    params = list(model.parameters())
+    C = exp.chunks  # model chunks (virtual stages) per worker
+    homes = stage_homes(exp.schedule, exp.stages, C)
+    V, chunk = len(homes), chunk_numbers(homes)  # virtual stages; each one's chunk on its worker
+    models = {v: Stage(pre.full_model, v, V) for v in range(V) if homes[v] == stage}
+    chunk_params = {v: list(m.parameters()) for v, m in models.items()}
+    params = [p for ps in chunk_params.values() for p in ps]
     opt = torch.optim.AdamW(params, lr=exp.lr, weight_decay=0.0)
     train = pre.train_tokens
-    padder = Padder(
-        {T.FORWARD: exp.forward_ms, T.BACKWARD: exp.backward_ms, T.OPTIMIZER: exp.optimizer_target_ms}, exp.padded
-    )
-    actions = make_schedule(exp.schedule, S, M)[stage]
-    prev_rank = rank_of(stage - 1, replica, R) if stage > 0 else None
-    next_rank = rank_of(stage + 1, replica, R) if stage < S - 1 else None
+    targets = {
+        T.FORWARD: exp.forward_ms / C,
+        T.BACKWARD: exp.backward_ms / C,
+        T.INPUT_PART: exp.backward_ms * INPUT_SHARE / C,
+        T.WEIGHT_PART: exp.backward_ms * (1 - INPUT_SHARE) / C,
+        T.OPTIMIZER: exp.optimizer_target_ms,
+    }
+    padder = Padder(targets, exp.padded)
+    actions = worker_tables(exp.schedule, exp.stages, M, C)[stage]
     act_shape = activation_shape(mcfg, mb)
     act_bytes = activation_bytes(mcfg, mb)
-    first, last = stage == 0, stage == S - 1
     ctl = ControlClient(cfg.control_socket)
     dc_of = {w.rank: w.dc for w in cfg.workers}
-    # stripe only transfers that cross the WAN; inside a DC one connection is plenty
-    n_prev = exp.wan_connections if prev_rank is not None and dc_of[prev_rank] != me.dc else 1
-    n_next = exp.wan_connections if next_rank is not None and dc_of[next_rank] != me.dc else 1
 
+    def peer(v: int) -> int:
+        """The rank holding virtual stage ``v`` of this replica's pipeline."""
+        return rank_of(homes[v], replica, R)
+
+    def connections(v: int) -> int:
+        """Connections of a transfer to or from virtual stage ``v``: striped only across the WAN."""
+        return exp.wan_connections if dc_of[peer(v)] != me.dc else 1
+
+    local: dict[tuple[str, int, int], torch.Tensor] = {}  # what ``hand_on`` kept here (ZB-V's tip)
+    pending: list = []  # this iteration's sends in flight
+    first = stage == 0  # the pipeline's first worker: it starts each iteration
     prev_end = [now_ns()]  # end of this worker's latest compute: where a bubble starts
     # this thread's waits for its inputs, in the real-time class; each receive's works released
     # once it is back in the fair class (``operation_started``, or an error leaving the loop)
@@ -116,20 +135,22 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         bubble = server.observe(slot, (ready - since_ns) / 1e9) if server is not None else {}
         return ready, last_wait, fill, bubble
 
-    def receive(src: int, n: int, it: int, m: int, slot: str) -> tuple[torch.Tensor, int, Fill | None]:
-        """Wait for microbatch ``m``'s tensor from ``src`` (traced as a receive wait, written once
-        the operation it feeds has started: ``computed``), filling the bubble (``wait_filling``).
+    def receive(kind: str, boundary: int, it: int, m: int, slot: str) -> tuple[torch.Tensor, int, Fill | None]:
+        """Wait for microbatch ``m``'s activations (``kind`` F) or gradient (B) over the boundary
+        after virtual stage ``boundary`` (traced as a receive wait, written once the operation it
+        feeds has started: ``computed``), filling the bubble (``wait_filling``).
         Returns (tensor, when it had arrived, the bubble's fill if any)."""
+        src = peer(boundary if kind == "F" else boundary + 1)
         buf = torch.empty(act_shape)
         t0 = now_ns()
-        ctl.send(RECV, src, rank, it, m)
-        works = post_recv_striped(buf, src, m, n)
+        ctl.send(RECV, src, rank, it, m, boundary)
+        works = post_recv_striped(buf, src, transfer_tag(kind, boundary, m, M), connections(boundary))
         ready, last_wait, fill, bubble = wait_filling(works, slot, prev_end[0], input_wait=True)
-        fields = {T.ITERATION: it, T.MICROBATCH: m, T.LAST_WAIT_NS: last_wait}
+        fields = {T.ITERATION: it, T.MICROBATCH: m, T.LAST_WAIT_NS: last_wait, T.VIRTUAL_STAGE: boundary}
         ev.defer(T.RECV_WAIT, t0, now_ns(), **fields, bytes=act_bytes, peer=src, ready_ns=ready, **bubble)
         return buf, ready, fill
 
-    def operation_started(src: int, it: int, m: int, fill: Fill | None) -> None:
+    def operation_started(src: int, it: int, m: int, boundary: int, fill: Fill | None) -> None:
         """The operation fed by microbatch ``m``'s transfer from ``src`` has started: tell Atlas's
         controller the transfer is in, its link free ("done"), and wake the thread that filled
         the bubble, if any (``Fill.wake``), to end its prefill pass at the arrival, this thread
@@ -140,17 +161,21 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         compute, not between the data's arrival and the operation's start (measured: docs/history.md;
         the filling thread: ``Arrived``)."""
         inputs.started()
-        ctl.send(DONE, src, rank, it, m)
+        ctl.send(DONE, src, rank, it, m, boundary)
         if fill is not None:
             fill.wake()
 
-    def computed(kind: str, t0: int, fields: dict, ready: int | None, fill: Fill | None) -> None:
-        """Pad a forward or backward that started at ``t0`` to its target and trace it, with when its
-        input had arrived (``ready``) and whether a prefill pass had the GPU then (``fill``: it
-        held the operation back). The events put off until it started are written while it is
-        padded (the host's work overlaps the emulated GPU's)."""
+    def computed(
+        kind: str, t0: int, fields: dict, ready: int | None, fill: Fill | None, part: str | None = None
+    ) -> None:
+        """Pad a forward or backward (or a ``part`` of one) that started at ``t0`` to its target and
+        trace it, with when its input had arrived (``ready``) and whether a prefill pass had the GPU
+        then (``fill``: it held the operation back). The events put off until it started are
+        written while it is padded (the host's work overlaps the emulated GPU's)."""
         held = fill is not None and fill.settle()  # the filling thread's slice is deferred by now
-        real, padded = padder.finish(kind, t0, meanwhile=ev.write_deferred)
+        real, padded = padder.finish(part or kind, t0, meanwhile=ev.write_deferred)
+        if part is not None:
+            fields = {**fields, T.PART: part}
         prev_end[0] = now_ns()
         ev.write(
             kind,
@@ -163,13 +188,35 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
             prefill_delay_ns=(t0 - ready) if held else 0,
         )
 
-    def send(t: torch.Tensor, dst: int, n: int, it: int, m: int) -> list:
-        """Start sending microbatch ``m``'s tensor to ``dst``; returns the pending operations."""
+    def send(t: torch.Tensor, kind: str, boundary: int, it: int, m: int) -> list:
+        """Start sending microbatch ``m``'s activations (``kind`` F) or gradient (B) over the
+        boundary after virtual stage ``boundary``; returns the pending operations."""
+        dst = peer(boundary + 1 if kind == "F" else boundary)
         t0 = now_ns()
-        ctl.send(READY, rank, dst, it, m)
-        works = send_striped(t, dst, m, n)
-        ev.write(T.SEND, t0, now_ns(), **{T.ITERATION: it, T.MICROBATCH: m}, bytes=act_bytes, peer=dst)
+        ctl.send(READY, rank, dst, it, m, boundary)
+        works = send_striped(t, dst, transfer_tag(kind, boundary, m, M), connections(boundary))
+        fields = {T.ITERATION: it, T.MICROBATCH: m, T.VIRTUAL_STAGE: boundary}
+        ev.write(T.SEND, t0, now_ns(), **fields, bytes=act_bytes, peer=dst)
         return works
+
+    def hand_on(t: torch.Tensor, kind: str, boundary: int, it: int, m: int) -> None:
+        """Pass microbatch ``m``'s activations (F) or gradient (B) over the boundary after virtual
+        stage ``boundary``: kept here where this worker holds both sides (ZB-V's tip), else sent."""
+        if homes[boundary] == homes[boundary + 1]:
+            local[(kind, boundary, m)] = t
+        else:
+            pending.extend(send(t, kind, boundary, it, m))
+
+    def take(
+        kind: str, boundary: int, it: int, m: int, slot: str
+    ) -> tuple[torch.Tensor, int | None, Fill | None, int | None]:
+        """What ``hand_on`` passed over the boundary after virtual stage ``boundary``: (tensor, when
+        it had arrived, the bubble's fill, the sender's rank), the last three None where it was kept
+        here."""
+        if homes[boundary] == homes[boundary + 1]:
+            return local.pop((kind, boundary, m)), None, None, None
+        t, ready, fill = receive(kind, boundary, it, m, slot)
+        return t, ready, fill, peer(boundary if kind == "F" else boundary + 1)
 
     last_opt_end = None
     stagger_ns = int(cfg.stagger_s[replica] * 1e9) if first and cfg.stagger_s else 0
@@ -185,43 +232,56 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
             x, y = batch(train, R * M * mb, mcfg.seq_len, exp.seed, it)
             rows = slice(replica * M * mb, (replica + 1) * M * mb)
             x, y = x[rows], y[rows]
-            saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-            pending = []
+            saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (virtual stage, mb)
+            grads: dict[tuple[int, int], torch.Tensor | None] = {}  # a split backward's output gradient
+            local.clear()
+            pending.clear()
             loss_sum = 0.0
             for a in actions:
-                m = a.microbatch
-                fields = {T.ITERATION: it, T.MICROBATCH: m}
-                ready, fill = None, None
+                v, m = a.stage, a.microbatch
+                fields = {T.ITERATION: it, T.MICROBATCH: m, T.VIRTUAL_STAGE: v}
+                ready, fill, src = None, None, None
                 if a.kind == "F":
-                    if first:
+                    if v == 0:
                         inp = x[m * mb : (m + 1) * mb]
                     else:
-                        inp, ready, fill = receive(prev_rank, n_prev, it, m, f"F{m}")
+                        inp, ready, fill, src = take("F", v - 1, it, m, slot_name("F", m, chunk[v]))
                         inp.requires_grad_()
                     t0 = now_ns()
-                    if not first:
-                        operation_started(prev_rank, it, m, fill)
-                    outp = model(inp)
-                    if last:
+                    if src is not None:
+                        operation_started(src, it, m, v - 1, fill)
+                    outp = models[v](inp)
+                    if v == V - 1:
                         loss = lm_loss(outp, y[m * mb : (m + 1) * mb]) / M
                         loss_sum += loss.item()
                         outp = loss
                     computed(T.FORWARD, t0, fields, ready, fill)
-                    saved[m] = (inp, outp)
-                    if not last:
-                        pending.extend(send(outp.detach(), next_rank, n_next, it, m))
-                else:
-                    inp, outp = saved.pop(m)
+                    saved[(v, m)] = (inp, outp)
+                    if v < V - 1:
+                        hand_on(outp.detach(), "F", v, it, m)
+                elif a.kind in ("B", "I"):
+                    inp, outp = saved[(v, m)] if a.kind == "I" else saved.pop((v, m))
                     grad = None
-                    if not last:
-                        grad, ready, fill = receive(next_rank, n_next, it, m, f"B{m}")
+                    if v < V - 1:
+                        grad, ready, fill, src = take("B", v, it, m, slot_name("B", m, chunk[v]))
                     t0 = now_ns()
-                    if not last:
-                        operation_started(next_rank, it, m, fill)
-                    outp.backward(grad)
-                    computed(T.BACKWARD, t0, fields, ready, fill)
-                    if not first:
-                        pending.extend(send(inp.grad, prev_rank, n_prev, it, m))
+                    if src is not None:
+                        operation_started(src, it, m, v, fill)
+                    if a.kind == "B":
+                        outp.backward(grad)
+                        computed(T.BACKWARD, t0, fields, ready, fill)
+                    else:  # the input part: the first virtual stage has no input gradient to make
+                        if v > 0:
+                            outp.backward(grad, inputs=[inp], retain_graph=True)
+                        grads[(v, m)] = grad
+                        computed(T.BACKWARD, t0, fields, ready, fill, part=T.INPUT_PART)
+                    if v > 0:
+                        hand_on(inp.grad, "B", v - 1, it, m)
+                else:  # the weight part of a split backward, on the graph its input part kept
+                    inp, outp = saved.pop((v, m))
+                    t0 = now_ns()
+                    outp.backward(grads.pop((v, m)), inputs=chunk_params[v])
+                    computed(T.BACKWARD, t0, fields, None, None, part=T.WEIGHT_PART)
             fields = {T.ITERATION: it, T.MICROBATCH: -1}
             t0 = now_ns()
             _, _, fill, bubble = wait_filling(pending, T.SEND_DRAIN_SLOT, prev_end[0])  # the sends drain
@@ -249,7 +309,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
             opt_real, opt_padded = padder.finish(T.OPTIMIZER, t0)
             opt_end = now_ns()  # the loss's all-reduce below waits for the replicas: not busy time
             loss_value = None
-            if last:
+            if homes[-1] == stage:  # this worker computes the loss
                 loss_t = torch.tensor([loss_sum])
                 if R > 1:
                     dist.all_reduce(loss_t, group=my_dp)

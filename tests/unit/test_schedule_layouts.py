@@ -20,6 +20,7 @@ from testbed.plan.schedule import (
     RankAction,
     chunk_numbers,
     experiment_boundaries,
+    experiment_homes,
     home_boundaries,
     make_schedule,
     peak_in_flight,
@@ -52,7 +53,7 @@ def test_virtual_stages_are_looped_or_v_shaped():
     assert home_boundaries([0, 1, 2, 0, 1, 2]) == [(0, 1), (1, 2), (2, 0), (0, 1), (1, 2)]
     assert home_boundaries([0, 1, 2, 2, 1, 0]) == [(0, 1), (1, 2), (2, 1), (1, 0)]
     e = exp(schedule="zbv", stages=2, model=ModelConfig(n_layers=4, d_model=64, n_heads=4, seq_len=128))
-    assert e.chunks == 2 and chunk_numbers(e) == [0, 0, 1, 1]
+    assert e.chunks == 2 and chunk_numbers(experiment_homes(e)) == [0, 0, 1, 1]
     assert slot_name("F", 2) == "F2" and slot_name("I", 3, 1) == "B3c1" and slot_name("B", 0, 0) == "B0"
 
 
