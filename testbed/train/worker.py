@@ -93,9 +93,9 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         """The rank holding virtual stage ``v`` of this replica's pipeline."""
         return rank_of(homes[v], replica, R)
 
-    def connections(v: int) -> int:
-        """Connections of a transfer to or from virtual stage ``v``: striped only across the WAN."""
-        return exp.wan_connections if dc_of[peer(v)] != me.dc else 1
+    def connections(other: int) -> int:
+        """Connections of a transfer to or from rank ``other``: striped only across the WAN."""
+        return exp.wan_connections if dc_of[other] != me.dc else 1
 
     local: dict[tuple[str, int, int], torch.Tensor] = {}  # what ``hand_on`` kept here (ZB-V's tip)
     pending: list = []  # this iteration's sends in flight
@@ -144,7 +144,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         buf = torch.empty(act_shape)
         t0 = now_ns()
         ctl.send(RECV, src, rank, it, m, boundary)
-        works = post_recv_striped(buf, src, transfer_tag(kind, boundary, m, M), connections(boundary))
+        works = post_recv_striped(buf, src, transfer_tag(kind, boundary, m, M), connections(src))
         ready, last_wait, fill, bubble = wait_filling(works, slot, prev_end[0], input_wait=True)
         fields = {T.ITERATION: it, T.MICROBATCH: m, T.LAST_WAIT_NS: last_wait, T.VIRTUAL_STAGE: boundary}
         ev.defer(T.RECV_WAIT, t0, now_ns(), **fields, bytes=act_bytes, peer=src, ready_ns=ready, **bubble)
@@ -194,7 +194,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         dst = peer(boundary + 1 if kind == "F" else boundary)
         t0 = now_ns()
         ctl.send(READY, rank, dst, it, m, boundary)
-        works = send_striped(t, dst, transfer_tag(kind, boundary, m, M), connections(boundary))
+        works = send_striped(t, dst, transfer_tag(kind, boundary, m, M), connections(dst))
         fields = {T.ITERATION: it, T.MICROBATCH: m, T.VIRTUAL_STAGE: boundary}
         ev.write(T.SEND, t0, now_ns(), **fields, bytes=act_bytes, peer=dst)
         return works
