@@ -84,25 +84,32 @@ def stage_bubbles(util: pd.DataFrame) -> pd.DataFrame:
 
 def transfers(ev: pd.DataFrame) -> pd.DataFrame:
     """Sends matched to their receives: sender, receiver, iteration, microbatch, direction
-    (forward: to a later stage), cross_dc, bytes, transfer_s."""
-    sends = ev[ev[T.KIND] == T.SEND][[T.WORKER, T.STAGE, T.DC, T.ITERATION, T.MICROBATCH, T.PEER, T.START_NS, T.BYTES]]
-    recvs = ev[ev[T.KIND] == T.RECV_WAIT][
-        [T.WORKER, T.STAGE, T.DC, T.ITERATION, T.MICROBATCH, T.PEER, T.START_NS, T.END_NS]
+    (forward: activations; runs from before ``T.TENSOR`` was traced, to a later stage), cross_dc,
+    bytes, transfer_s. Two transfers of one microbatch between the same workers (interleaved
+    schedules) are told apart by their boundary and tensor."""
+    crossing = [T.VIRTUAL_STAGE, T.TENSOR]  # absent (NaN) in older runs: matched as equal
+    sends = ev[ev[T.KIND] == T.SEND][
+        [T.WORKER, T.STAGE, T.DC, T.ITERATION, T.MICROBATCH, T.PEER, T.START_NS, T.BYTES, *crossing]
     ]
+    recvs = ev[ev[T.KIND] == T.RECV_WAIT][
+        [T.WORKER, T.STAGE, T.DC, T.ITERATION, T.MICROBATCH, T.PEER, T.START_NS, T.END_NS, *crossing]
+    ]
+    sends, recvs = (x.fillna({T.VIRTUAL_STAGE: -1, T.TENSOR: ""}) for x in (sends, recvs))
     m = sends.merge(
         recvs,
-        left_on=[T.PEER, T.WORKER, T.ITERATION, T.MICROBATCH],
-        right_on=[T.WORKER, T.PEER, T.ITERATION, T.MICROBATCH],
+        left_on=[T.PEER, T.WORKER, T.ITERATION, T.MICROBATCH, *crossing],
+        right_on=[T.WORKER, T.PEER, T.ITERATION, T.MICROBATCH, *crossing],
         suffixes=("_s", "_r"),
     )
     ready = m[[f"{T.START_NS}_s", f"{T.START_NS}_r"]].max(axis=1)
+    forward = (m[T.TENSOR] == T.ACTIVATIONS).where(m[T.TENSOR] != "", m[f"{T.STAGE}_r"] > m[f"{T.STAGE}_s"])
     return pd.DataFrame(
         {
             "sender": m[f"{T.WORKER}_s"],
             "receiver": m[f"{T.WORKER}_r"],
             T.ITERATION: m[T.ITERATION],
             T.MICROBATCH: m[T.MICROBATCH],
-            "forward": m[f"{T.STAGE}_r"] > m[f"{T.STAGE}_s"],
+            "forward": forward.astype(bool),
             "cross_dc": m[f"{T.DC}_s"] != m[f"{T.DC}_r"],
             T.BYTES: m[T.BYTES],
             "transfer_s": (m[T.END_NS] - ready) / 1e9,

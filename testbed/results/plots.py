@@ -37,28 +37,39 @@ def plot_timeline(ev: pd.DataFrame, path: Path, warmup: int) -> None:
     t0 = ev[T.START_NS].min()
     workers = sorted(ev[T.WORKER].unique())
     fig, ax = plt.subplots(figsize=(14, 0.5 * len(workers) + 1.5))
+    chunked = ev[T.VIRTUAL_STAGE].notna() & (ev[T.VIRTUAL_STAGE] != ev[T.STAGE])
+    several = chunked[ev[T.KIND].isin([T.FORWARD, T.BACKWARD])].any()  # workers hold several chunks
     for kind, color in COLORS.items():
         if kind in (T.IDLE, T.SEND):
             continue
         k = ev[ev[T.KIND] == kind]
         if k.empty:
             continue
-        ax.barh(
-            k[T.WORKER],
-            (k[T.END_NS] - k[T.START_NS]) / 1e6,
-            left=(k[T.START_NS] - t0) / 1e6,
-            color=color,
-            edgecolor="black",
-            linewidth=0.3,
-            label=kind,
-            height=0.8,
-        )
+        # a split backward's weight part hatched: nothing waits for it
+        for hatch, label, rows in (
+            ("", kind, k[k[T.PART] != T.WEIGHT_PART]),
+            ("///", f"{kind} (weight part)", k[k[T.PART] == T.WEIGHT_PART]),
+        ):
+            if rows.empty:
+                continue
+            ax.barh(
+                rows[T.WORKER],
+                (rows[T.END_NS] - rows[T.START_NS]) / 1e6,
+                left=(rows[T.START_NS] - t0) / 1e6,
+                color=color,
+                edgecolor="black",
+                linewidth=0.3,
+                label=label,
+                height=0.8,
+                hatch=hatch,
+            )
         if kind in (T.FORWARD, T.BACKWARD):
             for r in k.itertuples():
+                mb, vs = getattr(r, T.MICROBATCH), getattr(r, T.VIRTUAL_STAGE)
                 ax.text(
                     (getattr(r, T.START_NS) - t0) / 1e6 + 1,
                     getattr(r, T.WORKER),
-                    str(getattr(r, T.MICROBATCH)),
+                    f"{mb}v{int(vs)}" if several and pd.notna(vs) else str(mb),
                     va="center",
                     fontsize=6,
                 )
@@ -68,7 +79,8 @@ def plot_timeline(ev: pd.DataFrame, path: Path, warmup: int) -> None:
     )
     ax.invert_yaxis()
     ax.set_xlabel(f"time (ms) from the start of iteration {first}")
-    ax.set_title("pipeline timeline (numbers: microbatch; prefill chunks in yellow under BubbleTea)")
+    what = "microbatch, v: virtual stage" if several else "microbatch"
+    ax.set_title(f"pipeline timeline (numbers: {what}; prefill chunks in yellow under BubbleTea)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / len(workers)), fontsize=7, ncol=5, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

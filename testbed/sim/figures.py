@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from testbed.errors import SpecError
-from testbed.plan.allreduce import wan_allreduce_bits
+from testbed.plan.allreduce import allreduce_s, wan_allreduce_bits
 from testbed.plan.cost_model import optimizer_s, stage_compute_s
+from testbed.plan.grant_sim import simulate
 from testbed.plan.run_plan import make_plan
 from testbed.plan.schedule import experiment_boundaries
 from testbed.plan.workers import WorkerSpec
@@ -154,3 +155,16 @@ def simulate_policy(
         prefill=prefill,
         training_gpu_utilization=training,
     )
+
+
+def wan_free_bubble_fraction(exp: Experiment, workers: list[WorkerSpec]) -> float:
+    """The bubble fraction ``exp``'s schedule table leaves with every transfer instant (no WAN, no
+    rendezvous): the list-schedule simulation (``grant_sim.simulate``) without links, then the
+    gradient all-reduce and the optimizer step as the cost model counts them, the figure defined as
+    ``Figures.bubble_fraction`` is (one minus the busy share, averaged over the stages). What a run
+    measures beyond it is the bubble the WAN causes. Raises ValueError when the schedule cannot
+    complete."""
+    pipeline_s, _ = simulate(exp, workers, {}, {}, {}, (0.0,) * exp.replicas)
+    t = pipeline_s + allreduce_s(exp, exp.topology_spec, workers) + optimizer_s(exp)
+    busy = [exp.microbatches * c + optimizer_s(exp) for c in stage_compute_s(exp)]
+    return 1 - sum(min(1.0, b / t) for b in busy) / len(busy)

@@ -1,6 +1,7 @@
 """One simulated iteration as a run's events (the columns of ``trace/schema.py``), so that
 ``testbed sim --timeline`` writes the same Chrome trace and timeline plot as a run folder: every
-forward and backward where the simulation placed it (``grant_plan.simulated_iteration``, the links
+forward and backward (with its virtual stage and, for a split backward, its part) where the
+simulation placed it (``grant_plan.simulated_iteration``, the links
 shared as the policy shares them), then each worker's gradient all-reduce and optimizer step as the
 cost model counts them (after the pipeline's end: ``allreduce.allreduce_s``,
 ``cost_model.optimizer_s``). Times from the iteration's start, in ns. Pure.
@@ -48,8 +49,13 @@ def simulated_events(exp: Experiment, workers: list[WorkerSpec]) -> list[dict[st
         )
         return out
 
+    part = {"I": T.INPUT_PART, "W": T.WEIGHT_PART}
     rows = [
-        row(by[(s, r)], T.FORWARD if a.kind == "F" else T.BACKWARD, a.microbatch, start, finish)
+        {
+            **row(by[(s, r)], T.FORWARD if a.kind == "F" else T.BACKWARD, a.microbatch, start, finish),
+            T.VIRTUAL_STAGE: a.stage,
+            T.PART: part.get(a.kind),
+        }
         for s, r, a, start, finish in timeline
     ]
     reduce_s, step_s = allreduce_s(exp, topo, workers), optimizer_s(exp)

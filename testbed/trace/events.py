@@ -62,11 +62,10 @@ class EventWriter:
 
 def read_events(run_dir: Path) -> pd.DataFrame:
     """Every event of a run, from ``events.parquet`` or else from the JSON lines (a torn last line,
-    from a writer killed mid-write, is skipped); every column of ``schema.COLUMNS`` is present."""
+    from a writer killed mid-write, is skipped); every column of ``schema.COLUMNS`` is present (a
+    run from before a column was added has it empty)."""
     parquet = run_dir / "events.parquet"
-    if parquet.exists():
-        return pd.read_parquet(parquet)
-    df = pd.DataFrame(read_jsonl(run_dir / "events", "*.jsonl"))
+    df = pd.read_parquet(parquet) if parquet.exists() else pd.DataFrame(read_jsonl(run_dir / "events", "*.jsonl"))
     for col in T.COLUMNS:
         if col not in df:
             df[col] = pd.NA

@@ -41,11 +41,14 @@ QUEUE_EMPTY_NS = "queue_empty_ns"
 #: gloo operations, every earlier one in by then): a scheduler trace's waking of the thread after it
 #: is the whole input's arrival (``results/input_arrival.input_arrivals_ns``)
 LAST_WAIT_NS = "last_wait_ns"
-#: on forward, backward, send and receive wait events, the model chunk's virtual stage (the worker's
-#: stage where it holds one: ``plan/schedule.py``); on a backward of a split-backward schedule, which
-#: part it is (``INPUT_PART``: the gradient the stage before waits for; ``WEIGHT_PART``: the weights')
-VIRTUAL_STAGE, PART = "virtual_stage", "part"
+#: on forward and backward events, the model chunk's virtual stage (the worker's stage where it holds
+#: one: ``plan/schedule.py``); on send and receive wait events, the boundary's (the virtual stage on
+#: its lower side, ``Transfer.stage``) and which ``TENSOR`` crosses it (``ACTIVATIONS`` forward,
+#: ``GRADIENTS`` back); on a backward of a split-backward schedule, which ``PART`` it is
+#: (``INPUT_PART``: the gradient the stage before waits for; ``WEIGHT_PART``: the weights')
+VIRTUAL_STAGE, PART, TENSOR = "virtual_stage", "part", "tensor"
 INPUT_PART, WEIGHT_PART = "input", "weight"
+ACTIVATIONS, GRADIENTS = "activations", "gradients"
 COLUMNS = [
     WORKER,
     HOST,
@@ -74,6 +77,7 @@ COLUMNS = [
     LAST_WAIT_NS,
     VIRTUAL_STAGE,
     PART,
+    TENSOR,
     RID,
     CHUNK_START,
     TOKENS,

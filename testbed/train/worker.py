@@ -97,6 +97,10 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         """Connections of a transfer to or from rank ``other``: striped only across the WAN."""
         return exp.wan_connections if dc_of[other] != me.dc else 1
 
+    def crossing(kind: str, boundary: int) -> dict:
+        """A transfer's fields on its send and receive wait: its boundary and what crosses it."""
+        return {T.VIRTUAL_STAGE: boundary, T.TENSOR: T.ACTIVATIONS if kind == "F" else T.GRADIENTS}
+
     local: dict[tuple[str, int, int], torch.Tensor] = {}  # what ``hand_on`` kept here (ZB-V's tip)
     pending: list = []  # this iteration's sends in flight
     first = stage == 0  # the pipeline's first worker: it starts each iteration
@@ -146,7 +150,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         ctl.send(RECV, src, rank, it, m, boundary)
         works = post_recv_striped(buf, src, transfer_tag(kind, boundary, m, M), connections(src))
         ready, last_wait, fill, bubble = wait_filling(works, slot, prev_end[0], input_wait=True)
-        fields = {T.ITERATION: it, T.MICROBATCH: m, T.LAST_WAIT_NS: last_wait, T.VIRTUAL_STAGE: boundary}
+        fields = {T.ITERATION: it, T.MICROBATCH: m, T.LAST_WAIT_NS: last_wait, **crossing(kind, boundary)}
         ev.defer(T.RECV_WAIT, t0, now_ns(), **fields, bytes=act_bytes, peer=src, ready_ns=ready, **bubble)
         return buf, ready, fill
 
@@ -195,7 +199,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
         t0 = now_ns()
         ctl.send(READY, rank, dst, it, m, boundary)
         works = send_striped(t, dst, transfer_tag(kind, boundary, m, M), connections(dst))
-        fields = {T.ITERATION: it, T.MICROBATCH: m, T.VIRTUAL_STAGE: boundary}
+        fields = {T.ITERATION: it, T.MICROBATCH: m, **crossing(kind, boundary)}
         ev.write(T.SEND, t0, now_ns(), **fields, bytes=act_bytes, peer=dst)
         return works
 

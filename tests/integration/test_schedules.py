@@ -65,10 +65,10 @@ def check_training(exp, run_dir, iterations: int) -> None:
         assert {v for _, v, _, _ in traced} == {v for v, h in enumerate(homes) if h == w["stage"]}
 
 
-@pytest.mark.parametrize("topology, policy", [("two_dc", "pp-fair"), ("two_dc", "atlas"), ("three_dc", "pp-fair")])
+@pytest.mark.parametrize("topology, policy", [("two_dc", "atlas"), ("three_dc", "pp-fair"), ("three_dc", "atlas")])
 @pytest.mark.parametrize("schedule", NEW)
 def test_each_schedule_trains_with_one_processs_losses(tmp_path, clean_machine, schedule, topology, policy):
-    """Real compute (the math, quickly); three_dc under Atlas is the next test's."""
+    """Real compute (the math, quickly); two_dc under pp-fair is the next test's."""
     exp = experiment(schedule, topology, policy)
     exp = exp.with_overrides(compute=ComputeModel(mode="real"))
     summary = run_experiment(exp, tmp_path, progress=_quiet)
@@ -77,10 +77,13 @@ def test_each_schedule_trains_with_one_processs_losses(tmp_path, clean_machine, 
 
 
 @pytest.mark.parametrize("schedule", NEW)
-def test_each_schedule_under_atlas_on_three_dc_is_predicted(tmp_path, clean_machine, schedule):
-    """Padded compute on three_dc under Atlas, its WAN profiled: one process's losses, and
-    ``sim --validate`` within 10%."""
-    exp = experiment(schedule, "three_dc", "atlas", iterations=4)
+def test_each_schedule_on_two_dc_is_predicted(tmp_path, clean_machine, schedule):
+    """Padded compute on two_dc under pp-fair (interleaving's boundary from the last worker back to
+    the first crosses the link again), its WAN profiled: one process's losses, and
+    ``sim --validate`` within 10%. Profiling three_dc's six path directions takes 34 s a run; under
+    Atlas on two_dc the simulator misses by more (docs/topologies-and-experiments.md, "Pipeline
+    schedules")."""
+    exp = experiment(schedule, "two_dc", "pp-fair", iterations=4)
     run_experiment(exp, tmp_path, progress=_quiet, profile_wan=True)
     check_training(exp, tmp_path, 4)
     got = validate_run(tmp_path)

@@ -182,6 +182,29 @@ def test_transfers_match_send_to_receive():
     assert tr["transfer_s"].tolist() == pytest.approx([(30 - 10) / 1e3, (85 - 55) / 1e3, (140 - 100) / 1e3])
 
 
+def test_transfers_of_one_microbatch_between_the_same_workers_are_told_apart():
+    """Interleaved over two stages: worker 1 (stage 1) sends microbatch 0 to worker 2 (stage 2)
+    three times, the boundaries 1 -> 2 (activations), 2 <- 3 (gradients, worker 1 holding virtual
+    stage 3) and 3 -> 4; each is matched to its own receive by boundary and tensor, and the
+    activations that go from a later stage to an earlier one still count as forward."""
+    crossing = {
+        1: {T.VIRTUAL_STAGE: 1, T.TENSOR: T.ACTIVATIONS},
+        2: {T.VIRTUAL_STAGE: 2, T.TENSOR: T.GRADIENTS},
+        3: {T.VIRTUAL_STAGE: 3, T.TENSOR: T.ACTIVATIONS},
+    }
+    rows = []
+    for k, (send_ms, recv_end_ms) in zip(crossing, [(0, 20), (30, 70), (80, 130)]):
+        rows.append(op(1, T.SEND, 0, 0, send_ms, send_ms + 1, peer=2, bytes=2000, **crossing[k]))
+        rows.append(op(2, T.RECV_WAIT, 0, 0, 0, recv_end_ms, peer=1, bytes=2000, **crossing[k]))
+    back = {T.VIRTUAL_STAGE: 3, T.TENSOR: T.GRADIENTS}  # virtual stage 4's gradient to 3, the other way
+    rows.append(op(2, T.SEND, 0, 0, 140, 141, peer=1, bytes=2000, **back))
+    rows.append(op(1, T.RECV_WAIT, 0, 0, 140, 170, peer=2, bytes=2000, **back))
+    tr = A.transfers(frame(rows)).sort_values("transfer_s").reset_index(drop=True)
+    assert tr["transfer_s"].tolist() == pytest.approx([0.020, 0.030, 0.040, 0.050])
+    assert tr["forward"].tolist() == [True, False, False, True]
+    assert list(zip(tr["sender"], tr["receiver"])) == [(1, 2), (2, 1), (1, 2), (1, 2)]
+
+
 def wan_frame():
     rows = []
     for it, (fwd_ms, xfer_ms) in enumerate([(50, 500), (10, 15), (20, 25), (10, 20)]):

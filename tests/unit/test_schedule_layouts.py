@@ -29,6 +29,7 @@ from testbed.plan.schedule import (
     stage_homes,
     worker_tables,
 )
+from testbed.sim.figures import simulate_policy, wan_free_bubble_fraction
 from testbed.spec.compute import ComputeModel
 from testbed.spec.experiment_file import parse_experiment
 from testbed.spec.model import ModelConfig
@@ -185,3 +186,16 @@ def test_memory_in_flight_follows_the_table():
     assert peak_in_flight("zb-h1", 4, 8) == (4, 4, 4, 4)
     e = exp(schedule="zb-h1", stages=2, microbatches=4)
     assert in_flight(e, 1) == 2
+
+
+@pytest.mark.parametrize("schedule", ("1f1b", *NEW))
+def test_the_wan_free_bubble_is_the_tables_own(schedule):
+    """Inside one DC nothing crosses a WAN: the WAN-free bubble is the simulated bubble; across DCs
+    the WAN only adds to it, and a zero-bubble table leaves less than 1F1B's."""
+    e = one_dc(schedule, 3, 6)
+    assert wan_free_bubble_fraction(e, place(e)) == pytest.approx(simulate_policy(e).bubble_fraction)
+    w = three_dc_interleaved().with_overrides(schedule=schedule, microbatches=6)
+    assert wan_free_bubble_fraction(w, place(w)) < simulate_policy(w).bubble_fraction
+    if schedule != "1f1b":
+        f = three_dc_interleaved().with_overrides(schedule="1f1b", microbatches=6)
+        assert wan_free_bubble_fraction(w, place(w)) < wan_free_bubble_fraction(f, place(f))
