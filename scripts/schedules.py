@@ -102,13 +102,13 @@ def emulated_table(results: dict) -> tuple[list[Column], list[dict]]:
     columns = [
         Column("experiment", ("{experiment}",)),
         Column("schedule", ("`{schedule}`", "`{schedule}`: {skipped}")),
-        Column("pp-fair s (spread)", ("{pp_s:.3f} ({pp_spread:.1%})",)),
-        Column("atlas s (spread)", ("{at_s:.3f} ({at_spread:.1%})",)),
+        Column("pp-fair s (spread)", ("{pp_s:.3f} ({pp_spread:.1%})", "{pp_s:.3f}")),
+        Column("atlas s (spread)", ("{at_s:.3f} ({at_spread:.1%})", "{at_s:.3f}")),
         Column("bubble pp-fair / atlas", ("{pp_bubble:.2f} / {at_bubble:.2f}",)),
         Column("of it the WAN's", ("{pp_wan:.2f} / {at_wan:.2f}",)),
-        Column("atlas over pp-fair (noise)", ("{speedup:.3f}x ({noise:.1%})",)),
+        Column("atlas over pp-fair (noise)", ("{speedup:.3f}x ({noise:.1%})", "{speedup:.3f}x")),
         Column("BubbleTea: idle filled, GPU util added", ("{fill:.0%}, +{gain:.2f}",)),
-        Column("training slowdown (noise)", ("{slowdown:.3f}x ({bt_noise:.1%})",)),
+        Column("training slowdown (noise)", ("{slowdown:.3f}x ({bt_noise:.1%})", "{slowdown:.3f}x")),
     ]
     rows = []
     for name, per in results.items():
