@@ -19,9 +19,10 @@ started r x each offset later, beside the pipeline in step: how much the predict
 symmetry.
 
 Run as root: .venv/bin/python scripts/prediction_error.py [--policies pp-fair,dp-wan,atlas] [--ablation]
-[--iterations 8] [--offsets-ms 1,5] [--out DIR [--revalidate]] [--no-record]; ``--ablation`` adds the steps
-between pp-fair and atlas (``compare --ablation``'s chain); ``--revalidate`` runs nothing and validates the
-folders in ``--out``.
+[--iterations 8] [--schedules S,...] [--offsets-ms 1,5] [--out DIR [--revalidate]] [--no-record]; ``--ablation``
+adds the steps between pp-fair and atlas (``compare --ablation``'s chain); ``--schedules`` runs each experiment
+under each schedule instead of its own (a layout the schedule cannot run is listed as infeasible) and records
+the table as ``prediction_error_schedules``; ``--revalidate`` runs nothing and validates the folders in ``--out``.
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ def main() -> None:
     ap.add_argument("--policies", default="pp-fair,dp-wan,atlas", help="comma-separated; may be empty")
     ap.add_argument("--ablation", action="store_true", help="also the ablation chain's steps between pp-fair and atlas")
     ap.add_argument("--iterations", type=int, default=8)
+    ap.add_argument(
+        "--schedules",
+        default="",
+        help="e.g. interleaved-1f1b,zb-h1,zbv: each experiment under each schedule (default: its own); "
+        "recorded as prediction_error_schedules",
+    )
     ap.add_argument("--offsets-ms", default="", help="e.g. 1,5: TCP-shared runs' pipelines started apart")
     ap.add_argument(
         "--revalidate",
@@ -98,56 +105,61 @@ def main() -> None:
         "|---|---|---|" + "---|" * len(offsets_s),
     ]
     policies = [p for p in args.policies.split(",") if p] + (list(ABLATION[1:-1]) if args.ablation else [])
-    for name in args.experiments.split(","):
-        for policy in policies:
-            exp = load_experiment(name).with_overrides(iterations=args.iterations, policy=policy)
-            run_dir = args.out / f"{name}-{policy.replace('/', '+')}"
-            try:
-                if not args.revalidate:
-                    run_experiment(exp, run_dir, progress=lambda line: None, profile_wan=True)
-                elif not (run_dir / "summary.json").exists():
-                    continue
-            except SpecError as e:
-                rows.append(f"| {name} | {policy} | - | - | infeasible: {e.problem} |" + " - |" * 8)
-                records.append({"experiment": name, "policy": policy, "infeasible": e.problem})
+    schedules = [x for x in args.schedules.split(",") if x] or [None]
+    for name, schedule, policy in ((n, s, p) for n in args.experiments.split(",") for s in schedules for p in policies):
+        shown = name if schedule is None else f"{name} ({schedule})"
+        run_dir = (
+            args.out / f"{name}-{policy.replace('/', '+')}"
+            if schedule is None
+            else args.out / f"{name}-{schedule}-{policy.replace('/', '+')}"
+        )
+        try:
+            exp = load_experiment(name).with_overrides(iterations=args.iterations, policy=policy, schedule=schedule)
+            if not args.revalidate:
+                run_experiment(exp, run_dir, progress=lambda line: None, profile_wan=True)
+            elif not (run_dir / "summary.json").exists():
                 continue
-            f = validate_run(run_dir)["figures"]  # the simulator beside the run (testbed sim --validate)
-            it, gpu, wan = f[M.ITERATION_TIME_S], f[M.GPU_UTILIZATION], f[M.WAN_UTILIZATION_MEAN]
-            modelled = validate_run(run_dir, measured_links=False)["figures"][M.ITERATION_TIME_S]["error"]
-            in_step = validate_run(run_dir, measured_starts=False)["figures"][M.ITERATION_TIME_S]["error"]
-            errors.append(abs(it["error"]))
-            modelled_errors.append(abs(modelled))
-            in_step_errors.append(abs(in_step))
-            rows.append(
-                f"| {name} | {policy} | {it['predicted']:.3f} | {it['measured']:.3f} | {it['error']:+.1%} "
-                f"| {modelled:+.1%} | {in_step:+.1%} "
-                f"| {gpu['predicted']:.3f} | {gpu['measured']:.3f} | {gpu['error']:+.3f} "
-                f"| {_frac(wan['predicted'])} | {_frac(wan['measured'])} | {_diff(wan['error'])} |"
+        except SpecError as e:
+            rows.append(f"| {shown} | {policy} | - | - | infeasible: {e.field} {e.problem} |" + " - |" * 8)
+            records.append({"experiment": shown, "policy": policy, "infeasible": f"{e.field} {e.problem}"})
+            continue
+        f = validate_run(run_dir)["figures"]  # the simulator beside the run (testbed sim --validate)
+        it, gpu, wan = f[M.ITERATION_TIME_S], f[M.GPU_UTILIZATION], f[M.WAN_UTILIZATION_MEAN]
+        modelled = validate_run(run_dir, measured_links=False)["figures"][M.ITERATION_TIME_S]["error"]
+        in_step = validate_run(run_dir, measured_starts=False)["figures"][M.ITERATION_TIME_S]["error"]
+        errors.append(abs(it["error"]))
+        modelled_errors.append(abs(modelled))
+        in_step_errors.append(abs(in_step))
+        rows.append(
+            f"| {shown} | {policy} | {it['predicted']:.3f} | {it['measured']:.3f} | {it['error']:+.1%} "
+            f"| {modelled:+.1%} | {in_step:+.1%} "
+            f"| {gpu['predicted']:.3f} | {gpu['measured']:.3f} | {gpu['error']:+.3f} "
+            f"| {_frac(wan['predicted'])} | {_frac(wan['measured'])} | {_diff(wan['error'])} |"
+        )
+        print(rows[-1], flush=True)
+        records.append(
+            {
+                "experiment": shown,
+                "policy": policy,
+                "predicted_s": it["predicted"],
+                "measured_s": it["measured"],
+                "error": it["error"],
+                "modelled_error": modelled,
+                "in_step_error": in_step,
+                "gpu_predicted": gpu["predicted"],
+                "gpu_measured": gpu["measured"],
+                "gpu_difference": gpu["error"],
+                "wan_predicted": wan["predicted"],
+                "wan_measured": wan["measured"],
+                "wan_difference": wan["error"],
+            }
+        )
+        if offsets_s and exp.replicas > 1 and not exp.policy.grants:
+            pipeline_s = _pipeline_s(run_dir, offsets_s)
+            offset_rows.append(f"| {name} | {policy} | " + " | ".join(f"{x:.3f}" for x in pipeline_s) + " |")
+            offset_records.append(
+                {"experiment": name, "policy": policy, **{f"s{i}": x for i, x in enumerate(pipeline_s)}}
             )
-            print(rows[-1], flush=True)
-            records.append(
-                {
-                    "experiment": name,
-                    "policy": policy,
-                    "predicted_s": it["predicted"],
-                    "measured_s": it["measured"],
-                    "error": it["error"],
-                    "modelled_error": modelled,
-                    "in_step_error": in_step,
-                    "gpu_predicted": gpu["predicted"],
-                    "gpu_measured": gpu["measured"],
-                    "gpu_difference": gpu["error"],
-                    "wan_predicted": wan["predicted"],
-                    "wan_measured": wan["measured"],
-                    "wan_difference": wan["error"],
-                }
-            )
-            if offsets_s and exp.replicas > 1 and not exp.policy.grants:
-                pipeline_s = _pipeline_s(run_dir, offsets_s)
-                offset_rows.append(f"| {name} | {policy} | " + " | ".join(f"{x:.3f}" for x in pipeline_s) + " |")
-                offset_records.append(
-                    {"experiment": name, "policy": policy, **{f"s{i}": x for i, x in enumerate(pipeline_s)}}
-                )
     if errors:
         rows.append("")
         rows.append(
@@ -164,7 +176,8 @@ def main() -> None:
     print(text)
     if records and not args.no_record:
         command = ("scripts/prediction_error.py " + " ".join(sys.argv[1:])).strip()
-        path = record_result(REPO, "prediction_error", COLUMNS, records, "scripts/prediction_error.py", command)
+        table = "prediction_error" if schedules == [None] else "prediction_error_schedules"
+        path = record_result(REPO, table, COLUMNS, records, "scripts/prediction_error.py", command)
         print(f"recorded for the results page in {path}: run scripts/reference_pages.py to show it")
         if offset_records:
             columns = [Column("experiment", ("{experiment}",)), Column("policy", ("{policy}",))]

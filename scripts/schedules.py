@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testbed.errors import SpecError
 from testbed.plan.placement import place
+from testbed.plan.run_plan import make_plan
 from testbed.results.published import Column, record_result
 from testbed.run.compare import compare
 from testbed.run.interrupts import tears_down_on_signals
@@ -82,8 +83,10 @@ def paper_scale(scenario: str, schedule: str) -> dict:
     sc = load_scenario(scenario)
     exp = sc.experiment().with_overrides(schedule=schedule)
     row: dict = {"wan_free_bubble": wan_free_bubble_fraction(exp, place(exp))}
+    # Atlas's DC selection once for both atlas policies (BubbleTea does not move the stages)
+    atlas = list(make_plan(exp.with_overrides(policy="atlas")).workers)
     for policy in POLICIES:
-        f = simulate_policy(exp, policy)
+        f = simulate_policy(exp, policy, workers=atlas if policy.startswith("atlas") else None)
         row[policy] = {
             "iteration_s": f.iteration_time_s,
             "bubble": f.bubble_fraction,

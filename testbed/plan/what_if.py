@@ -12,6 +12,7 @@ from testbed.plan.placement import place
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import largest_stage_blocks
+from testbed.spec.pipeline_schedules import schedule_problem
 from testbed.spec.policy import Policy, parse_policy
 from testbed.spec.topology import TopologySpec
 
@@ -38,7 +39,8 @@ def alternatives(exp: Experiment, topo: TopologySpec) -> list[Plan]:
     """Every (stages, replicas, microbatches) with the same global batch and microbatch size, up to
     as many stages and replicas as the topology has training hosts, placed the Atlas way (its DC
     selection) under ``exp``'s own striping and sharing where it places pipelines across DCs;
-    infeasible ones (no placement, or a stage above ``gpu_memory_mb``) carry the reason."""
+    infeasible ones (a layout the schedule cannot run, no placement, or a stage above
+    ``gpu_memory_mb``) carry the reason."""
     pol = _planned_policy(exp)
     sequences = exp.replicas * exp.microbatches  # microbatches of the global batch
     hosts = sum(dc.training_hosts for dc in topo.dcs)
@@ -48,6 +50,11 @@ def alternatives(exp: Experiment, topo: TopologySpec) -> list[Plan]:
             if sequences % R:
                 continue
             cand = replace(exp, stages=S, replicas=R, microbatches=sequences // R, policy=pol)
+            rule = schedule_problem(cand.schedule, S, cand.microbatches, cand.virtual_stages, cand.model.n_layers)
+            if rule is not None:  # a layout the schedule cannot run (its rounds, its chunks' blocks)
+                field, value, problem, _ = rule
+                out.append(Plan(S, R, cand.microbatches, None, None, f"{field} {value} {problem}"))
+                continue
             short = gpu_shortfall(cand)
             if short:
                 out.append(Plan(S, R, sequences // R, None, None, short))

@@ -29,6 +29,7 @@ from testbed.plan.schedule import (
     stage_homes,
     worker_tables,
 )
+from testbed.plan.what_if import alternatives
 from testbed.sim.figures import simulate_policy, wan_free_bubble_fraction
 from testbed.spec.compute import ComputeModel
 from testbed.spec.experiment_file import parse_experiment
@@ -199,3 +200,10 @@ def test_the_wan_free_bubble_is_the_tables_own(schedule):
     if schedule != "1f1b":
         f = three_dc_interleaved().with_overrides(schedule="1f1b", microbatches=6)
         assert wan_free_bubble_fraction(w, place(w)) < wan_free_bubble_fraction(f, place(f))
+
+
+def test_the_planner_weighs_only_layouts_the_schedule_can_run():
+    e = three_dc_interleaved()  # 6 blocks: 3 stages x 2 chunks split evenly, 2 stages do not
+    plans = {(p.stages, p.replicas): p for p in alternatives(e, e.topology_spec)}
+    assert plans[(3, 2)].prediction is not None
+    assert plans[(2, 2)].prediction is None and "model.n_layers 6" in plans[(2, 2)].why_not
