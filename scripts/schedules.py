@@ -104,7 +104,7 @@ def emulated_table(results: dict) -> tuple[list[Column], list[dict]]:
     slowdown (noise)."""
     columns = [
         Column("experiment", ("{experiment}",)),
-        Column("schedule", ("`{schedule}`", "`{schedule}`: {skipped}")),
+        Column("schedule", ("`{schedule}`: {skipped}", "`{schedule}`")),
         Column("pp-fair s (spread)", ("{pp_s:.3f} ({pp_spread:.1%})", "{pp_s:.3f}")),
         Column("atlas s (spread)", ("{at_s:.3f} ({at_spread:.1%})", "{at_s:.3f}")),
         Column("bubble pp-fair / atlas", ("{pp_bubble:.2f} / {at_bubble:.2f}",)),
@@ -113,33 +113,26 @@ def emulated_table(results: dict) -> tuple[list[Column], list[dict]]:
         Column("BubbleTea: idle filled, GPU util added", ("{fill:.0%}, +{gain:.2f}",)),
         Column("training slowdown (noise)", ("{slowdown:.3f}x ({bt_noise:.1%})", "{slowdown:.3f}x")),
     ]
-    rows = []
-    for name, per in results.items():
-        for schedule, r in per.items():
-            if "skipped" in r:
-                rows.append({"experiment": name, "schedule": schedule, "skipped": r["skipped"]})
-                continue
-            rows.append(
-                {
-                    "experiment": name,
-                    "schedule": schedule,
-                    "pp_s": r["pp-fair"]["iteration_s"],
-                    "pp_spread": r["pp-fair"]["spread"],
-                    "at_s": r["atlas"]["iteration_s"],
-                    "at_spread": r["atlas"]["spread"],
-                    "pp_bubble": r["pp-fair"]["bubble"],
-                    "at_bubble": r["atlas"]["bubble"],
-                    "pp_wan": r["pp-fair"]["wan_bubble"],
-                    "at_wan": r["atlas"]["wan_bubble"],
-                    "speedup": r["atlas_speedup"],
-                    "noise": r["atlas_noise"],
-                    "fill": r["bt_fill"],
-                    "gain": r["bt_gain"],
-                    "slowdown": r["bt_slowdown"],
-                    "bt_noise": r["bt_noise"],
-                }
-            )
-    return columns, rows
+    return columns, table_rows(
+        results,
+        "experiment",
+        lambda r: {
+            "pp_s": r["pp-fair"]["iteration_s"],
+            "pp_spread": r["pp-fair"]["spread"],
+            "at_s": r["atlas"]["iteration_s"],
+            "at_spread": r["atlas"]["spread"],
+            "pp_bubble": r["pp-fair"]["bubble"],
+            "at_bubble": r["atlas"]["bubble"],
+            "pp_wan": r["pp-fair"]["wan_bubble"],
+            "at_wan": r["atlas"]["wan_bubble"],
+            "speedup": r["atlas_speedup"],
+            "noise": r["atlas_noise"],
+            "fill": r["bt_fill"],
+            "gain": r["bt_gain"],
+            "slowdown": r["bt_slowdown"],
+            "bt_noise": r["bt_noise"],
+        },
+    )
 
 
 def paper_table(results: dict) -> tuple[list[Column], list[dict]]:
@@ -147,7 +140,7 @@ def paper_table(results: dict) -> tuple[list[Column], list[dict]]:
     part, atlas's speed-up and the GPU utilization BubbleTea's prefill adds."""
     columns = [
         Column("scenario", ("{scenario}",)),
-        Column("schedule", ("`{schedule}`", "`{schedule}`: {skipped}")),
+        Column("schedule", ("`{schedule}`: {skipped}", "`{schedule}`")),
         Column("pp-fair s", ("{pp_s:.2f}",)),
         Column("atlas s", ("{at_s:.2f}",)),
         Column("bubble pp-fair / atlas", ("{pp_bubble:.2f} / {at_bubble:.2f}",)),
@@ -155,26 +148,29 @@ def paper_table(results: dict) -> tuple[list[Column], list[dict]]:
         Column("atlas over pp-fair", ("{speedup:.3f}x",)),
         Column("GPU util BubbleTea adds", ("+{gain:.2f}",)),
     ]
-    rows = []
-    for name, per in results.items():
-        for schedule, r in per.items():
-            if "skipped" in r:
-                rows.append({"scenario": name, "schedule": schedule, "skipped": r["skipped"]})
-                continue
-            rows.append(
-                {
-                    "scenario": name,
-                    "schedule": schedule,
-                    "pp_s": r["pp-fair"]["iteration_s"],
-                    "at_s": r["atlas"]["iteration_s"],
-                    "pp_bubble": r["pp-fair"]["bubble"],
-                    "at_bubble": r["atlas"]["bubble"],
-                    "free": r["wan_free_bubble"],
-                    "speedup": r["atlas_speedup"],
-                    "gain": r["bt_gain"],
-                }
-            )
-    return columns, rows
+    return columns, table_rows(
+        results,
+        "scenario",
+        lambda r: {
+            "pp_s": r["pp-fair"]["iteration_s"],
+            "at_s": r["atlas"]["iteration_s"],
+            "pp_bubble": r["pp-fair"]["bubble"],
+            "at_bubble": r["atlas"]["bubble"],
+            "free": r["wan_free_bubble"],
+            "speedup": r["atlas_speedup"],
+            "gain": r["bt_gain"],
+        },
+    )
+
+
+def table_rows(results: dict, label: str, cells) -> list[dict]:
+    """A row per (``label``: experiment or scenario) and schedule: ``cells(result)``, or the reason
+    the schedule was skipped."""
+    return [
+        {label: name, "schedule": schedule, **({"skipped": r["skipped"]} if "skipped" in r else cells(r))}
+        for name, per in results.items()
+        for schedule, r in per.items()
+    ]
 
 
 def markdown(columns: list[Column], rows: list[dict]) -> str:
