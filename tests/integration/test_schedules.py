@@ -81,8 +81,8 @@ def test_each_schedule_on_two_dc_is_predicted(tmp_path, clean_machine, schedule)
     """Padded compute on two_dc under pp-fair (interleaving's boundary from the last worker back to
     the first crosses the link again), its WAN profiled: one process's losses, and
     ``sim --validate`` within 10%. Profiling three_dc's six path directions takes 34 s a run; under
-    Atlas on two_dc the simulator misses by more (docs/topologies-and-experiments.md, "Pipeline
-    schedules")."""
+    Atlas on two_dc the simulator misses interleaving's by 13% (docs/results.md, "Schedules across
+    DCs")."""
     exp = experiment(schedule, "two_dc", "pp-fair", iterations=4)
     run_experiment(exp, tmp_path, progress=_quiet, profile_wan=True)
     check_training(exp, tmp_path, 4)
