@@ -156,9 +156,9 @@ def main() -> None:
         )
         if offsets_s and exp.replicas > 1 and not exp.policy.grants:
             pipeline_s = _pipeline_s(run_dir, offsets_s)
-            offset_rows.append(f"| {name} | {policy} | " + " | ".join(f"{x:.3f}" for x in pipeline_s) + " |")
+            offset_rows.append(f"| {shown} | {policy} | " + " | ".join(f"{x:.3f}" for x in pipeline_s) + " |")
             offset_records.append(
-                {"experiment": name, "policy": policy, **{f"s{i}": x for i, x in enumerate(pipeline_s)}}
+                {"experiment": shown, "policy": policy, **{f"s{i}": x for i, x in enumerate(pipeline_s)}}
             )
     if errors:
         rows.append("")

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from testbed.errors import SpecError
 from testbed.plan.placement import place
 from testbed.plan.run_plan import make_plan
-from testbed.results.published import Column, record_result
+from testbed.results.published import Column, record_result, table_markdown
 from testbed.run.compare import compare
 from testbed.run.interrupts import tears_down_on_signals
 from testbed.sim.figures import simulate_policy, wan_free_bubble_fraction
@@ -48,7 +48,7 @@ POLICIES = ("pp-fair", "atlas", "atlas+bubbletea")
 REPO = Path(__file__).resolve().parents[1]
 
 
-def emulated(exp, schedule: str, out: Path, repeat: int) -> dict:
+def emulated(exp, out: Path, repeat: int) -> dict:
     """One experiment under one schedule: each policy's medians and spreads, the WAN-free bubble,
     atlas's speed-up over pp-fair and BubbleTea's gain and slowdown, with their noise floors."""
     result = compare(exp, list(POLICIES), out, repeat, progress=lambda line: None)
@@ -173,14 +173,6 @@ def table_rows(results: dict, label: str, cells) -> list[dict]:
     ]
 
 
-def markdown(columns: list[Column], rows: list[dict]) -> str:
-    from testbed.results.published import _cell
-
-    lines = ["| " + " | ".join(c.header for c in columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(c.cells, row) for c in columns) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--experiments", default="default,four_dc,sharing")
@@ -204,7 +196,7 @@ def main() -> None:
                 emulator[name][schedule] = {"skipped": f"{e.field} {e.value} {e.problem}"}
                 print(f"{name} {schedule}: skipped: {e}", flush=True)
                 continue
-            emulator[name][schedule] = emulated(exp, schedule, args.out / name / schedule, args.repeat)
+            emulator[name][schedule] = emulated(exp, args.out / name / schedule, args.repeat)
             r = emulator[name][schedule]
             print(
                 f"{name} {schedule}: pp-fair {r['pp-fair']['iteration_s']:.3f} s, "
@@ -243,9 +235,9 @@ def main() -> None:
     (args.out / "schedules.json").write_text(json.dumps({"emulator": emulator, "paper_scale": paper}, indent=1))
     tables = []
     if emulator:
-        tables.append(markdown(*emulated_table(emulator)))
+        tables.append(table_markdown(*emulated_table(emulator)))
     if paper:
-        tables.append(markdown(*paper_table(paper)))
+        tables.append(table_markdown(*paper_table(paper)))
     (args.out / "schedules.md").write_text("\n\n".join(tables) + "\n")
     print("\n\n".join(tables))
     if not args.no_record:

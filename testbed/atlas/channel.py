@@ -3,8 +3,8 @@ emulated WAN (DESIGN.md section 2), so control traffic never perturbs what is me
 
 Per cross-DC transfer (sender rank ``src``, receiver rank ``dst``, iteration ``it``, microbatch
 ``mb`` and ``vs``, the virtual stage on the boundary's lower side, ``Transfer.stage``, which tells
-apart two transfers of one microbatch between the same workers under an interleaved schedule; -1
-where each worker holds one stage, the lower worker's being the boundary's) the sender says
+apart two transfers of one microbatch between the same workers under an interleaved schedule; the
+workers always send it, and a message without it, -1, names the lower worker's stage) the sender says
 ``ready`` when it starts the send, the receiver ``recv`` when it posts the receive (gloo moves data
 only once both are there) and ``done`` once the data has arrived, right after the operation it
 feeds has started (``train/worker.py``'s ``operation_started``).

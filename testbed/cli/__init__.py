@@ -25,7 +25,7 @@ from testbed.errors import SpecError, TestbedError, TestbedWarning
 from testbed.invocation import testbed_command
 from testbed.net.features import DELAY_MECHANISMS
 from testbed.run.interrupts import tears_down_on_signals
-from testbed.spec.pipeline_schedules import SCHEDULES
+from testbed.spec.pipeline_schedules import DEFAULT_VIRTUAL_STAGES, MAX_VIRTUAL_STAGES, SCHEDULES
 from testbed.spec.policy import ABLATION, POLICIES
 from testbed.spec.topology_file import DEFAULT_TOPOLOGY
 
@@ -107,7 +107,9 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
     sp.add_argument("--microbatches", type=number(1, 1024, int))
     sp.add_argument("--schedule", choices=SCHEDULES)
     sp.add_argument(
-        "--virtual-stages", type=number(1, 64, int), help="model chunks per worker under interleaved-1f1b (default 2)"
+        "--virtual-stages",
+        type=number(1, MAX_VIRTUAL_STAGES, int),
+        help=f"model chunks per worker under interleaved-1f1b (default {DEFAULT_VIRTUAL_STAGES})",
     )
     sp.add_argument("--topology", help="topology file or shipped name")
     sp.add_argument("--stages", type=number(1, 1024, int), help="pipeline stages")
@@ -184,7 +186,9 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
     sp.add_argument("--microbatches", type=number(1, 1024, int))
     sp.add_argument("--schedule", choices=SCHEDULES)
     sp.add_argument(
-        "--virtual-stages", type=number(1, 64, int), help="model chunks per worker under interleaved-1f1b (default 2)"
+        "--virtual-stages",
+        type=number(1, MAX_VIRTUAL_STAGES, int),
+        help=f"model chunks per worker under interleaved-1f1b (default {DEFAULT_VIRTUAL_STAGES})",
     )
     sp.set_defaults(func=cmd_schedule)
     sp = sub.add_parser("analyze", help="recompute summary, parquet, Chrome trace and plots of a run folder")

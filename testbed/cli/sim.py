@@ -55,13 +55,13 @@ def cmd_sim(args) -> int:
         header = (
             f"{sc.name}: {sc.model_name} on {sc.gpus} {sc.device.model.name} GPUs in {len(sc.dcs)} DCs, tensor "
             f"parallel {sc.tensor_parallel}, {sc.stages} stages x {sc.replicas} replicas, {sc.microbatches} "
-            f"microbatches of {sc.microbatch_size} (simulated)"
+            f"microbatches of {sc.microbatch_size}, {sc.schedule} (simulated)"
         )
     else:
         exp = load_experiment(args.experiment)
         run = lambda policy: simulate_policy(exp, policy)
         experiment_of = lambda policy: exp.with_overrides(policy=policy)
-        header = f"{exp.name} on {exp.topology_spec.name} (simulated, {exp.microbatches} microbatches)"
+        header = f"{exp.name} on {exp.topology_spec.name} (simulated, {exp.schedule}, {exp.microbatches} microbatches)"
     out, lines = {}, [header]
     for policy in policies:
         try:

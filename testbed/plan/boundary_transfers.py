@@ -45,7 +45,7 @@ def boundary_paths(
     workers: list[WorkerSpec], routes: RoutingTable, boundaries: list[tuple[int, int]]
 ) -> dict[tuple[int, int], list[Hop]]:
     """For each (sender rank, receiver rank) pair of a pipeline's workers that a stage boundary
-    joins (``boundaries``: pairs of workers' stages, ``schedule.worker_boundaries``) in different
+    joins (``boundaries``: pairs of workers' stages, ``schedule.home_boundaries``) in different
     DCs (both directions), the WAN egresses its packets cross, in order."""
     by = {(w.stage, w.replica): w for w in workers}
     out = {}

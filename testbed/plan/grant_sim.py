@@ -33,7 +33,7 @@ import simpy
 
 from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer
 from testbed.plan.fair_share import FairShare
-from testbed.plan.schedule import INPUT_SHARE, RankAction, experiment_tables, stage_homes
+from testbed.plan.schedule import RankAction, backward_parts, experiment_tables, stage_homes
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import stage_layers
@@ -71,10 +71,9 @@ def simulate(
     and leaves in arrival order (``fifo_queue.PacedFifo``). ``timeline``, when
     given, receives every compute action as (worker's stage, replica, action, start s, end s) in
     the order they start. A worker runs its schedule table (``schedule.worker_tables``) over its
-    virtual stages; a split backward's input part takes ``INPUT_SHARE`` of the backward, its weight
-    part the rest. Returns (the iteration time: the
-    last worker's last compute or byte on a link, in s; the order in which transfers took each
-    link direction). Raises ValueError when the schedule cannot complete or ``sharing`` is
+    virtual stages; a split backward's parts take ``schedule.backward_parts`` of the backward.
+    Returns (the iteration time: the last worker's last compute or byte on a link, in s; the order
+    in which transfers took each link direction). Raises ValueError when the schedule cannot complete or ``sharing`` is
     unknown."""
     if sharing not in SHARING:
         raise ValueError(f"unknown sharing {sharing!r}: use one of {', '.join(SHARING)}")
@@ -88,7 +87,8 @@ def simulate(
     b = [len(stage_layers(exp.model.n_layers, V, v)) * per_b for v in range(V)]
     if stage_s is not None:
         f, b = [stage_s[w][0] for w in home], [stage_s[w][1] for w in home]
-    took = {"F": f, "B": b, "I": [x * INPUT_SHARE for x in b], "W": [x * (1 - INPUT_SHARE) for x in b]}
+    parts = [backward_parts(x) for x in b]
+    took_s = {"F": f, "B": b, "I": [x for x, _ in parts], "W": [x for _, x in parts]}
     rank = {(w.stage, w.replica): w.rank for w in workers}
     actions = experiment_tables(exp)
     env = simpy.Environment()
@@ -238,7 +238,7 @@ def simulate(
                     arrival[need] = env.event()
                     yield arrival[need]  # resumed by the arrival
             start = env.now
-            done = start + took[a.kind][a.stage]
+            done = start + took_s[a.kind][a.stage]
             if timeline is not None:
                 timeline.append((s, r, a, start, done))
             end = max(end, done)

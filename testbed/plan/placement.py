@@ -107,12 +107,13 @@ def dc_orders(topo: TopologySpec) -> list[tuple[DCSpec, ...]]:
 
 def select_dcs(exp: Experiment, topo: TopologySpec, policy: Policy) -> tuple[tuple[DCSpec, ...], float]:
     """Atlas's DC selection (DESIGN.md section 1, item 2): among the DC orders of ``dc_orders`` that
-    hold ``exp``'s stages x replicas, the one whose pipeline placement the cost model's closed form
-    predicts to be fastest under ``policy``'s striping (WAN rates, delays and per-connection shares
-    included); ties go to fewer DCs, then to the largest-first order. Returns (the DCs used, in
-    pipeline order; the predicted iteration time in s). Raises SpecError when no order holds the
-    layout (``place_pipeline``'s message for the largest-first order)."""
-    # ranked by the closed-form model (the grant plan's simulation, per candidate, would cost seconds)
+    hold ``exp``'s stages x replicas, the one whose pipeline placement the cost model
+    (``cost_model.predict``, its links shared as TCP shares them) predicts to be fastest under
+    ``policy``'s striping (WAN rates, delays and per-connection shares included); ties go to fewer
+    DCs, then to the largest-first order. Returns (the DCs used, in pipeline order; the predicted
+    iteration time in s). Raises SpecError when no order holds the layout (``place_pipeline``'s
+    message for the largest-first order)."""
+    # ranked under TCP sharing (the grant plan's simulation, per candidate, would cost seconds)
     costed = replace(exp, policy=replace(policy, sharing="tcp"))
     rank = {dc.name: i for i, dc in enumerate(atlas_dc_order(topo))}
     best: tuple[tuple, tuple[DCSpec, ...], float] | None = None

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from testbed.spec.pipeline_schedules import SCHEDULES, rounds, rounds_problem
+from testbed.trace import schema as T
 
 if TYPE_CHECKING:
     from testbed.spec.experiment import Experiment
@@ -71,7 +72,7 @@ def make_schedule(name: str, n_stages: int, n_micro: int) -> list[list[Action]]:
         return gpipe(n_stages, n_micro)
     if name == "1f1b":
         return one_f_one_b(n_stages, n_micro)
-    raise ValueError(f"unknown schedule {name!r}: use one of {', '.join(SCHEDULES)}")
+    raise ValueError(f"unknown schedule {name!r} of one table per stage: use gpipe or 1f1b (worker_tables: all)")
 
 
 def grid(schedule: list[list[Action]], f_slots: int = 1, b_slots: int = 2) -> list[list[str]]:
@@ -98,9 +99,6 @@ def bubble_fraction(rows: list[list[str]]) -> float:
 # ``RankAction``s over the global stages: F (forward), B (full backward), I (the backward for the
 # input, which the stage before waits for) and W (the backward for the weights, which nothing waits
 # for: Qi et al. 2024, "Zero Bubble Pipeline Parallelism", section 2).
-
-#: the kinds of a worker's compute action: forward, full backward, backward for the input, for the weights
-RANK_ACTION_KINDS = ("F", "B", "I", "W")
 
 
 @dataclass(frozen=True)
@@ -295,6 +293,26 @@ def rank_grid(
 #: part the rest: the two are about equal (Qi et al. 2024, section 2: each about one forward's
 #: matrix multiplications, so T_B = T_W = T_F under their 1:2 forward to backward)
 INPUT_SHARE = 0.5
+
+
+def backward_parts(backward: float) -> tuple[float, float]:
+    """A backward's (input part, weight part) under a split backward, in its unit (``INPUT_SHARE``)."""
+    return backward * INPUT_SHARE, backward * (1 - INPUT_SHARE)
+
+
+def padding_targets_ms(forward_ms: float, backward_ms: float, optimizer_ms: float, chunks: int) -> dict[str, float]:
+    """What each operation of a worker is padded to (ms), by event kind, and by ``T.PART`` for a
+    split backward's parts: a stage's forward and backward targets shared among its ``chunks``
+    (equal blocks each), the input part ``INPUT_SHARE`` of the backward, the weight part the rest;
+    the optimizer step its own. The workers pad to these; the summary counts overruns against them."""
+    input_ms, weight_ms = backward_parts(backward_ms / chunks)
+    return {
+        T.FORWARD: forward_ms / chunks,
+        T.BACKWARD: backward_ms / chunks,
+        T.INPUT_PART: input_ms,
+        T.WEIGHT_PART: weight_ms,
+        T.OPTIMIZER: optimizer_ms,
+    }
 
 
 def stage_homes(schedule: str, stages: int, chunks: int) -> list[int]:

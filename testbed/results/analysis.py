@@ -132,14 +132,15 @@ def wan_compute_ratio(ev: pd.DataFrame, warmup: int = 0) -> float | None:
 
 def overrun_fraction(ev: pd.DataFrame, targets_ns: dict[str, int], warmup: int = 0) -> float:
     """Share of the padded operations of the measured iterations (forward, backward and optimizer
-    step: the kinds in ``targets_ns``) whose real time exceeded their padding target (warm-up
-    iterations pay one-off allocation costs). An operation traced without its real time (an
+    step: the kinds in ``targets_ns``) whose real time exceeded their padding target, a split
+    backward's part its own (``targets_ns`` keyed by ``T.PART``; ``schedule.padding_targets_ms``)
+    (warm-up iterations pay one-off allocation costs). An operation traced without its real time (an
     optimizer step of a run from before it was padded) is left out."""
     ev = measured(ev, warmup)
     ops = ev[ev[T.KIND].isin(list(targets_ns)) & ev[T.REAL_NS].notna()]
     if ops.empty:
         return 0.0
-    target = ops[T.KIND].map(targets_ns)
+    target = ops[T.PART].map(targets_ns).fillna(ops[T.KIND].map(targets_ns))
     return float((ops[T.REAL_NS] > target).mean())
 
 

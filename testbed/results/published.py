@@ -83,14 +83,20 @@ def _cell(formats: tuple[str, ...], row: dict[str, Any]) -> str:
     return ""
 
 
+def table_markdown(columns: list[Column], rows: list[dict[str, Any]]) -> str:
+    """The table as Markdown: a header, then a line per row, each cell its column's first format
+    the row fills."""
+    lines = ["| " + " | ".join(c.header for c in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(c.cells, row) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 def render_table(data: dict[str, Any]) -> str:
     """A recorded table as Markdown, with a line saying where its figures come from."""
     cols = [Column(c["header"], tuple(c["cells"])) for c in data["columns"]]
     m = data["machine"]
     lines = [
-        "| " + " | ".join(c.header for c in cols) + " |",
-        "|" + "---|" * len(cols),
-        *("| " + " | ".join(_cell(c.cells, row) for c in cols) + " |" for row in data["rows"]),
+        table_markdown(cols, data["rows"]),
         "",
         f"*`{data['command']}` at {data['commit']}, {data['date']}; {m['cpus']} CPUs, {m['memory_gib']:g} GiB, "
         f"kernel {m['kernel']} (`docs/results/{data['name']}.json`).*",

@@ -10,10 +10,12 @@ from typing import Any
 
 import pandas as pd
 
+from testbed.plan.schedule import padding_targets_ms
 from testbed.results import analysis as A
 from testbed.results import link_counters as L
 from testbed.spec.compute import compute_from_dict
 from testbed.spec.experiment import tokens_per_iteration
+from testbed.spec.pipeline_schedules import chunks_per_worker
 from testbed.spec.policy import DEFAULT_POLICY, Policy, UnknownPolicy, parse_policy
 from testbed.trace import metrics as M
 from testbed.trace import schema as T
@@ -99,11 +101,9 @@ def _summarize(
     bubbles = A.stage_bubbles(util) if not util.empty else pd.DataFrame(columns=[T.STAGE, "bubble_fraction"])
     loss = A.losses(ev) if not ev.empty else pd.Series(dtype=float)
     compute = compute_from_dict(config["compute"])
-    targets = {
-        T.FORWARD: int(compute.forward_ms * 1e6),
-        T.BACKWARD: int(compute.backward_ms * 1e6),
-        T.OPTIMIZER: int(compute.optimizer_target_ms * 1e6),
-    }
+    chunks = chunks_per_worker(config.get("schedule", "1f1b"), config.get("virtual_stages"))
+    targets_ms = padding_targets_ms(compute.forward_ms, compute.backward_ms, compute.optimizer_target_ms, chunks)
+    targets = {k: int(v * 1e6) for k, v in targets_ms.items()}
     overrun = A.overrun_fraction(ev, targets, warmup) if compute.padded and not ev.empty else 0.0
     tokens = tokens_per_iteration(
         config["replicas"], config["microbatches"], config["microbatch_size"], config["model"]["seq_len"]

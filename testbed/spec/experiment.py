@@ -169,7 +169,8 @@ class Experiment:
     def with_overrides(self, **kw: Any) -> Experiment:
         """The experiment with main fields replaced (None values ignored), re-validated. A new
         ``topology`` (a shipped name or a path from the working folder, as on the command line) is
-        loaded; a policy may be given by name."""
+        loaded; a policy may be given by name; a ``schedule`` other than interleaved-1f1b drops the
+        ``virtual_stages`` of the one it replaces."""
         changed = {k: v for k, v in kw.items() if v is not None}
         served = served_model(replace(self.bubbletea, model=None), self.model)
         if self.bubbletea.model == served:  # the served default: the training model's shape
@@ -177,6 +178,8 @@ class Experiment:
             if section.model == served and ("model" in changed or "bubbletea" in changed):
                 # the training model or the section changed, not the served model: re-derive it
                 changed["bubbletea"] = replace(section, model=None)
+        if changed.get("schedule", "interleaved-1f1b") != "interleaved-1f1b" and "virtual_stages" not in changed:
+            changed["virtual_stages"] = None  # a file's chunks belong to its interleaved schedule
         if "topology" in changed and "topology_spec" not in changed:
             changed["topology_spec"] = load_topology(changed["topology"])
         if isinstance(changed.get("policy"), str):

@@ -9,10 +9,8 @@ from testbed.spec.bubbletea import BUBBLETEA_FIELDS
 from testbed.spec.compute import COMPUTE_FIELDS
 from testbed.spec.fields import REQUIRED, Field, FieldTable
 from testbed.spec.model import MODEL_FIELDS
-from testbed.spec.pipeline_schedules import DEFAULT_VIRTUAL_STAGES, SCHEDULES
+from testbed.spec.pipeline_schedules import DEFAULT_VIRTUAL_STAGES, MAX_VIRTUAL_STAGES, SCHEDULES
 from testbed.spec.policy import DEFAULT_POLICY
-
-__all__ = ["EXPERIMENT_FIELDS", "MAX_WAN_CONNECTIONS", "SCHEDULES"]
 
 #: the most TCP connections a cross-DC transfer is striped over (concurrent gloo operations)
 MAX_WAN_CONNECTIONS = 16
@@ -38,6 +36,7 @@ EXPERIMENT_FIELDS = FieldTable(
             "model chunks (virtual stages) each worker holds under interleaved-1f1b",
             default_text=f"{DEFAULT_VIRTUAL_STAGES} under interleaved-1f1b; zbv holds 2, the others 1",
             low=1,
+            high=MAX_VIRTUAL_STAGES,
             rule="interleaved-1f1b only; `model.n_layers` a multiple of `stages` x it",
         ),
         Field("iterations", "int", "training iterations of a run", default=10, low=1),

@@ -72,7 +72,15 @@ MODEL_FIELDS = FieldTable(
     "The training model's shape: a GPT-style transformer of identical blocks over byte-level tokens "
     "(256 of them). `bubbletea.model` takes the same keys.",
     (
-        Field("n_layers", "int", "transformer blocks, split among the pipeline stages", "blocks", 6, low=1),
+        Field(
+            "n_layers",
+            "int",
+            "transformer blocks, split among the pipeline stages",
+            "blocks",
+            6,
+            low=1,
+            rule="under interleaved-1f1b and zbv, a multiple of `stages` x the virtual stages per worker",
+        ),
         Field("d_model", "int", "width of the residual stream", default=128, low=1),
         Field("n_heads", "int", "attention heads", default=4, low=1, rule="divides `d_model`"),
         Field("seq_len", "int", "context length (a training sequence's tokens)", "tokens", 128, low=2),

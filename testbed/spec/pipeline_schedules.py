@@ -16,8 +16,8 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv")
 SPLIT_BACKWARD = ("zb-h1", "zbv")
 #: the schedules that take their microbatches a round of ``stages`` at a time (``rounds``)
 IN_ROUNDS = ("interleaved-1f1b", "zb-h1")
-#: virtual stages per worker under interleaved-1f1b when the experiment gives none
-DEFAULT_VIRTUAL_STAGES = 2
+#: virtual stages per worker under interleaved-1f1b when the experiment gives none, and the most
+DEFAULT_VIRTUAL_STAGES, MAX_VIRTUAL_STAGES = 2, 64
 
 
 def chunks_per_worker(schedule: str, virtual_stages: int | None) -> int:
@@ -33,20 +33,37 @@ def rounds(stages: int, microbatches: int) -> int:
     return max(1, microbatches // stages)
 
 
+def takes_in_rounds(stages: int, microbatches: int) -> bool:
+    """Whether ``microbatches`` is a whole number of the rounds they are taken in (``rounds``)."""
+    return microbatches % rounds(stages, microbatches) == 0
+
+
+def microbatches_near(stages: int, microbatches: int) -> tuple[int | None, int]:
+    """The nearest microbatch counts below (None if there is none) and above ``microbatches`` that
+    are a whole number of their rounds (``takes_in_rounds``; the rounds change with the count)."""
+    below = next((m for m in range(microbatches - 1, 0, -1) if takes_in_rounds(stages, m)), None)
+    above = next(m for m in range(microbatches + 1, 2 * microbatches + stages + 1) if takes_in_rounds(stages, m))
+    return below, above
+
+
 def rounds_problem(schedule: str, stages: int, microbatches: int) -> tuple[str, str] | None:
     """(problem, fix) where ``schedule`` takes microbatches in rounds (``IN_ROUNDS``) that do not
-    divide ``microbatches``; else None."""
-    if schedule not in IN_ROUNDS:
+    divide ``microbatches``; else None. The fix names the nearest counts that do
+    (``microbatches_near``)."""
+    if schedule not in IN_ROUNDS or takes_in_rounds(stages, microbatches):
         return None
     n = rounds(stages, microbatches)
-    if microbatches % n == 0:
-        return None
-    lower, higher = microbatches // n * n, (microbatches // n + 1) * n
+    below, above = microbatches_near(stages, microbatches)
     return (
         f"over {stages} stages make {n} rounds under {schedule} (one per {stages} microbatches), which do not "
         "divide them",
-        f"use a multiple of {n}, such as {lower} or {higher}",
+        "use " + (f"{below} or {above}" if below else f"{above}") + " microbatches, whose rounds divide them",
     )
+
+
+def stages_fitting(n_layers: int, chunks: int) -> list[int]:
+    """The stage counts whose ``chunks`` virtual stages each split ``n_layers`` blocks evenly."""
+    return [s for s in range(1, n_layers // chunks + 1) if n_layers % (s * chunks) == 0]
 
 
 def schedule_problem(
@@ -67,10 +84,13 @@ def schedule_problem(
         return ("microbatches", microbatches, *problem)
     chunks = chunks_per_worker(schedule, virtual_stages)
     if chunks > 1 and n_layers % (stages * chunks):
+        fits = sorted(sorted(stages_fitting(n_layers, chunks), key=lambda x: (abs(x - stages), x))[:2])
+        other = f", or {' or '.join(map(str, fits))} stages" if fits else ""
+        fewer = ", or fewer virtual_stages" if schedule == "interleaved-1f1b" else ""
         return (
             "model.n_layers",
             n_layers,
             f"does not split evenly into {stages} stages x {chunks} virtual stages under {schedule}",
-            f"use a multiple of {stages * chunks} blocks, or fewer stages",
+            f"use a multiple of {stages * chunks} blocks{other}{fewer}",
         )
     return None

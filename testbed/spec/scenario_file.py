@@ -38,7 +38,14 @@ from testbed.spec.devices import DEVICES
 from testbed.spec.fields import REQUIRED, Field, FieldTable
 from testbed.spec.model import ModelConfig
 from testbed.spec.model_presets import MODELS
-from testbed.spec.pipeline_schedules import SCHEDULES, schedule_problem
+from testbed.spec.pipeline_schedules import (
+    MAX_VIRTUAL_STAGES,
+    SCHEDULES,
+    chunks_per_worker,
+    microbatches_near,
+    schedule_problem,
+    stages_fitting,
+)
 from testbed.spec.scenario import SCENARIO_DC_POOL, SCENARIO_DC_PREFIX, Scenario
 from testbed.spec.specfile import FieldReader, read_spec_file
 from testbed.spec.topology_fields import LINK_FIELDS, MATRIX_FIELDS
@@ -121,6 +128,7 @@ SCENARIO_FIELDS = FieldTable(
             "model chunks (virtual stages) each GPU holds under interleaved-1f1b",
             default_text="2 under interleaved-1f1b",
             low=1,
+            high=MAX_VIRTUAL_STAGES,
             rule="interleaved-1f1b only; the model's blocks a multiple of `stages` x it",
         ),
         Field("recompute", "bool", "full activation recomputation", default=False),
@@ -291,16 +299,30 @@ def parse_scenario(data: Any, source: str = "<memory>") -> Scenario:
 
 
 def _check_schedule(r: FieldReader, sc: Scenario) -> Scenario:
-    """``sc``, or SpecError where its schedule breaks a rule of its layout (``schedule_problem``):
-    the microbatches come from ``global_batch``, the blocks from ``model``."""
+    """``sc``, or SpecError where its schedule breaks a rule of its layout (``schedule_problem``),
+    named as a scenario gives it: the microbatches through ``global_batch``, the blocks through its
+    ``stages`` (a named model's blocks are fixed)."""
     problem = schedule_problem(sc.schedule, sc.stages, sc.microbatches, sc.virtual_stages, sc.model.n_layers)
     if problem is None:
         return sc
     field, _, text, fix = problem
-    key = {"microbatches": "global_batch", "model.n_layers": "model"}.get(field, field)
-    if key == "global_batch":
-        text = f"gives {sc.microbatches} microbatches per replica, which {text}"
-    raise r.fail(key, text, fix)
+    if field == "microbatches":
+        per = sc.replicas * sc.microbatch_size
+        batches = [f"{m * per} ({m} microbatches)" for m in microbatches_near(sc.stages, sc.microbatches) if m]
+        raise r.fail(
+            "global_batch",
+            f"gives {sc.microbatches} microbatches per replica, which {text}",
+            f"use a global_batch of {' or '.join(batches)}, or another schedule",
+        )
+    if field == "model.n_layers":
+        chunks = chunks_per_worker(sc.schedule, sc.virtual_stages)
+        fits = stages_fitting(sc.model.n_layers, chunks)
+        raise r.fail(
+            "stages",
+            f"x {chunks} virtual stages do not split the model's {sc.model.n_layers} blocks evenly under {sc.schedule}",
+            f"use {' or '.join(map(str, fits[-3:]))} stages, or another schedule",
+        )
+    raise r.fail(field, text, fix)
 
 
 def load_scenario(name_or_path: str | Path) -> Scenario:

@@ -33,7 +33,14 @@ from testbed.bubbletea.fill import Fill
 from testbed.bubbletea.prefill import PrefillServer
 from testbed.model.gpt import Stage, lm_loss
 from testbed.plan.placement import rank_of
-from testbed.plan.schedule import INPUT_SHARE, chunk_numbers, slot_name, stage_homes, transfer_tag, worker_tables
+from testbed.plan.schedule import (
+    chunk_numbers,
+    padding_targets_ms,
+    slot_name,
+    stage_homes,
+    transfer_tag,
+    worker_tables,
+)
 from testbed.plan.worker_config import WorkerConfig, read_stagger, read_worker_config
 from testbed.spec.model import activation_bytes, activation_shape
 from testbed.trace import schema as T
@@ -75,14 +82,7 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
     params = [p for ps in chunk_params.values() for p in ps]
     opt = torch.optim.AdamW(params, lr=exp.lr, weight_decay=0.0)
     train = pre.train_tokens
-    targets = {
-        T.FORWARD: exp.forward_ms / C,
-        T.BACKWARD: exp.backward_ms / C,
-        T.INPUT_PART: exp.backward_ms * INPUT_SHARE / C,
-        T.WEIGHT_PART: exp.backward_ms * (1 - INPUT_SHARE) / C,
-        T.OPTIMIZER: exp.optimizer_target_ms,
-    }
-    padder = Padder(targets, exp.padded)
+    padder = Padder(padding_targets_ms(exp.forward_ms, exp.backward_ms, exp.optimizer_target_ms, C), exp.padded)
     actions = worker_tables(exp.schedule, exp.stages, M, C)[stage]
     act_shape = activation_shape(mcfg, mb)
     act_bytes = activation_bytes(mcfg, mb)

@@ -6,6 +6,8 @@ to the first worker crosses the WAN."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from testbed.atlas.grants import GrantLoop
@@ -23,6 +25,7 @@ from testbed.plan.schedule import (
     experiment_homes,
     home_boundaries,
     make_schedule,
+    padding_targets_ms,
     peak_in_flight,
     rank_grid,
     slot_name,
@@ -34,8 +37,13 @@ from testbed.sim.figures import simulate_policy, wan_free_bubble_fraction
 from testbed.spec.compute import ComputeModel
 from testbed.spec.experiment_file import parse_experiment
 from testbed.spec.model import ModelConfig
+from testbed.spec.pipeline_schedules import microbatches_near, rounds_problem, takes_in_rounds
 from testbed.spec.policy import parse_policy
+from testbed.spec.scenario_file import load_scenario
+from testbed.trace import schema as T
 from tests.unit.experiments import exp, topo
+
+REPO = Path(__file__).resolve().parents[2]
 
 NEW = ("interleaved-1f1b", "zb-h1", "zbv")
 
@@ -64,7 +72,7 @@ def test_virtual_stages_are_looped_or_v_shaped():
     [
         ({"schedule": "1f1b", "virtual_stages": 3}, "virtual_stages", "interleaved-1f1b schedule only"),
         ({"schedule": "zb-h1", "microbatches": 5}, "microbatches", "2 rounds under zb-h1"),
-        ({"schedule": "interleaved-1f1b", "microbatches": 5}, "microbatches", "such as 4 or 6"),
+        ({"schedule": "interleaved-1f1b", "microbatches": 5}, "microbatches", "use 4 or 6 microbatches"),
         ({"schedule": "interleaved-1f1b", "virtual_stages": 3}, "model.n_layers", "multiple of 6 blocks"),
         ({"schedule": "zbv", "stages": 3}, "model.n_layers", "3 stages x 2 virtual stages"),
     ],
@@ -207,3 +215,49 @@ def test_the_planner_weighs_only_layouts_the_schedule_can_run():
     plans = {(p.stages, p.replicas): p for p in alternatives(e, e.topology_spec)}
     assert plans[(3, 2)].prediction is not None
     assert plans[(2, 2)].prediction is None and "model.n_layers 6" in plans[(2, 2)].why_not
+
+
+def test_the_fix_for_the_rounds_rule_names_counts_the_rule_accepts():
+    """The rounds change with the count, so "a multiple of the rounds" is not the fix: the counts
+    named are the nearest that pass."""
+    for stages in range(1, 17):
+        for m in range(1, 257):
+            if not takes_in_rounds(stages, m):
+                below, above = microbatches_near(stages, m)
+                assert takes_in_rounds(stages, above) and (below is None or takes_in_rounds(stages, below))
+                assert all(not takes_in_rounds(stages, x) for x in range((below or 0) + 1, above) if x != m)
+    assert "use 30 or 35 microbatches" in rounds_problem("zb-h1", 5, 32)[1]
+
+
+def test_a_new_schedule_drops_the_virtual_stages_of_the_interleaved_one():
+    e = three_dc_interleaved().with_overrides(virtual_stages=3, model=ModelConfig(n_layers=18, d_model=64, n_heads=4))
+    assert e.chunks == 3
+    assert e.with_overrides(schedule="zbv").virtual_stages is None
+    assert e.with_overrides(microbatches=3).virtual_stages == 3  # the schedule unchanged: kept
+
+
+def test_a_scenario_names_what_it_gives_for_each_rule(tmp_path):
+    base = (REPO / "workloads" / "scenarios" / "gpt_70b_3dc.yaml").read_text()
+    for extra, field, words in (
+        ("schedule: zb-h1", "global_batch", "use a global_batch of 720 (60 microbatches) or 780 (65 microbatches)"),
+        ("schedule: zbv", "stages", "use 10 or 20 or 40 stages"),
+    ):
+        path = tmp_path / "s.yaml"
+        path.write_text(base.replace("schedule: 1f1b", "") + f"\n{extra}\n")
+        with pytest.raises(SpecError) as e:
+            load_scenario(path)
+        assert e.value.field == field and words in str(e.value), str(e.value)
+
+
+def test_a_split_backwards_parts_overrun_against_their_own_targets():
+    from testbed.results.analysis import overrun_fraction
+    from tests.unit.test_analysis import frame, op
+
+    targets = {k: int(v * 1e6) for k, v in padding_targets_ms(40, 80, 40, 1).items()}
+    rows = [
+        op(0, T.BACKWARD, 0, 0, 0, 45, real_ns=45_000_000, padded_ns=45_000_000, part=T.INPUT_PART),  # over 40
+        op(0, T.BACKWARD, 0, 1, 50, 90, real_ns=30_000_000, padded_ns=40_000_000, part=T.WEIGHT_PART),
+        op(0, T.BACKWARD, 0, 2, 90, 170, real_ns=70_000_000, padded_ns=80_000_000),  # whole: 80
+    ]
+    assert overrun_fraction(frame(rows), targets) == pytest.approx(1 / 3)
+    assert padding_targets_ms(40, 80, 40, 2)[T.FORWARD] == 20 and padding_targets_ms(40, 80, 40, 2)[T.WEIGHT_PART] == 20

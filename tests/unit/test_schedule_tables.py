@@ -76,5 +76,5 @@ def test_the_simulated_bubbles_are_the_closed_forms(ranks, microbatches):
 
 def test_microbatches_the_rounds_do_not_divide_are_refused_with_the_fix():
     assert interleaved_1f1b(4, 2, 10)  # 2 rounds of 5: torch's flexible rounds
-    with pytest.raises(ValueError, match=r"9 microbatches over 4 stages make 2 rounds under zb-h1.*such as 8 or 10"):
+    with pytest.raises(ValueError, match=r"9 microbatches over 4 stages make 2 rounds under zb-h1.*use 8 or 10"):
         zb_h1(4, 9)
