@@ -17,7 +17,7 @@ and records the results page's tables in ``docs/results/schedules_emulated.json`
 ``docs/results/schedules_paper_scale.json`` (``results/published.py``; then
 ``scripts/reference_pages.py`` renders the page; ``--no-record`` leaves them alone).
 
-Run as root: .venv/bin/python scripts/schedules.py [--experiments default,four_dc,sharing]
+Run as root: .venv/bin/python scripts/schedules.py [--experiments default,four_dc,sharing|none]
              [--schedules gpipe,1f1b,interleaved-1f1b,zb-h1,zbv] [--repeat 2] [--iterations 6]
              [--scenarios all|none|NAME,...] [--out DIR] [--no-record]
 """
@@ -175,7 +175,7 @@ def table_rows(results: dict, label: str, cells) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--experiments", default="default,four_dc,sharing")
+    ap.add_argument("--experiments", default="default,four_dc,sharing", help="shipped experiments to run, or none")
     ap.add_argument("--schedules", default=",".join(SCHEDULES))
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--iterations", type=int, default=6)
@@ -186,7 +186,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     schedules = args.schedules.split(",")
     emulator: dict = {}
-    for name in args.experiments.split(",") if args.experiments else []:
+    for name in [] if args.experiments == "none" else args.experiments.split(","):
         emulator[name] = {}
         for schedule in schedules:
             t = time.monotonic()
