@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from testbed.errors import SpecError
 from testbed.plan.placement import place
 from testbed.plan.run_plan import make_plan
+from testbed.results.compare import noise_floor
 from testbed.results.published import Column, record_result, table_markdown
 from testbed.run.compare import compare
 from testbed.run.interrupts import tears_down_on_signals
@@ -64,13 +65,8 @@ def emulated(exp, out: Path, repeat: int) -> dict:
             "util": st[M.GPU_UTILIZATION]["median"],
         }
         row[policy]["wan_bubble"] = row[policy]["bubble"] - row["wan_free_bubble"]
-    spreads = [
-        x
-        for x in (stats["atlas"][M.ITERATION_TIME_S]["spread"], stats["pp-fair"][M.ITERATION_TIME_S]["spread"])
-        if x is not None
-    ]
     row["atlas_speedup"] = result["speedup"].get("atlas/pp-fair")
-    row["atlas_noise"] = max(spreads) if spreads else None
+    row["atlas_noise"] = noise_floor(stats, "atlas", "pp-fair")
     bt = result["bubbletea"].get("atlas+bubbletea", {})
     row["bt_slowdown"], row["bt_noise"] = bt.get("training_slowdown"), bt.get("noise_floor")
     row["bt_fill"] = stats["atlas+bubbletea"][M.BUBBLE_FILL_FRACTION]["median"]

@@ -53,6 +53,13 @@ def spread(values: list[float]) -> float | None:
     return (max(vals) - min(vals)) / mid
 
 
+def noise_floor(stats: dict[str, Any], a: str, b: str) -> float | None:
+    """The noise floor of a comparison of policies ``a`` and ``b`` (``aggregate``'s ``stats``): the
+    larger spread of their iteration times against themselves; None without repeats."""
+    spreads = [x for p in (a, b) if (x := stats[p][M.ITERATION_TIME_S]["spread"]) is not None]
+    return max(spreads) if spreads else None
+
+
 def aggregate(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Per policy: the median of each figure over repeats and its spread; the speed-up of every
     policy over every other (median iteration time of the other over its own); ``steps``: the
@@ -78,14 +85,9 @@ def aggregate(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         if p != base and base in runs:
             tp, tb = stats[p][M.ITERATION_TIME_S]["median"], stats[base][M.ITERATION_TIME_S]["median"]
             if tp and tb:
-                noise = [
-                    x
-                    for x in (stats[p][M.ITERATION_TIME_S]["spread"], stats[base][M.ITERATION_TIME_S]["spread"])
-                    if x is not None
-                ]
                 slowdown[p] = {
                     "training_slowdown": tp / tb,
-                    "noise_floor": max(noise) if noise else None,
+                    "noise_floor": noise_floor(stats, p, base),
                     M.TRAINING_OPS_STARTED_LATE: {q: _values(runs[q], M.TRAINING_OPS_STARTED_LATE) for q in (p, base)},
                 }
     speedup = {}
@@ -98,17 +100,12 @@ def aggregate(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     names = list(runs)
     for prev, this in zip(names, names[1:]):
         tp, tt = stats[prev][M.ITERATION_TIME_S]["median"], stats[this][M.ITERATION_TIME_S]["median"]
-        noise = [
-            x
-            for x in (stats[prev][M.ITERATION_TIME_S]["spread"], stats[this][M.ITERATION_TIME_S]["spread"])
-            if x is not None
-        ]
         steps.append(
             {
                 "from": prev,
                 "to": this,
                 "speedup": tp / tt if tp and tt else None,
-                "noise_floor": max(noise) if noise else None,
+                "noise_floor": noise_floor(stats, prev, this),
             }
         )
     return {

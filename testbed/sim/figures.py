@@ -137,8 +137,7 @@ def simulate_policy(
         )
     plan = make_plan(exp, workers, start_offsets_s=start_offsets_s)
     workers, t = list(plan.workers), plan.predicted_iteration_s
-    busy = [exp.microbatches * c + optimizer_s(exp) for c in stage_compute_s(exp)]
-    util = [min(1.0, b / t) for b in busy]
+    busy, util = stage_utilization(exp, t)
     rates = {f"{link.a}->{link.b}": link.rate_bps for link in exp.topology_spec.links}
     rates.update({f"{link.b}->{link.a}": link.rate_bps for link in exp.topology_spec.links})
     wan = {k: v / (rates[k] * t) for k, v in sorted(wan_bits(exp, workers).items())}
@@ -165,6 +164,12 @@ def wan_free_bubble_fraction(exp: Experiment, workers: list[WorkerSpec]) -> floa
     measures beyond it is the bubble the WAN causes. Raises ValueError when the schedule cannot
     complete."""
     pipeline_s, _ = simulate(exp, workers, {}, {}, {}, (0.0,) * exp.replicas)
-    t = pipeline_s + allreduce_s(exp, exp.topology_spec, workers) + optimizer_s(exp)
+    _, util = stage_utilization(exp, pipeline_s + allreduce_s(exp, exp.topology_spec, workers) + optimizer_s(exp))
+    return 1 - sum(util) / len(util)
+
+
+def stage_utilization(exp: Experiment, iteration_s: float) -> tuple[list[float], list[float]]:
+    """Per stage, (its busy seconds in an iteration of ``iteration_s``: its microbatches' padded
+    forward and backward and the optimizer step; its share of the iteration busy, at most 1)."""
     busy = [exp.microbatches * c + optimizer_s(exp) for c in stage_compute_s(exp)]
-    return 1 - sum(min(1.0, b / t) for b in busy) / len(busy)
+    return busy, [min(1.0, b / iteration_s) for b in busy]
