@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer, boundary_paths
 from testbed.plan.connections import one_connection_bps, sent_at_once, transfer_time_s
 from testbed.plan.grant_sim import simulate
-from testbed.plan.schedule import RankAction, experiment_boundaries
+from testbed.plan.schedule import RankAction, experiment_boundaries, experiment_homes
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.routing import RoutingTable
@@ -175,11 +175,12 @@ def plan_grants(
     """The grant plan of ``exp`` placed as ``workers`` on ``topo`` with ``connections`` per
     cross-DC transfer (see the module doc); ``floor_share`` of the held classes (default
     ``held_floor_share(exp)``); ``block_s`` per-block compute seconds (default the experiment's);
-    ``stage_s`` each stage's profiled (forward, backward) seconds per microbatch (real compute).
-    A layout without cross-DC boundaries has no hops. Raises ValueError when ``stage_s`` does not
-    give every stage."""
-    if stage_s is not None and len(stage_s) != exp.stages:
-        raise ValueError(f"stage_s gives {len(stage_s)} stages' times for {exp.stages} stages")
+    ``stage_s`` each virtual stage's profiled (forward, backward) seconds per microbatch (real
+    compute; a worker's stage where each holds one). A layout without cross-DC boundaries has no
+    hops. Raises ValueError when ``stage_s`` does not give every virtual stage."""
+    virtual = len(experiment_homes(exp))
+    if stage_s is not None and len(stage_s) != virtual:
+        raise ValueError(f"stage_s gives {len(stage_s)} stages' times for {virtual} virtual stages")
     floor = held_floor_share(exp) if floor_share is None else floor_share
     wan = wan_links(exp, topo, workers, connections, lambda bps: granted_class_bps(bps, exp.replicas, floor))
     longest = max((x.transfer_s for x in wan.links.values()), default=0.0)

@@ -58,8 +58,7 @@ def simulate(
     time and delay; ``paths``, the hops of each (sender, receiver) pair; ``one_way_s``, each pair's
     one-way delay; ``stagger_s``, each replica's first-stage offset; ``block_s``, per-block
     (forward, backward) seconds (default the experiment's); ``stage_s``, each stage's own (forward,
-    backward) seconds on one microbatch, each of its virtual stages' (a profile; overrides
-    ``block_s``); ``sharing``, how a link
+    backward) seconds on one microbatch, per virtual stage (a profile; overrides ``block_s``); ``sharing``, how a link
     direction is shared (``SHARING``): ``planned``, one transfer at a time from when its bytes can
     go to when they have passed; ``fifo``, one at a time in the order they become ready, for the
     whole rendezvous (the notice, the bytes and their flight) unless ``exp.atlas_borrow`` (then
@@ -86,7 +85,7 @@ def simulate(
     f = [len(stage_layers(exp.model.n_layers, V, v)) * per_f for v in range(V)]
     b = [len(stage_layers(exp.model.n_layers, V, v)) * per_b for v in range(V)]
     if stage_s is not None:
-        f, b = [stage_s[w][0] for w in home], [stage_s[w][1] for w in home]
+        f, b = [x[0] for x in stage_s], [x[1] for x in stage_s]
     parts = [backward_parts(x) for x in b]
     took_s = {"F": f, "B": b, "I": [x for x, _ in parts], "W": [x for _, x in parts]}
     rank = {(w.stage, w.replica): w.rank for w in workers}

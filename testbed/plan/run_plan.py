@@ -35,8 +35,8 @@ class RunPlan:
     (``cost_model.predict``), with the pipelines ``start_offsets_s`` apart where given (the
     simulator's ``--validate``); ``memory``: each stage's worker memory (``memory.worker_memory``)
     and ``gpu_shortfall`` why a stage does not fit ``gpu_memory_mb`` (None: it fits, or no
-    budget); ``stage_s``: the profiled (forward, backward) s per stage its grants are planned from
-    (None: the experiment's compute targets). ``grant_plan`` and ``bubbles`` are worked out on
+    budget); ``stage_s``: the profiled (forward, backward) s per virtual stage its grants are
+    planned from (None: the experiment's compute targets). ``grant_plan`` and ``bubbles`` are worked out on
     first use and kept (the simulator, which predicts many plans, reads neither)."""
 
     experiment: Experiment

@@ -17,6 +17,7 @@ from pathlib import Path
 from testbed.atlas.controller import Controller
 from testbed.plan.grant_plan import GrantPlan, format_grant_plan
 from testbed.plan.run_plan import RunPlan, make_plan
+from testbed.plan.schedule import experiment_homes
 from testbed.plan.worker_config import write_stagger
 from testbed.plan.workers import WorkerSpec
 from testbed.run.records import record_plan
@@ -31,10 +32,10 @@ PROFILED_ITERATION = 0
 def stage_times_s(
     events_dir: Path, workers: list[WorkerSpec], stages: int, iteration: int = PROFILED_ITERATION
 ) -> tuple[tuple[float, float], ...] | None:
-    """Each stage's (forward, backward) seconds on one microbatch of one of its virtual stages in
-    ``iteration``: the median of every forward and backward its replicas traced (``padded_ns``: the
-    real time under real compute; a split backward's two parts added up). None until every worker
-    has traced that iteration's optimizer step."""
+    """Each of the ``stages`` virtual stages' (forward, backward) seconds on one microbatch in
+    ``iteration`` (a worker's stage where each holds one): the median of every forward and backward
+    its replicas traced (``padded_ns``: the real time under real compute; a split backward's two
+    parts added up). None until every worker has traced that iteration's optimizer step."""
     ops: dict[int, dict[str, list[int]]] = {s: {T.FORWARD: [], T.BACKWARD: []} for s in range(stages)}
     for w in workers:
         rows = [r for r in read_jsonl(events_dir / f"w{w.rank}.jsonl") if r.get(T.ITERATION) == iteration]
@@ -42,12 +43,13 @@ def stage_times_s(
             return None
         backward: dict[tuple[int, int], int] = {}  # (virtual stage, microbatch) -> its parts' time
         for r in rows:
+            v = r.get(T.VIRTUAL_STAGE, w.stage)  # runs from before virtual stages: the worker's
             if r.get(T.KIND) == T.FORWARD and isinstance(r.get(T.PADDED_NS), int):
-                ops[w.stage][T.FORWARD].append(r[T.PADDED_NS])
+                ops[v][T.FORWARD].append(r[T.PADDED_NS])
             elif r.get(T.KIND) == T.BACKWARD and isinstance(r.get(T.PADDED_NS), int):
-                key = (r.get(T.VIRTUAL_STAGE, w.stage), r[T.MICROBATCH])
-                backward[key] = backward.get(key, 0) + r[T.PADDED_NS]
-        ops[w.stage][T.BACKWARD].extend(backward.values())
+                backward[(v, r[T.MICROBATCH])] = backward.get((v, r[T.MICROBATCH]), 0) + r[T.PADDED_NS]
+        for (v, _), ns in backward.items():
+            ops[v][T.BACKWARD].append(ns)
     if any(not v for op in ops.values() for v in op.values()):
         return None
     return tuple(
@@ -57,7 +59,7 @@ def stage_times_s(
 
 class FirstIterationProfile:
     """Polled by the run's watch loop: once the first iteration is profiled, calls ``replan`` with
-    each stage's (forward, backward) seconds, once."""
+    each of the ``stages`` virtual stages' (forward, backward) seconds, once."""
 
     def __init__(
         self,
@@ -111,7 +113,8 @@ def replan_from_profile(
         controller.replan(plan)
         record_plan(out_dir, profiled, now_ns(), f"profiled from iteration {PROFILED_ITERATION}")
         write_stagger(stagger_path, plan.stagger_s)  # after the controller has the order
-        profile = ", ".join(f"stage {s} {f * 1e3:.1f}/{b * 1e3:.1f} ms" for s, (f, b) in enumerate(stage_s))
+        name = "virtual stage" if exp.chunks > 1 else "stage"
+        profile = ", ".join(f"{name} {s} {f * 1e3:.1f}/{b * 1e3:.1f} ms" for s, (f, b) in enumerate(stage_s))
         (out_dir / "grant_plan_profiled.txt").write_text(
             f"profiled in iteration {PROFILED_ITERATION} (forward/backward per microbatch): {profile}\n"
             + format_grant_plan(plan)
@@ -122,4 +125,4 @@ def replan_from_profile(
             + ", ".join(f"{x * 1e3:.1f} ms" for x in plan.stagger_s)
         )
 
-    return FirstIterationProfile(out_dir / "events", workers, exp.stages, replan)
+    return FirstIterationProfile(out_dir / "events", workers, len(experiment_homes(exp)), replan)

@@ -70,7 +70,7 @@ def test_the_profile_changes_the_plan():
     assert same.iteration_s == pytest.approx(targets.iteration_s)
     slow = plan_grants(e, e.topology_spec, workers, 1, floor_share=0.05, stage_s=((0.010, 0.010), (0.060, 0.010)))
     assert slow.iteration_s == pytest.approx(targets.iteration_s + 0.050)
-    with pytest.raises(ValueError, match="1 stages' times for 2 stages"):
+    with pytest.raises(ValueError, match="1 stages' times for 2 virtual stages"):
         plan_grants(e, e.topology_spec, workers, 1, stage_s=((0.010, 0.010),))
     before = unprofiled(targets)
     assert all(h.order == () for h in before.hops) and before.stagger_s == (0.0,) * 4

@@ -6,6 +6,7 @@ to the first worker crosses the WAN."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ from testbed.plan.schedule import (
     worker_tables,
 )
 from testbed.plan.what_if import alternatives
+from testbed.run.profile import stage_times_s
 from testbed.sim.figures import simulate_policy, wan_free_bubble_fraction
 from testbed.spec.compute import ComputeModel
 from testbed.spec.experiment_file import parse_experiment
@@ -261,3 +263,26 @@ def test_a_split_backwards_parts_overrun_against_their_own_targets():
     ]
     assert overrun_fraction(frame(rows), targets) == pytest.approx(1 / 3)
     assert padding_targets_ms(40, 80, 40, 2)[T.FORWARD] == 20 and padding_targets_ms(40, 80, 40, 2)[T.WEIGHT_PART] == 20
+
+
+def test_the_profile_keeps_each_virtual_stages_own_times(tmp_path):
+    """Under ZB-V worker 0 holds the embedding's chunk and the head's: the profile keeps each virtual
+    stage's median, and a split backward's parts add up to its backward."""
+    e = exp(schedule="zbv", stages=2, replicas=1, microbatches=2)
+    workers = place(e)
+    forward_ms = {0: 10, 1: 20, 2: 30, 3: 40}  # virtual stage -> forward
+    for w in workers:
+        rows = []
+        for v in (v for v, h in enumerate(experiment_homes(e)) if h == w.stage):
+            for m in range(2):
+                base = {T.ITERATION: 0, T.MICROBATCH: m, T.VIRTUAL_STAGE: v}
+                rows.append({**base, T.KIND: T.FORWARD, T.PADDED_NS: forward_ms[v] * 1_000_000})
+                for part, ms in ((T.INPUT_PART, forward_ms[v]), (T.WEIGHT_PART, forward_ms[v])):
+                    rows.append({**base, T.KIND: T.BACKWARD, T.PART: part, T.PADDED_NS: ms * 1_000_000})
+        rows.append({T.ITERATION: 0, T.MICROBATCH: -1, T.KIND: T.OPTIMIZER, T.PADDED_NS: 1})
+        (tmp_path / f"w{w.rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    times = stage_times_s(tmp_path, workers, 4)
+    assert [x for t in times for x in t] == pytest.approx([x / 1e3 for f in (10, 20, 30, 40) for x in (f, 2 * f)])
+    plan_grants(e, e.topology_spec, workers, 1, stage_s=times)  # one entry per virtual stage
+    with pytest.raises(ValueError, match="2 stages' times for 4 virtual stages"):
+        plan_grants(e, e.topology_spec, workers, 1, stage_s=times[:2])
