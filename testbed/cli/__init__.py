@@ -50,6 +50,16 @@ cmd_clean, cmd_doctor = (_command_in("machine", n) for n in ("cmd_clean", "cmd_d
 cmd_sim = _command_in("sim", "cmd_sim")
 
 
+def add_schedule_args(sp: argparse.ArgumentParser) -> None:
+    """``--schedule`` and ``--virtual-stages``, in place of the experiment file's."""
+    sp.add_argument("--schedule", choices=SCHEDULES, help="the pipeline schedule (default: the experiment's)")
+    sp.add_argument(
+        "--virtual-stages",
+        type=number(1, MAX_VIRTUAL_STAGES, int),
+        help=f"model chunks per worker under interleaved-1f1b (default {DEFAULT_VIRTUAL_STAGES})",
+    )
+
+
 def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
     """The command line's parser; ``command``: how its examples write the testbed's command."""
     p = argparse.ArgumentParser(prog="testbed", description="Emulated multi-datacenter LLM training testbed.")
@@ -105,12 +115,7 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
     sp.add_argument("experiment", nargs="?", default=None, help="experiment file or shipped name (default: default)")
     sp.add_argument("--iterations", type=number(1, 100000, int))
     sp.add_argument("--microbatches", type=number(1, 1024, int))
-    sp.add_argument("--schedule", choices=SCHEDULES)
-    sp.add_argument(
-        "--virtual-stages",
-        type=number(1, MAX_VIRTUAL_STAGES, int),
-        help=f"model chunks per worker under interleaved-1f1b (default {DEFAULT_VIRTUAL_STAGES})",
-    )
+    add_schedule_args(sp)
     sp.add_argument("--topology", help="topology file or shipped name")
     sp.add_argument("--stages", type=number(1, 1024, int), help="pipeline stages")
     sp.add_argument("--replicas", type=number(1, 1024, int), help="data-parallel replicas per stage")
@@ -155,6 +160,7 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
     )
     sp.add_argument("--iterations", type=number(2, 100000, int))
     sp.add_argument("--repeat", type=number(1, 100, int), default=1, help="runs per policy, interleaved")
+    add_schedule_args(sp)
     sp.add_argument("--out", type=Path, help="folder for comparison.json and one run folder per policy")
     sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
     sp.add_argument(
@@ -173,6 +179,7 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
     sp = sub.add_parser("plan", help="placements and predicted iteration times, alternatives, what-if (no root)")
     sp.add_argument("experiment", nargs="?", default=None)
     sp.add_argument("--top", type=number(1, 1000, int), default=12, help="plans to print (default 12)")
+    add_schedule_args(sp)
     sp.add_argument(
         "--grants",
         action="store_true",
@@ -184,12 +191,7 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
     sp = sub.add_parser("schedule", help="print an experiment's pipeline schedule as a table (no root needed)")
     sp.add_argument("experiment", nargs="?", default=None)
     sp.add_argument("--microbatches", type=number(1, 1024, int))
-    sp.add_argument("--schedule", choices=SCHEDULES)
-    sp.add_argument(
-        "--virtual-stages",
-        type=number(1, MAX_VIRTUAL_STAGES, int),
-        help=f"model chunks per worker under interleaved-1f1b (default {DEFAULT_VIRTUAL_STAGES})",
-    )
+    add_schedule_args(sp)
     sp.set_defaults(func=cmd_schedule)
     sp = sub.add_parser("analyze", help="recompute summary, parquet, Chrome trace and plots of a run folder")
     sp.add_argument("run_dir", type=Path)

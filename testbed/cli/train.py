@@ -97,7 +97,10 @@ def cmd_compare(args) -> int:
             parse_policy(p)
         except UnknownPolicy as e:
             raise SpecError("--policies", "(option)", p, "is no policy", str(e)) from None
-    exp = bubbletea_overrides(load_experiment(args.experiment).with_overrides(iterations=args.iterations), args)
+    exp = load_experiment(args.experiment).with_overrides(
+        iterations=args.iterations, schedule=args.schedule, virtual_stages=args.virtual_stages
+    )
+    exp = bubbletea_overrides(exp, args)
     root_preamble("testbed compare")
     from testbed.results.compare import format_comparison
     from testbed.run.compare import compare
@@ -128,12 +131,13 @@ def _blocks_per_stage(exp) -> str:
 
 
 def cmd_plan(args) -> int:
-    exp = load_experiment(args.experiment)
+    exp = load_experiment(args.experiment).with_overrides(schedule=args.schedule, virtual_stages=args.virtual_stages)
     topo = exp.topology_spec
     print(
         f"{exp.name} on {topo.name}: global batch {exp.global_batch} sequences of {exp.model.seq_len} tokens, "
         f"microbatch {exp.microbatch_size}; compute {exp.compute.forward_ms:g}/{exp.compute.backward_ms:g} ms per "
-        f"stage of {_blocks_per_stage(exp)} blocks, optimizer step {exp.compute.optimizer_target_ms:g} ms"
+        f"stage of {_blocks_per_stage(exp)} blocks, optimizer step {exp.compute.optimizer_target_ms:g} ms; "
+        f"{exp.schedule}" + (f" ({exp.chunks} virtual stages per worker)" if exp.chunks > 1 else "")
     )
     for policy in POLICIES:
         try:
