@@ -38,7 +38,7 @@ from testbed.atlas.switch import GrantSwitch
 from testbed.atlas.timing import HopTiming, timing_to_json
 from testbed.net.network import Network, require_live_shaping
 from testbed.plan.grant_plan import GrantPlan, granted_class_bps
-from testbed.plan.schedule import home_boundaries
+from testbed.plan.virtual_stages import home_boundaries
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
 from testbed.trace.jsonl import write_json_atomic

@@ -11,15 +11,8 @@ from testbed.cli.common import backend, bubbletea_overrides, root_preamble
 from testbed.errors import SpecError
 from testbed.plan.grant_plan import format_grant_plan
 from testbed.plan.run_plan import format_plan, make_plan
-from testbed.plan.schedule import (
-    RankAction,
-    bubble_fraction,
-    chunk_numbers,
-    experiment_homes,
-    experiment_tables,
-    format_grid,
-    rank_grid,
-)
+from testbed.plan.schedule import RankAction, bubble_fraction, experiment_tables, format_grid, rank_grid
+from testbed.plan.virtual_stages import chunk_numbers, experiment_homes
 from testbed.plan.wan_load import boundary_loads, format_loads
 from testbed.plan.what_if import alternatives, best_plan, what_if
 from testbed.run.records import check_fresh_out_dir, discard_unused_out

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from testbed.plan.connections import wan_connections
 from testbed.plan.grant_plan import simulated_iteration
-from testbed.plan.schedule import chunk_numbers, experiment_homes, slot_name
+from testbed.plan.virtual_stages import chunk_numbers, experiment_homes, slot_name
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import TopologySpec

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from testbed.plan.schedule import experiment_boundaries
+from testbed.plan.virtual_stages import experiment_boundaries
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.experiment_fields import MAX_WAN_CONNECTIONS

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from testbed.plan.allreduce import allreduce_s
 from testbed.plan.connections import wan_connections
 from testbed.plan.grant_plan import simulated_iteration
-from testbed.plan.schedule import experiment_boundaries
+from testbed.plan.virtual_stages import experiment_boundaries
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import stage_layers

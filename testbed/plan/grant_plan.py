@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer, boundary_paths
 from testbed.plan.connections import one_connection_bps, sent_at_once, transfer_time_s
 from testbed.plan.grant_sim import simulate
-from testbed.plan.schedule import RankAction, experiment_boundaries, experiment_homes
+from testbed.plan.schedule import RankAction
+from testbed.plan.virtual_stages import experiment_boundaries, experiment_homes
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.routing import RoutingTable

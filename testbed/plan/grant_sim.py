@@ -33,7 +33,8 @@ import simpy
 
 from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer
 from testbed.plan.fair_share import FairShare
-from testbed.plan.schedule import RankAction, backward_parts, experiment_tables, stage_homes
+from testbed.plan.schedule import RankAction, experiment_tables
+from testbed.plan.virtual_stages import backward_parts, stage_homes
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import stage_layers

@@ -34,11 +34,12 @@ held once (``LAUNCHER_BYTES``) and each worker adds only the pages it writes (``
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from testbed.plan.schedule import peak_in_flight
+from testbed.plan.schedule import worker_tables
 from testbed.spec.bubbletea import QUEUED_PROMPT_TOKENS, BubbleTeaSpec, served_model
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import FP32_BYTES, ModelConfig, activation_bytes, stage_layers, stage_params
@@ -165,6 +166,22 @@ def stage_device_bytes(
     saved = blocks * block_activation_bytes(cfg, microbatch_size, tensor_parallel, recompute)
     per_microbatch = saved + chunks * activation_bytes(cfg, microbatch_size) / tensor_parallel
     return math.ceil(state + held * per_microbatch)
+
+
+@functools.cache
+def peak_in_flight(schedule: str, stages: int, microbatches: int, chunks: int = 1) -> tuple[float, ...]:
+    """Per worker, the most microbatches' worth of its activations it holds at once under the
+    table: a virtual stage's activations of a microbatch live from its forward to its backward (a
+    split backward's weight part: an upper bound, as that part needs only its layers' inputs), each
+    a ``1 / chunks`` share of the worker's. Raises what ``worker_tables`` raises."""
+    out = []
+    for acts in worker_tables(schedule, stages, microbatches, chunks):
+        live = peak = 0
+        for a in acts:
+            live += 1 if a.kind == "F" else -1 if a.kind in ("B", "W") else 0
+            peak = max(peak, live)
+        out.append(peak / chunks)
+    return tuple(out)
 
 
 def in_flight(exp: Experiment, stage: int) -> float:

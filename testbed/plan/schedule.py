@@ -16,19 +16,17 @@ The schedules the field runs today list a worker's actions over several virtual 
 whose backward is split into its input and weight parts; ``rank_grid`` simulates them. Unit tests
 hold each table to ``torch.distributed.pipelining``'s own (imported only there) and to its
 closed-form bubble. ``worker_tables`` gives every schedule's tables in that form (GPipe and 1F1B
-with one virtual stage per worker), ``stage_homes`` the worker of each virtual stage and
-``home_boundaries`` the pairs of workers a pipeline's transfers cross.
+with one virtual stage per worker); ``virtual_stages.py`` says which worker holds each virtual
+stage and what crosses between them.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from testbed.spec.pipeline_schedules import SCHEDULES, rounds, rounds_problem
-from testbed.trace import schema as T
 
 if TYPE_CHECKING:
     from testbed.spec.experiment import Experiment
@@ -288,42 +286,6 @@ def rank_grid(
     return [r + [""] * (width - len(r)) for r in rows]
 
 
-# ---- every schedule as worker tables ------------------------------------------------------------
-#: the share of a backward its input part takes under a split backward (ZB-H1, ZB-V), the weight
-#: part the rest: the two are about equal (Qi et al. 2024, section 2: each about one forward's
-#: matrix multiplications, so T_B = T_W = T_F under their 1:2 forward to backward)
-INPUT_SHARE = 0.5
-
-
-def backward_parts(backward: float) -> tuple[float, float]:
-    """A backward's (input part, weight part) under a split backward, in its unit (``INPUT_SHARE``)."""
-    return backward * INPUT_SHARE, backward * (1 - INPUT_SHARE)
-
-
-def padding_targets_ms(forward_ms: float, backward_ms: float, optimizer_ms: float, chunks: int) -> dict[str, float]:
-    """What each operation of a worker is padded to (ms), by event kind, and by ``T.PART`` for a
-    split backward's parts: a stage's forward and backward targets shared among its ``chunks``
-    (equal blocks each), the input part ``INPUT_SHARE`` of the backward, the weight part the rest;
-    the optimizer step its own. The workers pad to these; the summary counts overruns against them."""
-    input_ms, weight_ms = backward_parts(backward_ms / chunks)
-    return {
-        T.FORWARD: forward_ms / chunks,
-        T.BACKWARD: backward_ms / chunks,
-        T.INPUT_PART: input_ms,
-        T.WEIGHT_PART: weight_ms,
-        T.OPTIMIZER: optimizer_ms,
-    }
-
-
-def stage_homes(schedule: str, stages: int, chunks: int) -> list[int]:
-    """The worker (pipeline position) holding each of the ``stages`` x ``chunks`` virtual stages:
-    looped (virtual stage v on worker v mod stages) except under ``zbv``'s V (worker w holds w and
-    2 x stages - 1 - w)."""
-    if schedule == "zbv":
-        return list(range(stages)) + list(reversed(range(stages)))
-    return [v % stages for v in range(stages * chunks)]
-
-
 def worker_tables(schedule: str, stages: int, microbatches: int, chunks: int = 1) -> list[list[RankAction]]:
     """Every worker's compute actions in order, over the virtual stages (``RankAction``), for
     ``schedule`` (``SCHEDULES``) with ``chunks`` virtual stages per worker (``interleaved-1f1b``;
@@ -343,65 +305,6 @@ def worker_tables(schedule: str, stages: int, microbatches: int, chunks: int = 1
     raise ValueError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
 
 
-def home_boundaries(homes: list[int]) -> list[tuple[int, int]]:
-    """The (sender, receiver) workers of each forward boundary of a pipeline whose virtual stages
-    sit on the workers ``homes`` (``stage_homes``), where the two differ, in virtual-stage order (a
-    pair twice where two boundaries join the same workers; the backward crosses each the other
-    way)."""
-    return [(a, b) for a, b in zip(homes, homes[1:]) if a != b]
-
-
-def slot_name(kind: str, microbatch: int, chunk: int = 0) -> str:
-    """The name of the wait before an action fed by a transfer, as the workers and BubbleTea's bubble
-    timeline call it: ``F2`` (the forward of microbatch 2), ``B2`` (its backward, or the input part
-    of it), ``F2c1`` on a worker's second chunk."""
-    return f"{'F' if kind == 'F' else 'B'}{microbatch}" + (f"c{chunk}" if chunk else "")
-
-
 def experiment_tables(exp: Experiment) -> list[list[RankAction]]:
     """``worker_tables`` of ``exp``'s schedule, stages, microbatches and chunks."""
     return worker_tables(exp.schedule, exp.stages, exp.microbatches, exp.chunks)
-
-
-def experiment_homes(exp: Experiment) -> list[int]:
-    """``stage_homes`` of ``exp``'s schedule, stages and chunks."""
-    return stage_homes(exp.schedule, exp.stages, exp.chunks)
-
-
-def experiment_boundaries(exp: Experiment) -> list[tuple[int, int]]:
-    """``home_boundaries`` of ``exp``'s virtual stages."""
-    return home_boundaries(experiment_homes(exp))
-
-
-def chunk_numbers(homes: list[int]) -> list[int]:
-    """Each virtual stage's chunk number on its worker (0 for its first, in virtual-stage order),
-    the virtual stages sitting on the workers ``homes`` (``stage_homes``)."""
-    seen: dict[int, int] = {}
-    out = []
-    for w in homes:
-        out.append(seen.get(w, 0))
-        seen[w] = out[-1] + 1
-    return out
-
-
-@functools.cache
-def peak_in_flight(schedule: str, stages: int, microbatches: int, chunks: int = 1) -> tuple[float, ...]:
-    """Per worker, the most microbatches' worth of its activations it holds at once under the
-    table: a virtual stage's activations of a microbatch live from its forward to its backward (a
-    split backward's weight part: an upper bound, as that part needs only its layers' inputs), each
-    a ``1 / chunks`` share of the worker's. Raises what ``worker_tables`` raises."""
-    out = []
-    for acts in worker_tables(schedule, stages, microbatches, chunks):
-        live = peak = 0
-        for a in acts:
-            live += 1 if a.kind == "F" else -1 if a.kind in ("B", "W") else 0
-            peak = max(peak, live)
-        out.append(peak / chunks)
-    return tuple(out)
-
-
-def transfer_tag(kind: str, boundary: int, microbatch: int, microbatches: int) -> int:
-    """The tag that tells a transfer apart from the others between the same two workers in one
-    iteration: its direction (``kind`` F, activations; B, gradients), the boundary after virtual
-    stage ``boundary`` and the microbatch."""
-    return (2 * boundary + (kind != "F")) * microbatches + microbatch

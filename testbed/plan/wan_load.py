@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from testbed.plan.connections import one_connection_bps, path_connection_share, transfer_time_s
-from testbed.plan.schedule import experiment_homes
+from testbed.plan.virtual_stages import experiment_homes
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import stage_layers

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from testbed.plan.schedule import padding_targets_ms
+from testbed.plan.virtual_stages import padding_targets_ms
 from testbed.results import analysis as A
 from testbed.results import link_counters as L
 from testbed.spec.compute import compute_from_dict

@@ -10,7 +10,7 @@ from testbed.net.network import Network
 from testbed.net.registry import control_dir
 from testbed.plan.grant_plan import GrantPlan, format_grant_plan
 from testbed.plan.run_plan import RunPlan
-from testbed.plan.schedule import experiment_homes
+from testbed.plan.virtual_stages import experiment_homes
 from testbed.run.profile import unprofiled
 from testbed.spec.experiment import Experiment
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from testbed.atlas.controller import Controller
 from testbed.plan.grant_plan import GrantPlan, format_grant_plan
 from testbed.plan.run_plan import RunPlan, make_plan
-from testbed.plan.schedule import experiment_homes
+from testbed.plan.virtual_stages import experiment_homes
 from testbed.plan.worker_config import write_stagger
 from testbed.plan.workers import WorkerSpec
 from testbed.run.records import record_plan

@@ -15,7 +15,7 @@ from testbed.atlas.controller import Controller
 from testbed.errors import TestbedError
 from testbed.net.network import Network, Process
 from testbed.plan.placement import WorkerSpec
-from testbed.plan.schedule import experiment_homes
+from testbed.plan.virtual_stages import experiment_homes
 from testbed.run.profile import FirstIterationProfile
 from testbed.spec.experiment import Experiment
 from testbed.trace import schema as T

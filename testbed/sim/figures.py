@@ -22,7 +22,7 @@ from testbed.plan.allreduce import allreduce_s, wan_allreduce_bits
 from testbed.plan.cost_model import optimizer_s, stage_compute_s
 from testbed.plan.grant_sim import simulate
 from testbed.plan.run_plan import make_plan
-from testbed.plan.schedule import experiment_boundaries
+from testbed.plan.virtual_stages import experiment_boundaries
 from testbed.plan.workers import WorkerSpec
 from testbed.sim.bubbletea import PrefillFigures, prefill_in_bubbles
 from testbed.spec.experiment import Experiment

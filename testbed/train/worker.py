@@ -33,14 +33,8 @@ from testbed.bubbletea.fill import Fill
 from testbed.bubbletea.prefill import PrefillServer
 from testbed.model.gpt import Stage, lm_loss
 from testbed.plan.placement import rank_of
-from testbed.plan.schedule import (
-    chunk_numbers,
-    padding_targets_ms,
-    slot_name,
-    stage_homes,
-    transfer_tag,
-    worker_tables,
-)
+from testbed.plan.schedule import worker_tables
+from testbed.plan.virtual_stages import chunk_numbers, padding_targets_ms, slot_name, stage_homes, transfer_tag
 from testbed.plan.worker_config import WorkerConfig, read_stagger, read_worker_config
 from testbed.spec.model import activation_bytes, activation_shape
 from testbed.trace import schema as T

@@ -10,7 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from testbed.plan.schedule import stage_homes, worker_tables
+from testbed.plan.schedule import worker_tables
+from testbed.plan.virtual_stages import stage_homes
 from testbed.results.analysis import losses
 from testbed.run.runner import run_experiment
 from testbed.sim.validate import MEASURED_LINKS, validate_run

@@ -8,7 +8,7 @@ import pytest
 from testbed.atlas.grants import GrantLoop, HopTiming, boundary_paths
 from testbed.plan.grant_plan import DEADLINE_TRANSFERS, Hop, Transfer, format_grant_plan, plan_grants
 from testbed.plan.placement import place
-from testbed.plan.schedule import experiment_boundaries
+from testbed.plan.virtual_stages import experiment_boundaries
 from testbed.spec.compute import ComputeModel
 from testbed.spec.model import ModelConfig
 from testbed.spec.policy import parse_policy

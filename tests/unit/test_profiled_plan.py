@@ -14,7 +14,7 @@ from testbed.atlas.controller_process import serve_messages
 from testbed.atlas.grants import GrantLoop, HopTiming, boundary_paths
 from testbed.atlas.timing import timing_from_json, timing_to_json
 from testbed.plan.grant_plan import Hop, plan_grants
-from testbed.plan.schedule import experiment_boundaries
+from testbed.plan.virtual_stages import experiment_boundaries
 from testbed.plan.worker_config import read_stagger, write_stagger
 from testbed.run.profile import FirstIterationProfile, stage_times_s, unprofiled
 from testbed.spec.routing import RoutingTable

@@ -16,22 +16,17 @@ from testbed.errors import SpecError
 from testbed.plan.boundary_transfers import Transfer
 from testbed.plan.bubble_timeline import bubble_timeline
 from testbed.plan.grant_plan import plan_grants, simulated_iteration, wan_links
-from testbed.plan.memory import in_flight
+from testbed.plan.memory import in_flight, peak_in_flight
 from testbed.plan.placement import place
-from testbed.plan.schedule import (
-    UNIT_SLOTS,
-    RankAction,
+from testbed.plan.schedule import UNIT_SLOTS, RankAction, make_schedule, rank_grid, worker_tables
+from testbed.plan.virtual_stages import (
     chunk_numbers,
     experiment_boundaries,
     experiment_homes,
     home_boundaries,
-    make_schedule,
     padding_targets_ms,
-    peak_in_flight,
-    rank_grid,
     slot_name,
     stage_homes,
-    worker_tables,
 )
 from testbed.plan.what_if import alternatives
 from testbed.run.profile import stage_times_s
