@@ -12,8 +12,6 @@ from __future__ import annotations
 
 #: pipeline schedules (``plan/schedule.py`` builds their action tables)
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv")
-#: the schedules whose backward is split into its input and weight parts (Qi et al. 2024)
-SPLIT_BACKWARD = ("zb-h1", "zbv")
 #: the schedules that take their microbatches a round of ``stages`` at a time (``rounds``)
 IN_ROUNDS = ("interleaved-1f1b", "zb-h1")
 #: virtual stages per worker under interleaved-1f1b when the experiment gives none, and the most
