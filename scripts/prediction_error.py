@@ -23,6 +23,17 @@ Run as root: .venv/bin/python scripts/prediction_error.py [--policies pp-fair,dp
 adds the steps between pp-fair and atlas (``compare --ablation``'s chain); ``--schedules`` runs each experiment
 under each schedule instead of its own (a layout the schedule cannot run is listed as infeasible) and records
 the table as ``prediction_error_schedules``; ``--revalidate`` runs nothing and validates the folders in ``--out``.
+
+``--random N --seed S`` runs experiments nobody chose instead: N random valid experiments drawn from
+seed S (``sim/random_experiments.py``: a quarter in each quartile of the planned WAN-to-compute
+ratio; a draw this machine cannot run representatively, ``run/fit.py``, is rejected and counted),
+each written as its two files in ``--out`` and run under pp-fair, dp-wan, atlas and
+atlas+bubbletea (``--iterations 5`` by default, the first a warm-up), and set beside the
+simulator predicting as ``testbed plan`` does: the modelled window, the pipelines in step. A draw
+with a run whose compute overran its targets (``representative`` false) is rejected after the
+run and counted. Prints and records (``prediction_error_random``) each run's error, per policy the
+errors' median, 90th percentile and largest, and atlas's predicted against measured speed-up
+over pp-fair.
 """
 
 from __future__ import annotations
@@ -41,6 +52,7 @@ from testbed.plan.grant_plan import wan_links
 from testbed.plan.grant_sim import simulate
 from testbed.results.published import Column, record_result
 from testbed.run.interrupts import tears_down_on_signals
+from testbed.run.random_validation import run_random
 from testbed.run.runner import run_experiment
 from testbed.sim.validate import load_run, validate_run
 from testbed.spec.experiment_file import load_experiment
@@ -72,7 +84,9 @@ def main() -> None:
     ap.add_argument("--experiments", default=",".join(EXPERIMENTS))
     ap.add_argument("--policies", default="pp-fair,dp-wan,atlas", help="comma-separated; may be empty")
     ap.add_argument("--ablation", action="store_true", help="also the ablation chain's steps between pp-fair and atlas")
-    ap.add_argument("--iterations", type=int, default=8)
+    ap.add_argument("--iterations", type=int, help="per run (default 8; 5 with --random)")
+    ap.add_argument("--random", type=int, metavar="N", help="N random experiments instead of the shipped ones")
+    ap.add_argument("--seed", type=int, default=0, help="with --random: the draws' seed")
     ap.add_argument(
         "--schedules",
         default="",
@@ -88,6 +102,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("results") / f"prediction-{time.strftime('%Y%m%d-%H%M%S')}")
     ap.add_argument("--no-record", action="store_true", help="leave docs/results/prediction_error.json as it is")
     args = ap.parse_args()
+    if args.random:
+        run_random(args.random, args.seed, args.iterations or 5, args.out, REPO, record=not args.no_record)
+        return
+    args.iterations = args.iterations or 8
     records: list[dict] = []
     offset_records: list[dict] = []
     args.out.mkdir(parents=True, exist_ok=True)

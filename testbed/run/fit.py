@@ -117,3 +117,68 @@ def check_iteration_time(plan: RunPlan, force: bool = False) -> float:
         f"d_model {exp.model.d_model}), above the {MAX_ITERATION_S:g} s limit",
         f"use a smaller {field}, or pass --force to run it anyway",
     )
+
+
+#: the share of this machine's cores the workers' real compute may take over a predicted iteration
+#: (the rest: the delay element, the controller and the peaks when every worker computes at once)
+MAX_COMPUTE_LOAD = 0.5
+#: the share of its padding target one operation's real time may take on one thread
+MAX_OPERATION_SHARE = 0.8
+#: timed repetitions of a stage's forward and backward (the median counts; one more warms up)
+TIMING_REPS = 5
+
+
+def real_stage_s(exp: Experiment, stage: int) -> float:
+    """Seconds this machine takes, on one thread as a worker has, for the forward and backward of one
+    microbatch through ``stage`` (real PyTorch; the median of ``TIMING_REPS``)."""
+    import statistics
+    import time
+
+    import torch
+
+    from testbed.model.gpt import Stage, build_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        m = Stage(build_model(exp.model, exp.seed), stage, exp.stages)
+        shape = (exp.microbatch_size, exp.model.seq_len)
+        x = torch.randint(0, exp.model.vocab, shape) if stage == 0 else torch.randn(*shape, exp.model.d_model)
+        times = []
+        for _ in range(TIMING_REPS + 1):
+            t0 = time.perf_counter()
+            m(x).float().square().mean().backward()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[1:])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def check_compute_load(plan: RunPlan, cores: int | None = None) -> float:
+    """The share of this machine's ``cores`` (default: all) the workers' real compute takes over the
+    plan's predicted iteration (each stage's ``real_stage_s`` per microbatch, for every worker of
+    it). Raises SpecError, naming the model's width, where that share is above ``MAX_COMPUTE_LOAD``
+    or one stage's real forward and backward above ``MAX_OPERATION_SHARE`` of their targets: the
+    padded operations would then overrun (``compute_overrun_fraction``) and the run would not
+    emulate the device it models."""
+    import os
+
+    exp = plan.experiment
+    cores = cores or os.cpu_count() or 1
+    real = [real_stage_s(exp, s) for s in range(exp.stages)]
+    target_s = (exp.compute.forward_ms + exp.compute.backward_ms) / 1000
+    busy_s = sum(real[w.stage] for w in plan.workers) * exp.microbatches
+    load = busy_s / (cores * plan.predicted_iteration_s)
+    worst = max(real)
+    if worst > MAX_OPERATION_SHARE * target_s or load > MAX_COMPUTE_LOAD:
+        raise SpecError(
+            exp.source,
+            "model.d_model",
+            exp.model.d_model,
+            f"takes this machine {worst * 1000:.0f} ms a microbatch on one thread against a {target_s * 1000:.0f} ms "
+            f"target (at most {MAX_OPERATION_SHARE:.0%}), and its {len(plan.workers)} workers {load:.0%} of its "
+            f"{cores} cores over a predicted {plan.predicted_iteration_s:.2f} s iteration (at most "
+            f"{MAX_COMPUTE_LOAD:.0%})",
+            "use a narrower model, longer compute targets, or fewer workers",
+        )
+    return load

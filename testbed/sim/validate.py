@@ -127,3 +127,17 @@ def validate_run(run_dir: Path, measured_links: bool = True, measured_starts: bo
         "start_offsets_s": offsets,
         "figures": figures,
     }
+
+
+def error_distribution(errors: list[float]) -> dict[str, float]:
+    """The median, 90th percentile and largest of ``errors``' magnitudes (numpy's linear
+    percentile), and how many there were: the prediction-error goals' figures (issue 39)."""
+    x = np.abs(np.asarray(errors, dtype=float))
+    if x.size == 0:
+        return {"n": 0, "median": float("nan"), "p90": float("nan"), "largest": float("nan")}
+    return {
+        "n": int(x.size),
+        "median": float(np.median(x)),
+        "p90": float(np.percentile(x, 90)),
+        "largest": float(x.max()),
+    }

@@ -75,17 +75,18 @@ def experiment_data(source: str, value: Any) -> str:
     return str(path)
 
 
-def parse_experiment(data: Any, source: str = "<memory>") -> Experiment:
+def parse_experiment(data: Any, source: str = "<memory>", topology: TopologySpec | None = None) -> Experiment:
     """Validate parsed YAML into an Experiment, each mapping by its table (``EXPERIMENT_FIELDS``,
-    ``COMPUTE_FIELDS``, ``DEVICE_FIELDS``, ``MODEL_FIELDS``, ``BUBBLETEA_FIELDS``). Raises
-    SpecError naming field, value and fix."""
+    ``COMPUTE_FIELDS``, ``DEVICE_FIELDS``, ``MODEL_FIELDS``, ``BUBBLETEA_FIELDS``); ``topology``:
+    the topology ``data["topology"]`` stands for, already loaded (default: loaded from the name or
+    path written). Raises SpecError naming field, value and fix."""
     r = FieldReader(source, data, "", EXPERIMENT_FIELDS)
     kw: dict[str, Any] = {
         **{k: v for k, v in r.values().items() if k not in ("name", "description", "policy")},
         "name": r.value("name") or Path(source).stem,
         "source": source,
         "topology": str(data["topology"]),
-        "topology_spec": experiment_topology(source, data["topology"]),
+        "topology_spec": topology or experiment_topology(source, data["topology"]),
     }
     if data.get("data") is not None:
         kw["data"] = experiment_data(source, data["data"])
