@@ -2,7 +2,8 @@
 the simulator's predictions away from the shipped experiments it was developed against
 (``scripts/prediction_error.py --random N --seed S``, ``run/random_validation.py``).
 
-A candidate is drawn uniformly from ``RANGES``: 2-4 DCs of 2-6 hosts each, joined in a chain (DC i
+A candidate is drawn uniformly from ``RANGES``: 2-4 DCs of 2-6 training hosts each (and one more
+for BubbleTea's decode host, ``decode_hosts: 1``, idle under the other policies), joined in a chain (DC i
 to DC i + 1) plus each other pair with probability ``EXTRA_LINK_P``; every link's rate
 log-uniform in 10 Mbit/s-1 Gbit/s and its one-way delay log-uniform in 1-100 ms; 2-4 pipeline
 stages of two blocks each, 1-4 replicas, 2-8 microbatches, ``d_model`` 64-384 (a multiple of 8,
@@ -107,7 +108,7 @@ def _log_uniform(rng: random.Random, low: float, high: float) -> float:
 def draw_candidate(rng: random.Random, name: str, ranges: Ranges = RANGES) -> Draw:
     """One candidate drawn from ``ranges`` with ``rng`` (not yet validated)."""
     n = rng.randint(*ranges.dcs)
-    dcs = [{"name": f"dc{i}", "hosts": rng.randint(*ranges.hosts)} for i in range(n)]
+    dcs = [{"name": f"dc{i}", "hosts": rng.randint(*ranges.hosts) + 1, "decode_hosts": 1} for i in range(n)]
     pairs = [(i, j) for i in range(n) for j in range(i + 1, n) if j == i + 1 or rng.random() < EXTRA_LINK_P]
     links = [
         {
