@@ -18,6 +18,7 @@ from testbed.net.registry import RunRecord
 from testbed.spec.addressing import BRIDGE_IFNAME, HOST_IFNAME, AddressPlan, host_port_ifname
 from testbed.spec.routing import RoutingTable
 from testbed.spec.topology import DCSpec, TopologySpec
+from testbed.spec.wire import MIN_SOCKET_BUFFER_BYTES
 
 #: Smallest socket-buffer ceiling the hosts get (Linux's default tcp_rmem maximum, 6 MiB).
 MIN_TCP_BUFFER_BYTES = 6 * 2**20
@@ -50,8 +51,8 @@ def namespace_sysctls(
         "net.ipv6.conf.all.disable_ipv6": "1",
         "net.ipv6.conf.default.disable_ipv6": "1",
         "net.ipv4.tcp_slow_start_after_idle": "0",
-        "net.ipv4.tcp_rmem": f"4096 {min(131072, tcp_bytes)} {tcp_bytes}",
-        "net.ipv4.tcp_wmem": f"4096 {min(16384, tcp_bytes)} {tcp_bytes}",
+        "net.ipv4.tcp_rmem": f"{MIN_SOCKET_BUFFER_BYTES} {min(131072, tcp_bytes)} {tcp_bytes}",
+        "net.ipv4.tcp_wmem": f"{MIN_SOCKET_BUFFER_BYTES} {min(16384, tcp_bytes)} {tcp_bytes}",
     }
     # br_netfilter (where loaded) would pass bridged frames through the router's iptables
     # chains and delay intra-DC traffic twice; the DC switch is a plain switch

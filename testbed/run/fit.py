@@ -13,6 +13,7 @@ from testbed.plan.memory import LAUNCHER_BYTES
 from testbed.plan.run_plan import RunPlan
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import ModelConfig
+from testbed.spec.wire import MIN_SOCKET_BUFFER_BYTES
 from testbed.train.corpus import corpus_bytes, train_split_bytes
 
 #: an iteration predicted to last longer than this is refused unless forced (s)
@@ -85,6 +86,30 @@ def check_memory(plan: RunPlan, available: int | None = None) -> None:
         "more than "
         f"{MEMORY_SHARE:.0%} of the {avail / GIB:.3g} GiB this machine has available",
         fix,
+    )
+
+
+def check_socket_buffer(plan: RunPlan) -> None:
+    """Raise SpecError when the plan's socket-buffer cap (``connections.socket_buffer_cap``) is
+    below the smallest the kernel takes (``MIN_SOCKET_BUFFER_BYTES``): the modelled connection's
+    window is then smaller than the namespaces' TCP can be held to, and the sysctl would be refused."""
+    exp, cap = plan.experiment, plan.socket_buffer_bytes
+    if cap is None or cap >= MIN_SOCKET_BUFFER_BYTES:
+        return
+    if exp.wan_window_bytes is not None:
+        field, value, least = "wan_window_bytes", exp.wan_window_bytes, f"{MIN_SOCKET_BUFFER_BYTES // 2} bytes"
+    else:
+        share = exp.wan_connection_share or 0.0
+        field, value = "wan_connection_share", share
+        least = f"{share * MIN_SOCKET_BUFFER_BYTES / cap:.3g} on these links"
+    raise SpecError(
+        exp.source,
+        field,
+        value,
+        f"holds one TCP connection to a socket-buffer cap of {cap} bytes on the WAN path with the smallest "
+        f"bandwidth-delay product, below the {MIN_SOCKET_BUFFER_BYTES} bytes the kernel's tcp_rmem and tcp_wmem "
+        "take at least",
+        f"use at least {least}, or links with a larger bandwidth-delay product (rate x RTT)",
     )
 
 

@@ -5,10 +5,10 @@ predicting as ``testbed plan`` does (the modelled window, the pipelines in step:
 ``validate_run(measured_links=False, measured_starts=False)``).
 
 A draw is rejected, and counted with its reason, where this machine cannot run it representatively:
-before the runs, where a policy's plan is refused by ``check_runnable`` or ``check_compute_load``;
-after them, where a run's compute overran its padding targets (``representative`` false in its
-summary). A policy that cannot place a draw (dp-wan needs whole pipelines in a DC) is listed as
-infeasible for it. A run whose folder already holds a ``summary.json`` is not run again, so an
+before the runs, where a policy's plan is refused (``machine_check``); after them, where a run's
+compute overran its padding targets (``representative`` false in its summary) or a run failed
+(the sweep goes on). A policy that cannot run a draw at all (dp-wan needs whole pipelines in a
+DC) is listed as infeasible for it. A run whose folder already holds a ``summary.json`` is not run again, so an
 interrupted sweep goes on where it stopped.
 """
 
@@ -21,11 +21,11 @@ from typing import Any
 
 import yaml
 
-from testbed.errors import SpecError
+from testbed.errors import SpecError, TestbedError
 from testbed.plan.placement import decode_hosts
 from testbed.plan.run_plan import RunPlan, make_plan
 from testbed.results.published import Column, record_result
-from testbed.run.fit import check_compute_load, check_iteration_time, check_memory
+from testbed.run.fit import check_compute_load, check_iteration_time, check_memory, check_socket_buffer
 from testbed.run.runner import run_experiment
 from testbed.sim.random_experiments import Draw, random_experiments
 from testbed.sim.validate import error_distribution, validate_run
@@ -48,7 +48,7 @@ RUN_COLUMNS = [
     Column("policy", ("{policy}",)),
     Column("iteration s: predicted", ("{predicted_s:.3f}", "-")),
     Column("measured", ("{measured_s:.3f}", "-")),
-    Column("error", ("{error:+.1%}", "infeasible: {infeasible}")),
+    Column("error", ("{error:+.1%}", "infeasible: {infeasible}", "failed: {failed}")),
     Column("GPU utilization: predicted", ("{gpu_predicted:.3f}", "-")),
     Column("measured", ("{gpu_measured:.3f}", "-")),
     Column("atlas over pp-fair: predicted", ("{speedup_predicted:.2f}x", "")),
@@ -80,7 +80,7 @@ def policy_plan(exp: Experiment, policy: str) -> RunPlan:
 def machine_check(exp: Experiment) -> None:
     """Raise SpecError where this machine cannot run ``exp`` representatively under a policy of
     ``POLICIES`` that can run it (``check_memory``, ``check_iteration_time``,
-    ``check_compute_load``)."""
+    ``check_socket_buffer``, ``check_compute_load``)."""
     for policy in POLICIES:
         try:
             plan = policy_plan(exp, policy)
@@ -88,6 +88,7 @@ def machine_check(exp: Experiment) -> None:
             continue
         check_memory(plan)
         check_iteration_time(plan)
+        check_socket_buffer(plan)
         check_compute_load(plan)
 
 
@@ -112,7 +113,12 @@ def run_draw(exp: Experiment, folder: Path, iterations: int, progress: Any = pri
             out[policy] = {"infeasible": f"{err.field} {err.problem}"}
             continue
         if not (run_dir / "summary.json").exists():
-            run_experiment(e, run_dir, progress=lambda line: None)
+            try:
+                run_experiment(e, run_dir, progress=lambda line: None)
+            except TestbedError as err:  # the sweep goes on; the draw is rejected after the runs
+                out[policy] = {"failed": str(err).splitlines()[0][:300], "representative": False}
+                progress(f"{exp.name} {policy}: failed: {out[policy]['failed']}")
+                continue
         summary = json.loads((run_dir / "summary.json").read_text())
         f = validate_run(run_dir, measured_links=False, measured_starts=False)["figures"]
         it, gpu = f[M.ITERATION_TIME_S], f[M.GPU_UTILIZATION]
@@ -149,7 +155,9 @@ def run_random(n: int, seed: int, iterations: int, out: Path, repo: Path, record
         exp = load_experiment(write_draw(draw, out / draw.name))
         runs = run_draw(exp, out / draw.name, iterations)
         overran = [
-            f"{p}: compute overran {r['overrun']:.0%} of operations"
+            f"{p}: run failed: {r['failed']}"
+            if "failed" in r
+            else f"{p}: compute overran {r['overrun']:.0%} of operations"
             for p, r in runs.items()
             if not r.get("representative", True)
         ]

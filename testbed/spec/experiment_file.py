@@ -138,6 +138,11 @@ def _parse_bubbletea(source: str, data: Any, training: ModelConfig) -> BubbleTea
     return BubbleTeaSpec(**kw)
 
 
+def shipped_experiments() -> list[str]:
+    """The names of the experiments in ``workloads/``."""
+    return sorted(p.stem for p in WORKLOAD_DIR.glob("*.yaml"))
+
+
 def load_experiment(name_or_path: str | Path | None = None) -> Experiment:
     """Load and validate an experiment file (default: the shipped ``default`` experiment) with its
     topology. Raises SpecError."""

@@ -13,6 +13,9 @@ FRAME_BYTES = MTU + ETH_HLEN
 TCP_MSS_WITH_TIMESTAMPS = MTU - 20 - 20 - 12
 #: Share of a shaped Ethernet rate left to TCP payload: 1448 / 1514 = 95.6% (DESIGN.md section 3).
 TCP_GOODPUT_FRACTION = TCP_MSS_WITH_TIMESTAMPS / (MTU + ETH_HLEN)
+#: the smallest socket buffer a namespace's tcp_rmem/tcp_wmem may cap at: their minimum, one page
+#: (bytes; the kernel refuses a maximum below it with EINVAL: proc_sys_net_ipv4(5), tcp(7))
+MIN_SOCKET_BUFFER_BYTES = 4096
 
 
 def tcp_goodput_fraction(mtu: int = MTU) -> float:
