@@ -110,7 +110,7 @@ def draw_candidate(rng: random.Random, name: str, ranges: Ranges = RANGES) -> Dr
     n = rng.randint(*ranges.dcs)
     dcs = [{"name": f"dc{i}", "hosts": rng.randint(*ranges.hosts) + 1, "decode_hosts": 1} for i in range(n)]
     pairs = [(i, j) for i in range(n) for j in range(i + 1, n) if j == i + 1 or rng.random() < EXTRA_LINK_P]
-    links = [
+    links: list[dict[str, Any]] = [
         {
             "between": [f"dc{i}", f"dc{j}"],
             "rate": f"{_log_uniform(rng, *ranges.rate_mbit):.1f}mbit",
