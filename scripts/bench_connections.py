@@ -5,59 +5,85 @@ On a real long link one connection carries at most window / RTT, a small share o
 is why Atlas stripes WAN transfers (DESIGN.md section 2a). For each modelled per-connection share
 and one-way delay, this caps the hosts' socket buffers to reproduce the share on a two-DC
 link, picks n from the bandwidth-delay product (planner.connections_for) and prints the measured
-goodput of 1 and of n parallel iperf3 streams. Figures printed, nothing asserted.
+goodput of 1 and of n parallel iperf3 streams, and the window one connection kept in flight
+(goodput x RTT) per byte of the cap: the kernel's advertised window over its receive buffer, which
+``plan/connections.window_per_buffer_byte`` takes as 0.5 before Linux 6.6 and as its measured
+median from 6.6 on (``--one``: one stream only, over several rates). Figures printed, nothing
+asserted.
 
-Run as root: .venv/bin/python scripts/bench_connections.py [--rate 100mbit] [--seconds 4]
+Run as root: .venv/bin/python scripts/bench_connections.py [--rates 100mbit] [--delays 10ms,40ms]
+[--shares 0.1,0.25,0.5] [--seconds 4] [--one]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import platform
+import statistics
 import tempfile
 from pathlib import Path
 
 from testbed.net.iperf import iperf
-from testbed.plan.connections import buffer_for_share, connections_for
+from testbed.plan.connections import buffer_for_share, connections_for, window_for_share, window_per_buffer_byte
 from testbed.run.backends import make_network
+from testbed.run.fit import MIN_WINDOW_SEGMENTS
 from testbed.run.interrupts import tears_down_on_signals
 from testbed.spec.topology_file import parse_topology
 from testbed.spec.units import parse_rate_bps
-from testbed.spec.wire import TCP_GOODPUT_FRACTION
+from testbed.spec.wire import TCP_GOODPUT_FRACTION, TCP_MSS_WITH_TIMESTAMPS
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rate", default="100mbit")
+    ap.add_argument("--rates", default="100mbit")
     ap.add_argument("--delays", default="10ms,40ms")
     ap.add_argument("--shares", default="0.1,0.25,0.5")
     ap.add_argument("--seconds", type=float, default=4)
+    ap.add_argument("--one", action="store_true", help="one stream only")
     args = ap.parse_args()
-    rate = parse_rate_bps(args.rate)
     print(
-        f"{'one-way':>8} {'share':>6} {'buffer':>9} {'n':>3} {'1 conn Mbit/s':>14} {'(share)':>8} "
-        f"{'n conn Mbit/s':>14} {'(share)':>8}"
+        f"{'rate':>8} {'one-way':>8} {'share':>6} {'buffer':>9} {'n':>3} {'1 conn Mbit/s':>14} {'(share)':>8} "
+        f"{'window/buffer':>13} {'n conn Mbit/s':>14} {'(share)':>8}"
     )
-    for delay in args.delays.split(","):
+    ratios = []
+    for rate_text, delay in ((r, d) for r in args.rates.split(",") for d in args.delays.split(",")):
+        rate = parse_rate_bps(rate_text)
         topo = parse_topology(
             {
                 "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
-                "links": [{"between": ["a", "b"], "rate": args.rate, "delay": delay}],
+                "links": [{"between": ["a", "b"], "rate": rate_text, "delay": delay}],
             },
             "<bench>",
         )
         rtt = 2 * topo.links[0].delay_us / 1e6
         for share in (float(x) for x in args.shares.split(",")):
             buf = buffer_for_share(rate, rtt, share)
-            n = connections_for(rate, rtt, buf / 2)
+            if window_for_share(rate, rtt, share) < MIN_WINDOW_SEGMENTS * TCP_MSS_WITH_TIMESTAMPS:
+                print(
+                    f"{rate_text:>8} {delay:>8} {share:>6.2f}  skipped: a window under {MIN_WINDOW_SEGMENTS} segments"
+                )
+                continue
+            n = connections_for(rate, rtt, share * rate / 8 * rtt)
             with tempfile.TemporaryDirectory() as tmp:
                 with make_network(topo, out_dir=Path(tmp), tcp_buffer_bytes=buf) as net:
                     one = iperf(net, "a-h0", "b-h0", args.seconds, 1).bits_per_second
-                    many = iperf(net, "a-h0", "b-h0", args.seconds, 1, extra=["-P", str(n)]).bits_per_second
+                    many = (
+                        math.nan
+                        if args.one
+                        else iperf(net, "a-h0", "b-h0", args.seconds, 1, extra=["-P", str(n)]).bits_per_second
+                    )
             full = rate * TCP_GOODPUT_FRACTION
+            ratios.append(one / 8 * rtt / buf)
             print(
-                f"{delay:>8} {share:>6.2f} {buf:>9d} {n:>3d} {one / 1e6:>14.1f} {one / full:>8.2f} "
-                f"{many / 1e6:>14.1f} {many / full:>8.2f}"
+                f"{rate_text:>8} {delay:>8} {share:>6.2f} {buf:>9d} {n:>3d} {one / 1e6:>14.1f} {one / full:>8.2f} "
+                f"{ratios[-1]:>13.3f} {many / 1e6:>14.1f} {many / full:>8.2f}",
+                flush=True,
             )
+    print(
+        f"window per buffer byte: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f} "
+        f"(kernel {platform.release()}; plan/connections.window_per_buffer_byte takes {window_per_buffer_byte():.3f})"
+    )
 
 
 if __name__ == "__main__":

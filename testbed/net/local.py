@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from testbed.errors import BuildError
 from testbed.net import netlink
 from testbed.net.capacity import check_rates
 from testbed.net.delay_element import DelayQueues
@@ -51,6 +52,7 @@ from testbed.net.wan_shaper import WanShaper
 from testbed.spec.addressing import AddressPlan, HostAddr
 from testbed.spec.routing import RoutingTable
 from testbed.spec.topology import DCSpec, TopologySpec
+from testbed.spec.wire import MIN_SOCKET_BUFFER_BYTES
 
 
 class LocalNetwork(LocalFiles, LocalHostProcesses, ManagedNetwork):
@@ -70,7 +72,9 @@ class LocalNetwork(LocalFiles, LocalHostProcesses, ManagedNetwork):
     ``dcs_here`` are built; a WAN link to a DC elsewhere is a VXLAN tunnel ``tunnels[(here,
     there)]``; ``mtu`` leaves room for the tunnel's headers; ``clock_offset_ns`` is this machine's
     offset from the runner's clock. Raises PrivilegeError without root, FeatureError for a
-    missing kernel feature or tool, BuildError when the machine cannot carry the topology.
+    missing kernel feature or tool, BuildError when the machine cannot carry the topology or
+    ``tcp_buffer_bytes`` is below the least socket buffer the kernel takes
+    (``MIN_SOCKET_BUFFER_BYTES``).
     """
 
     offers_live_shaping: ClassVar[bool] = True
@@ -93,6 +97,11 @@ class LocalNetwork(LocalFiles, LocalHostProcesses, ManagedNetwork):
         clock_offset_ns: int = 0,
     ) -> None:
         check_delay_mechanism(delay_mechanism)
+        if tcp_buffer_bytes is not None and tcp_buffer_bytes < MIN_SOCKET_BUFFER_BYTES:
+            raise BuildError(
+                f"a socket-buffer cap of {tcp_buffer_bytes} bytes is below the {MIN_SOCKET_BUFFER_BYTES} bytes the "
+                "kernel's tcp_rmem and tcp_wmem take at least: give a larger cap (a larger window)"
+            )
         self.spec = spec
         self.realiser = realiser or NetnsRealiser()
         self.prefix = prefix or unused_run_prefix()

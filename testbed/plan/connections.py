@@ -1,12 +1,16 @@
-"""How many TCP connections a cross-DC transfer is striped over, and the socket-buffer cap that
-reproduces the per-connection share of a long WAN link (DESIGN.md section 2a, section 1 item 3).
+"""How many TCP connections a cross-DC transfer is striped over, the window one connection keeps
+in flight, and the socket-buffer cap that holds it to that window: the per-connection share of a
+long WAN link (DESIGN.md section 2a, section 1 item 3).
 
-Pure functions of an experiment, its topology and its placement.
+Pure functions of an experiment, its topology and its placement (and of the kernel's release,
+which decides how much of a receive buffer Linux advertises as window).
 """
 
 from __future__ import annotations
 
 import math
+import platform
+import re
 
 from testbed.plan.virtual_stages import experiment_boundaries
 from testbed.plan.workers import WorkerSpec
@@ -15,9 +19,30 @@ from testbed.spec.experiment_fields import MAX_WAN_CONNECTIONS
 from testbed.spec.routing import RoutingTable
 from testbed.spec.topology import TopologySpec
 
-#: Linux advertises about half of a socket's receive buffer as window (tcp_adv_win_scale = 1,
-#: Documentation/networking/ip-sysctl.rst), so a buffer of 2 x W bytes allows a window of W.
-RCVBUF_PER_WINDOW = 2
+#: the window (payload bytes) Linux advertises per byte of a socket's receive buffer. Before 6.6:
+#: half (tcp_adv_win_scale = 1, Documentation/networking/ip-sysctl.rst). From 6.6 ("tcp: get rid of
+#: sysctl_tcp_adv_win_scale"): the payload-to-truesize ratio of the segments received (the
+#: socket's scaling_ratio), whose median on the testbed's veth paths at MTU 1500 is
+#: ``WINDOW_PER_BUFFER_BYTE_SCALED`` (``scripts/bench_connections.py --one`` on 6.18: 25 paths of
+#: 10 Mbit/s-1 Gbit/s, 5-50 ms one way and shares 0.1-0.5, range 0.46-0.75, under 0.62 only on
+#: 10-100 Mbit/s paths of 10 ms round trips or windows under 10 segments: docs/results.md)
+WINDOW_PER_BUFFER_BYTE_HALF, WINDOW_PER_BUFFER_BYTE_SCALED = 0.5, 0.70
+#: the first release whose window follows the measured ratio
+SCALING_RATIO_RELEASE = (6, 6)
+
+
+def window_per_buffer_byte(release: str | None = None) -> float:
+    """The window one connection keeps per byte of its buffer cap under kernel ``release``
+    (default: this machine's, ``platform.release()``); a release it cannot read counts as old."""
+    m = re.match(r"(\d+)\.(\d+)", release or platform.release())
+    scaled = m is not None and (int(m[1]), int(m[2])) >= SCALING_RATIO_RELEASE
+    return WINDOW_PER_BUFFER_BYTE_SCALED if scaled else WINDOW_PER_BUFFER_BYTE_HALF
+
+
+def buffer_for_window(window_bytes: float) -> int:
+    """Socket buffer cap (bytes) under which one connection keeps ``window_bytes`` in flight on this
+    machine's kernel (``window_per_buffer_byte``), rounded up."""
+    return math.ceil(window_bytes / window_per_buffer_byte() - 1e-9)
 
 
 def connections_for(rate_bps: float, rtt_s: float, window_bytes: float, most: int = MAX_WAN_CONNECTIONS) -> int:
@@ -27,10 +52,16 @@ def connections_for(rate_bps: float, rtt_s: float, window_bytes: float, most: in
     return max(1, min(most, math.ceil(bdp_bytes / window_bytes - 1e-9)))
 
 
+def window_for_share(rate_bps: float, rtt_s: float, share: float) -> float:
+    """The window (bytes) with which one connection fills ``share`` of a link of this rate and RTT:
+    share x the bandwidth-delay product."""
+    return share * rate_bps / 8 * rtt_s
+
+
 def buffer_for_share(rate_bps: float, rtt_s: float, share: float) -> int:
     """Socket buffer cap (bytes) that holds one connection to ``share`` of a link of this rate and
-    RTT: a window of share x BDP, doubled for the kernel's receive-buffer overhead."""
-    return int(RCVBUF_PER_WINDOW * share * rate_bps / 8 * rtt_s)
+    RTT (``buffer_for_window`` of ``window_for_share``)."""
+    return buffer_for_window(window_for_share(rate_bps, rtt_s, share))
 
 
 def wan_connections(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> int:
@@ -41,16 +72,14 @@ def wan_connections(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpe
         return 1
     if exp.wan_connections:
         return exp.wan_connections
-    cap = socket_buffer_cap(exp, topo, workers)
-    if cap is None:
+    window = connection_window_bytes(exp, topo, workers)
+    if window is None:
         return 4
     routes = RoutingTable(topo)
     pairs = wan_pairs(exp, workers)
     if not pairs:
         return 1
-    return max(
-        connections_for(routes.wan_rate_bps(a, b), routes.rtt_us(a, b) / 1e6, cap / RCVBUF_PER_WINDOW) for a, b in pairs
-    )
+    return max(connections_for(routes.wan_rate_bps(a, b), routes.rtt_us(a, b) / 1e6, window) for a, b in pairs)
 
 
 def wan_pairs(exp: Experiment, workers: list[WorkerSpec]) -> list[tuple[str, str]]:
@@ -71,22 +100,37 @@ def wan_pairs(exp: Experiment, workers: list[WorkerSpec]) -> list[tuple[str, str
 def path_connection_share(
     exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec], a: str, b: str
 ) -> float | None:
-    """The share of the path ``a`` -> ``b``'s rate that one TCP connection fills under the hosts'
-    socket-buffer cap (``socket_buffer_cap``: window = cap / ``RCVBUF_PER_WINDOW``, over the path's
-    bandwidth-delay product), at most 1; None when no share is modelled."""
-    cap = socket_buffer_cap(exp, topo, workers)
-    if cap is None:
+    """The share of the path ``a`` -> ``b``'s rate that one TCP connection fills with its window
+    (``connection_window_bytes``, over the path's bandwidth-delay product), at most 1; None when no
+    share is modelled."""
+    window = connection_window_bytes(exp, topo, workers)
+    if window is None:
         return None
     routes = RoutingTable(topo)
     bdp_bytes = routes.wan_rate_bps(a, b) / 8 * routes.rtt_us(a, b) / 1e6
-    return min(1.0, cap / RCVBUF_PER_WINDOW / bdp_bytes)
+    return min(1.0, window / bdp_bytes)
 
 
 def connection_window_bytes(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> float | None:
-    """The window one TCP connection may have in flight under the hosts' socket-buffer cap
-    (``socket_buffer_cap`` / ``RCVBUF_PER_WINDOW``), or None when no share is modelled."""
-    cap = socket_buffer_cap(exp, topo, workers)
-    return None if cap is None else cap / RCVBUF_PER_WINDOW
+    """The window one TCP connection keeps in flight (bytes): ``exp.wan_window_bytes``, else
+    ``exp.wan_connection_share`` of the bandwidth-delay product of the WAN path (of those training
+    traffic crosses, ``wan_pairs``) where that is smallest; None when neither is modelled or no
+    path is crossed. The hosts' socket buffers are capped to hold it (``socket_buffer_cap``). One
+    window holds every connection of a host, so on paths with a larger bandwidth-delay product one
+    connection fills less than the share: ``wan_load.BoundaryLoad`` states the share of each path
+    (``testbed plan`` prints it)."""
+    if exp.wan_window_bytes is not None:
+        return float(exp.wan_window_bytes)
+    if exp.wan_connection_share is None:
+        return None
+    routes = RoutingTable(topo)
+    pairs = wan_pairs(exp, workers)
+    if not pairs:
+        return None
+    return min(
+        window_for_share(routes.wan_rate_bps(a, b), routes.rtt_us(a, b) / 1e6, exp.wan_connection_share)
+        for a, b in pairs
+    )
 
 
 def window_rate_bps(window_bytes: float | None, rtt_s: float) -> float | None:
@@ -142,21 +186,8 @@ def transfer_time_s(nbytes: float, rate_bps: float, one_bps: float | None, conne
 
 
 def socket_buffer_cap(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> int | None:
-    """Socket buffer cap reproducing ``exp.wan_connection_share`` on the WAN path (of those training
-    traffic crosses, ``wan_pairs``) that needs the smallest buffer for it (``buffer_for_share``), or
-    None when no share is modelled (with ``exp.wan_window_bytes``: the buffer for that window on
-    every path). One cap holds every socket of a host, so on paths with a larger
-    bandwidth-delay product one connection fills less than the share: ``wan_load.BoundaryLoad``
-    states the share of each path (``testbed plan`` prints it)."""
-    if exp.wan_window_bytes is not None:
-        return RCVBUF_PER_WINDOW * exp.wan_window_bytes
-    if exp.wan_connection_share is None:
-        return None
-    routes = RoutingTable(topo)
-    pairs = wan_pairs(exp, workers)
-    if not pairs:
-        return None
-    return min(
-        buffer_for_share(routes.wan_rate_bps(a, b), routes.rtt_us(a, b) / 1e6, exp.wan_connection_share)
-        for a, b in pairs
-    )
+    """The hosts' socket-buffer cap (bytes) under which one connection keeps
+    ``connection_window_bytes`` in flight on this machine's kernel (``buffer_for_window``), or None
+    when no window is modelled."""
+    window = connection_window_bytes(exp, topo, workers)
+    return None if window is None else buffer_for_window(window)

@@ -25,7 +25,7 @@ from testbed.errors import SpecError, TestbedError
 from testbed.plan.placement import decode_hosts
 from testbed.plan.run_plan import RunPlan, make_plan
 from testbed.results.published import Column, record_result
-from testbed.run.fit import check_compute_load, check_iteration_time, check_memory, check_socket_buffer
+from testbed.run.fit import check_compute_load, check_connection_window, check_iteration_time, check_memory
 from testbed.run.runner import run_experiment
 from testbed.sim.random_experiments import Draw, random_experiments
 from testbed.sim.validate import error_distribution, validate_run
@@ -80,7 +80,7 @@ def policy_plan(exp: Experiment, policy: str) -> RunPlan:
 def machine_check(exp: Experiment) -> None:
     """Raise SpecError where this machine cannot run ``exp`` representatively under a policy of
     ``POLICIES`` that can run it (``check_memory``, ``check_iteration_time``,
-    ``check_socket_buffer``, ``check_compute_load``)."""
+    ``check_connection_window``, ``check_compute_load``)."""
     for policy in POLICIES:
         try:
             plan = policy_plan(exp, policy)
@@ -88,7 +88,7 @@ def machine_check(exp: Experiment) -> None:
             continue
         check_memory(plan)
         check_iteration_time(plan)
-        check_socket_buffer(plan)
+        check_connection_window(plan)
         check_compute_load(plan)
 
 

@@ -25,7 +25,7 @@ from testbed.results.report import finalize
 from testbed.run.atlas_setup import profiles_first, start_controller
 from testbed.run.backends import make_network, offers_live_shaping, runs_here
 from testbed.run.bubbletea_setup import prepare_bubbletea, start_bubbletea, stop_bubbletea
-from testbed.run.fit import check_corpus, check_iteration_time, check_memory, check_socket_buffer
+from testbed.run.fit import check_connection_window, check_corpus, check_iteration_time, check_memory
 from testbed.run.launch import Launcher, start_workers
 from testbed.run.profile import replan_from_profile
 from testbed.run.records import check_fresh_out_dir, record_plan, write_config, write_env
@@ -57,8 +57,8 @@ def timeout_s(exp: Experiment) -> float:
 def check_runnable(exp: Experiment, backend: str = "netns", force: bool = False) -> RunPlan:
     """Everything about ``exp`` on its topology that can be refused before anything is built: what
     the backend cannot do, the placement, BubbleTea's decode hosts and request trace, the memory the workers need,
-    the corpus, an iteration longer than ``fit.MAX_ITERATION_S`` (unless ``force``), a socket-buffer
-    cap below the kernel's least (``fit.check_socket_buffer``). Returns the
+    the corpus, an iteration longer than ``fit.MAX_ITERATION_S`` (unless ``force``), a connection
+    window too small to emulate (``fit.check_connection_window``). Returns the
     run's plan (``plan/run_plan.make_plan``), made here once; raises SpecError."""
     if (exp.policy.grants or exp.policy.bubbletea) and not offers_live_shaping(backend):
         raise SpecError(
@@ -87,7 +87,7 @@ def check_runnable(exp: Experiment, backend: str = "netns", force: bool = False)
     if runs_here(backend):  # remote workers use the remote machines' memory, not checked from here
         check_memory(plan)
     check_corpus(exp)
-    check_socket_buffer(plan)
+    check_connection_window(plan)
     return plan
 
 

@@ -2,11 +2,12 @@
 (``testbed run --profile-wan``, ``net/wan_probe.py``), for the simulator to use in place of the
 modelled window (``plan/connections.one_connection_bps``).
 
-The modelled window (the hosts' socket-buffer cap over ``RCVBUF_PER_WINDOW``) is an assumption
-about the kernel: Linux before 6.6 advertised half of a socket's receive buffer
-(tcp_adv_win_scale = 1); later kernels advertise the measured payload-to-buffer ratio of the
-packets received, and a congestion control such as BBR paces a burst at its own estimate rather
-than sending a window at once. A profile measures instead, on each path, one connection's bulk
+The modelled window (``plan/connections.connection_window_bytes``, which the hosts' socket-buffer
+cap is sized to hold) rests on a figure of the kernel: Linux before 6.6 advertised half of a
+socket's receive buffer (tcp_adv_win_scale = 1); later kernels advertise the payload-to-buffer
+ratio of the packets received, whose median the testbed measured (``window_per_buffer_byte``) but
+which varies from path to path; and a congestion control such as BBR paces a burst at its own
+estimate rather than sending a window at once. A profile measures instead, on each path, one connection's bulk
 goodput and the time of one message of the pipeline's size, under the run's own socket buffers
 and congestion control; this is the network profiling that simulators validated against real
 runs do (Sailor, Strati et al. 2025, profiles the network between each pair of zones).

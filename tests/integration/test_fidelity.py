@@ -6,6 +6,7 @@ import json
 
 from testbed.net.fidelity import check_direction, check_fidelity
 from testbed.net.wan_probe import profile_wan
+from testbed.plan.connections import buffer_for_share, window_for_share
 from testbed.run.backends import make_network
 from testbed.spec.topology_file import load_topology, parse_topology
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
@@ -133,3 +134,25 @@ def test_the_wan_probe_measures_one_connection_under_a_socket_buffer_cap(tmp_pat
         assert 0.020 <= p.rtt_s <= 0.025, p
         assert p.message_s >= 65536 * 8 / 100e6, p
         assert 0.5 * cap * 8 / p.rtt_s * 0.9 <= p.bulk_bps <= 100e6 * TCP_GOODPUT_FRACTION * 1.02, p
+
+
+def test_the_socket_buffer_cap_holds_one_connection_to_the_modelled_window(tmp_path, clean_machine):
+    """An experiment's ``wan_connection_share`` of 0.2 on a 100 Mbit/s link of 10 ms each way is a
+    50 kB window (``plan/connections.window_for_share``); the cap the testbed sets for it on this
+    kernel (``buffer_for_share``: the window over ``window_per_buffer_byte``) holds one bulk
+    connection's window (goodput x RTT) within 15% of 50 kB, so that the connection fills the
+    stated fifth of the link (the per-path spread of the kernel's ratio: docs/results.md)."""
+    spec = parse_topology(
+        {
+            "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
+            "links": [{"between": ["a", "b"], "rate": "100mbit", "delay": "10ms"}],
+        },
+        "window",
+    )
+    window = window_for_share(100e6, 0.020, 0.2)
+    cap = buffer_for_share(100e6, 0.020, 0.2)
+    with make_network(spec, out_dir=tmp_path, tcp_buffer_bytes=cap) as net:
+        prof = profile_wan(net, [("a", "b")], 65536, 0.02, cap, bulk_s=2.0)
+    for p in prof.paths:
+        kept = p.bulk_bps / 8 * p.rtt_s
+        assert 0.85 * window <= kept <= 1.15 * window, (kept, window, cap, p)

@@ -110,3 +110,24 @@ def test_an_iteration_of_hours_is_refused_unless_forced():
     assert f"above the {MAX_ITERATION_S:g} s limit" in err.value.problem and "--force" in err.value.fix
     assert check_iteration_time(plan, force=True) > MAX_ITERATION_S
     assert check_iteration_time(make_plan(exp())) < MAX_ITERATION_S
+
+
+def test_a_window_under_four_segments_is_refused_naming_the_share_that_fits():
+    from testbed.plan.connections import connection_window_bytes
+    from testbed.run.fit import MIN_WINDOW_SEGMENTS, check_connection_window
+    from testbed.spec.wire import TCP_MSS_WITH_TIMESTAMPS
+
+    e = load_experiment("two_dc")  # 100 Mbit/s, 20 ms one way: a share of 0.2 is a 100 kB window
+    check_connection_window(make_plan(e))
+    least = MIN_WINDOW_SEGMENTS * TCP_MSS_WITH_TIMESTAMPS / 500_000  # over the 500 kB bandwidth-delay product
+    small = e.with_overrides(wan_connection_share=least * 0.9)
+    plan = make_plan(small)
+    assert connection_window_bytes(small, small.topology_spec, list(plan.workers)) < 4 * TCP_MSS_WITH_TIMESTAMPS
+    with pytest.raises(SpecError) as err:
+        check_connection_window(plan)
+    assert err.value.field == "wan_connection_share" and "4 full segments" in err.value.problem
+    assert f"use at least {least:.3g}" in err.value.fix
+    check_connection_window(make_plan(e.with_overrides(wan_connection_share=least * 1.01)))
+    with pytest.raises(SpecError) as err:
+        check_connection_window(make_plan(e.with_overrides(wan_connection_share=None, wan_window_bytes=3000)))
+    assert err.value.field == "wan_window_bytes" and "use at least 5792" in err.value.fix

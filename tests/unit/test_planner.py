@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from experiments import exp, topo
 
@@ -122,16 +124,34 @@ def test_what_if_weighs_the_best_plan_with_one_more_dc():
 
 
 def test_connections_from_the_bandwidth_delay_product():
-    from testbed.plan.connections import buffer_for_share, connections_for
+    from testbed.plan.connections import buffer_for_share, connections_for, window_for_share, window_per_buffer_byte
 
     # 100 Mbit/s x 80 ms = 1 MB in flight; a 250 kB window carries a quarter: 4 connections
     assert connections_for(100e6, 0.080, 250_000) == 4
     assert connections_for(100e6, 0.080, 10**9) == 1  # one big window suffices
     assert connections_for(100e6, 0.080, 1_000) == 16  # capped
     assert connections_for(100e6, 0.080, 300_000) == 4  # ceil(1e6 / 3e5) = 4
-    buf = buffer_for_share(100e6, 0.080, 0.25)
-    assert buf == 2 * 0.25 * 1_000_000  # twice the window (receive overhead)
-    assert connections_for(100e6, 0.080, buf / 2) == 4
+    window = window_for_share(100e6, 0.080, 0.25)
+    assert window == 0.25 * 1_000_000
+    # the cap this kernel needs to advertise that window, rounded up
+    assert buffer_for_share(100e6, 0.080, 0.25) == math.ceil(window / window_per_buffer_byte())
+    assert connections_for(100e6, 0.080, window) == 4
+
+
+def test_the_window_per_buffer_byte_follows_the_kernel_release():
+    from testbed.plan.connections import (
+        WINDOW_PER_BUFFER_BYTE_HALF,
+        WINDOW_PER_BUFFER_BYTE_SCALED,
+        window_per_buffer_byte,
+    )
+
+    assert window_per_buffer_byte("6.1.0-28-amd64") == WINDOW_PER_BUFFER_BYTE_HALF == 0.5  # Debian 12
+    assert window_per_buffer_byte("5.15.0-1051-azure") == 0.5
+    assert window_per_buffer_byte("6.6.0") == WINDOW_PER_BUFFER_BYTE_SCALED
+    assert window_per_buffer_byte("6.12.48+deb13-amd64") == WINDOW_PER_BUFFER_BYTE_SCALED  # Debian 13
+    assert window_per_buffer_byte("6.18.44-fc-v1300") == WINDOW_PER_BUFFER_BYTE_SCALED
+    assert window_per_buffer_byte("10.0") == WINDOW_PER_BUFFER_BYTE_SCALED
+    assert window_per_buffer_byte("unknown") == 0.5
 
 
 def test_dc_selection_weighs_orders_of_dc_sets_and_their_links():
