@@ -8,11 +8,13 @@ link, picks n from the bandwidth-delay product (planner.connections_for) and pri
 goodput of 1 and of n parallel iperf3 streams, and the window one connection kept in flight
 (goodput x RTT) per byte of the cap: the kernel's advertised window over its receive buffer, which
 ``plan/connections.window_per_buffer_byte`` takes as 0.5 before Linux 6.6 and as its measured
-median from 6.6 on (``--one``: one stream only, over several rates). Figures printed, nothing
-asserted.
+median from 6.6 on (``--one``: one stream only, over several rates). A path whose window would
+hold fewer than ``fit.MIN_WINDOW_SEGMENTS`` segments is skipped (the testbed refuses it). Figures
+printed, nothing asserted; the table is recorded in ``docs/results/connection_window.json``
+(``results/published.py``; ``--no-record`` leaves it alone).
 
 Run as root: .venv/bin/python scripts/bench_connections.py [--rates 100mbit] [--delays 10ms,40ms]
-[--shares 0.1,0.25,0.5] [--seconds 4] [--one]
+[--shares 0.1,0.25,0.5] [--seconds 4] [--one] [--no-record]
 """
 
 from __future__ import annotations
@@ -21,17 +23,35 @@ import argparse
 import math
 import platform
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from testbed.net.iperf import iperf
 from testbed.plan.connections import buffer_for_share, connections_for, window_for_share, window_per_buffer_byte
+from testbed.results.published import Column, record_result
 from testbed.run.backends import make_network
 from testbed.run.fit import MIN_WINDOW_SEGMENTS
 from testbed.run.interrupts import tears_down_on_signals
 from testbed.spec.topology_file import parse_topology
 from testbed.spec.units import parse_rate_bps
 from testbed.spec.wire import TCP_GOODPUT_FRACTION, TCP_MSS_WITH_TIMESTAMPS
+
+REPO = Path(__file__).resolve().parents[1]
+COLUMNS = [
+    Column("rate", ("{rate}",)),
+    Column("one-way delay", ("{delay}",)),
+    Column("share stated", ("{share:g}",)),
+    Column("socket-buffer cap, bytes", ("{buffer}", "skipped: {skipped}")),
+    Column("window / cap", ("{ratio:.3f}", "")),
+    Column("1 connection Mbit/s", ("{one_mbit:.1f}", "")),
+    Column("share filled", ("{one_share:.2f}", "")),
+    Column("n", ("{n}", "")),
+    Column("n connections Mbit/s", ("{many_mbit:.1f}", "")),
+    Column("share filled", ("{many_share:.2f}", "")),
+]
 
 
 def main() -> None:
@@ -41,7 +61,9 @@ def main() -> None:
     ap.add_argument("--shares", default="0.1,0.25,0.5")
     ap.add_argument("--seconds", type=float, default=4)
     ap.add_argument("--one", action="store_true", help="one stream only")
+    ap.add_argument("--no-record", action="store_true", help="leave docs/results/connection_window.json alone")
     args = ap.parse_args()
+    rows: list[dict] = []
     print(
         f"{'rate':>8} {'one-way':>8} {'share':>6} {'buffer':>9} {'n':>3} {'1 conn Mbit/s':>14} {'(share)':>8} "
         f"{'window/buffer':>13} {'n conn Mbit/s':>14} {'(share)':>8}"
@@ -59,10 +81,10 @@ def main() -> None:
         rtt = 2 * topo.links[0].delay_us / 1e6
         for share in (float(x) for x in args.shares.split(",")):
             buf = buffer_for_share(rate, rtt, share)
+            row = {"rate": rate_text, "delay": delay, "share": share}
             if window_for_share(rate, rtt, share) < MIN_WINDOW_SEGMENTS * TCP_MSS_WITH_TIMESTAMPS:
-                print(
-                    f"{rate_text:>8} {delay:>8} {share:>6.2f}  skipped: a window under {MIN_WINDOW_SEGMENTS} segments"
-                )
+                rows.append({**row, "skipped": f"a window under {MIN_WINDOW_SEGMENTS} segments"})
+                print(f"{rate_text:>8} {delay:>8} {share:>6.2f}  skipped: {rows[-1]['skipped']}")
                 continue
             n = connections_for(rate, rtt, share * rate / 8 * rtt)
             with tempfile.TemporaryDirectory() as tmp:
@@ -75,6 +97,16 @@ def main() -> None:
                     )
             full = rate * TCP_GOODPUT_FRACTION
             ratios.append(one / 8 * rtt / buf)
+            rows.append(
+                {
+                    **row,
+                    "buffer": buf,
+                    "ratio": ratios[-1],
+                    "one_mbit": one / 1e6,
+                    "one_share": one / full,
+                    **({} if args.one else {"n": n, "many_mbit": many / 1e6, "many_share": many / full}),
+                }
+            )
             print(
                 f"{rate_text:>8} {delay:>8} {share:>6.2f} {buf:>9d} {n:>3d} {one / 1e6:>14.1f} {one / full:>8.2f} "
                 f"{ratios[-1]:>13.3f} {many / 1e6:>14.1f} {many / full:>8.2f}",
@@ -84,6 +116,10 @@ def main() -> None:
         f"window per buffer byte: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f} "
         f"(kernel {platform.release()}; plan/connections.window_per_buffer_byte takes {window_per_buffer_byte():.3f})"
     )
+    if not args.no_record:
+        command = ("scripts/bench_connections.py " + " ".join(sys.argv[1:])).strip()
+        path = record_result(REPO, "connection_window", COLUMNS, rows, "scripts/bench_connections.py", command)
+        print(f"recorded in {path}")
 
 
 if __name__ == "__main__":

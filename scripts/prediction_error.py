@@ -50,7 +50,7 @@ from testbed.errors import SpecError
 from testbed.plan.connections import wan_connections
 from testbed.plan.grant_plan import wan_links
 from testbed.plan.grant_sim import simulate
-from testbed.results.published import Column, record_result
+from testbed.results.published import Column, commit, record_result
 from testbed.run.interrupts import tears_down_on_signals
 from testbed.run.random_validation import run_random
 from testbed.run.runner import run_experiment
@@ -102,8 +102,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("results") / f"prediction-{time.strftime('%Y%m%d-%H%M%S')}")
     ap.add_argument("--no-record", action="store_true", help="leave docs/results/prediction_error.json as it is")
     args = ap.parse_args()
+    at_commit = commit(REPO)  # the runs' commit, before a recorded table changes the tree
     if args.random:
-        run_random(args.random, args.seed, args.iterations or 5, args.out, REPO, record=not args.no_record)
+        run_random(args.random, args.seed, args.iterations or 5, args.out, REPO, not args.no_record, at_commit)
         return
     args.iterations = args.iterations or 8
     records: list[dict] = []
@@ -195,7 +196,7 @@ def main() -> None:
     if records and not args.no_record:
         command = ("scripts/prediction_error.py " + " ".join(sys.argv[1:])).strip()
         table = "prediction_error" if schedules == [None] else "prediction_error_schedules"
-        path = record_result(REPO, table, COLUMNS, records, "scripts/prediction_error.py", command)
+        path = record_result(REPO, table, COLUMNS, records, "scripts/prediction_error.py", command, at_commit)
         print(f"recorded for the results page in {path}: run scripts/reference_pages.py to show it")
         if offset_records:
             columns = [Column("experiment", ("{experiment}",)), Column("policy", ("{policy}",))]
@@ -204,7 +205,7 @@ def main() -> None:
                 for i, x in enumerate((0.0, *offsets_s))
             ]
             path = record_result(
-                REPO, "pipeline_offsets", columns, offset_records, "scripts/prediction_error.py", command
+                REPO, "pipeline_offsets", columns, offset_records, "scripts/prediction_error.py", command, at_commit
             )
             print(f"recorded for the results page in {path}")
 

@@ -56,17 +56,25 @@ def commit(repo: Path) -> str:
 
 
 def record_result(
-    repo: Path, name: str, columns: list[Column], rows: list[dict[str, Any]], script: str, command: str
+    repo: Path,
+    name: str,
+    columns: list[Column],
+    rows: list[dict[str, Any]],
+    script: str,
+    command: str,
+    at_commit: str | None = None,
 ) -> Path:
     """Write ``docs/results/<name>.json`` under ``repo``: the table's columns and rows, the script
-    and the exact command that made it, the commit, the date and the machine. Returns the file."""
+    and the exact command that made it, the commit (``at_commit``: the one a script took when it
+    began, before its runs and before any table it records marks the tree as changed; default:
+    the checkout's now), the date and the machine. Returns the file."""
     path = repo / RESULTS_DIR / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {
         "name": name,
         "script": script,
         "command": command,
-        "commit": commit(repo),
+        "commit": at_commit or commit(repo),
         "date": time.strftime("%Y-%m-%d"),
         "machine": machine(),
         "columns": [{"header": c.header, "cells": list(c.cells)} for c in columns],

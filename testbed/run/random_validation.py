@@ -101,10 +101,12 @@ def write_draw(draw: Draw, folder: Path) -> Path:
     return path
 
 
-def run_draw(exp: Experiment, folder: Path, iterations: int, progress: Any = print) -> dict[str, dict[str, Any]]:
-    """Each policy's run of ``exp`` in ``folder/<policy>``, validated: {policy: row fields}."""
+def run_draw(
+    exp: Experiment, folder: Path, iterations: int, progress: Any = print, policies: tuple[str, ...] = POLICIES
+) -> dict[str, dict[str, Any]]:
+    """Each of ``policies``' run of ``exp`` in ``folder/<policy>``, validated: {policy: row fields}."""
     out: dict[str, dict[str, Any]] = {}
-    for policy in POLICIES:
+    for policy in policies:
         run_dir = folder / policy.replace("+", "-")
         e = exp.with_overrides(policy=policy, iterations=iterations, warmup_iterations=1)
         try:
@@ -138,9 +140,12 @@ def run_draw(exp: Experiment, folder: Path, iterations: int, progress: Any = pri
     return out
 
 
-def run_random(n: int, seed: int, iterations: int, out: Path, repo: Path, record: bool = True) -> None:
+def run_random(
+    n: int, seed: int, iterations: int, out: Path, repo: Path, record: bool = True, at_commit: str | None = None
+) -> None:
     """Draw, run, validate and report ``n`` random experiments of ``seed`` (module docstring);
-    records the three tables under ``repo`` unless ``record`` is False."""
+    records the three tables under ``repo`` unless ``record`` is False, as made at ``at_commit``
+    (``published.record_result``)."""
     draws = random_experiments(n, seed, check=machine_check)
     print(
         f"seed {seed}: {len(draws.accepted)} draws; before them {draws.invalid} candidates the validators refused "
@@ -192,7 +197,8 @@ def run_random(n: int, seed: int, iterations: int, out: Path, repo: Path, record
             (SUMMARY_TABLE, SUMMARY_COLUMNS, [{k: _nan_none(v) for k, v in s.items()} for s in summary]),
             (REJECTED_TABLE, REJECTED_COLUMNS, rejected),
         ):
-            print(f"recorded in {record_result(repo, name, columns, table, 'scripts/prediction_error.py', command)}")
+            path = record_result(repo, name, columns, table, "scripts/prediction_error.py", command, at_commit)
+            print(f"recorded in {path}")
 
 
 def _nan_none(v: Any) -> Any:

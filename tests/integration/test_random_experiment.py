@@ -1,0 +1,24 @@
+"""An experiment nobody chose, end to end (``sim/random_experiments.py``, ``run/random_validation.py``):
+the first draw of seed 2026 that this machine can run is written as its two files, loaded back,
+run under pp-fair and atlas, and predicted as ``testbed plan`` predicts (the modelled window, the
+pipelines in step) within issue 39's largest error, 10%."""
+
+from __future__ import annotations
+
+from testbed.run.random_validation import machine_check, run_draw, write_draw
+from testbed.sim.random_experiments import random_experiments
+from testbed.spec.experiment_file import load_experiment
+
+SEED = 2026
+
+
+def test_a_random_experiment_runs_and_is_predicted_within_ten_percent(tmp_path, clean_machine):
+    drawn = random_experiments(1, SEED, check=machine_check)
+    draw, exp, ratio, quartile = drawn.accepted[0]
+    assert quartile == 0 and ratio > 0
+    loaded = load_experiment(write_draw(draw, tmp_path / draw.name))
+    assert loaded.stages == exp.stages and loaded.topology_spec.links == exp.topology_spec.links
+    runs = run_draw(loaded, tmp_path / draw.name, iterations=5, progress=print, policies=("pp-fair", "atlas"))
+    for policy, r in runs.items():
+        assert r["representative"], (policy, r)
+        assert abs(r["error"]) <= 0.10, (policy, r)
