@@ -57,7 +57,7 @@ RUN_COLUMNS = [
 SUMMARY_COLUMNS = [
     Column("figure", ("{figure}",)),
     Column("runs", ("{n}",)),
-    Column("median |error|", ("{median:.1%}", "-")),
+    Column("median error (size)", ("{median:.1%}", "-")),
     Column("p90", ("{p90:.1%}", "-")),
     Column("largest", ("{largest:.1%}", "-")),
     Column("goal", ("{goal}",)),

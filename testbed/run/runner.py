@@ -42,16 +42,23 @@ GLOO_PORT = 29500
 __all__ = ["RunError", "check_runnable", "run_experiment", "timeout_s"]
 
 
-def timeout_s(exp: Experiment) -> float:
+#: the predicted iterations a run's collective and hang timeouts last at least (``timeout_s``)
+TIMEOUT_ITERATIONS = 3
+
+
+def timeout_s(exp: Experiment, predicted_iteration_s: float = 0.0) -> float:
     """Collective timeout: ten times the slowest activation transfer (bytes / slowest WAN rate plus
-    the longest one-way delay) plus the padded compute of a whole iteration, at least 60 s. A slow
-    link never trips it; a dead peer is detected within it."""
+    the longest one-way delay) plus the padded compute of a whole iteration, at least 60 s and at
+    least ``TIMEOUT_ITERATIONS`` predicted iterations (dp-wan's all-reduce over a slow link can take
+    minutes: a random draw's was cut at 60 s). A slow link never trips it; a dead peer is detected
+    within it."""
     topo = exp.topology_spec
     act_bytes = exp.activation_bytes
     slowest = min(link.rate_bps for link in topo.links) if topo.links else 10**9
     longest = max((link.delay_us for link in topo.links), default=0) / 1e6
     per_iter = exp.microbatches * (exp.compute.forward_ms + exp.compute.backward_ms) / 1000 * exp.stages
-    return max(60.0, 10 * (act_bytes * 8 / slowest + longest) * exp.microbatches * exp.stages + 3 * per_iter)
+    transfers = 10 * (act_bytes * 8 / slowest + longest) * exp.microbatches * exp.stages
+    return max(60.0, transfers + 3 * per_iter, TIMEOUT_ITERATIONS * predicted_iteration_s)
 
 
 def check_runnable(exp: Experiment, backend: str = "netns", force: bool = False) -> RunPlan:
@@ -180,7 +187,7 @@ def _run(
     corpus_sha = corpus_sha256(corpus_bytes(Path(exp.data) if exp.data else None))
     write_config(out_dir, exp, workers, plan.predicted_iteration_s, plan_note)
     record_plan(out_dir, plan, t_begin_ns, "made before the run")
-    hang = hang_timeout_s or timeout_s(exp)
+    hang = hang_timeout_s or timeout_s(exp, plan.predicted_iteration_s)
     error: BaseException | None = None
     t_start = time.monotonic()
     try:
@@ -256,7 +263,7 @@ def _train(
             tuple(workers),
             net.host_out_dir,
             f"tcp://{net.host(workers[0].host).ip}:{GLOO_PORT}",
-            timeout_s(exp),
+            timeout_s(exp, plan.predicted_iteration_s),
             str(controller.sock_path) if controller else None,
             bt,
             grant_plan.stagger_s if grant_plan is not None and exp.policy.sharing == "planned" else (),

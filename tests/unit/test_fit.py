@@ -131,3 +131,13 @@ def test_a_window_under_four_segments_is_refused_naming_the_share_that_fits():
     with pytest.raises(SpecError) as err:
         check_connection_window(make_plan(e.with_overrides(wan_connection_share=None, wan_window_bytes=3000)))
     assert err.value.field == "wan_window_bytes" and "use at least 5792" in err.value.fix
+
+
+def test_the_timeouts_last_three_predicted_iterations_at_least():
+    from testbed.run.runner import TIMEOUT_ITERATIONS, timeout_s
+
+    e = load_experiment("default")
+    floor = timeout_s(e)
+    assert floor >= 60.0
+    assert timeout_s(e, predicted_iteration_s=1.0) == floor  # a short iteration keeps the floor
+    assert timeout_s(e, predicted_iteration_s=50.0) == TIMEOUT_ITERATIONS * 50.0 > floor
