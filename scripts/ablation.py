@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from testbed.results.published import Column, record_result
+from testbed.results.published import Column, commit, record_result
 from testbed.run.compare import compare
 from testbed.run.interrupts import tears_down_on_signals
 from testbed.spec.experiment_file import load_experiment
@@ -104,6 +104,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("results") / f"ablation-{time.strftime('%Y%m%d-%H%M%S')}")
     ap.add_argument("--no-record", action="store_true", help="leave docs/results/ablation.json as it is")
     args = ap.parse_args()
+    at_commit = commit(REPO)  # the runs' commit, before a recorded table changes the tree
     assert len(STEP_LABELS) == len(ABLATION), "a step of ABLATION has no label on the results page"
     args.out.mkdir(parents=True, exist_ok=True)
     tables, results, topologies = [], {}, {}
@@ -119,7 +120,14 @@ def main() -> None:
     print(f"tables in {args.out / 'ablation.md'}")
     if not args.no_record:
         command = "scripts/ablation.py " + " ".join(sys.argv[1:])
-        path = record_result(REPO, "ablation", *page_table(results, topologies), "scripts/ablation.py", command.strip())
+        path = record_result(
+            REPO,
+            "ablation",
+            *page_table(results, topologies),
+            "scripts/ablation.py",
+            command.strip(),
+            at_commit=at_commit,
+        )
         print(f"recorded for the results page in {path}: run scripts/reference_pages.py to show it")
 
 

@@ -47,7 +47,7 @@ from testbed.net.delay_element import read_element_stats
 from testbed.net.features import default_congestion
 from testbed.net.fidelity import jitter_rtt_sd_ms, parse_ping_ms, path_queue_drops
 from testbed.net.iperf import iperf
-from testbed.results.published import Column, record_result
+from testbed.results.published import Column, commit, record_result
 from testbed.run.backends import make_network
 from testbed.run.interrupts import tears_down_on_signals
 from testbed.spec.topology_file import parse_topology
@@ -169,6 +169,7 @@ def main() -> None:
     )
     ap.add_argument("--no-record", action="store_true", help="leave docs/results/wire_*.json as they are")
     args = ap.parse_args()
+    at_commit = commit(REPO)  # the runs' commit, before a recorded table changes the tree
     records: list[dict] = []
     rates = [float(r) for r in args.rates.split(",")]
     delays = [float(d) for d in args.delays.split(",")]
@@ -232,7 +233,9 @@ def main() -> None:
     )
     if not args.no_record:
         command = ("scripts/bench_wire.py " + " ".join(sys.argv[1:])).strip()
-        path = record_result(REPO, f"wire_{r['mechanism']}", COLUMNS, records, "scripts/bench_wire.py", command)
+        path = record_result(
+            REPO, f"wire_{r['mechanism']}", COLUMNS, records, "scripts/bench_wire.py", command, at_commit=at_commit
+        )
         print(f"recorded for the results page in {path}: run scripts/reference_pages.py to show it")
 
 

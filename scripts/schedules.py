@@ -36,7 +36,7 @@ from testbed.errors import SpecError
 from testbed.plan.placement import place
 from testbed.plan.run_plan import make_plan
 from testbed.results.compare import noise_floor
-from testbed.results.published import Column, record_result, table_markdown
+from testbed.results.published import Column, commit, record_result, table_markdown
 from testbed.run.compare import compare
 from testbed.run.interrupts import tears_down_on_signals
 from testbed.sim.figures import simulate_policy, wan_free_bubble_fraction
@@ -179,6 +179,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("results") / f"schedules-{time.strftime('%Y%m%d-%H%M%S')}")
     ap.add_argument("--no-record", action="store_true", help="leave docs/results/schedules_*.json as they are")
     args = ap.parse_args()
+    at_commit = commit(REPO)  # the runs' commit, before a recorded table changes the tree
     args.out.mkdir(parents=True, exist_ok=True)
     schedules = args.schedules.split(",")
     emulator: dict = {}
@@ -239,10 +240,19 @@ def main() -> None:
     if not args.no_record:
         command = ("scripts/schedules.py " + " ".join(sys.argv[1:])).strip()
         if emulator:
-            path = record_result(REPO, "schedules_emulated", *emulated_table(emulator), "scripts/schedules.py", command)
+            path = record_result(
+                REPO,
+                "schedules_emulated",
+                *emulated_table(emulator),
+                "scripts/schedules.py",
+                command,
+                at_commit=at_commit,
+            )
             print(f"recorded in {path}")
         if paper:
-            path = record_result(REPO, "schedules_paper_scale", *paper_table(paper), "scripts/schedules.py", command)
+            path = record_result(
+                REPO, "schedules_paper_scale", *paper_table(paper), "scripts/schedules.py", command, at_commit=at_commit
+            )
             print(f"recorded in {path}")
         print("run scripts/reference_pages.py to show them on the results page")
 
