@@ -115,7 +115,9 @@ def check_connection_window(plan: RunPlan) -> None:
         field, value, least = "wan_window_bytes", exp.wan_window_bytes, f"{math.ceil(window * factor)}"
     else:
         share = exp.wan_connection_share or 0.0
-        field, value, least = "wan_connection_share", share, f"{share * factor:.3g} on these links"
+        needed = share * factor  # rounded up at its third significant digit, so that the value given works
+        step = 10 ** (math.floor(math.log10(needed)) - 2)
+        field, value, least = "wan_connection_share", share, f"{math.ceil(needed / step) * step:.3g} on these links"
     raise SpecError(
         exp.source,
         field,
