@@ -6,6 +6,7 @@ the figures come from the run's plan (``plan/run_plan.RunPlan``), made once."""
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -173,7 +174,13 @@ TIMING_REPS = 5
 
 def real_stage_s(exp: Experiment, stage: int) -> float:
     """Seconds this machine takes, on one thread as a worker has, for the forward and backward of one
-    microbatch through ``stage`` (real PyTorch; the median of ``TIMING_REPS``)."""
+    microbatch through ``stage`` (real PyTorch; the median of ``TIMING_REPS``), timed once per
+    process for each model, microbatch size, seed and stage layout (a draw's policies share it)."""
+    return _timed_stage_s(exp.model, exp.microbatch_size, exp.seed, stage, exp.stages)
+
+
+@functools.cache
+def _timed_stage_s(model: ModelConfig, microbatch_size: int, seed: int, stage: int, stages: int) -> float:
     import statistics
     import time
 
@@ -184,9 +191,9 @@ def real_stage_s(exp: Experiment, stage: int) -> float:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        m = Stage(build_model(exp.model, exp.seed), stage, exp.stages)
-        shape = (exp.microbatch_size, exp.model.seq_len)
-        x = torch.randint(0, exp.model.vocab, shape) if stage == 0 else torch.randn(*shape, exp.model.d_model)
+        m = Stage(build_model(model, seed), stage, stages)
+        shape = (microbatch_size, model.seq_len)
+        x = torch.randint(0, model.vocab, shape) if stage == 0 else torch.randn(*shape, model.d_model)
         times = []
         for _ in range(TIMING_REPS + 1):
             t0 = time.perf_counter()
