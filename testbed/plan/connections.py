@@ -23,9 +23,10 @@ from testbed.spec.topology import TopologySpec
 #: half (tcp_adv_win_scale = 1, Documentation/networking/ip-sysctl.rst). From 6.6 ("tcp: get rid of
 #: sysctl_tcp_adv_win_scale"): the payload-to-truesize ratio of the segments received (the
 #: socket's scaling_ratio), whose median on the testbed's veth paths at MTU 1500 is
-#: ``WINDOW_PER_BUFFER_BYTE_SCALED`` (``scripts/bench_connections.py --one`` on 6.18: 25 paths of
-#: 10 Mbit/s-1 Gbit/s, 5-50 ms one way and shares 0.1-0.5, range 0.46-0.75, under 0.62 only on
-#: 10-100 Mbit/s paths of 10 ms round trips or windows under 10 segments: docs/results.md)
+#: ``WINDOW_PER_BUFFER_BYTE_SCALED`` (``scripts/bench_connections.py --one`` on 6.18, two runs of
+#: 25 paths of 10 Mbit/s-1 Gbit/s, 5-50 ms one way and shares 0.1-0.5: medians 0.70 and 0.69, range
+#: 0.41-0.75, under 0.62 only where a 10-100 Mbit/s path's window holds under 10 segments:
+#: docs/results.md)
 WINDOW_PER_BUFFER_BYTE_HALF, WINDOW_PER_BUFFER_BYTE_SCALED = 0.5, 0.70
 #: the first release whose window follows the measured ratio
 SCALING_RATIO_RELEASE = (6, 6)
