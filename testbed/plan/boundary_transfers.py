@@ -9,6 +9,7 @@ Pure: no kernel, no processes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.routing import RoutingTable
@@ -25,12 +26,13 @@ class Hop:
         return f"{self.src}->{self.dst}"
 
 
-@dataclass(frozen=True, order=True)
-class Transfer:
+class Transfer(NamedTuple):
     """One stage-boundary transfer of an iteration: pipeline ``replica``'s activations (``F``,
     virtual stage ``stage`` to ``stage + 1``) or activation gradients (``B``, ``stage + 1`` to
     ``stage``) of ``microbatch``. Under one virtual stage per worker (GPipe, 1F1B, ZB-H1) a virtual
-    stage is the worker's stage."""
+    stage is the worker's stage. A named tuple, not a dataclass: the simulation hashes transfers
+    millions of times an iteration at the paper's scale, and a tuple hashes in C
+    (``scripts/bench_sim.py``)."""
 
     kind: str
     stage: int

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from testbed.plan.allreduce import allreduce_s
 from testbed.plan.connections import wan_connections
-from testbed.plan.grant_plan import simulated_iteration
+from testbed.plan.grant_plan import iteration_lower_bound, simulated_iteration
 from testbed.plan.virtual_stages import experiment_boundaries
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
@@ -91,6 +91,25 @@ def predict(
     return Prediction(fill + steady + allreduce + opt, fill, steady, allreduce, len({w.dc for w in workers}))
 
 
+def lower_bound_s(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> float | None:
+    """A lower bound (s) of ``predict(exp, topo, workers).iteration_s`` when ``exp``'s links are
+    shared as TCP's flows share them (no grants) and its pipelines start together: the pipeline's
+    longest path, each transfer at its speed alone (``grant_plan.iteration_lower_bound``), the all-reduce and
+    the optimizer step as ``predict`` has them; the prediction itself where no boundary crosses the
+    WAN. None where ``predict`` extrapolates (more than 2 x ``SIM_MICROBATCHES`` microbatches: a
+    bound on each simulation bounds no difference of two). Raises ValueError under grants."""
+    if exp.policy.grants:
+        raise ValueError(f"a lower bound under TCP sharing, not under {exp.policy.sharing} grants")
+    dc_of = {(w.stage, w.replica): w.dc for w in workers}
+    crosses = any(dc_of[(a, 0)] != dc_of[(b, 0)] for a, b in experiment_boundaries(exp))
+    if not crosses and exp.schedule in ("gpipe", "1f1b"):
+        return predict(exp, topo, workers).iteration_s
+    if _simulated_microbatches(exp) is not None:
+        return None
+    pipeline = iteration_lower_bound(exp, topo, workers, wan_connections(exp, topo, workers))
+    return pipeline + allreduce_s(exp, topo, workers) + optimizer_s(exp)
+
+
 def stage_compute_s(exp: Experiment, block_s: tuple[float, float] | None = None) -> list[float]:
     """Each stage's forward plus backward on one microbatch (s): its blocks times the per-block
     targets (``Experiment.block_s``)."""
@@ -112,10 +131,18 @@ def _pipelined_s(exp: Experiment, simulated_s: Callable[[Experiment], float]) ->
     extrapolation from K and 2K of them (K = ``SIM_MICROBATCHES``): once the pipeline is full each
     further microbatch adds the same steady step, so the cost of a prediction stays bounded. Under a
     schedule that takes microbatches in rounds, K is rounded up to a multiple of the stages."""
-    M, k = exp.microbatches, SIM_MICROBATCHES
-    if exp.schedule in IN_ROUNDS:  # K and 2K in whole rounds of ``stages`` microbatches
-        k = exp.stages * math.ceil(k / exp.stages)
-    if M <= 2 * k:
+    k = _simulated_microbatches(exp)
+    if k is None:
         return simulated_s(exp)
+    M = exp.microbatches
     t1, t2 = simulated_s(exp.with_overrides(microbatches=k)), simulated_s(exp.with_overrides(microbatches=2 * k))
     return t2 + (M - 2 * k) * (t2 - t1) / k
+
+
+def _simulated_microbatches(exp: Experiment) -> int | None:
+    """K of ``_pipelined_s``'s extrapolation (from K and 2K microbatches), None where ``exp`` is
+    simulated whole (at most 2K microbatches)."""
+    k = SIM_MICROBATCHES
+    if exp.schedule in IN_ROUNDS:  # K and 2K in whole rounds of ``stages`` microbatches
+        k = exp.stages * math.ceil(k / exp.stages)
+    return None if exp.microbatches <= 2 * k else k

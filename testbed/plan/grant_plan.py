@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer, boundary_paths
 from testbed.plan.connections import one_connection_bps, sent_at_once, transfer_time_s
-from testbed.plan.grant_sim import simulate
+from testbed.plan.grant_sim import critical_path_s, simulate
 from testbed.plan.schedule import RankAction
 from testbed.plan.virtual_stages import experiment_boundaries, experiment_homes
 from testbed.plan.workers import WorkerSpec
@@ -43,6 +43,7 @@ __all__ = [
     "HopPlan",
     "Transfer",
     "boundary_paths",
+    "iteration_lower_bound",
     "format_grant_plan",
     "granted_class_bps",
     "held_floor_share",
@@ -244,6 +245,21 @@ def simulated_iteration(
         exp, workers, wan.links, wan.paths, wan.one_way_s, stagger, block_s, sharing=sharing, timeline=timeline
     )
     return sim[0]
+
+
+def iteration_lower_bound(
+    exp: Experiment,
+    topo: TopologySpec,
+    workers: list[WorkerSpec],
+    connections: int,
+    block_s: tuple[float, float] | None = None,
+) -> float:
+    """A lower bound (s) of ``simulated_iteration`` without grants (links shared as TCP's flows
+    share them), with the pipelines starting together or later: the longest path through the first
+    pipeline's schedule (``grant_sim.critical_path_s``), each transfer at its speed alone. A
+    thousandth of the simulation's cost or less (``placement.select_dcs`` prunes DC orders with it)."""
+    wan = wan_links(exp, topo, workers, connections, float)
+    return critical_path_s(exp, workers, wan.links, wan.paths, wan.one_way_s, block_s)
 
 
 def format_grant_plan(plan: GrantPlan) -> str:

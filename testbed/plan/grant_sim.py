@@ -3,8 +3,10 @@ plan (``grant_plan.py``): the list-schedule simulation (``simulate``) of the bou
 (``boundary_transfers.py``).
 
 ``simulate`` plays one iteration of every pipeline as a list schedule in continuous time, as a
-discrete-event simulation on SimPy: each worker is a process running its schedule table, and
-each step of a transfer an event, ordered by time, then by when it was made. An action starts
+discrete-event simulation on SimPy: each worker runs its schedule table as callbacks of SimPy
+events (its compute's end, its input's arrival; lighter than a SimPy process, which the
+simulation's speed asks for: ``scripts/bench_sim.py``), and each step of a transfer an event,
+ordered by time, then by when it was made. An action starts
 when its worker is free and its input has arrived; gloo moves a tensor only once the receive is
 posted and the receiver's ready notice has crossed back, one one-way delay. The notice travels on
 the pair's TCP connection (gloo's tcp transport writes it to the same socket as the data), so while
@@ -26,7 +28,7 @@ Pure: no kernel, no processes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from typing import Any
 
 import simpy
@@ -41,6 +43,24 @@ from testbed.spec.model import stage_layers
 
 #: how ``simulate`` shares a link direction among the transfers that cross it
 SHARING = ("planned", "fifo", "tcp")
+
+
+class _Call(simpy.events.Event):
+    """An event that calls ``act(*args)`` when SimPy processes it, ``delay`` s from now: a timeout
+    with its callback, made in one step (the simulation makes about a million of them an iteration
+    at the paper's scale: ``scripts/bench_sim.py``)."""
+
+    def __init__(self, env: simpy.Environment, delay: float, act: Callable[..., None], *args: Any):
+        self.env = env
+        self.callbacks = [_call]
+        self._value = None
+        self._ok = True
+        self.act, self.args = act, args
+        env.schedule(self, simpy.events.NORMAL, delay)
+
+
+def _call(event: Any) -> None:  # SimPy calls it with the _Call it belongs to
+    event.act(*event.args)
 
 
 def simulate(
@@ -82,19 +102,15 @@ def simulate(
     S, R = exp.stages, exp.replicas
     home = stage_homes(exp.schedule, S, exp.chunks)
     V = len(home)  # virtual stages
-    per_f, per_b = block_s or exp.block_s
-    f = [len(stage_layers(exp.model.n_layers, V, v)) * per_f for v in range(V)]
-    b = [len(stage_layers(exp.model.n_layers, V, v)) * per_b for v in range(V)]
-    if stage_s is not None:
-        f, b = [x[0] for x in stage_s], [x[1] for x in stage_s]
-    parts = [backward_parts(x) for x in b]
-    took_s = {"F": f, "B": b, "I": [x for x, _ in parts], "W": [x for _, x in parts]}
+    took_s = _action_seconds(exp, V, block_s, stage_s)
     rank = {(w.stage, w.replica): w.rank for w in workers}
+    # each virtual stage's worker rank per replica
+    rank_at = [[rank[(home[v], r)] for r in range(R)] for v in range(V)]
     actions = experiment_tables(exp)
     env = simpy.Environment()
     pos = {(s, r): 0 for s in range(S) for r in range(R)}
     arrived: dict[Transfer, float] = {}
-    arrival: dict[Transfer, simpy.Event] = {}
+    waiting: dict[Transfer, tuple[int, int]] = {}  # the worker (stage, replica) each awaited input holds
     posted: dict[Transfer, float] = {}
     notice_sent: dict[Transfer, float] = {}  # when the receiver's ready notice left it
     sending: dict[tuple[int, int], set[Transfer]] = {}  # per (sender, receiver): bytes leaving now
@@ -111,11 +127,11 @@ def simulate(
 
     def at(t: float, act: Callable[..., None], *args: Any) -> None:
         """``act(*args)`` at time ``t`` (SimPy orders events by time, then by when they were made)."""
-        env.timeout(max(0.0, t - env.now)).callbacks.append(lambda _: act(*args))
+        _Call(env, max(0.0, t - env.now), act, *args)
 
     def pair(t: Transfer) -> tuple[int, int]:
         src, dst = (t.stage, t.stage + 1) if t.kind == "F" else (t.stage + 1, t.stage)
-        return rank[(home[src], t.replica)], rank[(home[dst], t.replica)]
+        return rank_at[src][t.replica], rank_at[dst][t.replica]
 
     def post(t: Transfer) -> None:
         """The receiver posts the receive of ``t``: its ready notice leaves now, or behind the bytes
@@ -157,15 +173,6 @@ def simulate(
                 at(max(ready[t], notice_sent[t] + one_way_s[key]), flow_start, t)
             else:
                 at(max(ready[t], notice_sent[t] + one_way_s[key]), hop, t, 0, None, 0.0)
-
-    def needs(a: RankAction, r: int) -> Transfer | None:
-        """The transfer ``a`` waits for: a forward its input, a backward (or its input part) the
-        gradient; none on the first (last) virtual stage, nor for a weight part."""
-        if a.kind == "F":
-            return Transfer("F", a.stage - 1, a.microbatch, r) if a.stage > 0 else None
-        if a.kind == "W":
-            return None
-        return Transfer("B", a.stage, a.microbatch, r) if a.stage < V - 1 else None
 
     def reshare() -> None:
         """Schedule the next completion under the new shares, outdating the previous one."""
@@ -222,42 +229,142 @@ def simulate(
 
     def arrive(t: Transfer) -> None:
         arrived[t] = env.now
-        if t in arrival:
-            arrival[t].succeed()
+        if t in waiting:  # its worker resumes after what is already due now, as a SimPy process would
+            _Call(env, 0.0, run, *waiting.pop(t))
 
-    def worker(s: int, r: int) -> Generator[simpy.Event, Any, None]:
+    def run(s: int, r: int) -> None:
+        """Worker (s, r) goes on with its schedule table: it starts its next action, or waits for
+        that action's input (``arrive`` resumes it); its compute's end resumes it."""
         nonlocal end
-        if s == 0 and stagger_s[r] > 0:
-            yield env.timeout(stagger_s[r])
-        for a in actions[s]:
-            need = needs(a, r)
-            if need is not None:
-                if need not in posted:
-                    post(need)
-                if need not in arrived:
-                    arrival[need] = env.event()
-                    yield arrival[need]  # resumed by the arrival
-            start = env.now
-            done = start + took_s[a.kind][a.stage]
-            if timeline is not None:
-                timeline.append((s, r, a, start, done))
-            end = max(end, done)
-            out = None
-            if a.kind == "F" and a.stage < V - 1:
-                out = Transfer("F", a.stage, a.microbatch, r)
-            elif a.kind in ("B", "I") and a.stage > 0:
-                out = Transfer("B", a.stage - 1, a.microbatch, r)
-            if out is not None:
-                ready[out] = done
-                eligible(out)
-            yield env.timeout(done - start)
-            pos[(s, r)] += 1
+        if pos[(s, r)] >= len(actions[s]):
+            return
+        a = actions[s][pos[(s, r)]]
+        need = _needs(a, r, V)
+        if need is not None:
+            if need not in posted:
+                post(need)
+            if need not in arrived:
+                waiting[need] = (s, r)
+                return
+        start = env.now
+        done = start + took_s[a.kind][a.stage]
+        if timeline is not None:
+            timeline.append((s, r, a, start, done))
+        end = max(end, done)
+        out = _sends(a, r, V)
+        if out is not None:
+            ready[out] = done
+            eligible(out)
+        _Call(env, done - start, computed, s, r)
 
+    def computed(s: int, r: int) -> None:
+        pos[(s, r)] += 1
+        run(s, r)
+
+    def begin(s: int, r: int) -> None:
+        if s == 0 and stagger_s[r] > 0:
+            _Call(env, stagger_s[r], run, s, r)
+        else:
+            run(s, r)
+
+    # every worker begins before anything else happens at time 0, in order (as SimPy starts processes)
     for s, r in pos:
-        env.process(worker(s, r))
+        begin(s, r)
     env.run()
     stuck = [(s, r) for (s, r), p in pos.items() if p < len(actions[s])]
     if stuck:
         s, r = stuck[0]
         raise ValueError(f"the schedule does not complete: stage {s} replica {r} waits at {actions[s][pos[(s, r)]]}")
     return end, order
+
+
+def critical_path_s(
+    exp: Experiment,
+    workers: list[WorkerSpec],
+    links: dict[Hop, LinkTiming],
+    paths: dict[tuple[int, int], list[Hop]],
+    one_way_s: dict[tuple[int, int], float],
+    block_s: tuple[float, float] | None = None,
+) -> float:
+    """A lower bound (s) of ``simulate``'s iteration under any sharing, with every pipeline starting
+    at 0 or later: the longest path through the first pipeline's schedule tables, where an action
+    starts once its worker is free and its input has arrived, and a transfer across DCs leaves once
+    it is ready and the receiver's ready notice has crossed (one one-way delay after the receiver
+    reached the action that needs it), then takes its time alone on the slowest link of its path
+    and one one-way delay. ``simulate`` adds only waits to this: for a link's share, a queue's
+    turn, a grant, or the notice queued behind the receiver's own bytes. The last is why this is a
+    longest path rather than ``simulate`` without contention, whose tie-breaks can make it the
+    longer (a transfer that leaves earlier can hold a notice back). Arguments as ``simulate``'s;
+    raises ValueError when the schedule cannot complete."""
+    S = exp.stages
+    home = stage_homes(exp.schedule, S, exp.chunks)
+    V = len(home)
+    took_s = _action_seconds(exp, V, block_s, None)
+    rank_of = {w.stage: w.rank for w in workers if w.replica == 0}
+    actions = experiment_tables(exp)
+    pos, free = [0] * S, [0.0] * S  # per worker: its next action, when it is free
+    ready: dict[Transfer, float] = {}  # when each transfer's bytes are ready at its sender
+    moved = True
+    while moved:
+        moved = False
+        for s in range(S):
+            while pos[s] < len(actions[s]):
+                a = actions[s][pos[s]]
+                start = free[s]
+                need = _needs(a, 0, V)
+                if need is not None:
+                    if need not in ready:
+                        break
+                    src, dst = (need.stage, need.stage + 1) if need.kind == "F" else (need.stage + 1, need.stage)
+                    key = (rank_of[home[src]], rank_of[home[dst]])
+                    if key in paths:
+                        leaves = max(ready[need], free[s] + one_way_s[key])
+                        alone = max(links[h].transfer_s for h in paths[key])
+                        start = max(start, leaves + alone + one_way_s[key])
+                    else:
+                        start = max(start, ready[need])
+                free[s] = start + took_s[a.kind][a.stage]
+                out = _sends(a, 0, V)
+                if out is not None:
+                    ready[out] = free[s]
+                pos[s] += 1
+                moved = True
+    if any(p < len(actions[s]) for s, p in enumerate(pos)):
+        s = next(s for s, p in enumerate(pos) if p < len(actions[s]))
+        raise ValueError(f"the schedule does not complete: stage {s} waits at {actions[s][pos[s]]}")
+    return max(free)
+
+
+def _action_seconds(
+    exp: Experiment, V: int, block_s: tuple[float, float] | None, stage_s: tuple[tuple[float, float], ...] | None
+) -> dict[str, list[float]]:
+    """Each kind of action's seconds per virtual stage (``F``, ``B``, and a split backward's ``I``
+    and ``W``): its blocks times ``block_s`` (default the experiment's), or ``stage_s``'s profile."""
+    per_f, per_b = block_s or exp.block_s
+    f = [len(stage_layers(exp.model.n_layers, V, v)) * per_f for v in range(V)]
+    b = [len(stage_layers(exp.model.n_layers, V, v)) * per_b for v in range(V)]
+    if stage_s is not None:
+        f, b = [x[0] for x in stage_s], [x[1] for x in stage_s]
+    parts = [backward_parts(x) for x in b]
+    return {"F": f, "B": b, "I": [x for x, _ in parts], "W": [x for _, x in parts]}
+
+
+def _needs(a: RankAction, r: int, V: int) -> Transfer | None:
+    """The transfer action ``a`` of replica ``r`` waits for (``V`` virtual stages): a forward its
+    input, a backward (or its input part) the gradient; none on the first (last) virtual stage, nor
+    for a weight part."""
+    if a.kind == "F":
+        return Transfer("F", a.stage - 1, a.microbatch, r) if a.stage > 0 else None
+    if a.kind == "W":
+        return None
+    return Transfer("B", a.stage, a.microbatch, r) if a.stage < V - 1 else None
+
+
+def _sends(a: RankAction, r: int, V: int) -> Transfer | None:
+    """The transfer action ``a`` of replica ``r`` makes ready when it ends: a forward's activations
+    (but the last virtual stage's), a backward's (or its input part's) gradient (but the first's)."""
+    if a.kind == "F" and a.stage < V - 1:
+        return Transfer("F", a.stage, a.microbatch, r)
+    if a.kind in ("B", "I") and a.stage > 0:
+        return Transfer("B", a.stage - 1, a.microbatch, r)
+    return None

@@ -15,10 +15,11 @@ The policy's ``placement`` (``spec/policy.py``) chooses the layout:
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import replace
 
 from testbed.errors import SpecError
-from testbed.plan.cost_model import predict
+from testbed.plan.cost_model import lower_bound_s, predict
 from testbed.plan.workers import WorkerSpec, rank_of
 from testbed.spec.addressing import host_name
 from testbed.spec.experiment import Experiment
@@ -110,24 +111,31 @@ def select_dcs(exp: Experiment, topo: TopologySpec, policy: Policy) -> tuple[tup
     hold ``exp``'s stages x replicas, the one whose pipeline placement the cost model
     (``cost_model.predict``, its links shared as TCP shares them) predicts to be fastest under
     ``policy``'s striping (WAN rates, delays and per-connection shares included); ties go to fewer
-    DCs, then to the largest-first order. Returns (the DCs used, in pipeline order; the predicted
-    iteration time in s). Raises SpecError when no order holds the layout (``place_pipeline``'s
+    DCs, then to the largest-first order. An order whose lower bound (``cost_model.lower_bound_s``)
+    exceeds the best prediction found is not predicted: it could neither win nor tie. Returns (the
+    DCs used, in pipeline order; the predicted iteration time in s). Raises SpecError when no order holds the layout (``place_pipeline``'s
     message for the largest-first order)."""
     # ranked under TCP sharing (the grant plan's simulation, per candidate, would cost seconds)
     costed = replace(exp, policy=replace(policy, sharing="tcp"))
     rank = {dc.name: i for i, dc in enumerate(atlas_dc_order(topo))}
-    best: tuple[tuple, tuple[DCSpec, ...], float] | None = None
-    seen: set[tuple[str, ...]] = set()
+    candidates: dict[tuple[str, ...], list[WorkerSpec]] = {}
     for order in dc_orders(topo):
         try:
             workers = place_pipeline(exp, topo, list(order))
         except SpecError:
             continue
-        used = tuple(dict.fromkeys(w.dc for w in sorted(workers, key=lambda w: w.stage)))
-        if used in seen:
+        candidates.setdefault(tuple(dict.fromkeys(w.dc for w in sorted(workers, key=lambda w: w.stage))), workers)
+    # the most promising first, so that a candidate whose lower bound exceeds the best prediction
+    # found is left out (it could neither win nor tie); without a bound, a candidate is predicted
+    bounds: dict[tuple[str, ...], float] = {}
+    for used, workers in candidates.items():
+        bound = lower_bound_s(costed, topo, workers)
+        bounds[used] = -math.inf if bound is None else bound
+    best: tuple[tuple, tuple[DCSpec, ...], float] | None = None
+    for used in sorted(candidates, key=bounds.__getitem__):
+        if best is not None and round(bounds[used], 9) > best[0][0]:
             continue
-        seen.add(used)
-        t = predict(costed, topo, workers).iteration_s
+        t = predict(costed, topo, candidates[used]).iteration_s
         key = (round(t, 9), len(used), [rank[d] for d in used])
         if best is None or key < best[0]:
             best = (key, tuple(topo.dc(d) for d in used), t)
