@@ -113,8 +113,8 @@ def select_dcs(exp: Experiment, topo: TopologySpec, policy: Policy) -> tuple[tup
     ``policy``'s striping (WAN rates, delays and per-connection shares included); ties go to fewer
     DCs, then to the largest-first order. An order whose lower bound (``cost_model.lower_bound_s``)
     exceeds the best prediction found is not predicted: it could neither win nor tie. Returns (the
-    DCs used, in pipeline order; the predicted iteration time in s). Raises SpecError when no order holds the layout (``place_pipeline``'s
-    message for the largest-first order)."""
+    DCs used, in pipeline order; the predicted iteration time in s). Raises SpecError when no order
+    holds the layout (``place_pipeline``'s message for the largest-first order)."""
     # ranked under TCP sharing (the grant plan's simulation, per candidate, would cost seconds)
     costed = replace(exp, policy=replace(policy, sharing="tcp"))
     rank = {dc.name: i for i, dc in enumerate(atlas_dc_order(topo))}
