@@ -19,7 +19,7 @@ from testbed.plan.memory import decode_step_bytes
 from testbed.spec.bubbletea import MIN_CHUNK_TOKENS
 from testbed.spec.devices import EMULATED_MACHINE_BALANCE
 from testbed.spec.experiment import Experiment
-from testbed.spec.model import ModelConfig, decode_flops, prefill_flops
+from testbed.spec.model import ModelConfig, decode_flops, prefill_chunk_estimate, prefill_flops
 
 
 def seconds_per_flop(exp: Experiment) -> float:
@@ -53,20 +53,24 @@ def chunk_that_fits(
     cfg: ModelConfig, start: int, remaining: int, max_chunk: int, room_s: float, s_per_flop: float
 ) -> int:
     """The largest chunk (tokens) of a prompt, from position ``start`` with ``remaining`` tokens
-    left, at most ``max_chunk``, whose prefill takes at most ``room_s`` seconds, to the token (a
-    bisection: prefill time grows with the chunk), so that passes fill a bubble up to its end; 0
-    when not even MIN_CHUNK_TOKENS (or the rest, if shorter) fits, or when ``max_chunk`` is below
-    MIN_CHUNK_TOKENS and the rest is longer."""
+    left, at most ``max_chunk``, whose prefill takes at most ``room_s`` seconds, to the token, so
+    that passes fill a bubble up to its end; 0 when not even MIN_CHUNK_TOKENS (or the rest, if
+    shorter) fits, or when ``max_chunk`` is below MIN_CHUNK_TOKENS and the rest is longer. The
+    quadratic's root (``spec.model.prefill_chunk_estimate``) lands within a token or two; prefill
+    time grows with the chunk, so stepping from there with ``prefill_seconds`` gives the answer a
+    bisection would, in a few evaluations instead of about ten (the simulator makes about a
+    million such choices a scenario: ``scripts/bench_sim.py``)."""
     lo, hi = min(MIN_CHUNK_TOKENS, remaining), min(remaining, max_chunk)
     if hi <= 0 or lo > hi or prefill_seconds(cfg, start, lo, s_per_flop) > room_s:
         return 0
-    while lo < hi:  # lo fits; the answer is in [lo, hi]
-        mid = (lo + hi + 1) // 2
-        if prefill_seconds(cfg, start, mid, s_per_flop) <= room_s:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    # lo fits; the answer is the largest n in [lo, hi] that fits
+    estimate = prefill_chunk_estimate(cfg, start, room_s / s_per_flop)
+    n = max(lo, int(estimate)) if estimate < hi else hi  # an unbounded room: as much as the pass takes
+    while n > lo and prefill_seconds(cfg, start, n, s_per_flop) > room_s:
+        n -= 1
+    while n < hi and prefill_seconds(cfg, start, n + 1, s_per_flop) <= room_s:
+        n += 1
+    return n
 
 
 @dataclass

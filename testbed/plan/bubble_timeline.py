@@ -54,8 +54,11 @@ def bubble_timeline(
     end = simulated_iteration(exp, topo, workers, connections, block_s, timeline)
     chunk = chunk_numbers(experiment_homes(exp))
     bubbles = []
+    actions: dict[tuple[int, int], list] = {}
+    for x in timeline:
+        actions.setdefault((x[0], x[1]), []).append(x)
     for w in sorted(workers, key=lambda x: (x.stage, x.replica)):
-        mine = sorted((x for x in timeline if (x[0], x[1]) == (w.stage, w.replica)), key=lambda x: x[3])
+        mine = sorted(actions.get((w.stage, w.replica), []), key=lambda x: x[3])
         t = 0.0
         for _, _, action, start, finish in mine:
             if start > t + 1e-12:

@@ -21,8 +21,9 @@ Pure: no kernel, no processes. ``testbed plan --grants`` prints it (``format_gra
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer, boundary_paths
 from testbed.plan.connections import one_connection_bps, sent_at_once, transfer_time_s
@@ -52,6 +53,8 @@ __all__ = [
     "wan_links",
 ]
 
+#: grant plans kept for reuse (``plan_grants``)
+PLANS_KEPT = 8
 #: the share of a link a held (not granted) pipeline's class keeps (DESIGN.md section 1, item 4)
 FLOOR_SHARE = 0.05
 #: deadline of a grant: this many times its transfer time, plus one round trip (docs/policies.md)
@@ -174,12 +177,33 @@ def plan_grants(
     block_s: tuple[float, float] | None = None,
     stage_s: tuple[tuple[float, float], ...] | None = None,
 ) -> GrantPlan:
+    """The grant plan (``_plan_grants``), kept for the last few inputs: a policy and the same
+    policy with BubbleTea (which fills bubbles and moves no training transfer) share one, so that a
+    sweep point's ``atlas`` and ``atlas+bubbletea``, and a plan's prediction and its bubbles, plan
+    it once (``scripts/bench_sim.py``)."""
+    p = exp.policy
+    if p.bubbletea:
+        exp = replace(exp, policy=replace(p, name=p.base, bubbletea=False))
+    return _plan_grants(exp, topo, tuple(workers), connections, floor_share, block_s, stage_s)
+
+
+@functools.lru_cache(maxsize=PLANS_KEPT)
+def _plan_grants(
+    exp: Experiment,
+    topo: TopologySpec,
+    placed: tuple[WorkerSpec, ...],
+    connections: int,
+    floor_share: float | None = None,
+    block_s: tuple[float, float] | None = None,
+    stage_s: tuple[tuple[float, float], ...] | None = None,
+) -> GrantPlan:
     """The grant plan of ``exp`` placed as ``workers`` on ``topo`` with ``connections`` per
     cross-DC transfer (see the module doc); ``floor_share`` of the held classes (default
     ``held_floor_share(exp)``); ``block_s`` per-block compute seconds (default the experiment's);
     ``stage_s`` each virtual stage's profiled (forward, backward) seconds per microbatch (real
     compute; a worker's stage where each holds one). A layout without cross-DC boundaries has no
     hops. Raises ValueError when ``stage_s`` does not give every virtual stage."""
+    workers = list(placed)
     virtual = len(experiment_homes(exp))
     if stage_s is not None and len(stage_s) != virtual:
         raise ValueError(f"stage_s gives {len(stage_s)} stages' times for {virtual} virtual stages")

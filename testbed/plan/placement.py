@@ -14,6 +14,7 @@ The policy's ``placement`` (``spec/policy.py``) chooses the layout:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import replace
@@ -30,6 +31,8 @@ __all__ = ["WorkerSpec", "rank_of", "place", "place_pipeline", "place_dp_wan", "
 #: DC selection tries every order of every subset up to this many DCs (1956 orders at 6);
 #: above it, the prefixes of the largest-first order
 MAX_DCS_SEARCHED = 6
+#: DC selections kept for reuse (``select_dcs``)
+SELECTIONS_KEPT = 8
 
 
 def atlas_dc_order(topo: TopologySpec) -> list[DCSpec]:
@@ -107,6 +110,17 @@ def dc_orders(topo: TopologySpec) -> list[tuple[DCSpec, ...]]:
 
 
 def select_dcs(exp: Experiment, topo: TopologySpec, policy: Policy) -> tuple[tuple[DCSpec, ...], float]:
+    """Atlas's DC selection (``_select_dcs``), kept for the last few inputs: a policy and the same
+    policy with BubbleTea (which moves no training transfer) share one, so that a sweep point's
+    ``atlas`` and ``atlas+bubbletea`` select once (``scripts/bench_sim.py``)."""
+    if policy.bubbletea:
+        policy = replace(policy, name=policy.base, bubbletea=False)
+    # the experiment's own policy plays no part (``policy`` is weighed), and would only split the keys
+    return _select_dcs(replace(exp, policy=policy), topo, policy)
+
+
+@functools.lru_cache(maxsize=SELECTIONS_KEPT)
+def _select_dcs(exp: Experiment, topo: TopologySpec, policy: Policy) -> tuple[tuple[DCSpec, ...], float]:
     """Atlas's DC selection (DESIGN.md section 1, item 2): among the DC orders of ``dc_orders`` that
     hold ``exp``'s stages x replicas, the one whose pipeline placement the cost model
     (``cost_model.predict``, its links shared as TCP shares them) predicts to be fastest under

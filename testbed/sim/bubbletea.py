@@ -109,11 +109,12 @@ def prefill_in_bubbles(
     ttft: list[float] = []
     prefilled, prefill_busy_s, next_req = 0, 0.0, 0
     by_rank = {i: k for k, i in rank.items()}
+    load_by_rank = {rank[x]: load[x] for x in keys}  # the same loads, as the dispatcher keys them
     for start, end, k in slots:
         while next_req < len(requests) and requests[next_req].arrival_s <= start:
             r = requests[next_req]
             next_req += 1
-            chosen = choose_worker({rank[x]: load[x] for x in keys}, smallest, guard_s)
+            chosen = choose_worker(load_by_rank, smallest, guard_s)
             if chosen is None:
                 continue
             queue[by_rank[chosen]].append([r.arrival_s, r.prompt_tokens, 0])

@@ -8,6 +8,7 @@ simulator read these; ``testbed.model.gpt`` builds the network they describe.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from testbed.spec.fields import Field, FieldTable
@@ -146,13 +147,28 @@ def prefill_flops(cfg: ModelConfig, start: int, chunk: int) -> float:
     forward_flops' 2 n_layers d L^2 at seq_len = L.
     Raises ValueError unless start >= 0 and chunk >= 1 (whole numbers).
     """
-    for name, value, low in (("start", start, 0), ("chunk", chunk, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name}: {value!r} is not an integer >= {low}")
+    if type(start) is not int or type(chunk) is not int or start < 0 or chunk < 1:  # bool is no integer here
+        for name, value, low in (("start", start, 0), ("chunk", chunk, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}: {value!r} is not an integer >= {low}")
     blocks = cfg.n_layers * cfg.block_params
     output = cfg.head_params
     attended = chunk * start + chunk * (chunk + 1) // 2  # sum of p + 1 over the chunk's positions
     return 2.0 * blocks * chunk + 2.0 * output + 4.0 * cfg.n_layers * cfg.d_model * attended
+
+
+def prefill_chunk_estimate(cfg: ModelConfig, start: int, flops: float) -> float:
+    """The chunk (tokens, fractional) whose prefill from position ``start`` takes ``flops``:
+    ``prefill_flops`` is a quadratic in the chunk c, 2 n_layers d c^2 / 2 x 2 + (2 x blocks + 4
+    n_layers d start + 2 n_layers d) c + 2 x head, solved for c (0 where even no token's head
+    fits). An estimate: float rounding may put the answer a token off, so callers confirm it with
+    ``prefill_flops`` itself."""
+    a = 2.0 * cfg.n_layers * cfg.d_model
+    b = 2.0 * cfg.n_layers * cfg.block_params + 4.0 * cfg.n_layers * cfg.d_model * start + a
+    k = 2.0 * cfg.head_params - flops
+    if k >= 0:
+        return 0.0
+    return (-b + math.sqrt(b * b - 4.0 * a * k)) / (2.0 * a)
 
 
 def decode_flops(cfg: ModelConfig, position: int) -> float:

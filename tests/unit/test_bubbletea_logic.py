@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import replace
 
 import pytest
@@ -89,6 +90,22 @@ def test_the_chunk_that_fits_is_the_largest_to_the_token(start):
     assert chunk_that_fits(CFG, start, 0, 128, whole, spf) == 0  # nothing left
     # attention makes later chunks dearer: what fits at position 0 may not at 1900
     assert chunk_that_fits(CFG, 1900, 128, 128, whole, spf) < 128
+
+
+def test_the_chunk_that_fits_is_every_chunk_tried_on_models_of_every_size():
+    """The quadratic's estimate and the steps from it give what trying every chunk gives, on
+    models from the emulator's to GPT-3's and rooms a hair either side of a chunk's time."""
+    rng = random.Random(5)
+    for _ in range(300):
+        d = rng.choice([64, 4096, 12288])
+        cfg = ModelConfig(
+            n_layers=rng.choice([2, 32, 96]), d_model=d, n_heads=4, seq_len=8192, vocab=rng.choice([256, 50257])
+        )
+        start, most, spf = rng.randrange(0, 4000), rng.randrange(1, 600), 10 ** rng.uniform(-15, -9)
+        room = prefill_seconds(cfg, start, rng.randrange(1, 700), spf) * rng.uniform(0.99, 1.01)
+        fits = [m for m in range(MIN_CHUNK_TOKENS, most + 1) if prefill_seconds(cfg, start, m, spf) <= room]
+        assert chunk_that_fits(cfg, start, 1000, most, room, spf) == max(fits, default=0)
+    assert chunk_that_fits(CFG, 0, 200, 96, math.inf, 1e-9) == 96  # an unbounded room: the pass's tokens
 
 
 def test_slot_predictor_is_the_minimum_of_the_last_window():

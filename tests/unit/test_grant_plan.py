@@ -3,6 +3,8 @@ the planned grant loop (a recording switch and hand-set counters stand in for th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from testbed.atlas.grants import GrantLoop, HopTiming, boundary_paths
@@ -58,6 +60,16 @@ def test_four_pipelines_computed_by_hand():
     assert plan.iteration_unstaggered_s == pytest.approx(plan.iteration_s)
     text = format_grant_plan(plan)
     assert "order: F0r0 F0r1 F0r2 F0r3" in text and "r3 " in text
+
+
+def test_a_policy_and_the_same_with_bubbletea_share_one_plan_and_other_inputs_do_not():
+    e, workers = four_pipelines()
+    plan = plan_grants(e, e.topology_spec, workers, connections=1)
+    with_bt = replace(e, policy=parse_policy("atlas+bubbletea"))
+    assert plan_grants(with_bt, with_bt.topology_spec, workers, connections=1) is plan
+    slower = plan_grants(e, e.topology_spec, workers, connections=1, block_s=(0.02, 0.04))
+    assert slower is not plan and slower.iteration_s > plan.iteration_s
+    assert plan_grants(e, e.topology_spec, workers, connections=1, floor_share=0.2) != plan
 
 
 def test_a_connection_share_caps_the_granted_rate():
