@@ -221,7 +221,12 @@ def add_sim_parser(sub) -> None:
         "experiment", nargs="?", default=None, help="an experiment or a scenario (workloads/scenarios), by name or path"
     )
     sp.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated (default: {','.join(POLICIES)})")
-    sp.add_argument("--validate", type=Path, metavar="RUN_DIR", help="a measured run beside its simulation")
+    sp.add_argument(
+        "--validate",
+        type=Path,
+        metavar="RUN_DIR",
+        help="a measured run beside its simulation (under grants, also its gap to the grant plan by cause)",
+    )
     sp.add_argument(
         "--modelled-window",
         action="store_true",

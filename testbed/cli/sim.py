@@ -9,6 +9,7 @@ from pathlib import Path
 from testbed.cli.common import err
 from testbed.errors import SpecError
 from testbed.sim.figures import simulate_policy
+from testbed.sim.plan_gap import format_plan_gap, plan_gap
 from testbed.sim.scenario import simulate_scenario
 from testbed.sim.sweep import parse_sweep, sweep
 from testbed.sim.timeline import PLOTTED_REPLICAS, simulated_events
@@ -23,8 +24,9 @@ from testbed.trace import schema as T
 def cmd_sim(args) -> int:
     if args.validate is not None:
         result = validate_run(args.validate, measured_links=not args.modelled_window, measured_starts=not args.in_step)
+        gap = plan_gap(args.validate)
         if args.json:
-            print(json.dumps(result, indent=1))
+            print(json.dumps({**result, "plan_gap": None if gap is None else gap.to_dict()}, indent=1))
             return 0
         starts = result["starts"]
         if result["start_offsets_s"] is not None:
@@ -38,6 +40,8 @@ def cmd_sim(args) -> int:
             x, y, e = (f[k] for k in ("predicted", "measured", "error"))
             shown = "-" if e is None else (f"{e:+.1%}" if name not in ABSOLUTE else f"{e:+.3f}")
             print(f"  {name:<22} {_num(x):>10} {_num(y):>10}  {shown}{unit}")
+        if gap is not None:
+            print(format_plan_gap(gap))
         return 0
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for policy in policies:

@@ -71,9 +71,13 @@ class LinkTiming:
     it carries at once before they slow down (``concurrency``: the link's rate over what one
     transfer's connections fill of it, at least 1) and whether each transfer reaches it as one
     burst, so that it sends transfers in the order they arrive (``bursts``:
-    ``connections.sent_at_once``; ``fair_share``'s bursts)."""
+    ``connections.sent_at_once``; ``fair_share``'s bursts); ``delivery_s``, under grants, the time
+    from a transfer's last byte reaching the far end of the last link of its path to its receiver
+    having it, beyond the delay (0 in a plan; a run's measured figure where
+    ``sim/plan_gap.py`` puts it in)."""
 
     transfer_s: float
     delay_s: float
     concurrency: float = 1.0
     bursts: bool = False
+    delivery_s: float = 0.0

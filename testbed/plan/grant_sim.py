@@ -74,6 +74,8 @@ def simulate(
     sharing: str = "planned",
     stage_s: tuple[tuple[float, float], ...] | None = None,
     timeline: list[tuple[int, int, RankAction, float, float]] | None = None,
+    hop_order: dict[Hop, tuple[Transfer, ...]] | None = None,
+    replica_links: dict[tuple[Hop, int], LinkTiming] | None = None,
 ) -> tuple[float, dict[Hop, list[Transfer]]]:
     """One iteration of every pipeline (see the module doc): ``links``, each crossed hop's transfer
     time and delay; ``paths``, the hops of each (sender, receiver) pair; ``one_way_s``, each pair's
@@ -83,20 +85,28 @@ def simulate(
     direction is shared (``SHARING``): ``planned``, one transfer at a time from when its bytes can
     go to when they have passed; ``fifo``, one at a time in the order they become ready, for the
     whole rendezvous (the notice, the bytes and their flight) unless ``exp.atlas_borrow`` (then
-    while the bytes pass, as ``planned``); ``tcp``, no grants: each transfer is one flow over its whole path, the
-    flows sharing the links max-min fairly (``fair_share.FairShare``: a link carries
-    ``concurrency`` transfers at their speed alone; a flow goes at most at its speed alone on the
-    slowest link of its path), recomputed whenever a transfer starts or ends; a transfer that
-    leaves as one burst on a link (``LinkTiming.bursts``) goes into its queue at its speed alone
-    and leaves in arrival order (``fifo_queue.PacedFifo``). ``timeline``, when
-    given, receives every compute action as (worker's stage, replica, action, start s, end s) in
-    the order they start. A worker runs its schedule table (``schedule.worker_tables``) over its
-    virtual stages; a split backward's parts take ``schedule.backward_parts`` of the backward.
-    Returns (the iteration time: the last worker's last compute or byte on a link, in s; the order
-    in which transfers took each link direction). Raises ValueError when the schedule cannot complete or ``sharing`` is
-    unknown."""
+    while the bytes pass, as ``planned``); ``tcp``, no grants: each transfer is one flow over its
+    whole path, the flows sharing the links max-min fairly (``fair_share.FairShare``: a link
+    carries ``concurrency`` transfers at their speed alone; a flow goes at most at its speed alone
+    on the slowest link of its path), recomputed whenever a transfer starts or ends; a transfer
+    that leaves as one burst on a link (``LinkTiming.bursts``) goes into its queue at its speed
+    alone and leaves in arrival order (``fifo_queue.PacedFifo``). ``timeline``, when given,
+    receives every compute action as (worker's stage, replica, action, start s, end s) in the
+    order they start. ``hop_order``, under ``planned`` or ``fifo`` sharing: each listed link
+    direction serves the transfers of its list strictly in that order (a grant plan's, as Atlas's
+    controller grants them: ``atlas/grants.py``), a transfer ready before its turn waiting for it;
+    by default each link takes whichever transfer is ready first. ``replica_links``, under
+    ``planned`` or ``fifo`` sharing: a (link direction, replica)'s own timing, for ``links``' (a
+    run's measured figures: ``sim/plan_gap.py``). A worker runs its schedule
+    table (``schedule.worker_tables``) over its virtual stages; a split backward's parts take
+    ``schedule.backward_parts`` of the backward. Returns (the iteration time: the last worker's
+    last compute or byte on a link, in s; the order in which transfers took each link direction).
+    Raises ValueError when the schedule cannot complete, ``sharing`` is unknown, or ``hop_order``
+    is given under ``tcp``."""
     if sharing not in SHARING:
         raise ValueError(f"unknown sharing {sharing!r}: use one of {', '.join(SHARING)}")
+    if hop_order is not None and sharing == "tcp":
+        raise ValueError("a link order needs grants (planned or fifo sharing), not tcp")
     # with borrowing, held classes fill what a FIFO rendezvous leaves idle (its notice, its flight)
     rendezvous_hold, fair = sharing == "fifo" and not exp.atlas_borrow, sharing == "tcp"
     S, R = exp.stages, exp.replicas
@@ -118,6 +128,11 @@ def simulate(
     behind: dict[tuple[int, int], list[tuple[Transfer, set[Transfer]]]] = {}
     ready: dict[Transfer, float] = {}
     link_free = dict.fromkeys(links, 0.0)
+    # hop_order: each link's transfers by their place in its order, the next place, and the
+    # transfers that came before their turn
+    turn_of = {h: {t: k for k, t in enumerate(ts)} for h, ts in (hop_order or {}).items()}
+    turn = dict.fromkeys(turn_of, 0)
+    parked: dict[Hop, dict[int, tuple[Transfer, int, float | None, float]]] = {h: {} for h in turn_of}
     order: dict[Hop, list[Transfer]] = {h: [] for h in links}
     end = 0.0
     # tcp: the transfers under way, shared max-min fairly (capacities in transfers per second), and a
@@ -162,17 +177,28 @@ def simulate(
         if still:
             behind[key] = still
 
-    def eligible(t: Transfer) -> None:
+    def eligible(t: Transfer, handed_now: bool = False) -> None:
+        """``t`` moves once its bytes are ready and its receiver's notice has come; ``handed_now``:
+        its sender has just handed it to gloo at the end of the action that made it, so where it
+        may go at once it does, before the sender posts its next receive (whose notice then
+        queues behind these bytes, as on gloo's socket)."""
         if t in ready and t in notice_sent:
             key = pair(t)
             if key not in paths:  # inside one DC: no WAN link, no rendezvous cost worth modelling
                 at(max(ready[t], posted[t]), arrive, t)
-            elif rendezvous_hold:  # FIFO: the link is held from both sides ready, notice included
-                at(max(ready[t], notice_sent[t]), hop, t, 0, None, one_way_s[key])
+                return
+            act: Callable[..., None]
+            args: tuple[Any, ...]
+            if rendezvous_hold:  # FIFO: the link is held from both sides ready, notice included
+                when, act, args = max(ready[t], notice_sent[t]), hop, (t, 0, None, one_way_s[key])
             elif fair:
-                at(max(ready[t], notice_sent[t] + one_way_s[key]), flow_start, t)
+                when, act, args = max(ready[t], notice_sent[t] + one_way_s[key]), flow_start, (t,)
             else:
-                at(max(ready[t], notice_sent[t] + one_way_s[key]), hop, t, 0, None, 0.0)
+                when, act, args = max(ready[t], notice_sent[t] + one_way_s[key]), hop, (t, 0, None, 0.0)
+            if handed_now and when <= env.now:
+                act(*args)
+            else:
+                at(when, act, *args)
 
     def reshare() -> None:
         """Schedule the next completion under the new shares, outdating the previous one."""
@@ -205,10 +231,21 @@ def simulate(
 
     def hop(t: Transfer, i: int, last_before: float | None, notice: float) -> None:
         """``t`` may take hop ``i`` of its path; ``last_before``: when the previous hop's last byte
-        arrives; ``notice``: FIFO's wait for the ready notice to cross back."""
+        arrives; ``notice``: FIFO's wait for the ready notice to cross back. Under ``hop_order``
+        it waits for the transfers before it in its link's order to have taken the link."""
         nonlocal end
         path = paths[pair(t)]
-        link = links[path[i]]
+        h = path[i]
+        if h in turn_of:
+            mine = turn_of[h].get(t)
+            if mine is not None:
+                if mine != turn[h]:
+                    parked[h][mine] = (t, i, last_before, notice)
+                    return
+                turn[h] += 1
+                if turn[h] in parked[h]:  # the next in order came early: it goes once this one has
+                    at(env.now, hop, *parked[h].pop(turn[h]))
+        link = replica_links.get((h, t.replica), links[h]) if replica_links else links[h]
         start = max(env.now, link_free[path[i]])
         first = start + notice
         last = max(first + link.transfer_s, last_before if last_before is not None else 0.0)
@@ -225,7 +262,7 @@ def simulate(
         if i + 1 < len(path):
             at(first + link.delay_s, hop, t, i + 1, last + link.delay_s, 0.0)
         else:
-            at(last + link.delay_s, arrive, t)
+            at(last + link.delay_s + link.delivery_s, arrive, t)
 
     def arrive(t: Transfer) -> None:
         arrived[t] = env.now
@@ -251,13 +288,14 @@ def simulate(
         if timeline is not None:
             timeline.append((s, r, a, start, done))
         end = max(end, done)
-        out = _sends(a, r, V)
+        _Call(env, done - start, computed, s, r, _sends(a, r, V), done)
+
+    def computed(s: int, r: int, out: Transfer | None, done: float) -> None:
+        """Worker (s, r)'s action has ended at ``done``: it hands its output ``out`` to gloo, then
+        goes on."""
         if out is not None:
             ready[out] = done
-            eligible(out)
-        _Call(env, done - start, computed, s, r)
-
-    def computed(s: int, r: int) -> None:
+            eligible(out, handed_now=True)
         pos[(s, r)] += 1
         run(s, r)
 
