@@ -4,8 +4,11 @@ gpt3_175b_4dc, in under 5 s on this 2-core machine, imports excluded), and the c
 against the GPU count (128 to 8,192: the same scenario with 32 to 2,048 GPUs per DC, 64
 microbatches per replica). Per size: one simulated iteration under pp-fair (TCP sharing) and
 under atlas's planned grants (its grant plan included; the placement given), and, for the shipped
-size, ``testbed sim``'s whole work per policy (atlas's DC selection and grant plan included). Figures
-printed (best of --repeats), nothing asserted.
+size, ``testbed sim``'s whole work per policy (atlas's DC selection and grant plan included); then
+issue 39's goals beside their figures: ``testbed sim`` of that scenario under atlas as a command
+(imports included) and one atlas iteration at 8,192 GPUs. Each figure starts with the grant plans
+and DC selections that ``plan/`` keeps emptied. Figures printed (best of --repeats), nothing
+asserted.
 
 Run: .venv/bin/python scripts/bench_sim.py [--repeats 3] [--largest 8192]
 """
@@ -13,6 +16,7 @@ Run: .venv/bin/python scripts/bench_sim.py [--repeats 3] [--largest 8192]
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -21,12 +25,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testbed.plan.connections import wan_connections
-from testbed.plan.grant_plan import simulated_iteration
-from testbed.plan.placement import place_pipeline
+from testbed.plan.grant_plan import _plan_grants, simulated_iteration
+from testbed.plan.placement import _select_dcs, place_pipeline
 from testbed.sim.scenario import simulate_scenario
 from testbed.spec.scenario_file import load_scenario
 
 GOAL_S = 5.0
+REPO = Path(__file__).resolve().parents[1]
+#: issue 39's goals and the figures when it was filed (b64ba4d): `testbed sim` of the 1,024-GPU
+#: scenario under atlas (s, imports included), and one atlas iteration at 8,192 GPUs (s)
+CLI_GOAL_S, CLI_ANCHOR_S = 3.0, 12.4
+LARGEST_GOAL_GPUS, LARGEST_GOAL_S, LARGEST_ANCHOR_S = 8192, 5.0, 20.3
 SCENARIO = "gpt3_175b_4dc"
 MICROBATCHES = 64
 
@@ -34,6 +43,8 @@ MICROBATCHES = 64
 def best_of(repeats: int, fn) -> tuple[float, object]:
     times, out = [], None
     for _ in range(repeats):
+        _plan_grants.cache_clear()  # each run plans and selects afresh, as a new command would
+        _select_dcs.cache_clear()
         t0 = time.perf_counter()
         out = fn()
         times.append(time.perf_counter() - t0)
@@ -66,6 +77,7 @@ def main() -> None:
     for policy in ("pp-fair", "dp-wan", "atlas"):
         secs, _ = best_of(1, lambda p=policy: simulate_scenario(base, p))
         print(f"  {policy}: testbed sim's whole work (placement, DC selection, grant plan, figures) {secs:.2f} s")
+    largest_atlas_s = None
     print("cost against GPU count (one simulated iteration, placement given):")
     print(f"  {'GPUs':>6} {'replicas':>8} {'pp-fair s':>10} {'atlas s':>10}")
     per_dc = 32
@@ -75,7 +87,26 @@ def main() -> None:
         sc = replace(sc, global_batch=replicas * MICROBATCHES * sc.microbatch_size)
         row = [one_iteration_s(sc, p, 1 if sc.gpus > 2048 else args.repeats)[0] for p in ("pp-fair", "atlas")]
         print(f"  {sc.gpus:>6} {replicas:>8} {row[0]:>10.2f} {row[1]:>10.2f}")
+        if sc.gpus == LARGEST_GOAL_GPUS:
+            largest_atlas_s = row[1]
         per_dc *= 2
+    print("issue 39's goals on this machine (anchors: when the issue was filed, at b64ba4d):")
+    cli = [sys.executable, "-m", "testbed.cli", "sim", SCENARIO, "--policies", "atlas"]
+    walls = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        subprocess.run(cli, check=True, capture_output=True, cwd=REPO)
+        walls.append(time.perf_counter() - t0)
+    print(
+        f"  testbed sim {SCENARIO} --policies atlas ({base.gpus} GPUs, imports included): {min(walls):.2f} s "
+        f"(goal <= {CLI_GOAL_S:g} s; anchor {CLI_ANCHOR_S:g} s)"
+    )
+    if largest_atlas_s is not None:
+        print(
+            f"  one atlas iteration at {LARGEST_GOAL_GPUS:,} GPUs: {largest_atlas_s:.2f} s (goal <= "
+            f"{LARGEST_GOAL_S:g} s; anchor {LARGEST_ANCHOR_S:g} s)"
+        )
+    print("  the paper-scale table: scripts/paper_scale.py prints its own time (goal <= 120 s; anchor about 18 min)")
 
 
 if __name__ == "__main__":

@@ -97,10 +97,12 @@ class FairShare:
 
     def _reshare(self) -> None:
         # the ACK-clocked flows share what the bursts leave now (recomputed at the next start or end)
+        live = [c for c in self.classes.values() if c.flows]
+        if not live:  # only bursts (or nothing): nothing to share
+            return
         left = dict(self.capacity)
         for h, q in self.queues.items():
             left[h] -= q.sending_rate()
-        live = [c for c in self.classes.values() if c.flows]
         for c, r in zip(live, max_min_rates(left, [(c.path, c.cap, len(c.flows)) for c in live])):
             c.rate = r
 
