@@ -10,6 +10,8 @@ assumption accounts for, and with the pipelines started together (``--in-step``)
 median errors (and writes it to ``prediction_error.md`` in ``--out``), and records the table the
 results page shows in ``docs/results/prediction_error.json`` (``results/published.py``; then
 ``scripts/reference_pages.py`` renders the page; ``--no-record`` leaves both alone); nothing asserted.
+Each run under grants is also set beside its grant plan by cause (``sim/plan_gap.py``, as ``testbed
+sim --validate`` prints it), recorded as ``plan_gap``.
 
 Under TCP sharing the simulator starts every pipeline at the same instant, and identical pipelines
 then stay in step; the emulator's pipelines drift apart on their own. ``--offsets-ms 1,5`` adds,
@@ -33,7 +35,8 @@ simulator predicting as ``testbed plan`` does: the modelled window, the pipeline
 with a run whose compute overran its targets (``representative`` false) is rejected after the
 run and counted. Prints and records (``prediction_error_random``) each run's error, per policy the
 errors' median, 90th percentile and largest, and atlas's predicted against measured speed-up
-over pp-fair.
+over pp-fair. With ``--revalidate`` it draws and runs nothing: the draws and runs of the sweep in
+``--out`` are set beside the simulator as it is now.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from testbed.results.published import Column, commit, record_result
 from testbed.run.interrupts import tears_down_on_signals
 from testbed.run.random_validation import run_random
 from testbed.run.runner import run_experiment
+from testbed.sim.plan_gap import CAUSES, plan_gap
 from testbed.sim.validate import load_run, validate_run
 from testbed.spec.experiment_file import load_experiment
 from testbed.spec.policy import ABLATION
@@ -62,6 +66,17 @@ from testbed.trace import metrics as M
 EXPERIMENTS = ("default", "four_dc", "two_dc", "sharing")
 REPO = Path(__file__).resolve().parents[1]
 #: the results page's table: a row per run (``record`` below), infeasible ones saying why
+#: a grant run against its plan (``sim/plan_gap.py``), ms an iteration
+GAP_COLUMNS = [
+    Column("experiment", ("{experiment}",)),
+    Column("policy", ("{policy}",)),
+    Column("planned ms", ("{planned_ms:.1f}",)),
+    Column("measured ms", ("{measured_ms:.1f}",)),
+    Column("gap ms", ("{gap_ms:+.1f}",)),
+    *(Column(name, (f"{{c{i}:+.1f}}",)) for i, (name, _) in enumerate(CAUSES)),
+    Column("not explained", ("{remainder_ms:+.1f}",)),
+    Column("grants expired unused an iteration", ("{expired:.1f}",)),
+]
 COLUMNS = [
     Column("experiment", ("{experiment}",)),
     Column("policy", ("{policy}",)),
@@ -104,11 +119,14 @@ def main() -> None:
     args = ap.parse_args()
     at_commit = commit(REPO)  # the runs' commit, before a recorded table changes the tree
     if args.random:
-        run_random(args.random, args.seed, args.iterations or 5, args.out, REPO, not args.no_record, at_commit)
+        run_random(
+            args.random, args.seed, args.iterations or 5, args.out, REPO, not args.no_record, at_commit, args.revalidate
+        )
         return
     args.iterations = args.iterations or 8
     records: list[dict] = []
     offset_records: list[dict] = []
+    gap_records: list[dict] = []
     args.out.mkdir(parents=True, exist_ok=True)
     rows = [
         "| experiment | policy | iteration s: predicted | measured | error | error, modelled window | error, in step "
@@ -173,6 +191,20 @@ def main() -> None:
                 "wan_difference": wan["error"],
             }
         )
+        gap = plan_gap(run_dir) if exp.policy.grants else None
+        if gap is not None:  # under grants: the run beside its grant plan, by cause
+            gap_records.append(
+                {
+                    "experiment": shown,
+                    "policy": policy,
+                    "planned_ms": gap.planned_s * 1e3,
+                    "measured_ms": gap.measured_s * 1e3,
+                    "gap_ms": (gap.measured_s - gap.planned_s) * 1e3,
+                    **{f"c{i}": s * 1e3 for i, (_, s) in enumerate(gap.parts)},
+                    "remainder_ms": gap.remainder_s * 1e3,
+                    "expired": gap.expired,
+                }
+            )
         if offsets_s and exp.replicas > 1 and not exp.policy.grants:
             pipeline_s = _pipeline_s(run_dir, offsets_s)
             offset_rows.append(f"| {shown} | {policy} | " + " | ".join(f"{x:.3f}" for x in pipeline_s) + " |")
@@ -198,6 +230,11 @@ def main() -> None:
         table = "prediction_error" if schedules == [None] else "prediction_error_schedules"
         path = record_result(REPO, table, COLUMNS, records, "scripts/prediction_error.py", command, at_commit)
         print(f"recorded for the results page in {path}: run scripts/reference_pages.py to show it")
+        if gap_records and schedules == [None]:
+            path = record_result(
+                REPO, "plan_gap", GAP_COLUMNS, gap_records, "scripts/prediction_error.py", command, at_commit
+            )
+            print(f"recorded for the results page in {path}")
         if offset_records:
             columns = [Column("experiment", ("{experiment}",)), Column("policy", ("{policy}",))]
             columns += [

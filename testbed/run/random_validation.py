@@ -102,9 +102,16 @@ def write_draw(draw: Draw, folder: Path) -> Path:
 
 
 def run_draw(
-    exp: Experiment, folder: Path, iterations: int, progress: Any = print, policies: tuple[str, ...] = POLICIES
+    exp: Experiment,
+    folder: Path,
+    iterations: int,
+    progress: Any = print,
+    policies: tuple[str, ...] = POLICIES,
+    run_missing: bool = True,
 ) -> dict[str, dict[str, Any]]:
-    """Each of ``policies``' run of ``exp`` in ``folder/<policy>``, validated: {policy: row fields}."""
+    """Each of ``policies``' run of ``exp`` in ``folder/<policy>``, validated: {policy: row fields}.
+    A run already there (its ``summary.json``) is validated, not run again; one that is not is run,
+    or with ``run_missing`` False, listed as failed."""
     out: dict[str, dict[str, Any]] = {}
     for policy in policies:
         run_dir = folder / policy.replace("+", "-")
@@ -115,6 +122,9 @@ def run_draw(
             out[policy] = {"infeasible": f"{err.field} {err.problem}"}
             continue
         if not (run_dir / "summary.json").exists():
+            if not run_missing:
+                out[policy] = {"failed": "not run (revalidating the runs there)", "representative": False}
+                continue
             try:
                 run_experiment(e, run_dir, progress=lambda line: None)
             except TestbedError as err:  # the sweep goes on; the draw is rejected after the runs
@@ -124,6 +134,10 @@ def run_draw(
         summary = json.loads((run_dir / "summary.json").read_text())
         f = validate_run(run_dir, measured_links=False, measured_starts=False)["figures"]
         it, gpu = f[M.ITERATION_TIME_S], f[M.GPU_UTILIZATION]
+        if it["error"] is None:  # an aborted run: no iteration measured
+            out[policy] = {"failed": "no iteration measured (the run was aborted)", "representative": False}
+            progress(f"{exp.name} {policy}: failed: {out[policy]['failed']}")
+            continue
         out[policy] = {
             "predicted_s": it["predicted"],
             "measured_s": it["measured"],
@@ -141,24 +155,46 @@ def run_draw(
 
 
 def run_random(
-    n: int, seed: int, iterations: int, out: Path, repo: Path, record: bool = True, at_commit: str | None = None
+    n: int,
+    seed: int,
+    iterations: int,
+    out: Path,
+    repo: Path,
+    record: bool = True,
+    at_commit: str | None = None,
+    revalidate: bool = False,
 ) -> None:
     """Draw, run, validate and report ``n`` random experiments of ``seed`` (module docstring);
     records the three tables under ``repo`` unless ``record`` is False, as made at ``at_commit``
-    (``published.record_result``)."""
-    draws = random_experiments(n, seed, check=machine_check)
-    print(
-        f"seed {seed}: {len(draws.accepted)} draws; before them {draws.invalid} candidates the validators refused "
-        f"and {draws.single_dc} that fit one DC were redrawn, {len(draws.rejected)} rejected for this machine",
-        flush=True,
-    )
+    (``published.record_result``). ``revalidate``: draw nothing and run nothing; the draws of an
+    earlier sweep in ``out`` (its ``random_summary.json``) and their runs, set beside the
+    simulator as it is now (a model fix weighed on runs already made)."""
+    if revalidate:
+        earlier = json.loads((out / "random_summary.json").read_text())
+        seen: dict[str, tuple[int, float]] = {}
+        for row in earlier["runs"]:
+            seen.setdefault(row["draw"], (int(row["quartile"]) - 1, float(row["ratio"])))
+        drawn = [(name, load_experiment(out / name / f"{name}.yaml"), q, r) for name, (q, r) in seen.items()]
+        rejected = [r for r in earlier["rejected"] if r["when"] == "before the runs"]
+        print(f"seed {seed}: revalidating the {len(drawn)} draws in {out} (nothing is run)", flush=True)
+    else:
+        draws = random_experiments(n, seed, check=machine_check)
+        print(
+            f"seed {seed}: {len(draws.accepted)} draws; before them {draws.invalid} candidates the validators "
+            f"refused and {draws.single_dc} that fit one DC were redrawn, {len(draws.rejected)} rejected for "
+            "this machine",
+            flush=True,
+        )
+        rejected = [{"draw": d.name, "when": "before the runs", "why": why} for d, why in draws.rejected]
+        drawn = [
+            (d.name, load_experiment(write_draw(d, out / d.name)), quartile, ratio)
+            for d, _, ratio, quartile in draws.accepted
+        ]
     rows: list[dict[str, Any]] = []
-    rejected = [{"draw": d.name, "when": "before the runs", "why": why} for d, why in draws.rejected]
     errors: dict[str, list[float]] = {p: [] for p in POLICIES}
     speedups: list[float] = []
-    for draw, _, ratio, quartile in draws.accepted:
-        exp = load_experiment(write_draw(draw, out / draw.name))
-        runs = run_draw(exp, out / draw.name, iterations)
+    for name, exp, quartile, ratio in drawn:
+        runs = run_draw(exp, out / name, iterations, run_missing=not revalidate)
         overran = [
             f"{p}: run failed: {r['failed']}"
             if "failed" in r
@@ -167,7 +203,7 @@ def run_random(
             if not r.get("representative", True)
         ]
         if overran:
-            rejected.append({"draw": draw.name, "when": "after the runs", "why": "; ".join(overran)})
+            rejected.append({"draw": name, "when": "after the runs", "why": "; ".join(overran)})
         base, atlas = runs["pp-fair"], runs["atlas"]
         if "error" in base and "error" in atlas:
             atlas["speedup_predicted"] = base["predicted_s"] / atlas["predicted_s"]
@@ -175,7 +211,7 @@ def run_random(
             if not overran:
                 speedups.append((atlas["speedup_measured"] - atlas["speedup_predicted"]) / atlas["speedup_measured"])
         for policy, r in runs.items():
-            rows.append({"draw": draw.name, "quartile": quartile + 1, "ratio": ratio, "policy": policy, **r})
+            rows.append({"draw": name, "quartile": quartile + 1, "ratio": ratio, "policy": policy, **r})
             if not overran and "error" in r:
                 errors[policy].append(r["error"])
     summary = [{"figure": f"iteration time, {p}", **error_distribution(e), "goal": GOALS} for p, e in errors.items()]
@@ -192,6 +228,7 @@ def run_random(
     )
     if record:
         command = f"scripts/prediction_error.py --random {n} --seed {seed} --iterations {iterations} --out {out}"
+        command += " --revalidate" if revalidate else ""
         for name, columns, table in (
             (RUNS_TABLE, RUN_COLUMNS, rows),
             (SUMMARY_TABLE, SUMMARY_COLUMNS, [{k: _nan_none(v) for k, v in s.items()} for s in summary]),

@@ -1,0 +1,147 @@
+"""A grant run against its plan, by cause (``sim/plan_gap.py``), on runs built from the plan's own
+simulation: a run that is its plan has nothing to explain; one whose compute ran 10% over has it
+charged to compute; grants that took longer than planned are charged to transfer time; and the
+parts always sum to measured minus planned. (tests/integration/test_random_experiment.py
+decomposes a real atlas run.)"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+
+import pandas as pd
+import pytest
+from eventrows import event_row
+
+from testbed.plan.allreduce import allreduce_s
+from testbed.plan.connections import wan_connections
+from testbed.plan.cost_model import optimizer_s
+from testbed.plan.grant_plan import granted_class_bps, held_floor_share, plan_grants, wan_links
+from testbed.plan.grant_sim import simulate
+from testbed.plan.placement import place
+from testbed.sim.plan_gap import CAUSES, CONTROLLER_FILE, format_plan_gap, grant_times, plan_gap
+from testbed.spec.experiment_file import load_experiment
+from testbed.trace import schema as T
+
+MS = 1e3
+
+
+def _run(tmp_path, compute_scale=1.0, grants=None, policy="atlas"):
+    """The two_dc experiment under ``policy``, three iterations (the first a warm-up) each as the
+    plan's simulation has it, with every forward and backward ``compute_scale`` times its target;
+    ``grants``: controller.jsonl's rows (default none). Returns (folder, planned iteration s)."""
+    e = load_experiment("two_dc").with_overrides(policy=policy, iterations=3)
+    workers = place(e)
+    topo = e.topology_spec
+    n = wan_connections(e, topo, workers)
+    plan = plan_grants(e, topo, workers, n)
+    wan = wan_links(e, topo, workers, n, lambda bps: granted_class_bps(bps, e.replicas, held_floor_share(e)))
+    per_f, per_b = e.block_s
+    blocks = e.model.n_layers // e.stages
+    stage_s = tuple((blocks * per_f * compute_scale, blocks * per_b * compute_scale) for _ in range(e.stages))
+    timeline: list = []
+    pipeline, _ = simulate(
+        e, workers, wan.links, wan.paths, wan.one_way_s, plan.stagger_s, stage_s=stage_s, timeline=timeline
+    )
+    tail = allreduce_s(e, topo, workers) + optimizer_s(e)
+    period = pipeline + tail
+    by = {(w.stage, w.replica): w for w in workers}
+    rows = []
+    for it in range(e.iterations):
+        t0 = it * period * MS
+        for s, r, a, start, end in timeline:
+            w = by[(s, r)]
+            kind = T.FORWARD if a.kind == "F" else T.BACKWARD
+            rows.append(
+                event_row(
+                    w.rank, w.host, w.dc, s, r, kind, it, a.microbatch, t0 + start * MS, t0 + end * MS, virtual_stage=s
+                )
+            )
+        for w in workers:
+            end = t0 + period * MS
+            rows.append(event_row(w.rank, w.host, w.dc, w.stage, w.replica, T.OPTIMIZER, it, -1, end - 1, end))
+    pd.DataFrame(rows).to_parquet(tmp_path / "events.parquet")
+    (tmp_path / "config.json").write_text(json.dumps({**e.to_dict(), "workers": [asdict(w) for w in workers]}))
+    (tmp_path / "summary.json").write_text(json.dumps({"iteration_time_s": period}))
+    (tmp_path / CONTROLLER_FILE).write_text("".join(json.dumps(g) + "\n" for g in grants or []))
+    return tmp_path, pipeline, plan
+
+
+def _sums(gap):
+    return sum(s for _, s in gap.parts) + gap.remainder_s == pytest.approx(gap.measured_s - gap.planned_s, abs=1e-12)
+
+
+def test_a_run_that_is_its_plan_has_nothing_to_explain(tmp_path):
+    run, _, _ = _run(tmp_path)
+    gap = plan_gap(run)
+    assert [name for name, _ in gap.parts] == [name for name, _ in CAUSES]
+    assert gap.measured_s == pytest.approx(gap.planned_s, rel=1e-9)
+    assert all(abs(s) < 1e-9 for _, s in gap.parts) and abs(gap.remainder_s) < 1e-9
+    assert _sums(gap)
+    assert "not explained" in format_plan_gap(gap)
+
+
+def test_compute_that_ran_over_is_charged_to_compute(tmp_path):
+    run, pipeline, _ = _run(tmp_path, compute_scale=1.1)
+    gap = plan_gap(run)
+    parts = dict(gap.parts)
+    assert parts["compute"] > 0.05 * gap.planned_s  # most of a 10% stretch of a compute-bound iteration
+    assert parts["compute"] == pytest.approx(gap.measured_s - gap.planned_s, rel=1e-9)
+    assert abs(gap.remainder_s) < 1e-9 and _sums(gap)
+
+
+def test_grants_that_held_their_link_longer_are_charged_to_transfer_time(tmp_path):
+    """Every grant on the run's links held 30 ms from ready to its bytes passed (the plan's transfer
+    time on two_dc's 100 Mbit/s is about 11 ms), 0.5 ms of it before it was applied."""
+    _, _, plan = _run(tmp_path)
+    grants, t = [], 1_000_000  # ns
+    for it in range(3):
+        for h in plan.hops:
+            for x in h.order:
+                ready = int(it * 2e9) + t
+                grants.append(
+                    {
+                        "event": "grant",
+                        "t_ready_ns": ready,
+                        "t_applied_ns": ready + 500_000,
+                        "link": str(h.hop),
+                        "replica": x.replica,
+                    }
+                )
+                grants.append(
+                    {
+                        "event": "release",
+                        "t_ns": ready + 30_000_000,
+                        "link": str(h.hop),
+                        "replica": x.replica,
+                        "reason": "bytes",
+                        "sent_bytes": 1,
+                        "held_ns": 29_500_000,
+                    }
+                )
+                t += 40_000_000
+    run, _, _ = _run(tmp_path, grants=grants)
+    gap = plan_gap(run)
+    parts = dict(gap.parts)
+    assert parts["grant latency"] > 0 and parts["transfer time"] > 0
+    assert parts["compute"] == pytest.approx(0, abs=1e-9) and parts["delivery"] == pytest.approx(0, abs=1e-9)
+    assert _sums(gap)
+    assert gap.remainder_s < 0  # the run (built without those grants) was faster than they imply
+
+
+def test_grant_times_pairs_each_grant_with_its_release_inside_the_window():
+    log = [
+        {"event": "grant", "t_ready_ns": 5, "t_applied_ns": 6, "link": "a->b", "replica": 0},
+        {"event": "release", "t_ns": 9, "link": "a->b", "replica": 0, "reason": "bytes", "sent_bytes": 10},
+        {"event": "grant", "t_ready_ns": 50, "t_applied_ns": 52, "link": "a->b", "replica": 1},
+        {"event": "release", "t_ns": 60, "link": "a->b", "replica": 1, "reason": "deadline", "sent_bytes": 0},
+    ]
+    g = grant_times(log, (0, 40))
+    assert g[["replica", "ready_ns", "applied_ns", "released_ns", "reason"]].values.tolist() == [[0, 5, 6, 9, "bytes"]]
+
+
+def test_a_run_without_grants_is_not_decomposed(tmp_path):
+    run, _, _ = _run(tmp_path, policy="pp-fair")
+    assert plan_gap(run) is None
+    assert math.isfinite(json.loads((run / "summary.json").read_text())["iteration_time_s"])
