@@ -225,7 +225,7 @@ def add_sim_parser(sub) -> None:
         "--validate",
         type=Path,
         metavar="RUN_DIR",
-        help="a measured run beside its simulation (under grants, also its gap to the grant plan by cause)",
+        help="a measured run beside its simulation (under planned grants, also its gap to the grant plan by cause)",
     )
     sp.add_argument(
         "--modelled-window",

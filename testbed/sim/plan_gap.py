@@ -1,5 +1,5 @@
-"""Where a run under Atlas's grants loses time against its grant plan (``testbed sim --validate``
-on the run's folder): the measured iteration minus the planned one, split by cause.
+"""Where a run under Atlas's planned grants loses time against its grant plan (``testbed sim
+--validate`` on the run's folder): the measured iteration minus the planned one, split by cause.
 
 The planned iteration is the plan's own simulation (``grant_sim.simulate`` at the plan's offsets,
 the modelled window, as ``testbed plan`` and the controller have it) plus the predicted all-reduce
@@ -66,9 +66,10 @@ CAUSES = (
     ),
     ("all-reduce and optimizer", "each iteration's gradient all-reduce and optimizer step as measured"),
 )
-#: why a grant ends once its bytes have passed (``atlas/grants.py``: the class's byte counter, or
-#: the receiver's message that the transfer is in); the other reason is its deadline
-PASSED = ("bytes", "done")
+#: why a planned grant ends once its bytes have passed the link (``atlas/grants.py``: the class's
+#: byte counter); the others are the receiver's message that the transfer is in (``done``: the
+#: bytes had passed and arrived before, so the hold counts their flight) and the deadline
+PASSED = ("bytes",)
 #: the controller's log of grants (``atlas/switch.py``)
 CONTROLLER_FILE = "controller.jsonl"
 
@@ -180,11 +181,12 @@ def measured_reduce_s(ev: pd.DataFrame, warmup: int) -> float | None:
 
 def plan_gap(run_dir: Path) -> PlanGap | None:
     """``run_dir``'s measured iteration against its grant plan, by cause (see the module doc);
-    None where the run was not under grants, or lacks its controller log, events or measured
-    iterations. Raises SpecError as ``validate.load_run``."""
+    None where the run was not under planned grants (FIFO grants follow no plan, and hold a link
+    until the receiver's message, past the bytes' flight), or lacks its controller log, events or
+    measured iterations. Raises SpecError as ``validate.load_run``."""
     run = load_run(run_dir, measured_links=False)  # the plan the controller had: the modelled window
     exp, workers, measured = run.exp, run.workers, run.summary.get("iteration_time_s")
-    if not exp.policy.grants or measured is None or not (run_dir / CONTROLLER_FILE).exists():
+    if exp.policy.sharing != "planned" or measured is None or not (run_dir / CONTROLLER_FILE).exists():
         return None
     ev = read_events(run_dir)
     measured_ev = ev[ev[T.ITERATION] >= exp.warmup_iterations]
@@ -201,7 +203,7 @@ def plan_gap(run_dir: Path) -> PlanGap | None:
     floor = held_floor_share(exp)
     wan = wan_links(exp, topo, workers, connections, lambda bps: granted_class_bps(bps, exp.replicas, floor))
     sharing = exp.policy.sharing
-    planned_stagger = plan.stagger_s if sharing == "planned" else (0.0,) * exp.replicas
+    planned_stagger = plan.stagger_s
 
     def simulated(
         links: dict[Hop, LinkTiming],
@@ -246,7 +248,7 @@ def plan_gap(run_dir: Path) -> PlanGap | None:
         simulated(with_latency, offsets, True),
         simulated(with_latency, offsets, True, per_replica=held),
         simulated(with_latency, offsets, True, per_replica=with_delivery),
-        simulated(with_latency, offsets, True, sharing == "planned", with_delivery),
+        simulated(with_latency, offsets, True, True, with_delivery),
     ]
     predicted_reduce_s = allreduce_s(exp, topo, workers) + optimizer_s(exp)
     planned = steps[0] + predicted_reduce_s

@@ -141,7 +141,9 @@ def test_grant_times_pairs_each_grant_with_its_release_inside_the_window():
     assert g[["replica", "ready_ns", "applied_ns", "released_ns", "reason"]].values.tolist() == [[0, 5, 6, 9, "bytes"]]
 
 
-def test_a_run_without_grants_is_not_decomposed(tmp_path):
-    run, _, _ = _run(tmp_path, policy="pp-fair")
+@pytest.mark.parametrize("policy", ["pp-fair", "pp-fair/placement=atlas/striping=on/sharing=fifo"])
+def test_a_run_without_a_grant_plan_is_not_decomposed(tmp_path, policy):
+    """TCP sharing has no grants; FIFO grants follow no plan."""
+    run, _, _ = _run(tmp_path, policy=policy)
     assert plan_gap(run) is None
     assert math.isfinite(json.loads((run / "summary.json").read_text())["iteration_time_s"])
