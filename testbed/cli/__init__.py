@@ -48,6 +48,7 @@ cmd_run, cmd_compare, cmd_plan, cmd_schedule, cmd_analyze = (
 )
 cmd_clean, cmd_doctor = (_command_in("machine", n) for n in ("cmd_clean", "cmd_doctor"))
 cmd_sim = _command_in("sim", "cmd_sim")
+cmd_launch = _command_in("launch", "cmd_launch")
 
 
 def add_schedule_args(sp: argparse.ArgumentParser) -> None:
@@ -197,6 +198,37 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
     sp.add_argument("run_dir", type=Path)
     sp.set_defaults(func=cmd_analyze)
 
+    sp = sub.add_parser(
+        "launch",
+        help="your own torchrun job in the emulated hosts: testbed launch [TOPOLOGY|EXPERIMENT] --mesh pp=P,dp=D "
+        "-- SCRIPT [ARGS]",
+    )
+    sp.add_argument(
+        "target",
+        nargs="?",
+        default=None,
+        help=f"a topology or an experiment (its topology and stages x replicas), by name or path (default: "
+        f"{DEFAULT_TOPOLOGY})",
+    )
+    sp.add_argument(
+        "--mesh", metavar="pp=P,dp=D", help="the job's ranks as P stages x D replicas (rank = stage x D + replica)"
+    )
+    sp.add_argument(
+        "--policy",
+        type=policy_name,
+        metavar="POLICY",
+        help="pp-fair (default) or pp-fair/placement=largest-first: where the stages go (TCP shares the links)",
+    )
+    sp.add_argument("--out", type=Path, help="the job's folder (default: results/job-<script>-<time>)")
+    sp.add_argument("--stream", action="store_true", help="also print every rank's output, prefixed [rank R]")
+    sp.add_argument(
+        "--timeout",
+        type=number(1, 7 * 86400),
+        default=3600.0,
+        help="stop the job after this many seconds (default 3600)",
+    )
+    sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
+    sp.set_defaults(func=cmd_launch, job=[])
     sp = sub.add_parser("clean", help="remove what crashed or killed runs left behind")
     sp.add_argument("--all", action="store_true", help="also remove runs whose owner is still alive")
     sp.add_argument("--dry-run", action="store_true", help="only say what would be removed")
@@ -265,9 +297,22 @@ def show_warning(message, category, filename, lineno, file=None, line=None) -> N
 
 def main(argv: list[str] | None = None) -> int:
     with tears_down_on_signals():
+        argv, job = split_job(sys.argv[1:] if argv is None else argv)
         args = build_parser(testbed_command()).parse_args(argv)
+        if job is not None:
+            args.job = job
         warnings.showwarning = show_warning
         return _command(args)
+
+
+def split_job(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """``testbed launch ... -- SCRIPT ARGS``: (the arguments before ``--``, the job's after it);
+    the job None for any other command or without ``--`` (argparse leaves what follows ``--`` to
+    positionals, which the job's own options would upset)."""
+    if "launch" not in argv or "--" not in argv or argv.index("--") < argv.index("launch"):
+        return argv, None
+    i = argv.index("--")
+    return argv[:i], argv[i + 1 :]
 
 
 def _command(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "plan": ("testbed plan", "testbed plan four_dc --grants"),
     "schedule": ("testbed schedule two_dc", "testbed schedule default --schedule zbv"),
     "analyze": ("testbed analyze results/RUN_FOLDER",),
+    "launch": ("sudo testbed launch three_dc --mesh pp=3,dp=2 --stream -- examples/diloco.py",),
     "clean": ("sudo testbed clean --dry-run", "sudo testbed clean"),
     "doctor": ("sudo testbed doctor",),
     "sim": (

@@ -27,7 +27,16 @@ from testbed.spec.experiment import Experiment
 from testbed.spec.policy import Policy
 from testbed.spec.topology import DCSpec, TopologySpec
 
-__all__ = ["WorkerSpec", "rank_of", "place", "place_pipeline", "place_dp_wan", "select_dcs", "decode_hosts"]
+__all__ = [
+    "WorkerSpec",
+    "rank_of",
+    "place",
+    "place_pipeline",
+    "place_stages",
+    "place_dp_wan",
+    "select_dcs",
+    "decode_hosts",
+]
 #: DC selection tries every order of every subset up to this many DCs (1956 orders at 6);
 #: above it, the prefixes of the largest-first order
 MAX_DCS_SEARCHED = 6
@@ -43,26 +52,34 @@ def atlas_dc_order(topo: TopologySpec) -> list[DCSpec]:
 def place_pipeline(exp: Experiment, topo: TopologySpec, order: list[DCSpec] | None = None) -> list[WorkerSpec]:
     """PP across DCs (in ``order``, default file order), all replicas of a stage in one DC.
     Raises SpecError naming the shortfall when the DCs cannot hold the layout."""
+    return place_stages(exp.stages, exp.replicas, topo, order, exp.source)
+
+
+def place_stages(
+    stages: int, replicas: int, topo: TopologySpec, order: list[DCSpec] | None = None, source: str = "--mesh"
+) -> list[WorkerSpec]:
+    """``place_pipeline`` for ``stages`` x ``replicas`` workers (a user job's mesh has no
+    experiment); ``source`` is named in the error. Raises SpecError naming the shortfall."""
     workers, stage = [], 0
     for dc in order or topo.dcs:
-        for k in range(dc.training_hosts // exp.replicas):
-            if stage == exp.stages:
+        for k in range(dc.training_hosts // replicas):
+            if stage == stages:
                 break
-            for r in range(exp.replicas):
-                host = host_name(dc.name, k * exp.replicas + r)
-                workers.append(WorkerSpec(rank_of(stage, r, exp.replicas), stage, r, host, dc.name))
+            for r in range(replicas):
+                host = host_name(dc.name, k * replicas + r)
+                workers.append(WorkerSpec(rank_of(stage, r, replicas), stage, r, host, dc.name))
             stage += 1
-    if stage < exp.stages:
+    if stage < stages:
         reserved = sum(dc.decode_hosts for dc in topo.dcs)
         note = f" ({reserved} hosts are reserved by decode_hosts)" if reserved else ""
         largest = max(dc.training_hosts for dc in topo.dcs)
         raise SpecError(
-            exp.source,
+            source,
             "stages",
-            exp.stages,
-            f"x replicas {exp.replicas} do not fit topology "
-            f"{topo.name}: its DCs hold only {stage} stages of {exp.replicas} replicas (a stage needs "
-            f"{exp.replicas} hosts in one DC; the largest DC has {largest}){note}",
+            stages,
+            f"x replicas {replicas} do not fit topology "
+            f"{topo.name}: its DCs hold only {stage} stages of {replicas} replicas (a stage needs "
+            f"{replicas} hosts in one DC; the largest DC has {largest}){note}",
             "use fewer stages or replicas, or a topology with more hosts",
         )
     return sorted(workers, key=lambda w: w.rank)

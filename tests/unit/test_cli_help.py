@@ -4,16 +4,18 @@ fresh machine as written: it parses, and each file it names is a shipped one tha
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 import pytest
 
-from testbed.cli import build_parser
+from testbed.cli import build_parser, split_job
 from testbed.cli.examples import EXAMPLES, subcommands
 from testbed.spec.experiment_file import load_experiment
 from testbed.spec.scenario_file import load_scenario, names_scenario
 from testbed.spec.topology_file import load_topology
 
 COMMANDS = subcommands(build_parser())
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("words", list(COMMANDS))
@@ -30,7 +32,10 @@ def test_every_example_parses_and_names_shipped_files(line):
     words = shlex.split(line)
     words = words[1:] if words[0] == "sudo" else words
     assert words[0] == "testbed"
-    args = build_parser().parse_args(words[1:])
+    argv, job = split_job(words[1:])
+    args = build_parser().parse_args(argv)
+    if job is not None:  # testbed launch: the job's script ships with the checkout
+        assert (REPO / job[0]).is_file(), job[0]
     if args.command == "topo":
         load_topology(args.file)
     elif args.command == "sim" and args.experiment is not None and names_scenario(args.experiment):

@@ -1,0 +1,71 @@
+"""``testbed launch``: a user's own torchrun job in the emulated hosts (``run/user_job.py``)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from testbed.cli.common import root_preamble
+from testbed.errors import SpecError
+from testbed.run.records import discard_unused_out
+from testbed.spec.experiment_file import load_experiment
+from testbed.spec.mesh import Mesh, parse_mesh
+from testbed.spec.policy import parse_policy
+from testbed.spec.specfile import read_spec_file
+from testbed.spec.topology import TopologySpec
+from testbed.spec.topology_file import DEFAULT_TOPOLOGY, TOPOLOGY_DIR, load_topology
+
+
+def job_target(name: str | None) -> tuple[TopologySpec, Mesh | None]:
+    """The topology ``name`` gives (a topology, or an experiment: its topology) and, for an
+    experiment, its stages x replicas as the default mesh. Raises SpecError as the loaders do."""
+    if name is None:
+        return load_topology(DEFAULT_TOPOLOGY), None
+    if (TOPOLOGY_DIR / f"{name}.yaml").exists():
+        return load_topology(name), None
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        _, data = read_spec_file(path, TOPOLOGY_DIR, "topology")
+        if isinstance(data, dict) and "dcs" in data:
+            return load_topology(path), None
+    exp = load_experiment(name)
+    return exp.topology_spec, Mesh(exp.stages, exp.replicas)
+
+
+def cmd_launch(args) -> int:
+    from testbed.run.user_job import Job, JobError, launch_job
+
+    if not args.job:
+        raise SpecError(
+            "testbed launch",
+            "SCRIPT",
+            "(none)",
+            "is missing",
+            "give the job after --: testbed launch three_dc --mesh pp=3,dp=2 -- examples/NAME.py [ARGS]",
+        )
+    topo, default_mesh = job_target(args.target)
+    mesh = parse_mesh(args.mesh) if args.mesh else default_mesh
+    if mesh is None:
+        raise SpecError("--mesh", "--mesh", "(none)", "is needed for a topology", "give e.g. --mesh pp=3,dp=2")
+    job = Job(topo, mesh, parse_policy(args.policy or "pp-fair"), Path(args.job[0]), tuple(args.job[1:]))
+    root_preamble("testbed launch")
+    out = args.out or Path("results") / f"job-{job.script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    existed = out.exists()
+    try:
+        summary = launch_job(
+            job,
+            out,
+            progress=lambda line: print(line, flush=True),
+            stream=(lambda line: print(line, flush=True)) if args.stream else None,
+            timeout_s=args.timeout,
+            delay_mechanism=args.delay_mechanism,
+        )
+    except SpecError:
+        discard_unused_out(out, created=not existed)  # refused before building: no folder left
+        raise
+    except JobError as e:
+        print(f"testbed launch: {e}; the job's folder: {out}", flush=True)
+        return e.status
+    wan = ", ".join(f"{k} {v['bytes'] / 1e6:.2f} MB" for k, v in summary["wan"].items()) or "no WAN traffic"
+    print(f"WAN: {wan}; job folder {out}")
+    return 0

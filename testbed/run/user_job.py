@@ -1,0 +1,347 @@
+"""A user's own training job in the emulated hosts (``testbed launch``): the field's launcher,
+``torchrun`` (``torch.distributed.run``), started in each host as one node of the job (one process
+per node: one emulated GPU), its rendezvous over the emulated network at rank 0's host.
+
+The ranks form the mesh the user gives (``spec/mesh.py``) and are placed as the testbed's own
+workers are (``plan/placement.place_stages``: stages across DCs, replicas inside one). Each node
+runs in its host's network namespace and in a mount and UTS namespace of its own, where
+``/etc/hosts`` names every emulated host and the hostname is its host's, so that the job resolves
+its own name and its peers' as it would on machines (c10d looks both up); its environment is
+torchrun's (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...) plus ``GLOO_SOCKET_IFNAME`` and
+``NCCL_SOCKET_IFNAME`` on the host's interface, with nothing of this machine's torch.distributed
+variables. Each rank's output goes to ``ranks/rank<R>.log`` in the job's folder (and to the
+terminal with a rank prefix where asked); the WAN classes' counters are sampled every 100 ms as
+for a run; the summary (``summary.json``) gives the wall time, every rank's exit status and each
+WAN link direction's bytes and mean utilization.
+
+The job ends when every rank has ended, when one exits non-zero (the others are stopped: the
+job's status is that rank's), at ``timeout_s``, or on Ctrl-C or SIGTERM: the network and every
+process in it are removed as ``testbed run`` removes them.
+
+Mechanism (processes, the network) on top of the pure placement.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from testbed.errors import SpecError, TestbedError
+from testbed.net.hostproc import local_process_env
+from testbed.net.network import Network
+from testbed.plan.placement import atlas_dc_order, place_stages
+from testbed.plan.workers import WorkerSpec
+from testbed.results.link_counters import link_utilization
+from testbed.results.plots import plot_links
+from testbed.run.backends import make_network
+from testbed.run.records import check_fresh_out_dir, write_env
+from testbed.run.watch import LinkSampler
+from testbed.spec.addressing import host_name
+from testbed.spec.mesh import Mesh
+from testbed.spec.policy import Policy
+from testbed.spec.topology import TopologySpec
+from testbed.trace import schema as T
+from testbed.trace.clock import now_ns
+from testbed.trace.jsonl import read_jsonl
+
+#: where rank 0's host serves the job's rendezvous (torchrun's static rendezvous, its default port)
+RENDEZVOUS_PORT = 29500
+#: each rank's output, in the job's folder
+RANKS_DIR = "ranks"
+#: how long a job may run unless told otherwise (s)
+DEFAULT_TIMEOUT_S = 3600.0
+#: this machine's torch.distributed variables, which must not reach the job (torchrun sets its own)
+HOST_VARIABLES = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "TORCHELASTIC_RUN_ID",
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_SOCKET_IFNAME",
+)
+#: the placements a job may take (its transfers are TCP's: Atlas's grants and striping need its
+#: transfers reported to the controller, which a job's own code does not do)
+JOB_PLACEMENTS = ("file-order", "largest-first")
+#: a node's own mount and UTS namespaces: its /etc/hosts and hostname, then torchrun
+NODE_SHELL = 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"'
+
+
+class JobError(TestbedError):
+    """A launched job failed: a rank exited non-zero, or it ran past its time."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Job:
+    """What ``launch_job`` starts: ``script`` and its ``args`` on ``topology``, its ranks a ``mesh``
+    placed under ``policy`` (its placement)."""
+
+    topology: TopologySpec
+    mesh: Mesh
+    policy: Policy
+    script: Path
+    args: tuple[str, ...] = ()
+
+
+def check_job(job: Job) -> list[WorkerSpec]:
+    """The job's placement (rank, stage, replica, host, DC), checked before anything is built.
+    Raises SpecError naming a script that is not there, a policy a job cannot take, or a mesh the
+    topology cannot hold."""
+    if not job.script.is_file():
+        raise SpecError(str(job.script), "SCRIPT", str(job.script), "is not a file", "give the job's script after --")
+    p = job.policy
+    if p.placement not in JOB_PLACEMENTS or p.striping or p.sharing != "tcp" or p.bubbletea:
+        raise SpecError(
+            "--policy",
+            "--policy",
+            p.name,
+            "is not applied to a launched job: its transfers are its own code's, which Atlas's controller does "
+            "not see (no grants, no striping, no BubbleTea)",
+            "launch under pp-fair (TCP sharing), placed in file order or pp-fair/placement=largest-first",
+        )
+    order = atlas_dc_order(job.topology) if p.placement == "largest-first" else None
+    return place_stages(job.mesh.pp, job.mesh.dp, job.topology, order, "--mesh")
+
+
+def hosts_file(net: Network, topo: TopologySpec) -> str:
+    """``/etc/hosts`` as the job's nodes see it: every emulated host's name and address, also in
+    its IPv4-mapped IPv6 form (c10d's store accepts on a dual-stack socket and looks its peers up
+    by that form)."""
+    lines = ["127.0.0.1 localhost"]
+    for dc in topo.dcs:
+        for k in range(dc.hosts):
+            name = host_name(dc.name, k)
+            ip = net.host(name).ip
+            lines += [f"{ip} {name}", f"::ffff:{ip} {name}"]
+    return "\n".join(lines) + "\n"
+
+
+def node_argv(
+    python: str, hosts_path: str, host: str, node_rank: int, nodes: int, master: str, script: str, args: Sequence[str]
+) -> list[str]:
+    """One node of the job: its own mount and UTS namespaces (``NODE_SHELL``), then torchrun with
+    one process, the static rendezvous at ``master`` and no restarts (a failed rank ends the job)."""
+    torchrun = [
+        python, "-m", "torch.distributed.run",
+        "--nnodes", str(nodes), "--nproc-per-node", "1", "--node-rank", str(node_rank),
+        "--master-addr", master, "--master-port", str(RENDEZVOUS_PORT), "--max-restarts", "0",
+        script, *args,
+    ]  # fmt: skip
+    return ["unshare", "--mount", "--uts", "--", "sh", "-c", NODE_SHELL, "sh", hosts_path, host, *torchrun]
+
+
+def job_env() -> dict[str, str]:
+    """A node's environment: this machine's without its torch.distributed variables, the package on
+    PYTHONPATH (the job may import ``testbed.trace``), one thread per rank (the emulated GPU's CPU
+    share), and gloo and NCCL on the host's interface (``hostproc.HOST_SOCKET_ENV`` is added by
+    the network)."""
+    env = local_process_env({"OMP_NUM_THREADS": "1"})
+    for name in HOST_VARIABLES:
+        env.pop(name, None)
+    if os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] += os.pathsep + os.environ["PYTHONPATH"]
+    return env
+
+
+class _RankStreamer(threading.Thread):
+    """Copies each rank's new output lines to ``write`` with a ``[rank R]`` prefix."""
+
+    def __init__(self, paths: dict[int, Path], write: Callable[[str], Any]) -> None:
+        super().__init__(name="rank-streamer", daemon=True)
+        self.paths, self.write = paths, write
+        self._halt = threading.Event()
+        self._pos = dict.fromkeys(paths, 0)
+        self._partial = dict.fromkeys(paths, "")
+
+    def _drain(self) -> None:
+        for rank, path in self.paths.items():
+            try:
+                with open(path, errors="replace") as f:
+                    f.seek(self._pos[rank])
+                    text = f.read()
+                    self._pos[rank] = f.tell()
+            except FileNotFoundError:
+                continue
+            *lines, self._partial[rank] = (self._partial[rank] + text).split("\n")
+            for line in lines:
+                self.write(f"[rank {rank}] {line}")
+
+    def run(self) -> None:
+        while not self._halt.wait(0.2):
+            self._drain()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=2)
+        self._drain()
+        for rank, rest in self._partial.items():
+            if rest:
+                self.write(f"[rank {rank}] {rest}")
+
+
+def launch_job(
+    job: Job,
+    out_dir: Path,
+    progress: Callable[[str], Any] = print,
+    stream: Callable[[str], Any] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    delay_mechanism: str = "auto",
+) -> dict[str, Any]:
+    """Run ``job`` (see the module doc) with its folder ``out_dir``; ``stream``: where each rank's
+    output lines go, prefixed (None: only to their files). Returns the summary (also in
+    ``summary.json``) once every rank has exited 0. Raises SpecError before building
+    (``check_job``, a folder that holds a run), JobError when a rank exits non-zero or the job
+    runs past ``timeout_s`` (the summary and every rank's output kept), and the network's errors."""
+    workers = check_job(job)
+    check_fresh_out_dir(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t_begin = now_ns()
+    ranks_dir = out_dir / RANKS_DIR
+    ranks_dir.mkdir(exist_ok=True)
+    (out_dir / "job.json").write_text(
+        json.dumps(
+            {
+                "script": str(job.script),
+                "args": list(job.args),
+                "mesh": asdict(job.mesh),
+                "policy": job.policy.name,
+                "topology": job.topology.name,
+                "workers": [asdict(w) for w in workers],
+                "rendezvous_port": RENDEZVOUS_PORT,
+            },
+            indent=1,
+        )
+    )
+    codes: dict[int, int | None] = {}
+    error: JobError | None = None
+    t0 = time.monotonic()
+    with make_network(job.topology, "netns", delay_mechanism=delay_mechanism, out_dir=out_dir) as net:
+        write_env(out_dir, net, "", t_begin, {"job": str(job.script)})
+        hosts_path = out_dir / "hosts"
+        hosts_path.write_text(hosts_file(net, job.topology))
+        by_rank = sorted(workers, key=lambda w: w.rank)
+        master = str(net.host(by_rank[0].host).ip)
+        env = job_env()
+        procs: dict[int, subprocess.Popen] = {}
+        for w in by_rank:
+            argv = node_argv(
+                net.python(w.host), str(hosts_path.resolve()), w.host, w.rank, len(by_rank), master,
+                str(job.script.resolve()), job.args,
+            )  # fmt: skip
+            with open(ranks_dir / f"rank{w.rank}.log", "wb") as log:
+                procs[w.rank] = net.popen(w.host, argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        progress(
+            f"{len(by_rank)} ranks of {job.script.name} started on {job.topology.name} ({net.mechanism} delay): "
+            f"pp={job.mesh.pp} x dp={job.mesh.dp}, rendezvous at {by_rank[0].host} ({master}:{RENDEZVOUS_PORT})"
+        )
+        sampler = LinkSampler(net, out_dir / "link_counters.jsonl")
+        sampler.start()
+        streamer = _RankStreamer({r: ranks_dir / f"rank{r}.log" for r in procs}, stream) if stream else None
+        if streamer is not None:
+            streamer.start()
+        try:
+            error = _watch(procs, {w.rank: w.host for w in by_rank}, codes, t0 + timeout_s, net, ranks_dir)
+        finally:
+            if streamer is not None:
+                streamer.stop()
+            sampler.stop()
+            for rank, p in procs.items():
+                codes.setdefault(rank, p.poll())
+            summary = _summary(out_dir, time.monotonic() - t0, codes, error)
+    if error is not None:
+        raise error
+    progress(f"done in {summary['wall_time_s']:.1f} s; every rank exited 0; output in {ranks_dir}")
+    return summary
+
+
+def _watch(
+    procs: dict[int, subprocess.Popen],
+    host_of: dict[int, str],
+    codes: dict[int, int | None],
+    deadline: float,
+    net: Network,
+    ranks_dir: Path,
+) -> JobError | None:
+    """Wait for the ranks: None once every one has exited 0; the JobError to raise once one exits
+    non-zero (the lowest rank among those that did; the script's own status where torchrun
+    reported it) or at ``deadline``. ``codes`` gets each node's (torchrun's) status as it ends."""
+    while True:
+        for rank, p in procs.items():
+            if rank not in codes and (c := p.poll()) is not None:
+                codes[rank] = c
+        failed = sorted(r for r, c in codes.items() if c)
+        if failed:
+            r = failed[0]
+            status = script_status(ranks_dir / f"rank{r}.log") or codes[r] or 1
+            return JobError(
+                f"rank {r} (host {host_of[r]}) exited with status {status}; the other ranks were stopped "
+                f"(its output: {RANKS_DIR}/rank{r}.log)",
+                status,
+            )
+        if len(codes) == len(procs):
+            return None
+        if time.monotonic() > deadline:
+            running = sorted(r for r in procs if r not in codes)
+            return JobError(
+                f"the job ran past its time limit; ranks {running} were still running and were stopped", 124
+            )
+        net.check_alive()
+        time.sleep(0.1)
+
+
+def script_status(log: Path) -> int | None:
+    """The script's own exit status as torchrun reports a failed process in ``log`` (torchrun itself
+    exits 1), None where it reported none."""
+    try:
+        found = re.search(r"exitcode\s*:\s*(-?\d+)", log.read_text(errors="replace"))
+    except OSError:
+        return None
+    return int(found.group(1)) if found else None
+
+
+def _summary(out_dir: Path, wall_s: float, codes: dict[int, int | None], error: JobError | None) -> dict[str, Any]:
+    """``summary.json``: wall time, each rank's exit status, per WAN link direction its bytes and
+    mean utilization over the job (from the sampled counters), and why it failed, if it did; the
+    WAN utilization plot beside it."""
+    links: dict[str, dict[str, float]] = {}
+    path = out_dir / "link_counters.jsonl"
+    rows = read_jsonl(path) if path.exists() else []
+    if rows:
+        counters = pd.DataFrame(rows)
+        lu = link_utilization(counters)
+        root = counters[counters[T.CLASSID] == "1:1"]
+        sent = root.groupby(T.LINK)[T.TX_BYTES].agg(lambda b: b.max() - b.min())
+        for link, nbytes in sent.items():
+            mine = lu[lu[T.LINK] == link]
+            links[str(link)] = {
+                "bytes": int(nbytes),
+                "utilization_mean": float(mine["utilization"].mean()) if not mine.empty else 0.0,
+            }
+        if not lu.empty:
+            plot_links(lu, out_dir / "wan_utilization.png")
+    summary = {
+        "wall_time_s": wall_s,
+        "exit_status": 0 if error is None else error.status,
+        "rank_exit_status": {str(r): c for r, c in sorted(codes.items())},
+        "failed": None if error is None else str(error),
+        "wan": links,
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

@@ -1,0 +1,113 @@
+"""``testbed launch``: a user's own torchrun job in the emulated hosts (``run/user_job.py``), with a
+small torch.distributed job (``jobs/mesh_check.py``) on two_dc as a mesh of 2 stages x 2 replicas:
+torchrun's environment, each host's own name and its peers' resolved, a tensor sent across the
+WAN to the next stage and counted on the link, an all-reduce inside a stage; a rank that fails
+ends the job with its status and leaves nothing; and the shipped DiLoCo-style example learns what it
+learns in one process group on one machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import run_cli
+
+JOB = Path(__file__).parent / "jobs" / "mesh_check.py"
+#: the bytes one rank of stage 0 sends to stage 1 (256 Ki float32 values)
+TENSOR_BYTES = 256 * 1024 * 4
+
+
+def test_a_job_runs_in_the_hosts_as_torchrun_starts_it(tmp_path, clean_machine):
+    out, results = tmp_path / "job", tmp_path / "results"
+    results.mkdir()
+    peers = ["east-h0", "east-h1", "west-h0", "west-h1"]
+    done = run_cli(
+        "launch", "two_dc", "--mesh", "pp=2,dp=2", "--out", str(out), "--stream",
+        "--", str(JOB), str(results), "2", "2", "-", "-", "-", *peers,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[rank 3] rank 3 of 4 on west-h1: done" in done.stdout  # streamed with the rank's prefix
+    job = json.loads((out / "job.json").read_text())
+    hosts = {w["rank"]: w["host"] for w in job["workers"]}
+    assert hosts == {0: "east-h0", 1: "east-h1", 2: "west-h0", 3: "west-h1"}  # stages across DCs
+    addresses = dict(line.split()[::-1] for line in (out / "hosts").read_text().splitlines()[1::2])
+    for rank in range(4):
+        r = json.loads((results / f"rank{rank}.json").read_text())
+        assert r["world"] == 4 and r["env"]["RANK"] == str(rank) and r["env"]["LOCAL_RANK"] == "0"
+        assert r["env"]["MASTER_ADDR"] == addresses["east-h0"] and r["env"]["GLOO_SOCKET_IFNAME"] == "eth0"
+        assert r["hostname"] == hosts[rank]
+        assert r["resolved"] == {p: addresses[p] for p in peers}
+        assert r["stage_sum"] == (1.0 if rank < 2 else 5.0)  # 0 + 1, 2 + 3
+        assert r["received"] == (None if rank < 2 else float(rank - 2))
+    logs = "".join((out / "ranks" / f"rank{r}.log").read_text() for r in range(4))
+    assert "hostname of the client socket cannot be retrieved" not in logs
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["exit_status"] == 0 and summary["rank_exit_status"] == {str(r): 0 for r in range(4)}
+    # the two stage-0 ranks' tensors crossed east->west (with TCP's and gloo's headers), and the
+    # rendezvous's traffic both ways
+    assert summary["wan"]["east->west"]["bytes"] > 2 * TENSOR_BYTES
+    assert 0 < summary["wan"]["west->east"]["bytes"] < TENSOR_BYTES
+    assert (out / "wan_utilization.png").exists() and (out / "link_counters.jsonl").exists()
+    assert (out / "topology.json").exists() and (out / "env.json").exists()
+
+
+def test_a_rank_that_fails_ends_the_job_with_its_status(tmp_path, clean_machine):
+    out, results = tmp_path / "job", tmp_path / "results"
+    results.mkdir()
+    t0 = time.monotonic()
+    done = run_cli(
+        "launch", "two_dc", "--mesh", "pp=2,dp=2", "--out", str(out),
+        "--", str(JOB), str(results), "2", "2", "crash", "1", "3",
+    )  # fmt: skip
+    assert time.monotonic() - t0 < 60
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "rank 1 (host east-h1) exited with status 3" in done.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["exit_status"] == 3 and "rank 1" in summary["failed"]
+    assert not list(results.iterdir())  # nobody got as far as writing its result
+
+
+def test_bad_input_is_refused_before_anything_is_built(tmp_path, clean_machine):
+    out = tmp_path / "job"
+    missing = run_cli("launch", "two_dc", "--mesh", "pp=2", "--out", str(out), "--", str(tmp_path / "nope.py"))
+    assert missing.returncode == 2 and "nope.py" in missing.stderr and "is not a file" in missing.stderr
+    too_big = run_cli("launch", "two_dc", "--mesh", "pp=3,dp=3", "--out", str(out), "--", str(JOB))
+    assert too_big.returncode == 2 and "do not fit topology two_dc" in too_big.stderr
+    atlas = run_cli("launch", "two_dc", "--mesh", "pp=2", "--policy", "atlas", "--out", str(out), "--", str(JOB))
+    assert atlas.returncode == 2 and "is not applied to a launched job" in atlas.stderr
+    no_job = run_cli("launch", "two_dc", "--mesh", "pp=2", "--out", str(out))
+    assert no_job.returncode == 2 and "give the job after --" in no_job.stderr
+    assert not out.exists()
+
+
+def test_the_diloco_example_learns_as_in_one_process_group_on_one_machine(tmp_path, clean_machine):
+    """``examples/diloco.py`` on three_dc as a mesh of 3 DCs x 2 replicas, against the same job in one
+    process group on this machine (torchrun --standalone, over loopback): the same final loss."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "job"
+    done = run_cli("launch", "three_dc", "--mesh", "pp=3,dp=2", "--out", str(out), "--", "examples/diloco.py")
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["wan"]["east->central"]["bytes"] > 0  # the outer steps' all-reduce crossed the WAN
+    alone = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "6", "examples/diloco.py"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=240,
+    )
+    assert alone.returncode == 0, alone.stderr[-2000:]
+
+    def final(text: str) -> float:
+        return float(next(line.split()[-1] for line in text.splitlines() if line.startswith("final loss")))
+
+    emulated, local = final((out / "ranks" / "rank0.log").read_text()), final(alone.stdout)
+    print("final loss across DCs", emulated, "in one process group", local)
+    assert emulated == pytest.approx(local, rel=1e-4)

@@ -1,0 +1,96 @@
+"""A user's own job (``testbed launch``) before anything is built: the mesh and its errors, the
+job's arguments after ``--``, its placement and what it refuses, one node's command, its
+environment and the script's status as torchrun reports it (tests/integration/test_launch.py
+runs jobs)."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.cli import split_job
+from testbed.errors import SpecError
+from testbed.run.user_job import HOST_VARIABLES, NODE_SHELL, Job, check_job, job_env, node_argv, script_status
+from testbed.spec.mesh import Mesh, parse_mesh
+from testbed.spec.policy import parse_policy
+from testbed.spec.topology_file import load_topology
+
+
+def test_a_mesh_names_stages_and_replicas():
+    assert parse_mesh("pp=3,dp=2") == Mesh(3, 2) and parse_mesh("dp=2, pp=3").size == 6
+    assert parse_mesh("pp=4") == Mesh(4, 1) and parse_mesh("dp=2") == Mesh(1, 2)
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [("tp=2", "is not pp=N or dp=N"), ("pp=2,pp=3", "is given twice"), ("pp=0", "whole number"), ("pp=x", "whole")],
+)
+def test_a_bad_mesh_is_named(text, problem):
+    with pytest.raises(SpecError, match=problem) as e:
+        parse_mesh(text)
+    assert e.value.field.startswith("--mesh")
+
+
+def test_the_job_is_what_follows_the_double_dash_of_launch_only():
+    assert split_job(["launch", "two_dc", "--", "job.py", "--lr", "3"]) == (
+        ["launch", "two_dc"],
+        ["job.py", "--lr", "3"],
+    )
+    assert split_job(["run", "default"]) == (["run", "default"], None)
+    assert split_job(["launch", "two_dc"]) == (["launch", "two_dc"], None)
+
+
+def test_ranks_are_placed_as_the_testbeds_own_workers(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text("")
+    workers = check_job(Job(load_topology("three_dc"), Mesh(3, 2), parse_policy("pp-fair"), script))
+    assert [(w.rank, w.stage, w.replica, w.dc) for w in workers] == [
+        (0, 0, 0, "east"), (1, 0, 1, "east"), (2, 1, 0, "central"), (3, 1, 1, "central"),
+        (4, 2, 0, "west"), (5, 2, 1, "west"),
+    ]  # fmt: skip
+
+
+def test_what_a_job_cannot_take_is_refused(tmp_path):
+    script = tmp_path / "job.py"
+    topo = load_topology("two_dc")
+    with pytest.raises(SpecError, match="is not a file"):
+        check_job(Job(topo, Mesh(2, 1), parse_policy("pp-fair"), script))
+    script.write_text("")
+    for policy in ("atlas", "pp-fair/striping=on", "pp-fair/sharing=fifo", "pp-fair+bubbletea"):
+        with pytest.raises(SpecError, match="is not applied to a launched job"):
+            check_job(Job(topo, Mesh(2, 1), parse_policy(policy), script))
+    with pytest.raises(SpecError, match="do not fit topology two_dc") as e:
+        check_job(Job(topo, Mesh(3, 3), parse_policy("pp-fair"), script))
+    assert e.value.source == "--mesh"
+
+
+def test_a_node_runs_torchrun_in_its_own_mount_and_uts_namespaces():
+    argv = node_argv("/py", "/out/hosts", "west-h1", 3, 4, "10.0.0.2", "/job.py", ["--lr", "3"])
+    assert argv[:7] == ["unshare", "--mount", "--uts", "--", "sh", "-c", NODE_SHELL]
+    assert argv[7:10] == ["sh", "/out/hosts", "west-h1"]
+    torchrun = argv[10:]
+    assert torchrun[:3] == ["/py", "-m", "torch.distributed.run"] and torchrun[-3:] == ["/job.py", "--lr", "3"]
+    flags = dict(zip(torchrun[3:-3:2], torchrun[4:-3:2]))
+    assert flags == {
+        "--nnodes": "4",
+        "--nproc-per-node": "1",
+        "--node-rank": "3",
+        "--master-addr": "10.0.0.2",
+        "--master-port": "29500",
+        "--max-restarts": "0",
+    }
+
+
+def test_the_jobs_environment_has_none_of_this_machines_torch_variables(monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "192.0.2.1")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "wlan0")
+    env = job_env()
+    assert not set(HOST_VARIABLES) & set(env) and env["OMP_NUM_THREADS"] == "1" and "PYTHONPATH" in env
+
+
+def test_the_scripts_status_is_read_from_torchruns_report(tmp_path):
+    log = tmp_path / "rank1.log"
+    log.write_text("...\n  exitcode  : 3 (pid: 17478)\n")
+    assert script_status(log) == 3
+    log.write_text("Traceback: something else\n")
+    assert script_status(log) is None
+    assert script_status(tmp_path / "missing.log") is None
