@@ -27,7 +27,8 @@ from dataclasses import dataclass, replace
 
 from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer, boundary_paths
 from testbed.plan.connections import one_connection_bps, sent_at_once, transfer_time_s
-from testbed.plan.grant_sim import critical_path_s, simulate
+from testbed.plan.critical_path import critical_path_s
+from testbed.plan.grant_sim import simulate
 from testbed.plan.schedule import RankAction
 from testbed.plan.virtual_stages import experiment_boundaries, experiment_homes
 from testbed.plan.workers import WorkerSpec
@@ -280,7 +281,7 @@ def iteration_lower_bound(
 ) -> float:
     """A lower bound (s) of ``simulated_iteration`` without grants (links shared as TCP's flows
     share them), with the pipelines starting together or later: the longest path through the first
-    pipeline's schedule (``grant_sim.critical_path_s``), each transfer at its speed alone. A
+    pipeline's schedule (``critical_path.critical_path_s``), each transfer at its speed alone. A
     thousandth of the simulation's cost or less (``placement.select_dcs`` prunes DC orders with it)."""
     wan = wan_links(exp, topo, workers, connections, float)
     return critical_path_s(exp, workers, wan.links, wan.paths, wan.one_way_s, block_s)

@@ -112,7 +112,7 @@ def simulate(
     S, R = exp.stages, exp.replicas
     home = stage_homes(exp.schedule, S, exp.chunks)
     V = len(home)  # virtual stages
-    took_s = _action_seconds(exp, V, block_s, stage_s)
+    took_s = action_seconds(exp, V, block_s, stage_s)
     rank = {(w.stage, w.replica): w.rank for w in workers}
     # each virtual stage's worker rank per replica
     rank_at = [[rank[(home[v], r)] for r in range(R)] for v in range(V)]
@@ -276,7 +276,7 @@ def simulate(
         if pos[(s, r)] >= len(actions[s]):
             return
         a = actions[s][pos[(s, r)]]
-        need = _needs(a, r, V)
+        need = input_of(a, r, V)
         if need is not None:
             if need not in posted:
                 post(need)
@@ -288,7 +288,7 @@ def simulate(
         if timeline is not None:
             timeline.append((s, r, a, start, done))
         end = max(end, done)
-        _Call(env, done - start, computed, s, r, _sends(a, r, V), done)
+        _Call(env, done - start, computed, s, r, output_of(a, r, V), done)
 
     def computed(s: int, r: int, out: Transfer | None, done: float) -> None:
         """Worker (s, r)'s action has ended at ``done``: it hands its output ``out`` to gloo, then
@@ -316,64 +316,7 @@ def simulate(
     return end, order
 
 
-def critical_path_s(
-    exp: Experiment,
-    workers: list[WorkerSpec],
-    links: dict[Hop, LinkTiming],
-    paths: dict[tuple[int, int], list[Hop]],
-    one_way_s: dict[tuple[int, int], float],
-    block_s: tuple[float, float] | None = None,
-) -> float:
-    """A lower bound (s) of ``simulate``'s iteration under any sharing, with every pipeline starting
-    at 0 or later: the longest path through the first pipeline's schedule tables, where an action
-    starts once its worker is free and its input has arrived, and a transfer across DCs leaves once
-    it is ready and the receiver's ready notice has crossed (one one-way delay after the receiver
-    reached the action that needs it), then takes its time alone on the slowest link of its path
-    and one one-way delay. ``simulate`` adds only waits to this: for a link's share, a queue's
-    turn, a grant, or the notice queued behind the receiver's own bytes. The last is why this is a
-    longest path rather than ``simulate`` without contention, whose tie-breaks can make it the
-    longer (a transfer that leaves earlier can hold a notice back). Arguments as ``simulate``'s;
-    raises ValueError when the schedule cannot complete."""
-    S = exp.stages
-    home = stage_homes(exp.schedule, S, exp.chunks)
-    V = len(home)
-    took_s = _action_seconds(exp, V, block_s, None)
-    rank_of = {w.stage: w.rank for w in workers if w.replica == 0}
-    actions = experiment_tables(exp)
-    pos, free = [0] * S, [0.0] * S  # per worker: its next action, when it is free
-    ready: dict[Transfer, float] = {}  # when each transfer's bytes are ready at its sender
-    moved = True
-    while moved:
-        moved = False
-        for s in range(S):
-            while pos[s] < len(actions[s]):
-                a = actions[s][pos[s]]
-                start = free[s]
-                need = _needs(a, 0, V)
-                if need is not None:
-                    if need not in ready:
-                        break
-                    src, dst = (need.stage, need.stage + 1) if need.kind == "F" else (need.stage + 1, need.stage)
-                    key = (rank_of[home[src]], rank_of[home[dst]])
-                    if key in paths:
-                        leaves = max(ready[need], free[s] + one_way_s[key])
-                        alone = max(links[h].transfer_s for h in paths[key])
-                        start = max(start, leaves + alone + one_way_s[key])
-                    else:
-                        start = max(start, ready[need])
-                free[s] = start + took_s[a.kind][a.stage]
-                out = _sends(a, 0, V)
-                if out is not None:
-                    ready[out] = free[s]
-                pos[s] += 1
-                moved = True
-    if any(p < len(actions[s]) for s, p in enumerate(pos)):
-        s = next(s for s, p in enumerate(pos) if p < len(actions[s]))
-        raise ValueError(f"the schedule does not complete: stage {s} waits at {actions[s][pos[s]]}")
-    return max(free)
-
-
-def _action_seconds(
+def action_seconds(
     exp: Experiment, V: int, block_s: tuple[float, float] | None, stage_s: tuple[tuple[float, float], ...] | None
 ) -> dict[str, list[float]]:
     """Each kind of action's seconds per virtual stage (``F``, ``B``, and a split backward's ``I``
@@ -387,7 +330,7 @@ def _action_seconds(
     return {"F": f, "B": b, "I": [x for x, _ in parts], "W": [x for _, x in parts]}
 
 
-def _needs(a: RankAction, r: int, V: int) -> Transfer | None:
+def input_of(a: RankAction, r: int, V: int) -> Transfer | None:
     """The transfer action ``a`` of replica ``r`` waits for (``V`` virtual stages): a forward its
     input, a backward (or its input part) the gradient; none on the first (last) virtual stage, nor
     for a weight part."""
@@ -398,7 +341,7 @@ def _needs(a: RankAction, r: int, V: int) -> Transfer | None:
     return Transfer("B", a.stage, a.microbatch, r) if a.stage < V - 1 else None
 
 
-def _sends(a: RankAction, r: int, V: int) -> Transfer | None:
+def output_of(a: RankAction, r: int, V: int) -> Transfer | None:
     """The transfer action ``a`` of replica ``r`` makes ready when it ends: a forward's activations
     (but the last virtual stage's), a backward's (or its input part's) gradient (but the first's)."""
     if a.kind == "F" and a.stage < V - 1:

@@ -1,5 +1,5 @@
 """The lower bound that Atlas's DC selection prunes DC orders with (``cost_model.lower_bound_s``,
-``grant_sim.critical_path_s``): never above the prediction it bounds, on the shipped experiments
+``critical_path.critical_path_s``): never above the prediction it bounds, on the shipped experiments
 under every schedule, on random draws and on the paper-scale scenarios, for every DC order; equal
 to it where nothing crosses the WAN; and the DC selection with it picks what it picks without."""
 
@@ -102,7 +102,7 @@ def test_the_bound_counts_the_ready_notice_and_the_transfer_alone():
     workers = place_pipeline(e, e.topology_spec)
     from testbed.plan.connections import wan_connections
     from testbed.plan.grant_plan import wan_links
-    from testbed.plan.grant_sim import critical_path_s
+    from testbed.plan.critical_path import critical_path_s
 
     wan = wan_links(e, e.topology_spec, workers, wan_connections(e, e.topology_spec, workers), float)
     (alone,) = {x.transfer_s for x in wan.links.values()}
