@@ -101,8 +101,8 @@ def test_the_bound_counts_the_ready_notice_and_the_transfer_alone():
     e = exp(topology_spec=topo({"a": 1, "b": 1}), stages=2, replicas=1, microbatches=1)
     workers = place_pipeline(e, e.topology_spec)
     from testbed.plan.connections import wan_connections
-    from testbed.plan.grant_plan import wan_links
     from testbed.plan.critical_path import critical_path_s
+    from testbed.plan.grant_plan import wan_links
 
     wan = wan_links(e, e.topology_spec, workers, wan_connections(e, e.topology_spec, workers), float)
     (alone,) = {x.transfer_s for x in wan.links.values()}
