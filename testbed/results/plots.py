@@ -108,7 +108,8 @@ def plot_links(lu: pd.DataFrame, path: Path) -> None:
     ax.set_ylabel("share of link rate")
     ax.set_ylim(0, 1.1)
     ax.set_title("WAN link utilization")
-    ax.legend(fontsize=7, ncol=3)
+    if len(idle) < lu[T.LINK].nunique():  # a legend needs a line
+        ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

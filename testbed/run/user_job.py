@@ -256,15 +256,25 @@ def launch_job(
         streamer = _RankStreamer({r: ranks_dir / f"rank{r}.log" for r in procs}, stream) if stream else None
         if streamer is not None:
             streamer.start()
+        stopped: str | None = None  # why the job was stopped from outside, if it was
         try:
             error = _watch(procs, {w.rank: w.host for w in by_rank}, codes, t0 + timeout_s, net, ranks_dir)
+        except KeyboardInterrupt:
+            stopped = "interrupted (Ctrl-C)"
+            raise
+        except SystemExit:
+            stopped = "stopped by SIGTERM or SIGHUP"
+            raise
+        except TestbedError as e:
+            stopped = f"the network failed: {e}"
+            raise
         finally:
             if streamer is not None:
                 streamer.stop()
             sampler.stop()
             for rank, p in procs.items():
                 codes.setdefault(rank, p.poll())
-            summary = _summary(out_dir, time.monotonic() - t0, codes, error)
+            summary = _summary(out_dir, time.monotonic() - t0, codes, error, stopped)
     if error is not None:
         raise error
     progress(f"done in {summary['wall_time_s']:.1f} s; every rank exited 0; output in {ranks_dir}")
@@ -316,10 +326,13 @@ def script_status(log: Path) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def _summary(out_dir: Path, wall_s: float, codes: dict[int, int | None], error: JobError | None) -> dict[str, Any]:
-    """``summary.json``: wall time, each rank's exit status, per WAN link direction its bytes and
-    mean utilization over the job (from the sampled counters), and why it failed, if it did; the
-    WAN utilization plot beside it."""
+def _summary(
+    out_dir: Path, wall_s: float, codes: dict[int, int | None], error: JobError | None, stopped: str | None = None
+) -> dict[str, Any]:
+    """``summary.json``: wall time, each rank's exit status (None: stopped while running), per WAN
+    link direction its bytes and mean utilization over the job (from the sampled counters), and
+    why it failed (``error``) or was stopped from outside (``stopped``: status 130), if it was;
+    the WAN utilization plot beside it."""
     links: dict[str, dict[str, float]] = {}
     path = out_dir / "link_counters.jsonl"
     rows = read_jsonl(path) if path.exists() else []
@@ -338,9 +351,9 @@ def _summary(out_dir: Path, wall_s: float, codes: dict[int, int | None], error: 
             plot_links(lu, out_dir / "wan_utilization.png")
     summary = {
         "wall_time_s": wall_s,
-        "exit_status": 0 if error is None else error.status,
+        "exit_status": error.status if error is not None else 130 if stopped else 0,
         "rank_exit_status": {str(r): c for r, c in sorted(codes.items())},
-        "failed": None if error is None else str(error),
+        "failed": str(error) if error is not None else stopped,
         "wan": links,
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))

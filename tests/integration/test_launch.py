@@ -111,3 +111,30 @@ def test_the_diloco_example_learns_as_in_one_process_group_on_one_machine(tmp_pa
     emulated, local = final((out / "ranks" / "rank0.log").read_text()), final(alone.stdout)
     print("final loss across DCs", emulated, "in one process group", local)
     assert emulated == pytest.approx(local, rel=1e-4)
+
+
+def test_sigterm_stops_the_job_and_leaves_nothing(tmp_path, clean_machine):
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "job"
+    job = Path(__file__).parent / "jobs" / "sleep_job.py"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "testbed.cli", "launch", "two_dc", "--mesh", "pp=2", "--out", str(out), "--", str(job)],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    logs = [out / "ranks" / f"rank{r}.log" for r in range(2)]
+    deadline = time.monotonic() + 60
+    while not all(p.exists() and "joined" in p.read_text() for p in logs):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "tearing down" in output, output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["exit_status"] == 130 and summary["failed"] == "stopped by SIGTERM or SIGHUP"
+    assert summary["rank_exit_status"] == {"0": None, "1": None}
