@@ -217,7 +217,21 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
         "--policy",
         type=policy_name,
         metavar="POLICY",
-        help="pp-fair (default) or pp-fair/placement=largest-first: where the stages go (TCP shares the links)",
+        help="pp-fair (default: TCP shares the links), pp-fair/sharing=fifo (Atlas's grants for the job's "
+        "cross-DC point-to-point transfers, through a hook in every rank), /striping=on (each such transfer "
+        "over several connections), /placement=largest-first",
+    )
+    sp.add_argument(
+        "--connections",
+        type=int,
+        default=4,
+        help="connections a striped transfer uses, 2..16 (default 4; with /striping=on)",
+    )
+    sp.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="iterations left out of the job's figures, where it marks them (default 1)",
     )
     sp.add_argument("--out", type=Path, help="the job's folder (default: results/job-<script>-<time>)")
     sp.add_argument("--stream", action="store_true", help="also print every rank's output, prefixed [rank R]")

@@ -47,7 +47,15 @@ def cmd_launch(args) -> int:
     mesh = parse_mesh(args.mesh) if args.mesh else default_mesh
     if mesh is None:
         raise SpecError("--mesh", "--mesh", "(none)", "is needed for a topology", "give e.g. --mesh pp=3,dp=2")
-    job = Job(topo, mesh, parse_policy(args.policy or "pp-fair"), Path(args.job[0]), tuple(args.job[1:]))
+    job = Job(
+        topo,
+        mesh,
+        parse_policy(args.policy or "pp-fair"),
+        Path(args.job[0]),
+        tuple(args.job[1:]),
+        stripes=args.connections,
+        warmup=args.warmup,
+    )
     root_preamble("testbed launch")
     out = args.out or Path("results") / f"job-{job.script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     existed = out.exists()
@@ -67,5 +75,20 @@ def cmd_launch(args) -> int:
         print(f"testbed launch: {e}; the job's folder: {out}", flush=True)
         return e.status
     wan = ", ".join(f"{k} {v['bytes'] / 1e6:.2f} MB" for k, v in summary["wan"].items()) or "no WAN traffic"
-    print(f"WAN: {wan}; job folder {out}")
+    print(f"WAN: {wan}")
+    if summary.get("training"):
+        t = summary["training"]
+        bubbles = ", ".join(f"stage {s} {b:.0%}" for s, b in t["bubble_fraction"].items())
+        print(
+            f"iteration time {t['iteration_time_s']['mean']:.3f} s (mean of {t['iterations_measured']}, "
+            f"after {t['warmup_iterations']} warm-up); bubbles {bubbles}"
+        )
+    if summary.get("hook"):
+        h = summary["hook"]
+        per = f"{h['per_transfer_us']:.0f} us per transfer" if h["per_transfer_us"] is not None else "no transfer"
+        print(
+            f"Atlas hook ({summary['sharing']}): {h['transfers']} transfers, {per}, {h['share_of_job']:.3%} of the "
+            f"{h['share_over']} at most"
+        )
+    print(f"job folder {out}")
     return 0

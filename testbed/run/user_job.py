@@ -30,29 +30,39 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from testbed.atlas.controller import Controller
 from testbed.errors import SpecError, TestbedError
 from testbed.net.hostproc import local_process_env
 from testbed.net.network import Network
+from testbed.net.registry import control_dir
+from testbed.plan.boundary_transfers import boundary_paths
 from testbed.plan.placement import atlas_dc_order, place_stages
+from testbed.plan.virtual_stages import home_boundaries
 from testbed.plan.workers import WorkerSpec
+from testbed.results.job_summary import bytes_check, class_bytes, hook_figures, reported_bytes, training_figures
 from testbed.results.link_counters import link_utilization
-from testbed.results.plots import plot_links
+from testbed.results.plots import plot_links, plot_timeline
 from testbed.run.backends import make_network
 from testbed.run.records import check_fresh_out_dir, write_env
 from testbed.run.watch import LinkSampler
 from testbed.spec.addressing import host_name
 from testbed.spec.mesh import Mesh
 from testbed.spec.policy import Policy
+from testbed.spec.routing import RoutingTable
 from testbed.spec.topology import TopologySpec
 from testbed.trace import schema as T
 from testbed.trace.clock import now_ns
+from testbed.trace.events import read_events
+from testbed.trace.job import JOB_DIR_ENV
 from testbed.trace.jsonl import read_jsonl
+from testbed.train.job_hook import CONTROL_ENV, STRIPES_ENV
 
 #: where rank 0's host serves the job's rendezvous (torchrun's static rendezvous, its default port)
 RENDEZVOUS_PORT = 29500
@@ -73,9 +83,17 @@ HOST_VARIABLES = (
     "GLOO_SOCKET_IFNAME",
     "NCCL_SOCKET_IFNAME",
 )
-#: the placements a job may take (its transfers are TCP's: Atlas's grants and striping need its
-#: transfers reported to the controller, which a job's own code does not do)
+#: the placements a job may take (Atlas's DC selection needs the job's workload, which the testbed
+#: does not know)
 JOB_PLACEMENTS = ("file-order", "largest-first")
+#: how a job's pipelines may share the links: as TCP does, or Atlas's FIFO grants (through the hook;
+#: ``planned`` needs a grant plan from the job's workload, which the testbed does not know)
+JOB_SHARINGS = ("tcp", "fifo")
+#: connections a striped cross-DC transfer of a job uses unless told (``connections.wan_connections``'s
+#: figure where no per-connection share is modelled)
+DEFAULT_JOB_STRIPES = 4
+#: the module every rank of a hooked job runs its script under
+HOOK_MODULE = "testbed.train.job_hook"
 #: a node's own mount and UTS namespaces: its /etc/hosts and hostname, then torchrun
 NODE_SHELL = 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"'
 
@@ -98,6 +116,16 @@ class Job:
     policy: Policy
     script: Path
     args: tuple[str, ...] = ()
+    #: connections a striped transfer uses (``policy.striping``)
+    stripes: int = DEFAULT_JOB_STRIPES
+    #: iterations left out of the job's figures (where it marks iterations: ``trace/job.py``)
+    warmup: int = 1
+
+    @property
+    def hooked(self) -> bool:
+        """Whether the ranks run under the Atlas hook (``train/job_hook.py``): Atlas's sharing or
+        striping; otherwise exactly as torchrun runs the script."""
+        return self.policy.grants or self.policy.striping
 
 
 def check_job(job: Job) -> list[WorkerSpec]:
@@ -107,15 +135,18 @@ def check_job(job: Job) -> list[WorkerSpec]:
     if not job.script.is_file():
         raise SpecError(str(job.script), "SCRIPT", str(job.script), "is not a file", "give the job's script after --")
     p = job.policy
-    if p.placement not in JOB_PLACEMENTS or p.striping or p.sharing != "tcp" or p.bubbletea:
+    if p.placement not in JOB_PLACEMENTS or p.sharing not in JOB_SHARINGS or p.bubbletea or not p.training:
         raise SpecError(
             "--policy",
             "--policy",
             p.name,
-            "is not applied to a launched job: its transfers are its own code's, which Atlas's controller does "
-            "not see (no grants, no striping, no BubbleTea)",
-            "launch under pp-fair (TCP sharing), placed in file order or pp-fair/placement=largest-first",
+            "is not applied to a launched job: Atlas's DC selection and planned sharing need the job's workload "
+            "(compute times, transfer sizes), which the testbed does not know, and BubbleTea needs its own worker",
+            "launch under pp-fair (TCP sharing) or pp-fair/sharing=fifo/striping=on (Atlas's grants, earliest "
+            "ready first, and striping), placed in file order or with /placement=largest-first",
         )
+    if p.striping and not 2 <= job.stripes <= 16:
+        raise SpecError("--connections", "--connections", str(job.stripes), "is not 2..16", "give e.g. --connections 4")
     order = atlas_dc_order(job.topology) if p.placement == "largest-first" else None
     return place_stages(job.mesh.pp, job.mesh.dp, job.topology, order, "--mesh")
 
@@ -134,25 +165,49 @@ def hosts_file(net: Network, topo: TopologySpec) -> str:
 
 
 def node_argv(
-    python: str, hosts_path: str, host: str, node_rank: int, nodes: int, master: str, script: str, args: Sequence[str]
+    python: str,
+    hosts_path: str,
+    host: str,
+    node_rank: int,
+    nodes: int,
+    master: str,
+    script: str,
+    args: Sequence[str],
+    hooked: bool = False,
 ) -> list[str]:
     """One node of the job: its own mount and UTS namespaces (``NODE_SHELL``), then torchrun with
-    one process, the static rendezvous at ``master`` and no restarts (a failed rank ends the job)."""
+    one process, the static rendezvous at ``master`` and no restarts (a failed rank ends the job);
+    ``hooked``: the rank runs the script under the Atlas hook (``python -m
+    testbed.train.job_hook SCRIPT ARGS``, torchrun's ``-m``)."""
+    program = ["-m", HOOK_MODULE, script] if hooked else [script]
     torchrun = [
         python, "-m", "torch.distributed.run",
         "--nnodes", str(nodes), "--nproc-per-node", "1", "--node-rank", str(node_rank),
         "--master-addr", master, "--master-port", str(RENDEZVOUS_PORT), "--max-restarts", "0",
-        script, *args,
+        *program, *args,
     ]  # fmt: skip
     return ["unshare", "--mount", "--uts", "--", "sh", "-c", NODE_SHELL, "sh", hosts_path, host, *torchrun]
 
 
-def job_env() -> dict[str, str]:
+def managed_pairs(job: Job, workers: list[WorkerSpec]) -> list[tuple[int, int]]:
+    """The (sender, receiver) rank pairs whose transfers Atlas's controller shares: a pipeline's
+    neighbours in different DCs, both ways (``boundary_transfers.boundary_paths``)."""
+    homes = list(range(job.mesh.pp))
+    return sorted(boundary_paths(workers, RoutingTable(job.topology), home_boundaries(homes)))
+
+
+def job_env(job_dir: Path, control: Path | None = None, stripes: int = 1) -> dict[str, str]:
     """A node's environment: this machine's without its torch.distributed variables, the package on
-    PYTHONPATH (the job may import ``testbed.trace``), one thread per rank (the emulated GPU's CPU
-    share), and gloo and NCCL on the host's interface (``hostproc.HOST_SOCKET_ENV`` is added by
-    the network)."""
-    env = local_process_env({"OMP_NUM_THREADS": "1"})
+    PYTHONPATH (the job may import ``testbed.trace.job``), the job's folder (``JOB_DIR_ENV``), one
+    thread per rank (the emulated GPU's CPU share), gloo and NCCL on the host's interface
+    (``hostproc.HOST_SOCKET_ENV`` is added by the network); under the hook, the controller's
+    socket (``control``, Atlas's sharing) and the connections a transfer is striped over."""
+    extra = {"OMP_NUM_THREADS": "1", JOB_DIR_ENV: str(job_dir.resolve())}
+    if control is not None:
+        extra[CONTROL_ENV] = str(control)
+    if stripes > 1:
+        extra[STRIPES_ENV] = str(stripes)
+    env = local_process_env(extra)
     for name in HOST_VARIABLES:
         env.pop(name, None)
     if os.environ.get("PYTHONPATH"):
@@ -210,6 +265,7 @@ def launch_job(
     (``check_job``, a folder that holds a run), JobError when a rank exits non-zero or the job
     runs past ``timeout_s`` (the summary and every rank's output kept), and the network's errors."""
     workers = check_job(job)
+    pairs = managed_pairs(job, workers) if job.hooked else []
     check_fresh_out_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     t_begin = now_ns()
@@ -225,6 +281,9 @@ def launch_job(
                 "topology": job.topology.name,
                 "workers": [asdict(w) for w in workers],
                 "rendezvous_port": RENDEZVOUS_PORT,
+                "hooked": job.hooked,
+                "stripes": job.stripes if job.policy.striping else 1,
+                "managed_pairs": pairs,
             },
             indent=1,
         )
@@ -232,18 +291,34 @@ def launch_job(
     codes: dict[int, int | None] = {}
     error: JobError | None = None
     t0 = time.monotonic()
-    with make_network(job.topology, "netns", delay_mechanism=delay_mechanism, out_dir=out_dir) as net:
+    with (
+        make_network(job.topology, "netns", delay_mechanism=delay_mechanism, out_dir=out_dir) as net,
+        ExitStack() as stack,
+    ):
         write_env(out_dir, net, "", t_begin, {"job": str(job.script)})
         hosts_path = out_dir / "hosts"
         hosts_path.write_text(hosts_file(net, job.topology))
         by_rank = sorted(workers, key=lambda w: w.rank)
         master = str(net.host(by_rank[0].host).ip)
-        env = job_env()
+        controller = None
+        if job.policy.grants:
+            controller = Controller(
+                net, workers, job.mesh.dp, control_dir() / f"{net.prefix}.sock", out_dir / "controller.jsonl",
+                sharing=job.policy.sharing,
+            )  # fmt: skip
+            controller.install()
+            controller.start()
+            stack.callback(controller.stop)
+        env = job_env(
+            out_dir,
+            controller.sock_path if controller is not None else None,
+            job.stripes if job.policy.striping else 1,
+        )
         procs: dict[int, subprocess.Popen] = {}
         for w in by_rank:
             argv = node_argv(
                 net.python(w.host), str(hosts_path.resolve()), w.host, w.rank, len(by_rank), master,
-                str(job.script.resolve()), job.args,
+                str(job.script.resolve()), job.args, job.hooked,
             )  # fmt: skip
             with open(ranks_dir / f"rank{w.rank}.log", "wb") as log:
                 procs[w.rank] = net.popen(w.host, argv, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -274,7 +349,9 @@ def launch_job(
             sampler.stop()
             for rank, p in procs.items():
                 codes.setdefault(rank, p.poll())
-            summary = _summary(out_dir, time.monotonic() - t0, codes, error, stopped)
+            if controller is not None and (why := controller.poll_failure()):
+                progress(f"Atlas's controller failed ({why}): the links were shared as TCP shares them from then on")
+            summary = _summary(out_dir, time.monotonic() - t0, codes, error, stopped, job, workers)
     if error is not None:
         raise error
     progress(f"done in {summary['wall_time_s']:.1f} s; every rank exited 0; output in {ranks_dir}")
@@ -327,17 +404,25 @@ def script_status(log: Path) -> int | None:
 
 
 def _summary(
-    out_dir: Path, wall_s: float, codes: dict[int, int | None], error: JobError | None, stopped: str | None = None
+    out_dir: Path,
+    wall_s: float,
+    codes: dict[int, int | None],
+    error: JobError | None,
+    stopped: str | None,
+    job: Job,
+    workers: list[WorkerSpec],
 ) -> dict[str, Any]:
     """``summary.json``: wall time, each rank's exit status (None: stopped while running), per WAN
     link direction its bytes and mean utilization over the job (from the sampled counters), and
     why it failed (``error``) or was stopped from outside (``stopped``: status 130), if it was;
-    the WAN utilization plot beside it."""
+    where the ranks wrote event lines, the iteration time and bubbles (``training``, with the
+    timeline plot) and, under the hook, its cost and its bytes beside the classes' (``hook``,
+    ``bytes``); the WAN utilization plot beside it."""
     links: dict[str, dict[str, float]] = {}
     path = out_dir / "link_counters.jsonl"
     rows = read_jsonl(path) if path.exists() else []
+    counters = pd.DataFrame(rows)
     if rows:
-        counters = pd.DataFrame(rows)
         lu = link_utilization(counters)
         root = counters[counters[T.CLASSID] == "1:1"]
         sent = root.groupby(T.LINK)[T.TX_BYTES].agg(lambda b: b.max() - b.min())
@@ -349,12 +434,37 @@ def _summary(
             }
         if not lu.empty:
             plot_links(lu, out_dir / "wan_utilization.png")
-    summary = {
+    summary: dict[str, Any] = {
         "wall_time_s": wall_s,
         "exit_status": error.status if error is not None else 130 if stopped else 0,
         "rank_exit_status": {str(r): c for r, c in sorted(codes.items())},
         "failed": str(error) if error is not None else stopped,
+        "policy": job.policy.name,
         "wan": links,
     }
+    ev = read_events(out_dir) if (out_dir / "events").is_dir() else pd.DataFrame()
+    training = training_figures(ev, job.warmup) if not ev.empty else None
+    summary["training"] = training
+    if training is not None:
+        plot_timeline(ev, out_dir / "timeline.png", job.warmup)
+    if job.hooked:
+        totals = read_jsonl(out_dir / "hook", "r*.json")
+        its = training["iteration_time_s"] if training else None
+        summary["hook"] = hook_figures(
+            totals, training["iterations_measured"] if training else None, its["mean"] if its else None, wall_s
+        )
+        summary["sharing"] = (
+            f"{job.policy.sharing}: Atlas's grants, earliest ready first" if job.policy.grants else "tcp"
+        ) + (f"; striped over {job.stripes} connections" if job.policy.striping else "")
+        if rows and not ev.empty:
+            routes = RoutingTable(job.topology)
+            dc_of = {w.rank: w.dc for w in workers}
+            paths = {
+                (s, d): [f"{a}->{b}" for a, b in zip(route, route[1:])]
+                for s, d in managed_pairs(job, workers)
+                for route in [routes.route(dc_of[s], dc_of[d]).dcs]
+            }
+            replica_of = {w.rank: w.replica for w in workers}
+            summary["bytes"] = bytes_check(reported_bytes(ev, paths, replica_of), class_bytes(counters, job.mesh.dp))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

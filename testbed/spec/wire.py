@@ -13,9 +13,20 @@ FRAME_BYTES = MTU + ETH_HLEN
 TCP_MSS_WITH_TIMESTAMPS = MTU - 20 - 20 - 12
 #: Share of a shaped Ethernet rate left to TCP payload: 1448 / 1514 = 95.6% (DESIGN.md section 3).
 TCP_GOODPUT_FRACTION = TCP_MSS_WITH_TIMESTAMPS / (MTU + ETH_HLEN)
+#: a pure ACK on the wire: Ethernet (14) + IPv4 (20) + TCP (20) + timestamps option (12) bytes
+ACK_WIRE_BYTES = ETH_HLEN + 20 + 20 + 12
+#: full-sized segments a receiver acknowledges per ACK: Linux's delayed ACK acknowledges at least
+#: every second one (RFC 1122 4.2.3.2, RFC 5681 4.2); its quick-ACK mode, after idle, every one
+SEGMENTS_PER_ACK = 2
 #: the smallest socket buffer a namespace's tcp_rmem/tcp_wmem may cap at: their minimum, one page
 #: (bytes; the kernel refuses a maximum below it with EINVAL: proc_sys_net_ipv4(5), tcp(7))
 MIN_SOCKET_BUFFER_BYTES = 4096
+
+
+def ack_wire_bytes(payload_bytes: float) -> float:
+    """Bytes of the pure ACKs a receiver sends back for ``payload_bytes`` of TCP payload in full
+    segments (one per ``SEGMENTS_PER_ACK``: a lower estimate, quick ACKs send up to twice as many)."""
+    return payload_bytes / TCP_MSS_WITH_TIMESTAMPS / SEGMENTS_PER_ACK * ACK_WIRE_BYTES
 
 
 def tcp_goodput_fraction(mtu: int = MTU) -> float:

@@ -48,6 +48,9 @@ LAST_WAIT_NS = "last_wait_ns"
 #: (``INPUT_PART``: the gradient the stage before waits for; ``WEIGHT_PART``: the weights')
 VIRTUAL_STAGE, PART, TENSOR = "virtual_stage", "part", "tensor"
 INPUT_PART, WEIGHT_PART = "input", "weight"
+#: on a launched job's send and receive wait events (``train/job_hook.py``): the Atlas hook's own
+#: time on the transfer (ns), everything its wrapper did beside the torch.distributed call itself
+HOOK_NS = "hook_ns"
 ACTIVATIONS, GRADIENTS = "activations", "gradients"
 COLUMNS = [
     WORKER,

@@ -9,10 +9,22 @@ import pytest
 
 from testbed.cli import split_job
 from testbed.errors import SpecError
-from testbed.run.user_job import HOST_VARIABLES, NODE_SHELL, Job, check_job, job_env, node_argv, script_status
+from testbed.run.user_job import (
+    HOOK_MODULE,
+    HOST_VARIABLES,
+    NODE_SHELL,
+    Job,
+    check_job,
+    job_env,
+    managed_pairs,
+    node_argv,
+    script_status,
+)
 from testbed.spec.mesh import Mesh, parse_mesh
 from testbed.spec.policy import parse_policy
 from testbed.spec.topology_file import load_topology
+from testbed.trace.job import JOB_DIR_ENV
+from testbed.train.job_hook import CONTROL_ENV, STRIPES_ENV
 
 
 def test_a_mesh_names_stages_and_replicas():
@@ -55,12 +67,31 @@ def test_what_a_job_cannot_take_is_refused(tmp_path):
     with pytest.raises(SpecError, match="is not a file"):
         check_job(Job(topo, Mesh(2, 1), parse_policy("pp-fair"), script))
     script.write_text("")
-    for policy in ("atlas", "pp-fair/striping=on", "pp-fair/sharing=fifo", "pp-fair+bubbletea"):
+    for policy in ("atlas", "pp-fair/sharing=planned", "pp-fair/placement=atlas", "pp-fair+bubbletea"):
         with pytest.raises(SpecError, match="is not applied to a launched job"):
             check_job(Job(topo, Mesh(2, 1), parse_policy(policy), script))
+    with pytest.raises(SpecError, match="is not 2..16") as e:
+        check_job(Job(topo, Mesh(2, 1), parse_policy("pp-fair/striping=on"), script, stripes=1))
+    assert e.value.source == "--connections"
     with pytest.raises(SpecError, match="do not fit topology two_dc") as e:
         check_job(Job(topo, Mesh(3, 3), parse_policy("pp-fair"), script))
     assert e.value.source == "--mesh"
+
+
+def test_atlas_sharing_and_striping_run_the_job_under_the_hook_on_the_pipelines_cross_dc_pairs(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text("")
+    topo = load_topology("three_dc")
+    plain = Job(topo, Mesh(3, 2), parse_policy("pp-fair"), script)
+    assert not plain.hooked
+    for policy in ("pp-fair/sharing=fifo", "pp-fair/striping=on", "pp-fair/sharing=fifo/striping=on"):
+        job = Job(topo, Mesh(3, 2), parse_policy(policy), script)
+        assert job.hooked
+        workers = check_job(job)
+    # neighbours of one pipeline in different DCs, both ways; never across replicas
+    assert managed_pairs(job, workers) == [(0, 2), (1, 3), (2, 0), (2, 4), (3, 1), (3, 5), (4, 2), (5, 3)]
+    argv = node_argv("/py", "/out/hosts", "west-h1", 3, 4, "10.0.0.2", "/job.py", ["--lr", "3"], hooked=True)
+    assert argv[-5:] == ["-m", HOOK_MODULE, "/job.py", "--lr", "3"]
 
 
 def test_a_node_runs_torchrun_in_its_own_mount_and_uts_namespaces():
@@ -80,11 +111,14 @@ def test_a_node_runs_torchrun_in_its_own_mount_and_uts_namespaces():
     }
 
 
-def test_the_jobs_environment_has_none_of_this_machines_torch_variables(monkeypatch):
+def test_the_jobs_environment_has_none_of_this_machines_torch_variables(monkeypatch, tmp_path):
     monkeypatch.setenv("MASTER_ADDR", "192.0.2.1")
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "wlan0")
-    env = job_env()
+    env = job_env(tmp_path)
     assert not set(HOST_VARIABLES) & set(env) and env["OMP_NUM_THREADS"] == "1" and "PYTHONPATH" in env
+    assert env[JOB_DIR_ENV] == str(tmp_path.resolve()) and CONTROL_ENV not in env and STRIPES_ENV not in env
+    hooked = job_env(tmp_path, tmp_path / "c.sock", 4)
+    assert hooked[CONTROL_ENV] == str(tmp_path / "c.sock") and hooked[STRIPES_ENV] == "4"
 
 
 def test_the_scripts_status_is_read_from_torchruns_report(tmp_path):
