@@ -241,6 +241,13 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
         default=3600.0,
         help="stop the job after this many seconds (default 3600)",
     )
+    sp.add_argument(
+        "--join-timeout",
+        type=number(0, 7 * 86400),
+        default=300.0,
+        help="stop the job when a rank has not called init_process_group after this many seconds, naming it "
+        "(default 300; 0: no limit)",
+    )
     sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
     sp.set_defaults(func=cmd_launch, job=[])
     sp = sub.add_parser("clean", help="remove what crashed or killed runs left behind")

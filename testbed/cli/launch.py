@@ -67,6 +67,7 @@ def cmd_launch(args) -> int:
             stream=(lambda line: print(line, flush=True)) if args.stream else None,
             timeout_s=args.timeout,
             delay_mechanism=args.delay_mechanism,
+            join_timeout_s=args.join_timeout,
         )
     except SpecError:
         discard_unused_out(out, created=not existed)  # refused before building: no folder left

@@ -62,7 +62,7 @@ from testbed.trace.clock import now_ns
 from testbed.trace.events import read_events
 from testbed.trace.job import JOB_DIR_ENV
 from testbed.trace.jsonl import read_jsonl
-from testbed.train.job_hook import CONTROL_ENV, STRIPES_ENV
+from testbed.train.job_hook import CONTROL_ENV, JOINED_DIR, STRIPES_ENV
 
 #: where rank 0's host serves the job's rendezvous (torchrun's static rendezvous, its default port)
 RENDEZVOUS_PORT = 29500
@@ -70,6 +70,8 @@ RENDEZVOUS_PORT = 29500
 RANKS_DIR = "ranks"
 #: how long a job may run unless told otherwise (s)
 DEFAULT_TIMEOUT_S = 3600.0
+#: how long every rank has to join the job (call ``init_process_group``) unless told otherwise (s)
+DEFAULT_JOIN_TIMEOUT_S = 300.0
 #: this machine's torch.distributed variables, which must not reach the job (torchrun sets its own)
 HOST_VARIABLES = (
     "MASTER_ADDR",
@@ -92,7 +94,7 @@ JOB_SHARINGS = ("tcp", "fifo")
 #: connections a striped cross-DC transfer of a job uses unless told (``connections.wan_connections``'s
 #: figure where no per-connection share is modelled)
 DEFAULT_JOB_STRIPES = 4
-#: the module every rank of a hooked job runs its script under
+#: the module every rank runs its script under (``train/job_hook.py``)
 HOOK_MODULE = "testbed.train.job_hook"
 #: a node's own mount and UTS namespaces: its /etc/hosts and hostname, then torchrun
 NODE_SHELL = 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"'
@@ -123,8 +125,8 @@ class Job:
 
     @property
     def hooked(self) -> bool:
-        """Whether the ranks run under the Atlas hook (``train/job_hook.py``): Atlas's sharing or
-        striping; otherwise exactly as torchrun runs the script."""
+        """Whether the hook (``train/job_hook.py``) manages the job's cross-DC transfers: Atlas's
+        sharing or striping (otherwise it only marks each rank's joining)."""
         return self.policy.grants or self.policy.striping
 
 
@@ -173,13 +175,12 @@ def node_argv(
     master: str,
     script: str,
     args: Sequence[str],
-    hooked: bool = False,
 ) -> list[str]:
     """One node of the job: its own mount and UTS namespaces (``NODE_SHELL``), then torchrun with
-    one process, the static rendezvous at ``master`` and no restarts (a failed rank ends the job);
-    ``hooked``: the rank runs the script under the Atlas hook (``python -m
-    testbed.train.job_hook SCRIPT ARGS``, torchrun's ``-m``)."""
-    program = ["-m", HOOK_MODULE, script] if hooked else [script]
+    one process, the static rendezvous at ``master`` and no restarts (a failed rank ends the job),
+    the rank running the script under the hook (``python -m testbed.train.job_hook SCRIPT ARGS``,
+    torchrun's ``-m``: it marks the rank's joining and, under Atlas, manages its transfers)."""
+    program = ["-m", HOOK_MODULE, script]
     torchrun = [
         python, "-m", "torch.distributed.run",
         "--nnodes", str(nodes), "--nproc-per-node", "1", "--node-rank", str(node_rank),
@@ -258,12 +259,15 @@ def launch_job(
     stream: Callable[[str], Any] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     delay_mechanism: str = "auto",
+    join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S,
 ) -> dict[str, Any]:
     """Run ``job`` (see the module doc) with its folder ``out_dir``; ``stream``: where each rank's
     output lines go, prefixed (None: only to their files). Returns the summary (also in
     ``summary.json``) once every rank has exited 0. Raises SpecError before building
-    (``check_job``, a folder that holds a run), JobError when a rank exits non-zero or the job
-    runs past ``timeout_s`` (the summary and every rank's output kept), and the network's errors."""
+    (``check_job``, a folder that holds a run), JobError when a rank exits non-zero, when some
+    rank has not joined the job (called ``init_process_group``) ``join_timeout_s`` after the
+    start (0: no limit; the error names them) or the job runs past ``timeout_s`` (the summary
+    and every rank's output kept), and the network's errors."""
     workers = check_job(job)
     pairs = managed_pairs(job, workers) if job.hooked else []
     check_fresh_out_dir(out_dir)
@@ -318,7 +322,7 @@ def launch_job(
         for w in by_rank:
             argv = node_argv(
                 net.python(w.host), str(hosts_path.resolve()), w.host, w.rank, len(by_rank), master,
-                str(job.script.resolve()), job.args, job.hooked,
+                str(job.script.resolve()), job.args,
             )  # fmt: skip
             with open(ranks_dir / f"rank{w.rank}.log", "wb") as log:
                 procs[w.rank] = net.popen(w.host, argv, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -333,7 +337,8 @@ def launch_job(
             streamer.start()
         stopped: str | None = None  # why the job was stopped from outside, if it was
         try:
-            error = _watch(procs, {w.rank: w.host for w in by_rank}, codes, t0 + timeout_s, net, ranks_dir)
+            joins = (out_dir / JOINED_DIR, t0 + join_timeout_s) if join_timeout_s > 0 else None
+            error = _watch(procs, {w.rank: w.host for w in by_rank}, codes, t0 + timeout_s, net, ranks_dir, joins)
         except KeyboardInterrupt:
             stopped = "interrupted (Ctrl-C)"
             raise
@@ -365,10 +370,13 @@ def _watch(
     deadline: float,
     net: Network,
     ranks_dir: Path,
+    joins: tuple[Path, float] | None = None,
 ) -> JobError | None:
     """Wait for the ranks: None once every one has exited 0; the JobError to raise once one exits
     non-zero (the lowest rank among those that did; the script's own status where torchrun
-    reported it) or at ``deadline``. ``codes`` gets each node's (torchrun's) status as it ends."""
+    reported it), at ``deadline``, or (``joins``: the folder of the ranks' join marks, and by
+    when) when a rank still running has not joined by then. ``codes`` gets each node's
+    (torchrun's) status as it ends."""
     while True:
         for rank, p in procs.items():
             if rank not in codes and (c := p.poll()) is not None:
@@ -384,6 +392,17 @@ def _watch(
             )
         if len(codes) == len(procs):
             return None
+        if joins is not None and time.monotonic() > joins[1]:
+            missing = sorted(r for r in procs if r not in codes and not (joins[0] / f"r{r}").exists())
+            if missing:
+                named = ", ".join(f"{r} ({host_of[r]})" for r in missing)
+                return JobError(
+                    f"rank{'s' if len(missing) > 1 else ''} {named} did not join the job within the join timeout: they never called "
+                    f"init_process_group (output: {RANKS_DIR}/rank<R>.log), and the ranks that did were "
+                    f"waiting for them; every rank was stopped (--join-timeout sets the limit, 0 for none)",
+                    124,
+                )
+            joins = None  # every rank still running has joined
         if time.monotonic() > deadline:
             running = sorted(r for r in procs if r not in codes)
             return JobError(

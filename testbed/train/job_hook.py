@@ -1,12 +1,14 @@
-"""Atlas's link sharing for a user's own job (``testbed launch --policy .../sharing=fifo``): a hook
-loaded into every rank before the job's script, which reports each point-to-point transfer across
-a stage boundary between DCs to Atlas's controller and, where asked, stripes it over several TCP
-connections. The job's code is not changed.
+"""The hook loaded into every rank of a user's own job before its script (``testbed launch``): it
+marks the rank's joining of the job (its ``init_process_group``, so that the launcher can name the
+ranks that never join) and, under Atlas's link sharing (``--policy .../sharing=fifo``), reports
+each point-to-point transfer across a stage boundary between DCs to Atlas's controller and, where
+asked, stripes it over several TCP connections. The job's code is not changed.
 
 ``testbed launch`` starts every rank as ``torchrun ... -m testbed.train.job_hook SCRIPT ARGS``:
-this module wraps torch.distributed's ``isend``, ``irecv``, ``send`` and ``recv`` (and with them
-``batch_isend_irecv`` and ``P2POp``, which call them; ``torch.distributed.pipelining`` goes
-through these) and runs the script as ``python SCRIPT ARGS`` would (``runpy``, as ``__main__``).
+this module wraps torch.distributed's ``init_process_group`` and, for Atlas, ``isend``, ``irecv``,
+``send`` and ``recv`` (and with them ``batch_isend_irecv`` and ``P2POp``, which call them;
+``torch.distributed.pipelining`` goes through these), then runs the script as ``python SCRIPT
+ARGS`` would (``runpy``, as ``__main__``: the same ``sys.argv``, ``sys.path[0]`` and environment).
 
 A transfer is managed when its sender and receiver are a pipeline's neighbours in different DCs
 (the pairs the controller has classes for, ``job.json``'s ``managed_pairs``); everything else,
@@ -47,6 +49,8 @@ STRIPES_ENV = "TESTBED_JOB_STRIPES"
 #: on a launched job's send and receive wait events: the hook's own time on the transfer (ns),
 #: everything its wrapper did beside the torch.distributed call itself
 HOOK_NS = "hook_ns"
+#: where each rank marks, in the job's folder, that it has called ``init_process_group`` (``r<rank>``)
+JOINED_DIR = "joined"
 #: tags of a striped transfer's chunks: tag x TAG_STRIDE + chunk (as ``striping.send_striped``)
 TAG_STRIDE = 64
 
@@ -98,7 +102,10 @@ class _Sent:
 class TransferHook:
     """The wrappers and their bookkeeping for one rank (see the module doc)."""
 
-    def __init__(self, rank: int, job: dict[str, Any], control_path: str | None, stripes: int) -> None:
+    def __init__(
+        self, rank: int, job: dict[str, Any], control_path: str | None, stripes: int, job_dir: Path | None = None
+    ) -> None:
+        self.job_dir = job_dir
         self.rank, self.stripes, self.now_ns = rank, stripes, now_ns
         self.client = ControlClient(control_path)
         self.managed = {tuple(p) for p in job.get("managed_pairs", [])}
@@ -111,25 +118,33 @@ class TransferHook:
         self.transfers = 0
 
     def install(self) -> None:
-        """Wrap torch.distributed's point-to-point calls (the package's names and the module's own,
-        which ``batch_isend_irecv`` and ``P2POp`` check against) and ``init_process_group``."""
+        """Wrap ``init_process_group`` and, where transfers are managed or striped, torch.distributed's
+        point-to-point calls (the package's names and the module's own, which ``batch_isend_irecv``
+        and ``P2POp`` check against)."""
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
 
         self.dist, self.orig = dist, {n: getattr(c10d, n) for n in ("isend", "irecv", "send", "recv")}
         self.orig_init = dist.init_process_group
+        dist.init_process_group = self.init_process_group
+        if not self.managed:
+            return
         wrapped = {"isend": self.isend, "irecv": self.irecv, "send": self.send, "recv": self.recv}
         for name, method in wrapped.items():
             fn = _named(name, method)
             setattr(c10d, name, fn)
             setattr(dist, name, fn)
-        dist.init_process_group = self.init_process_group
 
     def init_process_group(self, *args: Any, **kwargs: Any) -> None:
-        """The job's ``init_process_group``, then (striping) the hook's group of every rank with
-        one gloo device per stripe, made by every rank at the same point."""
+        """The rank's joining marked (``JOINED_DIR``), the job's ``init_process_group``, then
+        (striping) the hook's group of every rank with one gloo device per stripe, made by every
+        rank at the same point."""
+        if self.job_dir is not None:
+            joined = self.job_dir / JOINED_DIR
+            joined.mkdir(exist_ok=True)
+            (joined / f"r{self.rank}").touch()
         self.orig_init(*args, **kwargs)
-        if self.stripes > 1:
+        if self.stripes > 1 and self.managed:
             ifname = os.environ.get("GLOO_SOCKET_IFNAME", "eth0").split(",")[0]
             os.environ["GLOO_SOCKET_IFNAME"] = ",".join([ifname] * self.stripes)
             try:
@@ -248,6 +263,7 @@ def main(argv: list[str]) -> None:
         json.loads((job_dir / JOB_FILE).read_text()),
         os.environ.get(CONTROL_ENV),
         int(os.environ.get(STRIPES_ENV, "1")),
+        job_dir,
     )
     hook.install()
     atexit.register(hook.report, job_dir / "hook" / f"r{rank}.json")

@@ -195,3 +195,43 @@ def test_the_pipelining_example_under_atlas_sharing(tmp_path, clean_machine):
     assert training["iterations_measured"] == steps - 1 and training["iteration_time_s"]["mean"] > 0
     assert set(training["bubble_fraction"]) == {"0", "1", "2"}
     assert (out / "timeline.png").exists()
+
+
+def test_a_rank_that_never_joins_is_named_and_a_killed_rank_ends_the_job(tmp_path, clean_machine):
+    """A rank that has not called init_process_group by ``--join-timeout`` ends the job with its
+    name; a rank killed with SIGKILL ends the job within 30 s; neither leaves anything behind."""
+    import signal
+
+    job = str(Path(__file__).parent / "jobs" / "sleep_job.py")
+    late = run_cli(
+        "launch", "two_dc", "--mesh", "pp=2", "--join-timeout", "4", "--out", str(tmp_path / "late"),
+        "--", job, "late", "1",
+    )  # fmt: skip
+    assert late.returncode == 124, late.stdout + late.stderr
+    assert "rank 1 (east-h1) did not join the job within the join timeout" in late.stdout
+    assert (tmp_path / "late" / "joined" / "r0").exists() and not (tmp_path / "late" / "joined" / "r1").exists()
+
+    import subprocess
+    import sys
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "testbed.cli", "launch", "two_dc", "--mesh", "pp=2", "--out", str(out), "--", job],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    log = out / "ranks" / "rank1.log"
+    deadline = time.monotonic() + 60
+    while not (log.exists() and "joined as pid" in log.read_text()):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.2)
+    pid = int(log.read_text().split("joined as pid")[1].split()[0])
+    t_kill = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    output, _ = proc.communicate(timeout=30)
+    assert time.monotonic() - t_kill < 30
+    assert proc.returncode != 0 and "rank 1 (host east-h1) exited with status" in output, output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rank_exit_status"]["1"] != 0 and "rank 1" in summary["failed"]
