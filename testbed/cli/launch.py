@@ -8,6 +8,7 @@ from pathlib import Path
 from testbed.cli.common import root_preamble
 from testbed.errors import SpecError
 from testbed.run.records import discard_unused_out
+from testbed.spec.experiment import Experiment
 from testbed.spec.experiment_file import load_experiment
 from testbed.spec.mesh import Mesh, parse_mesh
 from testbed.spec.policy import parse_policy
@@ -16,9 +17,10 @@ from testbed.spec.topology import TopologySpec
 from testbed.spec.topology_file import DEFAULT_TOPOLOGY, TOPOLOGY_DIR, load_topology
 
 
-def job_target(name: str | None) -> tuple[TopologySpec, Mesh | None]:
-    """The topology ``name`` gives (a topology, or an experiment: its topology) and, for an
-    experiment, its stages x replicas as the default mesh. Raises SpecError as the loaders do."""
+def job_target(name: str | None) -> tuple[TopologySpec, Experiment | None]:
+    """The topology ``name`` gives (a topology, or an experiment: its topology) and the experiment,
+    if it is one (its stages x replicas are the default mesh, its per-connection window caps the
+    hosts' socket buffers). Raises SpecError as the loaders do."""
     if name is None:
         return load_topology(DEFAULT_TOPOLOGY), None
     if (TOPOLOGY_DIR / f"{name}.yaml").exists():
@@ -29,7 +31,7 @@ def job_target(name: str | None) -> tuple[TopologySpec, Mesh | None]:
         if isinstance(data, dict) and "dcs" in data:
             return load_topology(path), None
     exp = load_experiment(name)
-    return exp.topology_spec, Mesh(exp.stages, exp.replicas)
+    return exp.topology_spec, exp
 
 
 def cmd_launch(args) -> int:
@@ -43,8 +45,8 @@ def cmd_launch(args) -> int:
             "is missing",
             "give the job after --: testbed launch three_dc --mesh pp=3,dp=2 -- examples/NAME.py [ARGS]",
         )
-    topo, default_mesh = job_target(args.target)
-    mesh = parse_mesh(args.mesh) if args.mesh else default_mesh
+    topo, exp = job_target(args.target)
+    mesh = parse_mesh(args.mesh) if args.mesh else Mesh(exp.stages, exp.replicas) if exp is not None else None
     if mesh is None:
         raise SpecError("--mesh", "--mesh", "(none)", "is needed for a topology", "give e.g. --mesh pp=3,dp=2")
     job = Job(
@@ -55,6 +57,7 @@ def cmd_launch(args) -> int:
         tuple(args.job[1:]),
         stripes=args.connections,
         warmup=args.warmup,
+        experiment=exp,
     )
     root_preamble("testbed launch")
     out = args.out or Path("results") / f"job-{job.script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"

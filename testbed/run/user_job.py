@@ -43,6 +43,7 @@ from testbed.net.hostproc import local_process_env
 from testbed.net.network import Network
 from testbed.net.registry import control_dir
 from testbed.plan.boundary_transfers import boundary_paths
+from testbed.plan.connections import socket_buffer_cap
 from testbed.plan.placement import atlas_dc_order, place_stages
 from testbed.plan.virtual_stages import home_boundaries
 from testbed.plan.workers import WorkerSpec
@@ -53,6 +54,8 @@ from testbed.run.backends import make_network
 from testbed.run.records import check_fresh_out_dir, write_env
 from testbed.run.watch import LinkSampler
 from testbed.spec.addressing import host_name
+from testbed.spec.experiment import Experiment
+from testbed.spec.experiment_fields import EXPERIMENT_FIELDS
 from testbed.spec.mesh import Mesh
 from testbed.spec.policy import Policy
 from testbed.spec.routing import RoutingTable
@@ -91,6 +94,9 @@ JOB_PLACEMENTS = ("file-order", "largest-first")
 #: how a job's pipelines may share the links: as TCP does, or Atlas's FIFO grants (through the hook;
 #: ``planned`` needs a grant plan from the job's workload, which the testbed does not know)
 JOB_SHARINGS = ("tcp", "fifo")
+#: whether held pipelines' classes may use what the link has idle under a job's grants (an
+#: experiment's default, ``atlas_borrow``: the granted class first, the others fill the delay's tail)
+JOB_BORROW = EXPERIMENT_FIELDS["atlas_borrow"].default
 #: connections a striped cross-DC transfer of a job uses unless told (``connections.wan_connections``'s
 #: figure where no per-connection share is modelled)
 DEFAULT_JOB_STRIPES = 4
@@ -122,6 +128,9 @@ class Job:
     stripes: int = DEFAULT_JOB_STRIPES
     #: iterations left out of the job's figures (where it marks iterations: ``trace/job.py``)
     warmup: int = 1
+    #: the experiment the job was launched on, if it was: its per-connection window caps the hosts'
+    #: socket buffers as for the built-in worker's runs (``connections.socket_buffer_cap``)
+    experiment: Experiment | None = None
 
     @property
     def hooked(self) -> bool:
@@ -188,6 +197,13 @@ def node_argv(
         *program, *args,
     ]  # fmt: skip
     return ["unshare", "--mount", "--uts", "--", "sh", "-c", NODE_SHELL, "sh", hosts_path, host, *torchrun]
+
+
+def job_floor_share(replicas: int) -> float:
+    """The share of a link each held pipeline's class keeps under Atlas's grants: an experiment's
+    default (``atlas_floor_share``), lowered to half of 1 / ``replicas`` where that would not
+    leave the granted class most of the link."""
+    return min(EXPERIMENT_FIELDS["atlas_floor_share"].default, 0.5 / replicas)
 
 
 def managed_pairs(job: Job, workers: list[WorkerSpec]) -> list[tuple[int, int]]:
@@ -270,6 +286,7 @@ def launch_job(
     and every rank's output kept), and the network's errors."""
     workers = check_job(job)
     pairs = managed_pairs(job, workers) if job.hooked else []
+    buffers = socket_buffer_cap(job.experiment, job.topology, workers) if job.experiment is not None else None
     check_fresh_out_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     t_begin = now_ns()
@@ -288,6 +305,7 @@ def launch_job(
                 "hooked": job.hooked,
                 "stripes": job.stripes if job.policy.striping else 1,
                 "managed_pairs": pairs,
+                "socket_buffer_bytes": buffers,
             },
             indent=1,
         )
@@ -296,7 +314,9 @@ def launch_job(
     error: JobError | None = None
     t0 = time.monotonic()
     with (
-        make_network(job.topology, "netns", delay_mechanism=delay_mechanism, out_dir=out_dir) as net,
+        make_network(
+            job.topology, "netns", delay_mechanism=delay_mechanism, out_dir=out_dir, tcp_buffer_bytes=buffers
+        ) as net,
         ExitStack() as stack,
     ):
         write_env(out_dir, net, "", t_begin, {"job": str(job.script)})
@@ -308,7 +328,7 @@ def launch_job(
         if job.policy.grants:
             controller = Controller(
                 net, workers, job.mesh.dp, control_dir() / f"{net.prefix}.sock", out_dir / "controller.jsonl",
-                sharing=job.policy.sharing,
+                floor_share=job_floor_share(job.mesh.dp), sharing=job.policy.sharing, borrow=JOB_BORROW,
             )  # fmt: skip
             controller.install()
             controller.start()
@@ -397,9 +417,9 @@ def _watch(
             if missing:
                 named = ", ".join(f"{r} ({host_of[r]})" for r in missing)
                 return JobError(
-                    f"rank{'s' if len(missing) > 1 else ''} {named} did not join the job within the join timeout: they never called "
-                    f"init_process_group (output: {RANKS_DIR}/rank<R>.log), and the ranks that did were "
-                    f"waiting for them; every rank was stopped (--join-timeout sets the limit, 0 for none)",
+                    f"rank{'s' if len(missing) > 1 else ''} {named} did not join the job within the join timeout "
+                    f"(no call of init_process_group; output: {RANKS_DIR}/rank<R>.log) while the others waited; "
+                    f"every rank was stopped (--join-timeout sets the limit, 0 for none)",
                     124,
                 )
             joins = None  # every rank still running has joined
