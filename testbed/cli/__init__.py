@@ -242,6 +242,13 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
         help="stop the job after this many seconds (default 3600)",
     )
     sp.add_argument(
+        "--rendezvous",
+        choices=("wan", "management"),
+        default="wan",
+        help="where the rendezvous goes: wan (rank 0's host over the emulated network, counted on the WAN; "
+        "default) or management (a management network beside it, neither shaped nor counted)",
+    )
+    sp.add_argument(
         "--join-timeout",
         type=number(0, 7 * 86400),
         default=300.0,

@@ -58,6 +58,7 @@ def cmd_launch(args) -> int:
         stripes=args.connections,
         warmup=args.warmup,
         experiment=exp,
+        rendezvous=args.rendezvous,
     )
     root_preamble("testbed launch")
     out = args.out or Path("results") / f"job-{job.script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -16,7 +16,7 @@ from testbed.cli import build_parser
 from testbed.cli.examples import EXAMPLES, subcommands
 from testbed.net.remote.inventory import INVENTORY_FIELDS
 from testbed.net.remote.machine import MACHINE_FIELDS
-from testbed.results.published import RESULTS_DIR, refresh_page
+from testbed.results.published import RESULTS_DIR, TABLE_MARK, refresh_page
 from testbed.spec.bubbletea import BUBBLETEA_FIELDS
 from testbed.spec.compute import COMPUTE_FIELDS, DEVICE_FIELDS
 from testbed.spec.experiment_fields import EXPERIMENT_FIELDS
@@ -204,11 +204,14 @@ def pages() -> dict[str, str]:
 
 def generated(root: Path) -> dict[Path, str]:
     """Every page written from the code or from recorded data, by its path under ``root``, with
-    the text it should have: the reference pages, and the results page with each recorded table
-    rendered from ``docs/results/`` (``results/published.py``)."""
+    the text it should have: the reference pages, and every page of ``docs/`` that shows a
+    recorded table (the results page, the job's page) with each table rendered from
+    ``docs/results/`` (``results/published.py``)."""
     out = {root / REFERENCE_DIR / name: text for name, text in pages().items()}
-    results_page = root / "docs" / "results.md"
-    out[results_page] = refresh_page(results_page.read_text(), root / RESULTS_DIR)
+    for page in sorted((root / "docs").glob("*.md")):
+        text = page.read_text()
+        if TABLE_MARK in text:
+            out[page] = refresh_page(text, root / RESULTS_DIR)
     return out
 
 

@@ -117,6 +117,9 @@ class LocalNetwork(LocalFiles, LocalHostProcesses, ManagedNetwork):
         self.clock_offset_ns = clock_offset_ns
         self.mechanism = ""
         self.build_s = 0.0
+        #: namespaces added to the run after it was built (``management.add_management_network``),
+        #: in its record and removed with its own
+        self.extra_namespaces: list[str] = []
         self.handles = NamespaceHandles()
         self.processes = HostProcesses(lambda host: self.host(host).netns, self.out_dir / "logs")
         self.shaping: WanShaper | None = None
@@ -205,7 +208,7 @@ class LocalNetwork(LocalFiles, LocalHostProcesses, ManagedNetwork):
             step(self.delay.stop)
         step(self.handles.close)
         step(self.realiser.stop)
-        for ns in self.namespaces:
+        for ns in [*self.namespaces, *self.extra_namespaces]:
             step(netlink.remove_netns, ns)
         for sock in control_sockets(self.prefix):  # the controller's and BubbleTea's, if left
             step(sock.unlink, True)

@@ -1,8 +1,8 @@
 """The figures the documentation quotes, as data: a benchmark script records its table
 (``record_result``: rows, columns, the command, the commit, the date and the machine) in
-``docs/results/<name>.json``, and the results page shows it between the markers
-``<!-- results-table: NAME -->`` and ``<!-- /results-table -->`` (``refresh_page``, run by
-``scripts/reference_pages.py``; a unit test fails while a page is stale). A rerun of the script
+``docs/results/<name>.json``, and a page of the docs (the results page, mostly) shows it between
+the markers ``<!-- results-table: NAME -->`` and ``<!-- /results-table -->`` (``refresh_page``,
+run by ``scripts/reference_pages.py``; a unit test fails while a page is stale). A rerun of the script
 updates the page; no figure is typed in by hand."""
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from typing import Any
 
 #: where the recorded tables live, from the repository root
 RESULTS_DIR = Path("docs") / "results"
+#: how a recorded table's block begins in a page
+TABLE_MARK = "<!-- results-table: "
 _BLOCK = re.compile(r"(<!-- results-table: ([\w-]+) -->\n)(.*?)(<!-- /results-table -->)", re.S)
 
 

@@ -40,6 +40,7 @@ import pandas as pd
 from testbed.atlas.controller import Controller
 from testbed.errors import SpecError, TestbedError
 from testbed.net.hostproc import local_process_env
+from testbed.net.management import add_management_network
 from testbed.net.network import Network
 from testbed.net.registry import control_dir
 from testbed.plan.boundary_transfers import boundary_paths
@@ -67,6 +68,8 @@ from testbed.trace.job import JOB_DIR_ENV
 from testbed.trace.jsonl import read_jsonl
 from testbed.train.job_hook import CONTROL_ENV, JOINED_DIR, STRIPES_ENV
 
+#: where the job's rendezvous may go (``Job.rendezvous``)
+RENDEZVOUS_PATHS = ("wan", "management")
 #: where rank 0's host serves the job's rendezvous (torchrun's static rendezvous, its default port)
 RENDEZVOUS_PORT = 29500
 #: each rank's output, in the job's folder
@@ -128,6 +131,9 @@ class Job:
     stripes: int = DEFAULT_JOB_STRIPES
     #: iterations left out of the job's figures (where it marks iterations: ``trace/job.py``)
     warmup: int = 1
+    #: where the rendezvous goes: ``wan`` (rank 0's host over the emulated network, counted on the
+    #: WAN) or ``management`` (its address on the management network, ``net/management.py``)
+    rendezvous: str = "wan"
     #: the experiment the job was launched on, if it was: its per-connection window caps the hosts'
     #: socket buffers as for the built-in worker's runs (``connections.socket_buffer_cap``)
     experiment: Experiment | None = None
@@ -156,22 +162,26 @@ def check_job(job: Job) -> list[WorkerSpec]:
             "launch under pp-fair (TCP sharing) or pp-fair/sharing=fifo/striping=on (Atlas's grants, earliest "
             "ready first, and striping), placed in file order or with /placement=largest-first",
         )
+    if job.rendezvous not in RENDEZVOUS_PATHS:
+        raise SpecError("--rendezvous", "--rendezvous", job.rendezvous, "is not a path", "give wan or management")
     if p.striping and not 2 <= job.stripes <= 16:
         raise SpecError("--connections", "--connections", str(job.stripes), "is not 2..16", "give e.g. --connections 4")
     order = atlas_dc_order(job.topology) if p.placement == "largest-first" else None
     return place_stages(job.mesh.pp, job.mesh.dp, job.topology, order, "--mesh")
 
 
-def hosts_file(net: Network, topo: TopologySpec) -> str:
+def hosts_file(net: Network, topo: TopologySpec, management: dict[str, str] | None = None) -> str:
     """``/etc/hosts`` as the job's nodes see it: every emulated host's name and address, also in
     its IPv4-mapped IPv6 form (c10d's store accepts on a dual-stack socket and looks its peers up
-    by that form)."""
+    by that form); then each host's ``management`` address, if any, as ``<host>-mgmt``."""
     lines = ["127.0.0.1 localhost"]
     for dc in topo.dcs:
         for k in range(dc.hosts):
             name = host_name(dc.name, k)
             ip = net.host(name).ip
             lines += [f"{ip} {name}", f"::ffff:{ip} {name}"]
+    for name, ip in (management or {}).items():
+        lines += [f"{ip} {name}-mgmt", f"::ffff:{ip} {name}-mgmt"]
     return "\n".join(lines) + "\n"
 
 
@@ -302,6 +312,7 @@ def launch_job(
                 "topology": job.topology.name,
                 "workers": [asdict(w) for w in workers],
                 "rendezvous_port": RENDEZVOUS_PORT,
+                "rendezvous": job.rendezvous,
                 "hooked": job.hooked,
                 "stripes": job.stripes if job.policy.striping else 1,
                 "managed_pairs": pairs,
@@ -320,10 +331,13 @@ def launch_job(
         ExitStack() as stack,
     ):
         write_env(out_dir, net, "", t_begin, {"job": str(job.script)})
-        hosts_path = out_dir / "hosts"
-        hosts_path.write_text(hosts_file(net, job.topology))
         by_rank = sorted(workers, key=lambda w: w.rank)
-        master = str(net.host(by_rank[0].host).ip)
+        management = None
+        if job.rendezvous == "management":
+            management = add_management_network(net, [w.host for w in by_rank])
+        hosts_path = out_dir / "hosts"
+        hosts_path.write_text(hosts_file(net, job.topology, management))
+        master = management[by_rank[0].host] if management else str(net.host(by_rank[0].host).ip)
         controller = None
         if job.policy.grants:
             controller = Controller(

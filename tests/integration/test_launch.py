@@ -1,9 +1,11 @@
 """``testbed launch``: a user's own torchrun job in the emulated hosts (``run/user_job.py``), with a
 small torch.distributed job (``jobs/mesh_check.py``) on two_dc as a mesh of 2 stages x 2 replicas:
-torchrun's environment, each host's own name and its peers' resolved, a tensor sent across the
-WAN to the next stage and counted on the link, an all-reduce inside a stage; a rank that fails
-ends the job with its status and leaves nothing; and the shipped DiLoCo-style example learns what it
-learns in one process group on one machine."""
+torchrun's environment, each host's own name and its peers' resolved, the rendezvous on the
+management network, a tensor sent across the WAN to the next stage and counted on the link, an
+all-reduce inside a stage; a rank that fails, is killed or never joins ends the job with its status
+and name and leaves nothing; bad input is refused before anything is built; and both shipped
+examples learn what they learn in one process group on one machine, the pipelining one under
+Atlas's sharing through the hook."""
 
 from __future__ import annotations
 
@@ -22,11 +24,13 @@ TENSOR_BYTES = 256 * 1024 * 4
 
 
 def test_a_job_runs_in_the_hosts_as_torchrun_starts_it(tmp_path, clean_machine):
+    """The mesh job with its rendezvous on the management network (``--rendezvous management``;
+    the other tests keep it on the emulated WAN, the default)."""
     out, results = tmp_path / "job", tmp_path / "results"
     results.mkdir()
     peers = ["east-h0", "east-h1", "west-h0", "west-h1"]
     done = run_cli(
-        "launch", "two_dc", "--mesh", "pp=2,dp=2", "--out", str(out), "--stream",
+        "launch", "two_dc", "--mesh", "pp=2,dp=2", "--out", str(out), "--stream", "--rendezvous", "management",
         "--", str(JOB), str(results), "2", "2", "-", "-", "-", *peers,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -38,7 +42,8 @@ def test_a_job_runs_in_the_hosts_as_torchrun_starts_it(tmp_path, clean_machine):
     for rank in range(4):
         r = json.loads((results / f"rank{rank}.json").read_text())
         assert r["world"] == 4 and r["env"]["RANK"] == str(rank) and r["env"]["LOCAL_RANK"] == "0"
-        assert r["env"]["MASTER_ADDR"] == addresses["east-h0"] and r["env"]["GLOO_SOCKET_IFNAME"] == "eth0"
+        # the rendezvous on the management network, the job's data on the emulated one
+        assert r["env"]["MASTER_ADDR"] == addresses["east-h0-mgmt"] and r["env"]["GLOO_SOCKET_IFNAME"] == "eth0"
         assert r["hostname"] == hosts[rank]
         assert r["resolved"] == {p: addresses[p] for p in peers}
         assert r["stage_sum"] == (1.0 if rank < 2 else 5.0)  # 0 + 1, 2 + 3
@@ -47,8 +52,8 @@ def test_a_job_runs_in_the_hosts_as_torchrun_starts_it(tmp_path, clean_machine):
     assert "hostname of the client socket cannot be retrieved" not in logs
     summary = json.loads((out / "summary.json").read_text())
     assert summary["exit_status"] == 0 and summary["rank_exit_status"] == {str(r): 0 for r in range(4)}
-    # the two stage-0 ranks' tensors crossed east->west (with TCP's and gloo's headers), and the
-    # rendezvous's traffic both ways
+    # the two stage-0 ranks' tensors crossed east->west (with TCP's and gloo's headers); back
+    # west->east, their ACKs and gloo's connection set-up
     assert summary["wan"]["east->west"]["bytes"] > 2 * TENSOR_BYTES
     assert 0 < summary["wan"]["west->east"]["bytes"] < TENSOR_BYTES
     assert (out / "wan_utilization.png").exists() and (out / "link_counters.jsonl").exists()

@@ -5,10 +5,14 @@ runs jobs)."""
 
 from __future__ import annotations
 
+import ipaddress
+from dataclasses import replace
+
 import pytest
 
 from testbed.cli import split_job
 from testbed.errors import SpecError
+from testbed.net.management import management_addresses
 from testbed.run.user_job import (
     HOOK_MODULE,
     HOST_VARIABLES,
@@ -127,3 +131,19 @@ def test_the_scripts_status_is_read_from_torchruns_report(tmp_path):
     log.write_text("Traceback: something else\n")
     assert script_status(log) is None
     assert script_status(tmp_path / "missing.log") is None
+
+
+def test_the_management_network_takes_addresses_apart_from_the_topologys():
+    topo = load_topology("two_dc")
+    assert management_addresses(topo, ["east-h0", "west-h0"]) == {"east-h0": "198.18.0.1", "west-h0": "198.18.0.2"}
+    clash = replace(topo, dc_pool=ipaddress.IPv4Network("198.18.0.0/16"))
+    with pytest.raises(SpecError, match="overlaps the management network") as e:
+        management_addresses(clash, ["east-h0"])
+    assert e.value.field == "addressing.dc_pool"
+
+
+def test_a_path_the_rendezvous_cannot_take_is_refused(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text("")
+    with pytest.raises(SpecError, match="is not a path"):
+        check_job(Job(load_topology("two_dc"), Mesh(2, 1), parse_policy("pp-fair"), script, rendezvous="lan"))
