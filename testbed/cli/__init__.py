@@ -49,6 +49,7 @@ cmd_run, cmd_compare, cmd_plan, cmd_schedule, cmd_analyze = (
 cmd_clean, cmd_doctor = (_command_in("machine", n) for n in ("cmd_clean", "cmd_doctor"))
 cmd_sim = _command_in("sim", "cmd_sim")
 cmd_launch = _command_in("launch", "cmd_launch")
+cmd_link = _command_in("link", "cmd_link")
 
 
 def add_schedule_args(sp: argparse.ArgumentParser) -> None:
@@ -111,6 +112,18 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
     sp = topo.add_parser("up", help="build the topology and keep it up until Ctrl-C")
     topo_args(sp)
     sp.set_defaults(func=cmd_topo_up)
+
+    link = sub.add_parser(
+        "link", help="WAN link outages while a topology or a run is up: list, down LINK, up LINK"
+    ).add_subparsers(dest="link_command", required=True)
+    sp = link.add_parser("list", help="one line per WAN link: its name (DC:DC), up or down, rate and delay")
+    sp.add_argument("--run", metavar="PREFIX", help="the topology's run prefix, where several are up")
+    sp.set_defaults(func=cmd_link)
+    for verb, what in (("down", "drop everything the link carries, both ways"), ("up", "bring it back")):
+        sp = link.add_parser(verb, help=f"{what} (interfaces, addresses and routes untouched)")
+        sp.add_argument("link", help="the link, by its DCs: east:west")
+        sp.add_argument("--run", metavar="PREFIX", help="the topology's run prefix, where several are up")
+        sp.set_defaults(func=cmd_link)
 
     sp = sub.add_parser("run", help="train across the emulated DCs (default: the embedded default experiment)")
     sp.add_argument("experiment", nargs="?", default=None, help="experiment file or shipped name (default: default)")

@@ -21,7 +21,14 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "plan": ("testbed plan", "testbed plan four_dc --grants"),
     "schedule": ("testbed schedule two_dc", "testbed schedule default --schedule zbv"),
     "analyze": ("testbed analyze results/RUN_FOLDER",),
-    "launch": ("sudo testbed launch three_dc --mesh pp=3,dp=2 --stream -- examples/diloco.py",),
+    "launch": (
+        "sudo testbed launch three_dc --mesh pp=3,dp=2 --stream -- examples/diloco.py",
+        "sudo testbed launch sharing --policy pp-fair/sharing=fifo/striping=on -- examples/pipelining_gpt.py --dp 4",
+    ),
+    "link": ("sudo testbed link list", "sudo testbed link down east:west"),
+    "link list": ("sudo testbed link list",),
+    "link down": ("sudo testbed link down east:west",),
+    "link up": ("sudo testbed link up east:west",),
     "clean": ("sudo testbed clean --dry-run", "sudo testbed clean"),
     "doctor": ("sudo testbed doctor",),
     "sim": (

@@ -1,0 +1,167 @@
+"""WAN link outages on command (``testbed link list|down|up``), for a topology or a run that is up
+on this machine, from any shell.
+
+A link is down when it carries nothing in either direction: in the router namespace at each of
+its ends, iptables drops every packet forwarded out of or in from the link's interface (filter
+table, FORWARD, first rule), so what was already on the wire (in the far end's delay queue or
+netem leaf) is dropped on arrival too. Interfaces, addresses, routes and the shaping tree are not
+touched; bringing the link up deletes the two rules and nothing else. Each change is logged in the
+run's ``shaping.jsonl`` (``link_down``/``link_up``, with the time it was issued and how long the
+rules took). A link is named by its two DCs, ``a:b`` as the topology lists it (``b:a`` is the same
+link); DC names cannot hold ``:``. The tc ``drop`` action is not used: it needs ``act_gact``,
+which kernels without ``CONFIG_NET_ACT_GACT`` (this VM's) lack, where iptables is there for the
+delay element anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed.errors import TestbedError
+from testbed.net.hostproc import netns_argv
+from testbed.net.registry import RunRecord, list_runs
+from testbed.spec.addressing import AddressPlan
+from testbed.spec.topology import TopologySpec
+from testbed.trace.jsonl import open_jsonl, write_row
+from testbed.trace.shaping_log import SHAPING_LOG
+
+#: the backends whose routers live in this machine's namespaces
+LOCAL_BACKENDS = ("netns", "mininet")
+LINK_DOWN, LINK_UP = "link_down", "link_up"
+
+
+class LinkError(TestbedError):
+    """No such run or link, or iptables refused a rule."""
+
+
+@dataclass(frozen=True)
+class LinkEnd:
+    """One end of a WAN link: the router namespace and its interface toward the other DC."""
+
+    netns: str
+    ifname: str
+
+
+def link_name(a: str, b: str) -> str:
+    return f"{a}:{b}"
+
+
+def link_ends(spec: TopologySpec, prefix: str) -> dict[str, tuple[LinkEnd, LinkEnd]]:
+    """Each WAN link of ``spec`` in run ``prefix``, by name (``a:b`` in the file's order), with its
+    two ends."""
+    plan = AddressPlan(spec, prefix)
+    out = {}
+    for link in spec.links:
+        ea, eb = plan.wan_ends[(link.a, link.b)], plan.wan_ends[(link.b, link.a)]
+        out[link_name(link.a, link.b)] = (
+            LinkEnd(plan.routers[link.a].netns, ea.ifname),
+            LinkEnd(plan.routers[link.b].netns, eb.ifname),
+        )
+    return out
+
+
+def resolve_link(spec: TopologySpec, name: str) -> str:
+    """The link's name as ``link_ends`` keys it (``b:a`` -> ``a:b``). Raises LinkError naming the
+    links there are."""
+    a, sep, b = name.partition(":")
+    names = [link_name(x.a, x.b) for x in spec.links]
+    for candidate in (name, link_name(b, a)):
+        if sep and candidate in names:
+            return candidate
+    raise LinkError(f"{spec.name} has no link {name!r}: its links are {', '.join(names)} (write DC:DC)")
+
+
+def drop_rules(end: LinkEnd) -> list[list[str]]:
+    """The FORWARD rules that drop everything out of and in from ``end``'s interface (iptables
+    arguments after the verb and chain)."""
+    return [["-o", end.ifname, "-j", "DROP"], ["-i", end.ifname, "-j", "DROP"]]
+
+
+def _iptables(end: LinkEnd, args: list[str], check: bool = True) -> int:
+    """``iptables -w ARGS`` in ``end``'s router namespace; its status. Raises LinkError where it
+    fails and ``check``."""
+    proc = subprocess.run(netns_argv(end.netns, ["iptables", "-w", *args]), capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise LinkError(f"iptables in {end.netns} refused {' '.join(args)}: {proc.stderr.strip()}")
+    return proc.returncode
+
+
+def is_down(ends: tuple[LinkEnd, LinkEnd]) -> bool:
+    """Whether the link's drop rules are in place (all of them)."""
+    return all(_iptables(e, ["-C", "FORWARD", *r], check=False) == 0 for e in ends for r in drop_rules(e))
+
+
+def set_link(ends: tuple[LinkEnd, LinkEnd], name: str, down: bool, out_dir: Path | None) -> bool:
+    """Bring the link down (``down``) or up; returns False where it already was. Logged in
+    ``out_dir``'s ``shaping.jsonl`` where given. Raises LinkError where iptables refuses."""
+    t0 = time.monotonic_ns()
+    changed = False
+    for end in ends:
+        for rule in drop_rules(end):
+            present = _iptables(end, ["-C", "FORWARD", *rule], check=False) == 0
+            if down and not present:
+                _iptables(end, ["-I", "FORWARD", "1", *rule])
+                changed = True
+            elif not down and present:
+                _iptables(end, ["-D", "FORWARD", *rule])
+                changed = True
+    if changed and out_dir is not None:
+        with open_jsonl(out_dir / SHAPING_LOG) as log:
+            write_row(
+                log,
+                {
+                    "t_ns": t0,
+                    "event": LINK_DOWN if down else LINK_UP,
+                    "link": name,
+                    "ends": [f"{e.netns}/{e.ifname}" for e in ends],
+                    "duration_ns": time.monotonic_ns() - t0,
+                },
+            )
+    return changed
+
+
+@dataclass(frozen=True)
+class LiveTopology:
+    """A topology up on this machine: its run record, its spec and its folder."""
+
+    record: RunRecord
+    spec: TopologySpec
+    out_dir: Path
+
+
+def live_topologies() -> list[LiveTopology]:
+    """Every run up on this machine (its owner alive) whose folder holds its ``topology.json``."""
+    out = []
+    for rec in list_runs():
+        path = Path(rec.out_dir) / "topology.json"
+        if not rec.owner_alive() or not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        out.append(LiveTopology(rec, TopologySpec.from_dict(data), Path(rec.out_dir)))
+    return out
+
+
+def find_topology(prefix: str | None) -> LiveTopology:
+    """The live topology ``prefix`` names, or the only one up. Raises LinkError when there is none,
+    when several are up and none is named (listing them), or for a backend whose routers are not
+    on this machine."""
+    live = live_topologies()
+    if prefix is not None:
+        live = [t for t in live if t.record.prefix == prefix]
+        if not live:
+            raise LinkError(f"no topology {prefix!r} is up on this machine (testbed topo list shows those that are)")
+    if not live:
+        raise LinkError("no topology is up on this machine: start one (testbed topo up, run, compare, launch)")
+    if len(live) > 1:
+        names = ", ".join(f"{t.record.prefix} ({t.spec.name})" for t in live)
+        raise LinkError(f"several topologies are up ({names}): name one with --run PREFIX")
+    topo = live[0]
+    if topo.record.kind not in LOCAL_BACKENDS:
+        raise LinkError(
+            f"run {topo.record.prefix} uses the {topo.record.kind} backend: its routers are not on this machine"
+        )
+    return topo
