@@ -5,7 +5,8 @@
 ``testbed launch`` on the sharing experiment's topology (two_dc_shared: four pipelines of two
 stages sharing one 25 Mbit/s link) with the experiment's shapes (layers, width, heads, sequence,
 microbatches and their size, iterations and warm-up), under each policy of ``POLICIES``: TCP's
-sharing, Atlas's FIFO grants through the hook, and the grants with striping. The built-in worker
+sharing, Atlas's FIFO grants through the hook, the grants with striping, and planned grants (from
+the job's second iteration, measured) with striping: Atlas without its DC selection. The built-in worker
 runs the same experiment under the same policies with real compute (no padding, as the job has
 none). Runs are interleaved (each repeat runs every policy, the job then the worker); the table
 gives per policy and side the median iteration time, its spread against itself, the speed-up over
@@ -42,7 +43,12 @@ from testbed.trace import metrics as M
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "pipelining_gpt.py"
-POLICIES = ("pp-fair", "pp-fair/sharing=fifo", "pp-fair/sharing=fifo/striping=on")
+POLICIES = (
+    "pp-fair",
+    "pp-fair/sharing=fifo",
+    "pp-fair/sharing=fifo/striping=on",
+    "pp-fair/sharing=planned/striping=on",
+)
 COLUMNS = [
     Column("policy", ("{policy}",)),
     Column("side", ("{side}",)),

@@ -159,15 +159,18 @@ class Controller:
                 env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
             )
 
-    def replan(self, plan: GrantPlan) -> None:
+    def replan(self, plan: GrantPlan, sharing: str | None = None) -> None:
         """Hand the running controller a new grant plan (the first iteration's profiled compute):
         written to ``REPLAN_FILE`` beside its log, then announced; it follows it from the next
-        transfer that becomes ready."""
+        transfer that becomes ready. ``sharing`` ``planned``: a controller started ``fifo`` (a
+        launched job's, before its workload was measured) switches to the plan
+        (``GrantLoop.replan``)."""
         timing = HopTiming.from_plan(plan, TCP_GOODPUT_FRACTION)
-        write_json_atomic(
-            self.log_path.with_name(REPLAN_FILE),
-            {"timing": timing_to_json(timing), "iteration_ns": _iteration_ns(plan)},
-        )
+        data = {"timing": timing_to_json(timing), "iteration_ns": _iteration_ns(plan)}
+        if sharing is not None:
+            data["sharing"] = sharing
+            self.sharing = sharing
+        write_json_atomic(self.log_path.with_name(REPLAN_FILE), data)
         self.grant_plan = plan
         try:
             self._sock.sendto(encode_message(REPLAN), str(self.sock_path))

@@ -50,7 +50,7 @@ def serve_messages(
                 return handled
             if msg["ev"] == REPLAN and replan_path is not None:
                 replan = json.loads(replan_path.read_text())
-                loop.replan(timing_from_json(replan["timing"]), replan["iteration_ns"])
+                loop.replan(timing_from_json(replan["timing"]), replan["iteration_ns"], replan.get("sharing"))
             else:
                 loop.handle(msg, t)
             handled += 1

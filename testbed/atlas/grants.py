@@ -111,9 +111,17 @@ class GrantLoop:
         self._free_since: dict[Hop, int] = dict.fromkeys(all_hops, 0)
         self.notices = ReadyNotices(self.notice_ns)  # planned: when each transfer's bytes can go
 
-    def replan(self, timing: dict[Hop, HopTiming], iteration_ns: int) -> None:
+    def replan(self, timing: dict[Hop, HopTiming], iteration_ns: int, sharing: str | None = None) -> None:
         """Follow a new plan from now on (the first iteration's profile, under real compute):
-        transfers that become ready from now on take the new order; grants held keep their deadline."""
+        transfers that become ready from now on take the new order; grants held keep their deadline.
+        ``sharing`` ``planned`` switches a loop that ran ``fifo`` to the plan (a launched job's,
+        whose workload is known only once measured): a FIFO grant held then is released at its
+        ``done``, transfers FIFO queued then get no grant and move at the floor (or borrowing).
+        Raises ValueError for ``planned`` without the stages or the class counters."""
+        if sharing is not None and sharing != self.sharing:
+            if sharing != "planned" or not self.stage_of or self.counters is None:
+                raise ValueError(f"cannot switch from {self.sharing} to {sharing} sharing")
+            self.sharing = sharing
         self.timing, self.iteration_ns = timing, iteration_ns
 
     # ------------------------------------------------------------------ messages

@@ -42,8 +42,9 @@ def hook_figures(
 ) -> dict[str, Any]:
     """The hook's cost: transfers it handled (a send and a receive each count), its time in all
     (s), per transfer (us), and as a share of the job: per rank, its time over the iterations it
-    ran (``iterations`` of ``iteration_s`` on average, where the job marks them; else over the wall
-    time ``wall_s``), the largest share over the ranks. ``totals``: each rank's ``hook/r<R>.json``."""
+    ran (``iterations``, all of them, warm-up included, each counted at the measured mean
+    ``iteration_s``, where the job marks them; else over the wall time ``wall_s``), the largest
+    share over the ranks. ``totals``: each rank's ``hook/r<R>.json``."""
     n = sum(t["transfers"] for t in totals)
     total_ns = sum(t["hook_ns"] for t in totals)
     span_s = iterations * iteration_s if iterations and iteration_s else wall_s

@@ -45,6 +45,8 @@ from testbed.net.network import Network
 from testbed.net.registry import control_dir
 from testbed.plan.boundary_transfers import boundary_paths
 from testbed.plan.connections import socket_buffer_cap
+from testbed.plan.grant_plan import format_grant_plan
+from testbed.plan.job_plan import PROFILED_ITERATION, JobWorkload, job_experiment, job_grant_plan, workload_from_events
 from testbed.plan.placement import atlas_dc_order, place_stages
 from testbed.plan.virtual_stages import home_boundaries
 from testbed.plan.workers import WorkerSpec
@@ -94,9 +96,9 @@ HOST_VARIABLES = (
 #: the placements a job may take (Atlas's DC selection needs the job's workload, which the testbed
 #: does not know)
 JOB_PLACEMENTS = ("file-order", "largest-first")
-#: how a job's pipelines may share the links: as TCP does, or Atlas's FIFO grants (through the hook;
-#: ``planned`` needs a grant plan from the job's workload, which the testbed does not know)
-JOB_SHARINGS = ("tcp", "fifo")
+#: how a job's pipelines may share the links: as TCP does, or Atlas's grants through the hook, FIFO
+#: or planned (from the job's first iteration, measured: ``plan/job_plan.py``)
+JOB_SHARINGS = ("tcp", "fifo", "planned")
 #: whether held pipelines' classes may use what the link has idle under a job's grants (an
 #: experiment's default, ``atlas_borrow``: the granted class first, the others fill the delay's tail)
 JOB_BORROW = EXPERIMENT_FIELDS["atlas_borrow"].default
@@ -157,10 +159,10 @@ def check_job(job: Job) -> list[WorkerSpec]:
             "--policy",
             "--policy",
             p.name,
-            "is not applied to a launched job: Atlas's DC selection and planned sharing need the job's workload "
-            "(compute times, transfer sizes), which the testbed does not know, and BubbleTea needs its own worker",
-            "launch under pp-fair (TCP sharing) or pp-fair/sharing=fifo/striping=on (Atlas's grants, earliest "
-            "ready first, and striping), placed in file order or with /placement=largest-first",
+            "is not applied to a launched job: Atlas's DC selection needs the job's workload before it runs, "
+            "which the testbed does not know, and BubbleTea needs its own worker",
+            "launch under pp-fair (TCP sharing) or pp-fair/sharing=fifo|planned/striping=on (Atlas's grants "
+            "and striping), placed in file order or with /placement=largest-first",
         )
     if job.rendezvous not in RENDEZVOUS_PATHS:
         raise SpecError("--rendezvous", "--rendezvous", job.rendezvous, "is not a path", "give wan or management")
@@ -342,7 +344,7 @@ def launch_job(
         if job.policy.grants:
             controller = Controller(
                 net, workers, job.mesh.dp, control_dir() / f"{net.prefix}.sock", out_dir / "controller.jsonl",
-                floor_share=job_floor_share(job.mesh.dp), sharing=job.policy.sharing, borrow=JOB_BORROW,
+                floor_share=job_floor_share(job.mesh.dp), sharing="fifo", borrow=JOB_BORROW,
             )  # fmt: skip
             controller.install()
             controller.start()
@@ -372,7 +374,15 @@ def launch_job(
         stopped: str | None = None  # why the job was stopped from outside, if it was
         try:
             joins = (out_dir / JOINED_DIR, t0 + join_timeout_s) if join_timeout_s > 0 else None
-            error = _watch(procs, {w.rank: w.host for w in by_rank}, codes, t0 + timeout_s, net, ranks_dir, joins)
+            profile = (
+                JobProfile(job, workers, out_dir, controller, progress)
+                if controller is not None and job.policy.sharing == "planned"
+                else None
+            )
+            error = _watch(
+                procs, {w.rank: w.host for w in by_rank}, codes, t0 + timeout_s, net, ranks_dir, joins,
+                profile.poll if profile is not None else None,
+            )  # fmt: skip
         except KeyboardInterrupt:
             stopped = "interrupted (Ctrl-C)"
             raise
@@ -390,11 +400,76 @@ def launch_job(
                 codes.setdefault(rank, p.poll())
             if controller is not None and (why := controller.poll_failure()):
                 progress(f"Atlas's controller failed ({why}): the links were shared as TCP shares them from then on")
-            summary = _summary(out_dir, time.monotonic() - t0, codes, error, stopped, job, workers)
+            planned = profile.outcome() if profile is not None else None
+            summary = _summary(out_dir, time.monotonic() - t0, codes, error, stopped, job, workers, planned)
     if error is not None:
         raise error
     progress(f"done in {summary['wall_time_s']:.1f} s; every rank exited 0; output in {ranks_dir}")
     return summary
+
+
+class JobProfile:
+    """Planned grants for a job: polled by the watch loop until the job's first iteration is traced
+    (its passes by the helper, its transfers by the hook), then the grant plan is made from it
+    (``plan/job_plan.py``) and the controller, FIFO until then, switches to it; the plan goes to
+    ``grant_plan_profiled.txt``. A job that never gives that iteration stays FIFO."""
+
+    #: how often the events are read (s)
+    POLL_S = 0.5
+
+    def __init__(
+        self, job: Job, workers: list[WorkerSpec], out_dir: Path, controller: Controller, progress: Callable
+    ) -> None:
+        self.job, self.workers, self.out_dir, self.controller, self.progress = (
+            job,
+            workers,
+            out_dir,
+            controller,
+            progress,
+        )
+        self.workload: JobWorkload | None = None
+        self.failed: str | None = None
+        self._next = 0.0
+
+    def poll(self) -> None:
+        if self.workload is not None or self.failed is not None or time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + self.POLL_S
+        if not (self.out_dir / "events").is_dir():
+            return
+        try:
+            workload = workload_from_events(read_events(self.out_dir), self.workers, PROFILED_ITERATION)
+            if workload is None:
+                return
+            job = self.job
+            exp = job_experiment(
+                workload, job.topology, job.mesh.pp, job.mesh.dp, job.policy, job.stripes,
+                job_floor_share(job.mesh.dp), JOB_BORROW, job.experiment,
+            )  # fmt: skip
+            plan = job_grant_plan(exp, self.workers, workload)
+        except (ValueError, SpecError) as e:
+            self.failed = str(e)
+            self.progress(f"no grant plan for the job ({e}): FIFO grants throughout")
+            return
+        self.controller.replan(plan, sharing="planned")
+        self.workload = workload
+        (self.out_dir / "grant_plan_profiled.txt").write_text(
+            f"profiled in iteration {PROFILED_ITERATION}: {workload.describe()}\n" + format_grant_plan(plan) + "\n"
+        )
+        self.progress(f"grant plan made from the job's iteration {PROFILED_ITERATION} ({workload.describe()})")
+
+    def outcome(self) -> str:
+        """What the summary says of the job's sharing."""
+        if self.workload is not None:
+            return (
+                f"planned: Atlas's grants in the order planned from iteration {PROFILED_ITERATION} "
+                f"({self.workload.describe()}), earliest ready first before"
+            )
+        why = self.failed or (
+            f"iteration {PROFILED_ITERATION} was never traced whole: the job marks no iterations, times no "
+            "passes (testbed.trace.job) or moved no cross-DC transfer"
+        )
+        return f"fifo: planned grants were asked, but {why}; Atlas's grants, earliest ready first, throughout"
 
 
 def _watch(
@@ -405,12 +480,14 @@ def _watch(
     net: Network,
     ranks_dir: Path,
     joins: tuple[Path, float] | None = None,
+    tick: Callable[[], Any] | None = None,
 ) -> JobError | None:
     """Wait for the ranks: None once every one has exited 0; the JobError to raise once one exits
     non-zero (the lowest rank among those that did; the script's own status where torchrun
     reported it), at ``deadline``, or (``joins``: the folder of the ranks' join marks, and by
     when) when a rank still running has not joined by then. ``codes`` gets each node's
-    (torchrun's) status as it ends."""
+    (torchrun's) status as it ends; ``tick`` is called on every round (the planned grants'
+    profile)."""
     while True:
         for rank, p in procs.items():
             if rank not in codes and (c := p.poll()) is not None:
@@ -443,6 +520,8 @@ def _watch(
                 f"the job ran past its time limit; ranks {running} were still running and were stopped", 124
             )
         net.check_alive()
+        if tick is not None:
+            tick()
         time.sleep(0.1)
 
 
@@ -464,6 +543,7 @@ def _summary(
     stopped: str | None,
     job: Job,
     workers: list[WorkerSpec],
+    planned: str | None = None,
 ) -> dict[str, Any]:
     """``summary.json``: wall time, each rank's exit status (None: stopped while running), per WAN
     link direction its bytes and mean utilization over the job (from the sampled counters), and
@@ -503,11 +583,10 @@ def _summary(
     if job.hooked:
         totals = read_jsonl(out_dir / "hook", "r*.json")
         its = training["iteration_time_s"] if training else None
-        summary["hook"] = hook_figures(
-            totals, training["iterations_measured"] if training else None, its["mean"] if its else None, wall_s
-        )
+        ran = int(ev[T.ITERATION].max()) + 1 if training else None  # every marked iteration, warm-up too
+        summary["hook"] = hook_figures(totals, ran, its["mean"] if its else None, wall_s)
         summary["sharing"] = (
-            f"{job.policy.sharing}: Atlas's grants, earliest ready first" if job.policy.grants else "tcp"
+            planned or "fifo: Atlas's grants, earliest ready first" if job.policy.grants else "tcp"
         ) + (f"; striped over {job.stripes} connections" if job.policy.striping else "")
         if rows and not ev.empty:
             routes = RoutingTable(job.topology)

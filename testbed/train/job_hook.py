@@ -15,11 +15,13 @@ A transfer is managed when its sender and receiver are a pipeline's neighbours i
 collectives included, is left alone. For a managed transfer, as the built-in worker does
 (``atlas/channel.py``): the sender says ``ready`` when it starts the send, the receiver ``recv``
 when it posts the receive and ``done`` when its wait returns (the data is in). The two sides name
-a transfer alike without talking: the n-th transfer from one rank to another on either side
-(gloo matches a pair's operations in the order they are posted). Striping (``STRIPES_ENV`` > 1)
-sends a managed tensor as that many chunks at once on a process group of the hook's own, made
-right after the job's ``init_process_group`` with gloo's interface repeated (one connection per
-chunk: ``striping.py``); the job's own groups keep one connection per pair.
+a transfer alike without talking: the iteration the job marked last (0 where it marks none) and
+the n-th transfer from one rank to the other in it (gloo matches a pair's operations in the order
+they are posted); in a 1F1B or GPipe job n is the microbatch, as Atlas's grant plan names it.
+Striping (``STRIPES_ENV`` > 1) sends a managed tensor as that many chunks at once on a process
+group of the hook's own, made right after the job's ``init_process_group`` with gloo's interface
+repeated (one connection per chunk: ``striping.py``); the job's own groups keep one connection
+per pair.
 
 Every managed transfer is also an event line (``send`` and ``recv_wait``, with its bytes, its
 peer and the hook's own time on it, ``schema.HOOK_NS``) in the rank's event file
@@ -33,7 +35,6 @@ import json
 import os
 import runpy
 import sys
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -110,8 +111,9 @@ class TransferHook:
         self.client = ControlClient(control_path)
         self.managed = {tuple(p) for p in job.get("managed_pairs", [])}
         self.stage_of = {w["rank"]: w["stage"] for w in job["workers"]}
-        self.sent: dict[int, int] = defaultdict(int)
-        self.received: dict[int, int] = defaultdict(int)
+        # per peer: (the iteration of its last transfer, transfers in that iteration)
+        self.sent: dict[int, tuple[int, int]] = {}
+        self.received: dict[int, tuple[int, int]] = {}
         self.writer = rank_writer()
         self.stripe_group = None
         self.hook_ns_total = 0
@@ -162,9 +164,8 @@ class TransferHook:
         peer = self._peer(group, dst, group_dst)
         if (self.rank, peer) not in self.managed:
             return self.orig["isend"](tensor, dst, group, tag, group_dst)
-        seq = self.sent[peer]
-        self.sent[peer] += 1
-        self.client.send(READY, self.rank, peer, 0, seq)
+        it, seq = _count(self.sent, peer)
+        self.client.send(READY, self.rank, peer, it, seq)
         striped = self.stripe_group is not None and tensor.is_contiguous()
         t_call = self.now_ns()
         if striped:
@@ -174,7 +175,7 @@ class TransferHook:
             )
         else:
             work = self.orig["isend"](tensor, dst, group, tag, group_dst)
-        self._record(T.SEND, t0, self.now_ns(), peer, tensor, seq, t_call - t0)
+        self._record(T.SEND, t0, self.now_ns(), peer, tensor, it, seq, t_call - t0)
         return work
 
     def irecv(self, tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None):
@@ -182,9 +183,8 @@ class TransferHook:
         peer = self._peer(group, src, group_src)
         if peer is None or (peer, self.rank) not in self.managed:
             return self.orig["irecv"](tensor, src, group, tag, group_src)
-        seq = self.received[peer]
-        self.received[peer] += 1
-        self.client.send(RECV, peer, self.rank, 0, seq)
+        it, seq = _count(self.received, peer)
+        self.client.send(RECV, peer, self.rank, it, seq)
         t_call = self.now_ns()
         if self.stripe_group is not None and tensor.is_contiguous():
             chunks = tensor.view(-1).chunk(self.stripes)
@@ -194,8 +194,8 @@ class TransferHook:
 
         def finish() -> None:
             t_in = self.now_ns()
-            self.client.send(DONE, peer, self.rank, 0, seq)
-            self._record(T.RECV_WAIT, t0, t_in, peer, tensor, seq, (t_call - t0) + (self.now_ns() - t_in))
+            self.client.send(DONE, peer, self.rank, it, seq)
+            self._record(T.RECV_WAIT, t0, t_in, peer, tensor, it, seq, (t_call - t0) + (self.now_ns() - t_in))
 
         return _Received(works, finish)
 
@@ -209,9 +209,12 @@ class TransferHook:
         self.irecv(tensor, src, group, tag, group_src).wait()
         return src if src is not None else group_src
 
-    def _record(self, kind: str, start_ns: int, end_ns: int, peer: int, tensor: Any, seq: int, hook_ns: int) -> None:
-        """The transfer's event line (the n-th transfer of the pair is its microbatch, its boundary's
-        lower stage its virtual stage); the line's own writing counts in the rank's total."""
+    def _record(
+        self, kind: str, start_ns: int, end_ns: int, peer: int, tensor: Any, it: int, seq: int, hook_ns: int
+    ) -> None:
+        """The transfer's event line (the n-th transfer of the pair in iteration ``it`` is its
+        microbatch, its boundary's lower stage its virtual stage); the line's own writing counts in
+        the rank's total."""
         t0 = self.now_ns()
         self.transfers += 1
         if self.writer is not None:
@@ -223,7 +226,7 @@ class TransferHook:
                 start_ns,
                 end_ns,
                 **{
-                    T.ITERATION: current_iteration(),
+                    T.ITERATION: it,
                     T.MICROBATCH: seq,
                     T.PEER: peer,
                     T.BYTES: tensor.numel() * tensor.element_size(),
@@ -238,6 +241,18 @@ class TransferHook:
         """This rank's totals: managed transfers (each send and each receive) and the hook's time."""
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"rank": self.rank, "transfers": self.transfers, "hook_ns": self.hook_ns_total}))
+
+
+def _count(table: dict[int, tuple[int, int]], peer: int) -> tuple[int, int]:
+    """(the iteration the job marks now, this transfer's number among the pair's in it), counted
+    in ``table``: the name both sides give a transfer (the controller's key, the plan's microbatch
+    in a 1F1B or GPipe job, where a pair carries one transfer per microbatch each way)."""
+    it = current_iteration()
+    last, n = table.get(peer, (it, 0))
+    if last != it:
+        n = 0
+    table[peer] = (it, n + 1)
+    return it, n
 
 
 def _named(name: str, method: Any) -> Any:

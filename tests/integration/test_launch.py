@@ -147,18 +147,19 @@ def test_sigterm_stops_the_job_and_leaves_nothing(tmp_path, clean_machine):
 
 def test_the_pipelining_example_under_atlas_sharing(tmp_path, clean_machine):
     """``examples/pipelining_gpt.py`` (torch.distributed.pipelining, Schedule1F1B) on three_dc as 3
-    stages x 2 replicas under Atlas's FIFO grants and striping, through the hook: the loss it reaches
-    in one process group on one machine; every cross-DC transfer reported to the controller and
-    granted; each pipeline's class carried the bytes the hook reported (within 5%, headers and the
-    reverse flow's ACKs counted); the job's event lines give its iteration time, bubbles and
-    timeline; the hook's cost is reported."""
+    stages x 2 replicas under Atlas's planned grants and striping, through the hook: the loss it
+    reaches in one process group on one machine; FIFO grants until its second iteration is traced,
+    then the plan made from it; every cross-DC transfer reported to the controller and granted;
+    each pipeline's class carried the bytes the hook reported (within 5%, headers and the reverse
+    flow's ACKs counted); the job's event lines give its iteration time, bubbles and timeline; the
+    hook's cost is reported."""
     import subprocess
     import sys
 
     out, steps = tmp_path / "job", 3
     script = ["examples/pipelining_gpt.py", "--steps", str(steps)]
     done = run_cli(
-        "launch", "three_dc", "--mesh", "pp=3,dp=2", "--policy", "pp-fair/sharing=fifo/striping=on",
+        "launch", "three_dc", "--mesh", "pp=3,dp=2", "--policy", "pp-fair/sharing=planned/striping=on",
         "--out", str(out), "--", *script,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -180,6 +181,9 @@ def test_the_pipelining_example_under_atlas_sharing(tmp_path, clean_machine):
     assert emulated == pytest.approx(local, rel=1e-4)
 
     summary = json.loads((out / "summary.json").read_text())
+    # planned from iteration 1 (1F1B, 4 microbatches of 2 x 64 tokens x 128 float32 values)
+    assert "grant plan made from the job's iteration 1 (1f1b, 4 microbatches, 65536 bytes" in done.stdout
+    assert summary["sharing"].startswith("planned") and (out / "grant_plan_profiled.txt").exists()
     # per step: 2 boundaries x 2 replicas x 4 microbatches, activations and gradients, each sent
     # and received (the first step also carries the pipeline's shape inference)
     per_step = 2 * 2 * 4 * 2 * 2
@@ -193,6 +197,7 @@ def test_the_pipelining_example_under_atlas_sharing(tmp_path, clean_machine):
     # the shape inference's few bytes can, gets none)
     assert sum(g["event"] in ("grant", "keep") for g in grants) >= per_step // 2 * steps
     assert not any(g.get("reason") == "deadline" for g in grants)
+    assert any(g.get("reason") == "bytes" for g in grants)  # planned grants end once their bytes passed
     assert {(b["link"], b["replica"]) for b in summary["bytes"]} == granted
     for b in summary["bytes"]:
         assert b["reported_bytes"] > 0 and b["class_over_wire"] == pytest.approx(1.0, abs=0.05), b

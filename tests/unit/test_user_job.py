@@ -71,7 +71,7 @@ def test_what_a_job_cannot_take_is_refused(tmp_path):
     with pytest.raises(SpecError, match="is not a file"):
         check_job(Job(topo, Mesh(2, 1), parse_policy("pp-fair"), script))
     script.write_text("")
-    for policy in ("atlas", "pp-fair/sharing=planned", "pp-fair/placement=atlas", "pp-fair+bubbletea"):
+    for policy in ("atlas", "pp-fair/placement=atlas", "pp-fair+bubbletea", "pp-fair+prefill-alone"):
         with pytest.raises(SpecError, match="is not applied to a launched job"):
             check_job(Job(topo, Mesh(2, 1), parse_policy(policy), script))
     with pytest.raises(SpecError, match="is not 2..16") as e:
@@ -88,7 +88,7 @@ def test_atlas_sharing_and_striping_run_the_job_under_the_hook_on_the_pipelines_
     topo = load_topology("three_dc")
     plain = Job(topo, Mesh(3, 2), parse_policy("pp-fair"), script)
     assert not plain.hooked
-    for policy in ("pp-fair/sharing=fifo", "pp-fair/striping=on", "pp-fair/sharing=fifo/striping=on"):
+    for policy in ("pp-fair/sharing=fifo", "pp-fair/striping=on", "pp-fair/sharing=planned/striping=on"):
         job = Job(topo, Mesh(3, 2), parse_policy(policy), script)
         assert job.hooked
         workers = check_job(job)
