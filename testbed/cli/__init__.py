@@ -227,6 +227,11 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
         "--mesh", metavar="pp=P,dp=D", help="the job's ranks as P stages x D replicas (rank = stage x D + replica)"
     )
     sp.add_argument(
+        "--placement",
+        metavar="FILE",
+        help="YAML list of {stage, replica, host}: where each rank runs (a job's job.json is one); it gives the mesh",
+    )
+    sp.add_argument(
         "--policy",
         type=policy_name,
         metavar="POLICY",

@@ -10,7 +10,7 @@ from testbed.errors import SpecError
 from testbed.run.records import discard_unused_out
 from testbed.spec.experiment import Experiment
 from testbed.spec.experiment_file import load_experiment
-from testbed.spec.mesh import Mesh, parse_mesh
+from testbed.spec.mesh import Mesh, parse_mesh, read_placement
 from testbed.spec.policy import parse_policy
 from testbed.spec.specfile import read_spec_file
 from testbed.spec.topology import TopologySpec
@@ -46,9 +46,23 @@ def cmd_launch(args) -> int:
             "give the job after --: testbed launch three_dc --mesh pp=3,dp=2 -- examples/NAME.py [ARGS]",
         )
     topo, exp = job_target(args.target)
-    mesh = parse_mesh(args.mesh) if args.mesh else Mesh(exp.stages, exp.replicas) if exp is not None else None
+    mesh = parse_mesh(args.mesh) if args.mesh else None
+    hosts = None
+    if args.placement is not None:
+        path, data = read_spec_file(args.placement, Path.cwd(), "placement")
+        placed, hosts = read_placement(data, str(path), topo)
+        if mesh is not None and mesh != placed:
+            raise SpecError(
+                "--mesh", "--mesh", args.mesh, f"differs from --placement's {placed.pp} stages x {placed.dp} "
+                "replicas", "leave --mesh out: the file gives the mesh",
+            )  # fmt: skip
+        mesh = placed
+    if mesh is None and exp is not None:
+        mesh = Mesh(exp.stages, exp.replicas)
     if mesh is None:
-        raise SpecError("--mesh", "--mesh", "(none)", "is needed for a topology", "give e.g. --mesh pp=3,dp=2")
+        raise SpecError(
+            "--mesh", "--mesh", "(none)", "is needed for a topology", "give e.g. --mesh pp=3,dp=2, or --placement FILE"
+        )
     job = Job(
         topo,
         mesh,
@@ -59,6 +73,7 @@ def cmd_launch(args) -> int:
         warmup=args.warmup,
         experiment=exp,
         rendezvous=args.rendezvous,
+        hosts=hosts,
     )
     root_preamble("testbed launch")
     out = args.out or Path("results") / f"job-{job.script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"

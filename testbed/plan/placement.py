@@ -85,6 +85,14 @@ def place_stages(
     return sorted(workers, key=lambda w: w.rank)
 
 
+def place_by_hand(hosts: dict[tuple[int, int], str], replicas: int, topo: TopologySpec) -> list[WorkerSpec]:
+    """A user job's workers where its placement file puts them (``spec/mesh.read_placement``:
+    each (stage, replica)'s host, checked against ``topo``), ranked as the mesh numbers them."""
+    dc_of = {host_name(dc.name, k): dc.name for dc in topo.dcs for k in range(dc.hosts)}
+    workers = [WorkerSpec(rank_of(s, r, replicas), s, r, h, dc_of[h]) for (s, r), h in hosts.items()]
+    return sorted(workers, key=lambda w: w.rank)
+
+
 def place_dp_wan(exp: Experiment, topo: TopologySpec) -> list[WorkerSpec]:
     """Data parallelism across DCs: whole pipelines in the DCs (file order) that hold ``stages``
     hosts, the replicas spread over them in consecutive blocks as evenly as their hosts allow

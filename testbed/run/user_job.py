@@ -18,20 +18,19 @@ The job ends when every rank has ended, when one exits non-zero (the others are 
 job's status is that rank's), at ``timeout_s``, or on Ctrl-C or SIGTERM: the network and every
 process in it are removed as ``testbed run`` removes them.
 
-Mechanism (processes, the network) on top of the pure placement.
+Mechanism (processes, the network) on top of the pure placement; one node's command, environment
+and output in ``job_nodes.py``, Atlas's grants for the job in ``job_grants.py``.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
 import subprocess
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,26 +38,30 @@ import pandas as pd
 
 from testbed.atlas.controller import Controller
 from testbed.errors import SpecError, TestbedError
-from testbed.net.hostproc import local_process_env
 from testbed.net.management import add_management_network
 from testbed.net.network import Network
 from testbed.net.registry import control_dir
-from testbed.plan.boundary_transfers import boundary_paths
 from testbed.plan.connections import socket_buffer_cap
-from testbed.plan.grant_plan import format_grant_plan
-from testbed.plan.job_plan import PROFILED_ITERATION, JobWorkload, job_experiment, job_grant_plan, workload_from_events
-from testbed.plan.placement import atlas_dc_order, place_stages
-from testbed.plan.virtual_stages import home_boundaries
+from testbed.plan.job_plan import JobWorkload, job_experiment
+from testbed.plan.placement import atlas_dc_order, place_by_hand, place_stages
 from testbed.plan.workers import WorkerSpec
 from testbed.results.job_summary import bytes_check, class_bytes, hook_figures, reported_bytes, training_figures
 from testbed.results.link_counters import link_utilization
 from testbed.results.plots import plot_links, plot_timeline
 from testbed.run.backends import make_network
+from testbed.run.job_grants import JOB_BORROW, JobProfile, job_floor_share, managed_pairs
+from testbed.run.job_nodes import (
+    RANKS_DIR,
+    RENDEZVOUS_PORT,
+    RankStreamer,
+    hosts_file,
+    job_env,
+    node_argv,
+    script_status,
+)
 from testbed.run.records import check_fresh_out_dir, write_env
 from testbed.run.watch import LinkSampler
-from testbed.spec.addressing import host_name
 from testbed.spec.experiment import Experiment
-from testbed.spec.experiment_fields import EXPERIMENT_FIELDS
 from testbed.spec.mesh import Mesh
 from testbed.spec.policy import Policy
 from testbed.spec.routing import RoutingTable
@@ -66,49 +69,24 @@ from testbed.spec.topology import TopologySpec
 from testbed.trace import schema as T
 from testbed.trace.clock import now_ns
 from testbed.trace.events import read_events
-from testbed.trace.job import JOB_DIR_ENV
 from testbed.trace.jsonl import read_jsonl
-from testbed.train.job_hook import CONTROL_ENV, JOINED_DIR, STRIPES_ENV
+from testbed.train.job_hook import JOINED_DIR
 
 #: where the job's rendezvous may go (``Job.rendezvous``)
 RENDEZVOUS_PATHS = ("wan", "management")
-#: where rank 0's host serves the job's rendezvous (torchrun's static rendezvous, its default port)
-RENDEZVOUS_PORT = 29500
-#: each rank's output, in the job's folder
-RANKS_DIR = "ranks"
 #: how long a job may run unless told otherwise (s)
 DEFAULT_TIMEOUT_S = 3600.0
 #: how long every rank has to join the job (call ``init_process_group``) unless told otherwise (s)
 DEFAULT_JOIN_TIMEOUT_S = 300.0
-#: this machine's torch.distributed variables, which must not reach the job (torchrun sets its own)
-HOST_VARIABLES = (
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "TORCHELASTIC_RUN_ID",
-    "GLOO_SOCKET_IFNAME",
-    "NCCL_SOCKET_IFNAME",
-)
 #: the placements a job may take (Atlas's DC selection needs the job's workload, which the testbed
 #: does not know)
 JOB_PLACEMENTS = ("file-order", "largest-first")
 #: how a job's pipelines may share the links: as TCP does, or Atlas's grants through the hook, FIFO
 #: or planned (from the job's first iteration, measured: ``plan/job_plan.py``)
 JOB_SHARINGS = ("tcp", "fifo", "planned")
-#: whether held pipelines' classes may use what the link has idle under a job's grants (an
-#: experiment's default, ``atlas_borrow``: the granted class first, the others fill the delay's tail)
-JOB_BORROW = EXPERIMENT_FIELDS["atlas_borrow"].default
 #: connections a striped cross-DC transfer of a job uses unless told (``connections.wan_connections``'s
 #: figure where no per-connection share is modelled)
 DEFAULT_JOB_STRIPES = 4
-#: the module every rank runs its script under (``train/job_hook.py``)
-HOOK_MODULE = "testbed.train.job_hook"
-#: a node's own mount and UTS namespaces: its /etc/hosts and hostname, then torchrun
-NODE_SHELL = 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"'
 
 
 class JobError(TestbedError):
@@ -133,6 +111,9 @@ class Job:
     stripes: int = DEFAULT_JOB_STRIPES
     #: iterations left out of the job's figures (where it marks iterations: ``trace/job.py``)
     warmup: int = 1
+    #: each (stage, replica)'s host, from a placement file (``--placement``; None: placed as the
+    #: testbed's own workers are)
+    hosts: dict[tuple[int, int], str] | None = None
     #: where the rendezvous goes: ``wan`` (rank 0's host over the emulated network, counted on the
     #: WAN) or ``management`` (its address on the management network, ``net/management.py``)
     rendezvous: str = "wan"
@@ -168,116 +149,15 @@ def check_job(job: Job) -> list[WorkerSpec]:
         raise SpecError("--rendezvous", "--rendezvous", job.rendezvous, "is not a path", "give wan or management")
     if p.striping and not 2 <= job.stripes <= 16:
         raise SpecError("--connections", "--connections", str(job.stripes), "is not 2..16", "give e.g. --connections 4")
+    if job.hosts is not None:
+        if p.placement != "file-order":
+            raise SpecError(
+                "--policy", "--policy", p.name, "places the ranks, and so does --placement",
+                "leave /placement out of the policy: the file places them",
+            )  # fmt: skip
+        return place_by_hand(job.hosts, job.mesh.dp, job.topology)
     order = atlas_dc_order(job.topology) if p.placement == "largest-first" else None
     return place_stages(job.mesh.pp, job.mesh.dp, job.topology, order, "--mesh")
-
-
-def hosts_file(net: Network, topo: TopologySpec, management: dict[str, str] | None = None) -> str:
-    """``/etc/hosts`` as the job's nodes see it: every emulated host's name and address, also in
-    its IPv4-mapped IPv6 form (c10d's store accepts on a dual-stack socket and looks its peers up
-    by that form); then each host's ``management`` address, if any, as ``<host>-mgmt``."""
-    lines = ["127.0.0.1 localhost"]
-    for dc in topo.dcs:
-        for k in range(dc.hosts):
-            name = host_name(dc.name, k)
-            ip = net.host(name).ip
-            lines += [f"{ip} {name}", f"::ffff:{ip} {name}"]
-    for name, ip in (management or {}).items():
-        lines += [f"{ip} {name}-mgmt", f"::ffff:{ip} {name}-mgmt"]
-    return "\n".join(lines) + "\n"
-
-
-def node_argv(
-    python: str,
-    hosts_path: str,
-    host: str,
-    node_rank: int,
-    nodes: int,
-    master: str,
-    script: str,
-    args: Sequence[str],
-) -> list[str]:
-    """One node of the job: its own mount and UTS namespaces (``NODE_SHELL``), then torchrun with
-    one process, the static rendezvous at ``master`` and no restarts (a failed rank ends the job),
-    the rank running the script under the hook (``python -m testbed.train.job_hook SCRIPT ARGS``,
-    torchrun's ``-m``: it marks the rank's joining and, under Atlas, manages its transfers)."""
-    program = ["-m", HOOK_MODULE, script]
-    torchrun = [
-        python, "-m", "torch.distributed.run",
-        "--nnodes", str(nodes), "--nproc-per-node", "1", "--node-rank", str(node_rank),
-        "--master-addr", master, "--master-port", str(RENDEZVOUS_PORT), "--max-restarts", "0",
-        *program, *args,
-    ]  # fmt: skip
-    return ["unshare", "--mount", "--uts", "--", "sh", "-c", NODE_SHELL, "sh", hosts_path, host, *torchrun]
-
-
-def job_floor_share(replicas: int) -> float:
-    """The share of a link each held pipeline's class keeps under Atlas's grants: an experiment's
-    default (``atlas_floor_share``), lowered to half of 1 / ``replicas`` where that would not
-    leave the granted class most of the link."""
-    return min(EXPERIMENT_FIELDS["atlas_floor_share"].default, 0.5 / replicas)
-
-
-def managed_pairs(job: Job, workers: list[WorkerSpec]) -> list[tuple[int, int]]:
-    """The (sender, receiver) rank pairs whose transfers Atlas's controller shares: a pipeline's
-    neighbours in different DCs, both ways (``boundary_transfers.boundary_paths``)."""
-    homes = list(range(job.mesh.pp))
-    return sorted(boundary_paths(workers, RoutingTable(job.topology), home_boundaries(homes)))
-
-
-def job_env(job_dir: Path, control: Path | None = None, stripes: int = 1) -> dict[str, str]:
-    """A node's environment: this machine's without its torch.distributed variables, the package on
-    PYTHONPATH (the job may import ``testbed.trace.job``), the job's folder (``JOB_DIR_ENV``), one
-    thread per rank (the emulated GPU's CPU share), gloo and NCCL on the host's interface
-    (``hostproc.HOST_SOCKET_ENV`` is added by the network); under the hook, the controller's
-    socket (``control``, Atlas's sharing) and the connections a transfer is striped over."""
-    extra = {"OMP_NUM_THREADS": "1", JOB_DIR_ENV: str(job_dir.resolve())}
-    if control is not None:
-        extra[CONTROL_ENV] = str(control)
-    if stripes > 1:
-        extra[STRIPES_ENV] = str(stripes)
-    env = local_process_env(extra)
-    for name in HOST_VARIABLES:
-        env.pop(name, None)
-    if os.environ.get("PYTHONPATH"):
-        env["PYTHONPATH"] += os.pathsep + os.environ["PYTHONPATH"]
-    return env
-
-
-class _RankStreamer(threading.Thread):
-    """Copies each rank's new output lines to ``write`` with a ``[rank R]`` prefix."""
-
-    def __init__(self, paths: dict[int, Path], write: Callable[[str], Any]) -> None:
-        super().__init__(name="rank-streamer", daemon=True)
-        self.paths, self.write = paths, write
-        self._halt = threading.Event()
-        self._pos = dict.fromkeys(paths, 0)
-        self._partial = dict.fromkeys(paths, "")
-
-    def _drain(self) -> None:
-        for rank, path in self.paths.items():
-            try:
-                with open(path, errors="replace") as f:
-                    f.seek(self._pos[rank])
-                    text = f.read()
-                    self._pos[rank] = f.tell()
-            except FileNotFoundError:
-                continue
-            *lines, self._partial[rank] = (self._partial[rank] + text).split("\n")
-            for line in lines:
-                self.write(f"[rank {rank}] {line}")
-
-    def run(self) -> None:
-        while not self._halt.wait(0.2):
-            self._drain()
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(timeout=2)
-        self._drain()
-        for rank, rest in self._partial.items():
-            if rest:
-                self.write(f"[rank {rank}] {rest}")
 
 
 def launch_job(
@@ -297,7 +177,7 @@ def launch_job(
     start (0: no limit; the error names them) or the job runs past ``timeout_s`` (the summary
     and every rank's output kept), and the network's errors."""
     workers = check_job(job)
-    pairs = managed_pairs(job, workers) if job.hooked else []
+    pairs = managed_pairs(job.topology, job.mesh.pp, workers) if job.hooked else []
     buffers = socket_buffer_cap(job.experiment, job.topology, workers) if job.experiment is not None else None
     check_fresh_out_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -368,17 +248,15 @@ def launch_job(
         )
         sampler = LinkSampler(net, out_dir / "link_counters.jsonl")
         sampler.start()
-        streamer = _RankStreamer({r: ranks_dir / f"rank{r}.log" for r in procs}, stream) if stream else None
+        streamer = RankStreamer({r: ranks_dir / f"rank{r}.log" for r in procs}, stream) if stream else None
         if streamer is not None:
             streamer.start()
         stopped: str | None = None  # why the job was stopped from outside, if it was
+        joins = (out_dir / JOINED_DIR, t0 + join_timeout_s) if join_timeout_s > 0 else None
+        profile = None
+        if controller is not None and job.policy.sharing == "planned":
+            profile = JobProfile(partial(job_stand_in, job), workers, out_dir, controller, progress)
         try:
-            joins = (out_dir / JOINED_DIR, t0 + join_timeout_s) if join_timeout_s > 0 else None
-            profile = (
-                JobProfile(job, workers, out_dir, controller, progress)
-                if controller is not None and job.policy.sharing == "planned"
-                else None
-            )
             error = _watch(
                 procs, {w.rank: w.host for w in by_rank}, codes, t0 + timeout_s, net, ranks_dir, joins,
                 profile.poll if profile is not None else None,
@@ -408,68 +286,12 @@ def launch_job(
     return summary
 
 
-class JobProfile:
-    """Planned grants for a job: polled by the watch loop until the job's first iteration is traced
-    (its passes by the helper, its transfers by the hook), then the grant plan is made from it
-    (``plan/job_plan.py``) and the controller, FIFO until then, switches to it; the plan goes to
-    ``grant_plan_profiled.txt``. A job that never gives that iteration stays FIFO."""
-
-    #: how often the events are read (s)
-    POLL_S = 0.5
-
-    def __init__(
-        self, job: Job, workers: list[WorkerSpec], out_dir: Path, controller: Controller, progress: Callable
-    ) -> None:
-        self.job, self.workers, self.out_dir, self.controller, self.progress = (
-            job,
-            workers,
-            out_dir,
-            controller,
-            progress,
-        )
-        self.workload: JobWorkload | None = None
-        self.failed: str | None = None
-        self._next = 0.0
-
-    def poll(self) -> None:
-        if self.workload is not None or self.failed is not None or time.monotonic() < self._next:
-            return
-        self._next = time.monotonic() + self.POLL_S
-        if not (self.out_dir / "events").is_dir():
-            return
-        try:
-            workload = workload_from_events(read_events(self.out_dir), self.workers, PROFILED_ITERATION)
-            if workload is None:
-                return
-            job = self.job
-            exp = job_experiment(
-                workload, job.topology, job.mesh.pp, job.mesh.dp, job.policy, job.stripes,
-                job_floor_share(job.mesh.dp), JOB_BORROW, job.experiment,
-            )  # fmt: skip
-            plan = job_grant_plan(exp, self.workers, workload)
-        except (ValueError, SpecError) as e:
-            self.failed = str(e)
-            self.progress(f"no grant plan for the job ({e}): FIFO grants throughout")
-            return
-        self.controller.replan(plan, sharing="planned")
-        self.workload = workload
-        (self.out_dir / "grant_plan_profiled.txt").write_text(
-            f"profiled in iteration {PROFILED_ITERATION}: {workload.describe()}\n" + format_grant_plan(plan) + "\n"
-        )
-        self.progress(f"grant plan made from the job's iteration {PROFILED_ITERATION} ({workload.describe()})")
-
-    def outcome(self) -> str:
-        """What the summary says of the job's sharing."""
-        if self.workload is not None:
-            return (
-                f"planned: Atlas's grants in the order planned from iteration {PROFILED_ITERATION} "
-                f"({self.workload.describe()}), earliest ready first before"
-            )
-        why = self.failed or (
-            f"iteration {PROFILED_ITERATION} was never traced whole: the job marks no iterations, times no "
-            "passes (testbed.trace.job) or moved no cross-DC transfer"
-        )
-        return f"fifo: planned grants were asked, but {why}; Atlas's grants, earliest ready first, throughout"
+def job_stand_in(job: Job, workload: JobWorkload) -> Experiment:
+    """The experiment that stands for ``job`` once its ``workload`` is measured (``job_plan.py``)."""
+    return job_experiment(
+        workload, job.topology, job.mesh.pp, job.mesh.dp, job.policy, job.stripes,
+        job_floor_share(job.mesh.dp), JOB_BORROW, job.experiment,
+    )  # fmt: skip
 
 
 def _watch(
@@ -523,16 +345,6 @@ def _watch(
         if tick is not None:
             tick()
         time.sleep(0.1)
-
-
-def script_status(log: Path) -> int | None:
-    """The script's own exit status as torchrun reports a failed process in ``log`` (torchrun itself
-    exits 1), None where it reported none."""
-    try:
-        found = re.search(r"exitcode\s*:\s*(-?\d+)", log.read_text(errors="replace"))
-    except OSError:
-        return None
-    return int(found.group(1)) if found else None
 
 
 def _summary(
@@ -593,7 +405,7 @@ def _summary(
             dc_of = {w.rank: w.dc for w in workers}
             paths = {
                 (s, d): [f"{a}->{b}" for a, b in zip(route, route[1:])]
-                for s, d in managed_pairs(job, workers)
+                for s, d in managed_pairs(job.topology, job.mesh.pp, workers)
                 for route in [routes.route(dc_of[s], dc_of[d]).dcs]
             }
             replica_of = {w.rank: w.replica for w in workers}

@@ -23,6 +23,29 @@ JOB = Path(__file__).parent / "jobs" / "mesh_check.py"
 TENSOR_BYTES = 256 * 1024 * 4
 
 
+def final_loss(output: str) -> float:
+    """The loss an example prints on its ``final loss X ...`` line."""
+    return float(next(line.split()[2] for line in output.splitlines() if line.startswith("final loss")))
+
+
+def one_process_group(script: list[str]) -> float:
+    """The final loss of the example ``script`` (with its arguments) run in one process group on
+    this machine: ``torchrun --standalone`` with 6 processes, over loopback."""
+    import subprocess
+    import sys
+
+    alone = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "6", *script],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=240,
+    )
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    return final_loss(alone.stdout)
+
+
 def test_a_job_runs_in_the_hosts_as_torchrun_starts_it(tmp_path, clean_machine):
     """The mesh job with its rendezvous on the management network (``--rendezvous management``;
     the other tests keep it on the emulated WAN, the default)."""
@@ -61,16 +84,25 @@ def test_a_job_runs_in_the_hosts_as_torchrun_starts_it(tmp_path, clean_machine):
 
 
 def test_a_rank_that_fails_ends_the_job_with_its_status(tmp_path, clean_machine):
+    """The ranks placed by a placement file (each (stage, replica) on the host it names); rank 1
+    exits with status 3."""
     out, results = tmp_path / "job", tmp_path / "results"
     results.mkdir()
+    placement = tmp_path / "placement.yaml"
+    placement.write_text(
+        "- {stage: 0, replica: 0, host: east-h1}\n- {stage: 0, replica: 1, host: east-h0}\n"
+        "- {stage: 1, replica: 0, host: west-h1}\n- {stage: 1, replica: 1, host: west-h0}\n"
+    )
     t0 = time.monotonic()
     done = run_cli(
-        "launch", "two_dc", "--mesh", "pp=2,dp=2", "--out", str(out),
+        "launch", "two_dc", "--placement", str(placement), "--out", str(out),
         "--", str(JOB), str(results), "2", "2", "crash", "1", "3",
     )  # fmt: skip
     assert time.monotonic() - t0 < 60
     assert done.returncode == 3, done.stdout + done.stderr
-    assert "rank 1 (host east-h1) exited with status 3" in done.stdout
+    assert "rank 1 (host east-h0) exited with status 3" in done.stdout
+    job = json.loads((out / "job.json").read_text())
+    assert [w["host"] for w in job["workers"]] == ["east-h1", "east-h0", "west-h1", "west-h0"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["exit_status"] == 3 and "rank 1" in summary["failed"]
     assert not list(results.iterdir())  # nobody got as far as writing its result
@@ -84,6 +116,10 @@ def test_bad_input_is_refused_before_anything_is_built(tmp_path, clean_machine):
     assert too_big.returncode == 2 and "do not fit topology two_dc" in too_big.stderr
     atlas = run_cli("launch", "two_dc", "--mesh", "pp=2", "--policy", "atlas", "--out", str(out), "--", str(JOB))
     assert atlas.returncode == 2 and "is not applied to a launched job" in atlas.stderr
+    bad = tmp_path / "placement.yaml"
+    bad.write_text("- {stage: 0, replica: 0, host: east-h7}\n")
+    placed = run_cli("launch", "two_dc", "--placement", str(bad), "--out", str(out), "--", str(JOB))
+    assert placed.returncode == 2 and "workers[0].host" in placed.stderr and "east-h7" in placed.stderr
     no_job = run_cli("launch", "two_dc", "--mesh", "pp=2", "--out", str(out))
     assert no_job.returncode == 2 and "give the job after --" in no_job.stderr
     assert not out.exists()
@@ -92,28 +128,12 @@ def test_bad_input_is_refused_before_anything_is_built(tmp_path, clean_machine):
 def test_the_diloco_example_learns_as_in_one_process_group_on_one_machine(tmp_path, clean_machine):
     """``examples/diloco.py`` on three_dc as a mesh of 3 DCs x 2 replicas, against the same job in one
     process group on this machine (torchrun --standalone, over loopback): the same final loss."""
-    import subprocess
-    import sys
-
     out = tmp_path / "job"
     done = run_cli("launch", "three_dc", "--mesh", "pp=3,dp=2", "--out", str(out), "--", "examples/diloco.py")
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["wan"]["east->central"]["bytes"] > 0  # the outer steps' all-reduce crossed the WAN
-    alone = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "6", "examples/diloco.py"],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).resolve().parents[2],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=240,
-    )
-    assert alone.returncode == 0, alone.stderr[-2000:]
-
-    def final(text: str) -> float:
-        return float(next(line.split()[-1] for line in text.splitlines() if line.startswith("final loss")))
-
-    emulated, local = final((out / "ranks" / "rank0.log").read_text()), final(alone.stdout)
+    emulated, local = final_loss((out / "ranks" / "rank0.log").read_text()), one_process_group(["examples/diloco.py"])
     print("final loss across DCs", emulated, "in one process group", local)
     assert emulated == pytest.approx(local, rel=1e-4)
 
@@ -153,8 +173,6 @@ def test_the_pipelining_example_under_atlas_sharing(tmp_path, clean_machine):
     each pipeline's class carried the bytes the hook reported (within 5%, headers and the reverse
     flow's ACKs counted); the job's event lines give its iteration time, bubbles and timeline; the
     hook's cost is reported."""
-    import subprocess
-    import sys
 
     out, steps = tmp_path / "job", 3
     script = ["examples/pipelining_gpt.py", "--steps", str(steps)]
@@ -163,20 +181,7 @@ def test_the_pipelining_example_under_atlas_sharing(tmp_path, clean_machine):
         "--out", str(out), "--", *script,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    alone = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "6", *script],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).resolve().parents[2],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=240,
-    )
-    assert alone.returncode == 0, alone.stderr[-2000:]
-
-    def final(text: str) -> float:
-        return float(next(line.split()[2] for line in text.splitlines() if line.startswith("final loss")))
-
-    emulated, local = final((out / "ranks" / "rank4.log").read_text()), final(alone.stdout)
+    emulated, local = final_loss((out / "ranks" / "rank4.log").read_text()), one_process_group(script)
     print("final loss across DCs", emulated, "in one process group", local)
     assert emulated == pytest.approx(local, rel=1e-4)
 

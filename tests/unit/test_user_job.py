@@ -6,6 +6,7 @@ runs jobs)."""
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import replace
 
 import pytest
@@ -13,18 +14,10 @@ import pytest
 from testbed.cli import split_job
 from testbed.errors import SpecError
 from testbed.net.management import management_addresses
-from testbed.run.user_job import (
-    HOOK_MODULE,
-    HOST_VARIABLES,
-    NODE_SHELL,
-    Job,
-    check_job,
-    job_env,
-    managed_pairs,
-    node_argv,
-    script_status,
-)
-from testbed.spec.mesh import Mesh, parse_mesh
+from testbed.run.job_grants import managed_pairs
+from testbed.run.job_nodes import HOOK_MODULE, HOST_VARIABLES, NODE_SHELL, job_env, node_argv, script_status
+from testbed.run.user_job import Job, check_job
+from testbed.spec.mesh import Mesh, parse_mesh, read_placement
 from testbed.spec.policy import parse_policy
 from testbed.spec.topology_file import load_topology
 from testbed.trace.job import JOB_DIR_ENV
@@ -93,7 +86,16 @@ def test_atlas_sharing_and_striping_run_the_job_under_the_hook_on_the_pipelines_
         assert job.hooked
         workers = check_job(job)
     # neighbours of one pipeline in different DCs, both ways; never across replicas
-    assert managed_pairs(job, workers) == [(0, 2), (1, 3), (2, 0), (2, 4), (3, 1), (3, 5), (4, 2), (5, 3)]
+    assert managed_pairs(job.topology, job.mesh.pp, workers) == [
+        (0, 2),
+        (1, 3),
+        (2, 0),
+        (2, 4),
+        (3, 1),
+        (3, 5),
+        (4, 2),
+        (5, 3),
+    ]
 
 
 def test_a_node_runs_torchrun_in_its_own_mount_and_uts_namespaces():
@@ -147,3 +149,52 @@ def test_a_path_the_rendezvous_cannot_take_is_refused(tmp_path):
     script.write_text("")
     with pytest.raises(SpecError, match="is not a path"):
         check_job(Job(load_topology("two_dc"), Mesh(2, 1), parse_policy("pp-fair"), script, rendezvous="lan"))
+
+
+def test_a_placement_file_gives_the_mesh_and_each_ranks_host(tmp_path):
+    topo = load_topology("three_dc")
+    entries = [
+        {"stage": 0, "replica": 0, "host": "west-h1"}, {"stage": 0, "replica": 1, "host": "west-h0"},
+        {"stage": 1, "replica": 0, "host": "east-h0"}, {"stage": 1, "replica": 1, "host": "east-h1"},
+    ]  # fmt: skip
+    mesh, hosts = read_placement(entries, "p.yaml", topo)
+    assert mesh == Mesh(2, 2) and hosts[(0, 0)] == "west-h1"
+    script = tmp_path / "job.py"
+    script.write_text("")
+    job = Job(topo, mesh, parse_policy("pp-fair"), script, hosts=hosts)
+    workers = check_job(job)
+    assert [(w.rank, w.host, w.dc) for w in workers] == [
+        (0, "west-h1", "west"), (1, "west-h0", "west"), (2, "east-h0", "east"), (3, "east-h1", "east"),
+    ]  # fmt: skip
+    # a job's own job.json places the next one the same way
+    again = {
+        "workers": [
+            {"rank": w.rank, "stage": w.stage, "replica": w.replica, "host": w.host, "dc": w.dc} for w in workers
+        ]
+    }
+    assert read_placement(again, "job.json", topo) == (mesh, hosts)
+    with pytest.raises(SpecError, match="places the ranks, and so does --placement"):
+        check_job(Job(topo, mesh, parse_policy("pp-fair/placement=largest-first"), script, hosts=hosts))
+
+
+@pytest.mark.parametrize(
+    "entries, field, problem",
+    [
+        ({"stage": 0}, "workers", "is not a list of workers"),
+        ([{"stage": 0, "replica": 0}], "workers[0]", "is not {stage, replica, host}"),
+        ([{"stage": 0, "replica": 0, "host": "east-h0", "gpu": 1}], "workers[0].gpu", "is not a field"),
+        ([{"stage": -1, "replica": 0, "host": "east-h0"}], "workers[0].stage", "whole number"),
+        ([{"stage": 0, "replica": 0, "host": "east-h9"}], "workers[0].host", "is not a host of topology three_dc"),
+        ([{"stage": 0, "replica": 0, "host": "east-h0"}, {"stage": 1, "replica": 0, "host": "east-h0"}],
+         "workers[1].host", "is also workers[0]'s"),
+        ([{"stage": 0, "replica": 0, "host": "east-h0"}, {"stage": 0, "replica": 0, "host": "east-h1"}],
+         "workers[1]", "is given twice"),
+        ([{"stage": 1, "replica": 0, "host": "east-h0"}], "workers", "is missing"),
+        ([{"stage": 0, "replica": 0, "host": "east-h0", "dc": "west"}], "workers[0].dc", "is not east-h0's DC"),
+        ([{"stage": 0, "replica": 0, "host": "east-h0", "rank": 3}], "workers[0].rank", "is not stage x 1 + replica"),
+    ],
+)  # fmt: skip
+def test_a_bad_placement_file_is_named(entries, field, problem):
+    with pytest.raises(SpecError, match=re.escape(problem)) as e:
+        read_placement(entries, "p.yaml", load_topology("three_dc"))
+    assert e.value.field == field
