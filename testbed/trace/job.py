@@ -162,13 +162,3 @@ def current_iteration() -> int:
     """The iteration the job last marked (``JobTrace.iteration``), 0 where it marks none: what the
     Atlas hook (``train/job_hook.py``) files a transfer under."""
     return _current.iteration_now if _current is not None else 0
-
-
-def marked() -> bool:
-    """Whether the job has marked an iteration."""
-    return _current is not None
-
-
-def current_trace() -> JobTrace | None:
-    """The trace the job marks its iterations on, None before its first mark."""
-    return _current

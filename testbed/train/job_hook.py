@@ -47,9 +47,6 @@ from testbed.trace.job import JOB_DIR_ENV, JOB_FILE, current_iteration, rank_wri
 CONTROL_ENV = "TESTBED_JOB_CONTROL"
 #: connections a managed transfer is striped over (absent or 1: not striped)
 STRIPES_ENV = "TESTBED_JOB_STRIPES"
-#: on a launched job's send and receive wait events: the hook's own time on the transfer (ns),
-#: everything its wrapper did beside the torch.distributed call itself
-HOOK_NS = "hook_ns"
 #: where each rank marks, in the job's folder, that it has called ``init_process_group`` (``r<rank>``)
 JOINED_DIR = "joined"
 #: tags of a striped transfer's chunks: tag x TAG_STRIDE + chunk (as ``striping.send_striped``)
