@@ -114,7 +114,7 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_topo_up)
 
     link = sub.add_parser(
-        "link", help="WAN link outages while a topology or a run is up: list, down LINK, up LINK"
+        "link", help="WAN link changes while a topology or a run is up: list, down LINK, up LINK, rate LINK RATE"
     ).add_subparsers(dest="link_command", required=True)
     sp = link.add_parser("list", help="one line per WAN link: its name (DC:DC), up or down, rate and delay")
     sp.add_argument("--run", metavar="PREFIX", help="the topology's run prefix, where several are up")
@@ -124,6 +124,11 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
         sp.add_argument("link", help="the link, by its DCs: east:west")
         sp.add_argument("--run", metavar="PREFIX", help="the topology's run prefix, where several are up")
         sp.set_defaults(func=cmd_link)
+    sp = link.add_parser("rate", help="set the link's rate both ways, in place (its HTB classes at both ends)")
+    sp.add_argument("link", help="the link, by its DCs: east:west")
+    sp.add_argument("rate", help="the new rate, such as 30mbit")
+    sp.add_argument("--run", metavar="PREFIX", help="the topology's run prefix, where several are up")
+    sp.set_defaults(func=cmd_link)
 
     sp = sub.add_parser("run", help="train across the emulated DCs (default: the embedded default experiment)")
     sp.add_argument("experiment", nargs="?", default=None, help="experiment file or shipped name (default: default)")

@@ -29,6 +29,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "link list": ("sudo testbed link list",),
     "link down": ("sudo testbed link down east:west",),
     "link up": ("sudo testbed link up east:west",),
+    "link rate": ("sudo testbed link rate east:west 30mbit",),
     "clean": ("sudo testbed clean --dry-run", "sudo testbed clean"),
     "doctor": ("sudo testbed doctor",),
     "sim": (

@@ -1,6 +1,8 @@
-"""WAN link outages on command (``testbed link``, ``net/outages.py``) while ``testbed topo up``
+"""WAN link changes on command (``testbed link``, ``net/link_control.py``) while ``testbed topo up``
 holds two_dc: the link listed, brought down (nothing crosses either way, the routes and the shaping
-untouched), brought back, each change logged; the topology torn down leaves nothing."""
+untouched), brought back, given another rate (read back from the kernel's classes at both ends)
+and its own again, each change logged; the topology torn down leaves nothing. That a class
+change in place holds traffic to the new rate is measured in ``test_live_shaping.py``."""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ import json
 import signal
 import subprocess
 
+from pyroute2 import IPRoute
+
+from testbed.net.netlink_tc import read_classes
 from tests.integration.conftest import machine_state, registered_prefixes, run_cli, start_topo_up
 
 
@@ -39,11 +44,24 @@ def test_a_link_goes_down_and_comes_back_on_command(tmp_path):
         up = run_cli("link", "up", "east:west")
         assert up.returncode == 0 and up.stdout.strip() == "east:west up"
         assert _ping(east["netns"], west["ip"]) and _ping(west["netns"], east["ip"])
+        rate = run_cli("link", "rate", "west:east", "30mbit")
+        assert rate.returncode == 0 and rate.stdout.strip() == "east:west 30 Mbit/s both ways", rate.stderr
+        for end in ("east", "west"):
+            router = f"{topo['prefix']}-{end}-r"
+            iface = "w-west" if end == "east" else "w-east"
+            with IPRoute(netns=router) as ipr:
+                classes = read_classes(ipr, ipr.link_lookup(ifname=iface)[0])
+            assert classes[0x1]["rate_bps"] == classes[0x10]["rate_bps"] == 30_000_000
+        assert "east:west up 30 Mbit/s (topology: 100 Mbit/s)" in run_cli("link", "list").stdout
+        assert run_cli("link", "rate", "east:west", "100mbit").returncode == 0
+        assert run_cli("link", "rate", "east:west", "1kbit").returncode == 1
         unknown = run_cli("link", "down", "east:north")
         assert unknown.returncode == 1 and "its links are east:west" in unknown.stderr
         log = [json.loads(x) for x in (tmp_path / "shaping.jsonl").read_text().splitlines()]
         changes = [(r["event"], r["link"]) for r in log if r["event"].startswith("link_")]
         assert changes == [("link_down", "east:west"), ("link_up", "east:west")]
+        rates = [(r["netns"], r["classid"], r["rate_bps"]) for r in log if r["event"] == "change"]
+        assert len(rates) == 8 and {r for _, _, r in rates} == {30_000_000, 100_000_000}
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)

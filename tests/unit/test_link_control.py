@@ -1,11 +1,11 @@
-"""Naming a WAN link and its two ends for ``testbed link`` (``net/outages.py``); the rules that
-take it down run in ``tests/integration/test_outages.py``."""
+"""Naming a WAN link and its two ends for ``testbed link`` (``net/link_control.py``); the rules that
+take it down run in ``tests/integration/test_link_control.py``."""
 
 from __future__ import annotations
 
 import pytest
 
-from testbed.net.outages import LinkEnd, LinkError, drop_rules, link_ends, resolve_link
+from testbed.net.link_control import LinkEnd, LinkError, drop_rules, link_ends, resolve_link
 from testbed.spec.topology_file import load_topology
 
 

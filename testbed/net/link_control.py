@@ -1,5 +1,5 @@
-"""WAN link outages on command (``testbed link list|down|up``), for a topology or a run that is up
-on this machine, from any shell.
+"""WAN link changes on command (``testbed link list|down|up|rate``), for a topology or a run that
+is up on this machine, from any shell: outages, and the link's rate changed in place.
 
 A link is down when it carries nothing in either direction: in the router namespace at each of
 its ends, iptables drops every packet forwarded out of or in from the link's interface (filter
@@ -11,6 +11,12 @@ rules took). A link is named by its two DCs, ``a:b`` as the topology lists it (`
 link); DC names cannot hold ``:``. The tc ``drop`` action is not used: it needs ``act_gact``,
 which kernels without ``CONFIG_NET_ACT_GACT`` (this VM's) lack, where iptables is there for the
 delay element anyway.
+
+A rate change sets the link's HTB classes (``1:1``, the link, and ``1:10``, the default leaf) at
+both ends to the new rate, in place (one netlink message each, as the network's own live changes:
+``wan_shaper.set_link_rate``), logged as their ``change`` lines. Classes added at run time (Atlas's
+pipelines' ``1:20``...) keep their rates: the link's class caps them, and Atlas's controller does
+not yet see the change.
 """
 
 from __future__ import annotations
@@ -21,13 +27,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyroute2 import IPRoute
+
 from testbed.errors import TestbedError
+from testbed.net import netlink, netlink_tc, rtnl_raw
 from testbed.net.hostproc import netns_argv
 from testbed.net.registry import RunRecord, list_runs
+from testbed.net.shaping import DEFAULT_CLASS_MINOR, LINK_CLASS_MINOR, HtbClass
 from testbed.spec.addressing import AddressPlan
 from testbed.spec.topology import TopologySpec
 from testbed.trace.jsonl import open_jsonl, write_row
-from testbed.trace.shaping_log import SHAPING_LOG
+from testbed.trace.shaping_log import SHAPING_LOG, shaping_record
 
 #: the backends whose routers live in this machine's namespaces
 LOCAL_BACKENDS = ("netns", "mininet")
@@ -122,6 +132,47 @@ def set_link(ends: tuple[LinkEnd, LinkEnd], name: str, down: bool, out_dir: Path
                 },
             )
     return changed
+
+
+def link_rate_bps(end: LinkEnd) -> int:
+    """The rate the link's class (``1:1``) has now at ``end``, read back from the kernel (bit/s).
+    Raises LinkError where the interface has no such class."""
+    with IPRoute(netns=end.netns) as ipr:
+        classes = netlink_tc.read_classes(ipr, netlink.ifindex(ipr, end.ifname))
+    if LINK_CLASS_MINOR not in classes:
+        raise LinkError(f"{end.netns}/{end.ifname} has no link class 1:{LINK_CLASS_MINOR:x}")
+    return int(classes[LINK_CLASS_MINOR]["rate_bps"])
+
+
+def set_rate(ends: tuple[LinkEnd, LinkEnd], rate_bps: int, out_dir: Path | None) -> None:
+    """Set the link's rate both ways to ``rate_bps`` in place (see the module doc), logged in
+    ``out_dir``'s ``shaping.jsonl`` where given. Raises LinkError for a rate below 8 kbit/s or
+    where the kernel refuses."""
+    if rate_bps < 8000:
+        raise LinkError(f"a rate of {rate_bps} bit/s is below 8 kbit/s: give a larger one (or take the link down)")
+    classes = (
+        HtbClass(LINK_CLASS_MINOR, 0, rate_bps, rate_bps),
+        HtbClass(DEFAULT_CLASS_MINOR, LINK_CLASS_MINOR, rate_bps, rate_bps),
+    )
+    rows = []
+    for end in ends:
+        with IPRoute(netns=end.netns) as ipr:
+            index = netlink.ifindex(ipr, end.ifname)
+        sock = rtnl_raw.rtnl_socket(end.netns)
+        try:
+            t0 = time.monotonic_ns()
+            try:
+                rtnl_raw.send_batch(sock, b"".join(netlink_tc.class_change_message(index, c) for c in classes), 2)
+            except OSError as e:
+                raise LinkError(f"the kernel refused the rate change on {end.netns}/{end.ifname}: {e}") from None
+            dt = time.monotonic_ns() - t0
+        finally:
+            sock.close()
+        rows += [shaping_record(t0, "change", end.netns, end.ifname, c.minor, rate_bps, rate_bps, dt) for c in classes]
+    if out_dir is not None:
+        with open_jsonl(out_dir / SHAPING_LOG) as log:
+            for row in rows:
+                write_row(log, row)
 
 
 @dataclass(frozen=True)
