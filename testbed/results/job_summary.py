@@ -58,15 +58,17 @@ def hook_figures(
     }
 
 
+def sent_bytes(counters: pd.DataFrame, minor: int) -> dict[str, int]:
+    """Bytes HTB class ``1:minor`` sent on each WAN link direction over the job (its counter's last
+    sample minus its first)."""
+    mine = counters[counters[T.CLASSID] == class_id(minor)]
+    return {str(link): int(b.max() - b.min()) for link, b in mine.groupby(T.LINK)[T.TX_BYTES]}
+
+
 def class_bytes(counters: pd.DataFrame, replicas: int) -> dict[tuple[str, int], int]:
     """Bytes each pipeline's HTB class (``1:(CLASS_BASE + replica)``) sent on each WAN link
-    direction over the job (its counter's last sample minus its first)."""
-    out = {}
-    for r in range(replicas):
-        mine = counters[counters[T.CLASSID] == class_id(CLASS_BASE + r)]
-        for link, b in mine.groupby(T.LINK)[T.TX_BYTES]:
-            out[(str(link), r)] = int(b.max() - b.min())
-    return out
+    direction over the job."""
+    return {(link, r): n for r in range(replicas) for link, n in sent_bytes(counters, CLASS_BASE + r).items()}
 
 
 def reported_bytes(

@@ -41,11 +41,19 @@ from testbed.errors import SpecError, TestbedError
 from testbed.net.management import add_management_network
 from testbed.net.network import Network
 from testbed.net.registry import control_dir
+from testbed.net.shaping import LINK_CLASS_MINOR
 from testbed.plan.connections import socket_buffer_cap
 from testbed.plan.job_plan import JobWorkload, job_experiment
 from testbed.plan.placement import atlas_dc_order, place_by_hand, place_stages
 from testbed.plan.workers import WorkerSpec
-from testbed.results.job_summary import bytes_check, class_bytes, hook_figures, reported_bytes, training_figures
+from testbed.results.job_summary import (
+    bytes_check,
+    class_bytes,
+    hook_figures,
+    reported_bytes,
+    sent_bytes,
+    training_figures,
+)
 from testbed.results.link_counters import link_utilization
 from testbed.results.plots import plot_links, plot_timeline
 from testbed.run.backends import make_network
@@ -369,12 +377,10 @@ def _summary(
     counters = pd.DataFrame(rows)
     if rows:
         lu = link_utilization(counters)
-        root = counters[counters[T.CLASSID] == "1:1"]
-        sent = root.groupby(T.LINK)[T.TX_BYTES].agg(lambda b: b.max() - b.min())
-        for link, nbytes in sent.items():
+        for link, nbytes in sent_bytes(counters, LINK_CLASS_MINOR).items():
             mine = lu[lu[T.LINK] == link]
-            links[str(link)] = {
-                "bytes": int(nbytes),
+            links[link] = {
+                "bytes": nbytes,
                 "utilization_mean": float(mine["utilization"].mean()) if not mine.empty else 0.0,
             }
         if not lu.empty:
