@@ -52,6 +52,11 @@ def check_rates(spec: TopologySpec, mechanism: str, cap: int) -> None:
     """Raise BuildError naming the first link (or DC) whose rate exceeds ``cap``, what this machine
     carries through ``mechanism`` (bit/s)."""
     fields = [(f"links[{i}].rate", link.rate_bps) for i, link in enumerate(spec.links)]
+    fields += [
+        (f"links[{i}].profile", max(s.state.rate_bps for s in link.profile.steps))
+        for i, link in enumerate(spec.links)
+        if link.profile is not None
+    ]
     fields += [(f"dcs[{i}].intra_rate", dc.intra_rate_bps) for i, dc in enumerate(spec.dcs) if dc.intra_rate_bps]
     for field, rate in fields:
         if rate > cap:

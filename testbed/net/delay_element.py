@@ -15,6 +15,7 @@ import os
 import re
 import select
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from testbed.errors import BuildError, DelayElementError, FeatureError
 from testbed.net.hostproc import netns_argv, stop_popen
-from testbed.net.registry import RunRecord
+from testbed.net.registry import RunRecord, control_dir
 from testbed.net.shaping import DelayQueue
 from testbed.net.shaping_text import iptables_restore_text
 
@@ -70,7 +71,7 @@ def build_helper() -> Path:
 _STATS_LINE = re.compile(
     r"^queue (?P<queue>\d+) packets (?P<packets>\d+) max_held (?P<max_held>\d+) "
     r"late_mean_us (?P<late_mean_us>[0-9.]+) late_p99_us (?P<late_p99_us>\d+) late_max_us (?P<late_max_us>\d+) "
-    r"stamped (?P<stamped>\d+)$",
+    r"stamped (?P<stamped>\d+)(?: dropped (?P<dropped>\d+) changes (?P<changes>\d+))?$",
     re.M,
 )
 
@@ -78,10 +79,43 @@ _STATS_LINE = re.compile(
 def read_element_stats(log_path: Path) -> list[dict[str, float]]:
     """The per-queue counters a stopped element wrote to its log (``nfq_delay.c``): ``queue``,
     ``packets``, ``max_held``, and how late packets were released: ``late_mean_us``,
-    ``late_p99_us`` (upper edge of a power-of-two histogram bucket), ``late_max_us``; and
-    ``stamped``, the packets whose delay counted from the kernel's receive time stamp."""
+    ``late_p99_us`` (upper edge of a power-of-two histogram bucket), ``late_max_us``;
+    ``stamped``, the packets whose delay counted from the kernel's receive time stamp; and
+    ``dropped`` (the element's own loss) and ``changes`` (live changes taken), 0 where not given."""
     text = log_path.read_text(errors="replace") if log_path.exists() else ""
-    return [{k: float(v) for k, v in m.groupdict().items()} for m in _STATS_LINE.finditer(text)]
+    return [{k: float(v or 0) for k, v in m.groupdict().items()} for m in _STATS_LINE.finditer(text)]
+
+
+def control_path(netns: str) -> Path:
+    """The control socket of ``netns``'s element (``nfq_delay --control``): in the registry's
+    control folder, named after the namespace (so after the run's prefix: ``testbed clean``
+    removes it)."""
+    return control_dir() / f"{netns}.sock"
+
+
+def set_queue(
+    netns: str, queue_num: int, delay_us: int, jitter_us: int, loss_pct: float, timeout_s: float = 1.0
+) -> None:
+    """Change queue ``queue_num`` of ``netns``'s element live: its one-way delay and jitter (µs)
+    and its loss (percent), for packets arriving from now on; a shorter delay never reorders
+    (``nfq_delay.c``). Waits for the element's answer. Raises DelayElementError where the element
+    is not there, does not answer within ``timeout_s`` or refuses the change."""
+    msg = f"set {queue_num} {int(delay_us)} {int(jitter_us)} {round(loss_pct * 10_000)}".encode()
+    # the answer's address is a path: an abstract one belongs to this namespace, not the element's
+    reply = control_dir() / f"{netns}-reply{os.getpid()}-{threading.get_ident()}.sock"
+    reply.unlink(missing_ok=True)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.bind(str(reply))
+            sock.settimeout(timeout_s)
+            sock.sendto(msg, str(control_path(netns)))
+            answer = sock.recv(256).decode(errors="replace")
+        except OSError as e:
+            raise DelayElementError(f"the delay element of {netns} did not take the change ({e})") from None
+        finally:
+            reply.unlink(missing_ok=True)
+    if answer != "ok":
+        raise DelayElementError(f"the delay element of {netns} refused {msg.decode()!r}: {answer}")
 
 
 class DelayElement:
@@ -93,6 +127,8 @@ class DelayElement:
         for q in queues:
             self.argv += ["--queue", q.element_arg()]
         self.argv += ["--seed", str(seed)]
+        if any(q.live for q in queues):
+            self.argv += ["--control", str(control_path(netns))]
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 5.0) -> subprocess.Popen:

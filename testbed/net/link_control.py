@@ -105,20 +105,55 @@ def is_down(ends: tuple[LinkEnd, LinkEnd]) -> bool:
     return all(_iptables(e, ["-C", "FORWARD", *r], check=False) == 0 for e in ends for r in drop_rules(e))
 
 
-def set_link(ends: tuple[LinkEnd, LinkEnd], name: str, down: bool, out_dir: Path | None) -> bool:
-    """Bring the link down (``down``) or up; returns False where it already was. Logged in
-    ``out_dir``'s ``shaping.jsonl`` where given. Raises LinkError where iptables refuses."""
+def _restore_all(edits: dict[LinkEnd, list[str]]) -> None:
+    """Apply each end's rule edits (iptables-restore lines of the filter table, ``-I``/``-D``) in
+    one ``iptables-restore --noflush`` per end, the ends at once (a link's outage starts at both
+    within one call's time). Raises LinkError naming the end whose rules were refused."""
+    procs = {}
+    for end, lines in edits.items():
+        text = "*filter\n" + "".join(f"{line}\n" for line in lines) + "COMMIT\n"
+        procs[end] = subprocess.Popen(
+            netns_argv(end.netns, ["iptables-restore", "-w", "--noflush"]),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert procs[end].stdin is not None
+        procs[end].stdin.write(text)
+        procs[end].stdin.close()
+    failed = []
+    for end, proc in procs.items():
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+        if proc.wait() != 0:
+            failed.append(f"{end.netns}: {err.strip()}")
+    if failed:
+        raise LinkError(f"iptables-restore refused the link's rules: {'; '.join(failed)}")
+
+
+def set_link(
+    ends: tuple[LinkEnd, LinkEnd], name: str, down: bool, out_dir: Path | None, known_up: bool | None = None
+) -> bool:
+    """Bring the link down (``down``) or up; returns False where it already was. ``known_up``: the
+    caller knows whether the link is up (a profile's replay), which spares reading its rules back.
+    Logged in ``out_dir``'s ``shaping.jsonl`` where given. Raises LinkError where iptables refuses."""
     t0 = time.monotonic_ns()
-    changed = False
+    edits: dict[LinkEnd, list[str]] = {}
     for end in ends:
         for rule in drop_rules(end):
-            present = _iptables(end, ["-C", "FORWARD", *rule], check=False) == 0
+            if known_up is None:
+                present = _iptables(end, ["-C", "FORWARD", *rule], check=False) == 0
+            else:
+                present = not known_up
             if down and not present:
-                _iptables(end, ["-I", "FORWARD", "1", *rule])
-                changed = True
+                edits.setdefault(end, []).append(" ".join(["-I", "FORWARD", "1", *rule]))
             elif not down and present:
-                _iptables(end, ["-D", "FORWARD", *rule])
-                changed = True
+                edits.setdefault(end, []).append(" ".join(["-D", "FORWARD", *rule]))
+    changed = bool(edits)
+    if changed:
+        t0 = time.monotonic_ns()
+        _restore_all(edits)
     if changed and out_dir is not None:
         with open_jsonl(out_dir / SHAPING_LOG) as log:
             write_row(

@@ -45,8 +45,9 @@ from testbed.net.local_hosts import LocalHostProcesses
 from testbed.net.namespaces import NamespaceHandles
 from testbed.net.netns import NetnsRealiser, RealiseContext, Realiser, pin_wan_neighbours, tcp_buffer_bytes
 from testbed.net.network import ManagedNetwork
+from testbed.net.profile_player import ProfilePlayer
 from testbed.net.registry import RunRecord, control_sockets, unused_run_prefix
-from testbed.net.shaping import plan_shaping
+from testbed.net.shaping import ShapingPlan, plan_shaping
 from testbed.net.topology_record import default_out_dir, write_topology_record
 from testbed.net.wan_shaper import WanShaper
 from testbed.spec.addressing import AddressPlan, HostAddr
@@ -125,6 +126,9 @@ class LocalNetwork(LocalFiles, LocalHostProcesses, ManagedNetwork):
         self.shaping: WanShaper | None = None
         self.delay: DelayQueues | None = None
         self.record: RunRecord | None = None
+        self.shaping_plan: ShapingPlan | None = None
+        #: replays the links' profiles from the end of the build (None: no link has one)
+        self.profiles: ProfilePlayer | None = None
 
     # ----------------------------------------------------------------- lifecycle
     @property
@@ -162,6 +166,32 @@ class LocalNetwork(LocalFiles, LocalHostProcesses, ManagedNetwork):
             tcp_congestion=self.spec.tcp_congestion or default_congestion(),
             tcp_congestion_stated=self.spec.tcp_congestion is not None,  # else the machine's default
         )
+        self._play_profiles()
+
+    def _play_profiles(self) -> None:
+        """Start replaying the links' profiles, their time 0 now (``profile_player.py``). Raises
+        BuildError where the topology is spread over several machines (each would play its own
+        ends on its own clock: not supported yet)."""
+        if not any(link.profile for link in self.spec.links):
+            return
+        if self.dcs_here != {dc.name for dc in self.spec.dcs}:
+            raise BuildError(
+                "link profiles are replayed on a topology built on one machine (netns, mininet backends); "
+                "this machine builds part of it: remove the links' profile fields for a run over several machines"
+            )
+        assert self.shaping is not None and self.shaping_plan is not None
+        self.profiles = ProfilePlayer(
+            self.spec,
+            self.plan,
+            self.shaping_plan,
+            self.shaping.set_link_rate,
+            self.shaping.netem_leaves,
+            self.out_dir,
+            self.now_ns,
+            self.now_ns(),
+            self.fail,
+        )
+        self.profiles.start()
 
     def _register(self) -> None:
         (self.out_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -180,7 +210,7 @@ class LocalNetwork(LocalFiles, LocalHostProcesses, ManagedNetwork):
     def apply_shaping(self) -> None:
         """Install the shaping plan on the interfaces here and start the delay mechanism."""
         assert self.record is not None  # registered by build
-        plan = plan_shaping(self.spec, self.plan, self.mechanism)
+        plan = self.shaping_plan = plan_shaping(self.spec, self.plan, self.mechanism)
         here = set(self.namespaces)
         self.shaping = WanShaper(self.plan, self.handles, self.out_dir, self.now_ns, self.processes)
         for e in plan.egress:
@@ -201,6 +231,9 @@ class LocalNetwork(LocalFiles, LocalHostProcesses, ManagedNetwork):
             except Exception as e:  # noqa: BLE001 - raised once every step was tried
                 errors.append(e)
 
+        if self.profiles is not None:
+            step(self.profiles.stop)
+            step(self.profiles.join, 5.0)
         if self.delay is not None:
             step(self.delay.stop_watching)  # the processes stop first; their ending is not a failure
         step(self.processes.stop_all)

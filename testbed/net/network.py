@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from testbed.errors import DelayElementError, SpecError, TestbedError
+from testbed.errors import SpecError, TestbedError
 from testbed.net.signals import deferred_signals, signals_deferred
 from testbed.net.tracefs import SchedTrace
 from testbed.spec.addressing import AddressPlan, HostAddr
@@ -281,9 +281,9 @@ class ManagedNetwork:
         if self.failure is not None and self._interrupting and not signals_deferred():
             raise self.failure
 
-    def fail(self, err: DelayElementError) -> None:
-        """Called from a watcher thread: record the error and interrupt the main thread (unless it
-        is tearing down)."""
+    def fail(self, err: TestbedError) -> None:
+        """Called from a watcher thread (a dead delay element, a profile step that failed): record
+        the error and interrupt the main thread (unless it is tearing down)."""
         self.failure = err
         print(f"testbed: error: {err}", flush=True)
         with self._interrupt_lock:

@@ -7,7 +7,16 @@
  * max(arrival + delay + U(-jitter, +jitter), previous release time), so each
  * queue stays FIFO (unlike netem, whose jitter reorders; see tc-netem(8)).
  *
- * Usage: nfq_delay --queue NUM:DELAY_US:JITTER_US:MAXLEN [--queue ...] [--seed N]
+ * Usage: nfq_delay --queue NUM:DELAY_US:JITTER_US:MAXLEN[:LOSS_PPM] [--queue ...] [--seed N]
+ *                  [--control PATH]
+ *
+ * LOSS_PPM drops that many packets per million on arrival (a DROP verdict at once). With
+ * --control, a Unix datagram socket bound at PATH takes live changes, one per datagram:
+ * "set NUM DELAY_US JITTER_US LOSS_PPM"; the element answers "ok" (or "error: why") to the
+ * sender's address where it has one. A change applies to packets arriving after it; since a
+ * release time is never earlier than the previous packet's, a shorter delay never reorders:
+ * packets arriving after a decrease wait behind those already held (the delay ramps down over
+ * one old delay).
  *
  * Prints "ready" on stdout once every queue is bound, then runs until SIGTERM or
  * SIGINT, and prints one line of counters per queue on stderr when it exits:
@@ -40,6 +49,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
@@ -56,12 +66,12 @@ struct held { uint32_t id; uint64_t release_ns; };
 struct queue {
     uint16_t num;
     uint64_t delay_ns, jitter_ns;
-    uint32_t maxlen;
+    uint32_t maxlen, loss_ppm;
     struct nfq_q_handle *qh;
     struct held *ring;
     size_t cap, head, len;
     uint64_t last_release_ns;
-    uint64_t packets, max_held, stamped;
+    uint64_t packets, max_held, stamped, dropped, changes;
     uint64_t late_sum_ns, late_max_ns, late_hist[40]; /* late_hist[k]: lateness in [2^k - 1, 2^(k+1) - 1) us */
 };
 
@@ -138,6 +148,11 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg,
     struct queue *q = data;
     struct nfqnl_msg_packet_hdr *ph = nfq_get_msg_packet_hdr(nfa);
     if (!ph) return 0;
+    if (q->loss_ppm && xorshift64() % 1000000u < q->loss_ppm) {
+        if (nfq_set_verdict(q->qh, ntohl(ph->packet_id), NF_DROP, 0, NULL) < 0) die("nfq_set_verdict");
+        q->dropped++;
+        return 0;
+    }
     uint64_t t = arrival_ns(nfa, now_ns(), &q->stamped) + q->delay_ns;
     if (q->jitter_ns) {
         int64_t j = (int64_t)(xorshift64() % (2 * q->jitter_ns + 1)) - (int64_t)q->jitter_ns;
@@ -191,23 +206,52 @@ static uint64_t late_p99_us(const struct queue *q) {
 
 static void parse_queue(const char *arg) {
     if (nqueues == MAX_QUEUES) { fprintf(stderr, "nfq_delay: too many queues\n"); exit(2); }
-    unsigned num; unsigned long long d, j; unsigned maxlen;
-    if (sscanf(arg, "%u:%llu:%llu:%u", &num, &d, &j, &maxlen) != 4 || num > 65535 || maxlen == 0) {
-        fprintf(stderr, "nfq_delay: bad --queue '%s' (want NUM:DELAY_US:JITTER_US:MAXLEN)\n", arg);
+    unsigned num; unsigned long long d, j; unsigned maxlen, loss = 0;
+    int n = sscanf(arg, "%u:%llu:%llu:%u:%u", &num, &d, &j, &maxlen, &loss);
+    if (n < 4 || num > 65535 || maxlen == 0 || loss >= 1000000) {
+        fprintf(stderr, "nfq_delay: bad --queue '%s' (want NUM:DELAY_US:JITTER_US:MAXLEN[:LOSS_PPM])\n", arg);
         exit(2);
     }
     struct queue *q = &queues[nqueues++];
     memset(q, 0, sizeof(*q));
     q->num = (uint16_t)num; q->delay_ns = d * 1000ull; q->jitter_ns = j * 1000ull; q->maxlen = maxlen;
+    q->loss_ppm = loss;
+}
+
+/* One control datagram: "set NUM DELAY_US JITTER_US LOSS_PPM". Answers the sender. */
+static void on_control(int cfd) {
+    char msg[256], reply[128];
+    struct sockaddr_un from;
+    socklen_t fromlen = sizeof(from);
+    ssize_t n = recvfrom(cfd, msg, sizeof(msg) - 1, MSG_DONTWAIT, (struct sockaddr *)&from, &fromlen);
+    if (n <= 0) return;
+    msg[n] = 0;
+    unsigned num, loss; unsigned long long d, j;
+    struct queue *q = NULL;
+    if (sscanf(msg, "set %u %llu %llu %u", &num, &d, &j, &loss) == 4 && loss < 1000000) {
+        for (int i = 0; i < nqueues; i++)
+            if (queues[i].num == num) q = &queues[i];
+    }
+    if (!q) {
+        snprintf(reply, sizeof(reply), "error: want 'set NUM DELAY_US JITTER_US LOSS_PPM' for a queue served here");
+    } else {
+        q->delay_ns = d * 1000ull; q->jitter_ns = j * 1000ull; q->loss_ppm = loss; q->changes++;
+        snprintf(reply, sizeof(reply), "ok");
+    }
+    if (fromlen > sizeof(sa_family_t))
+        sendto(cfd, reply, strlen(reply), MSG_DONTWAIT, (struct sockaddr *)&from, fromlen);
 }
 
 int main(int argc, char **argv) {
+    const char *control_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--queue") && i + 1 < argc) parse_queue(argv[++i]);
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng_state = strtoull(argv[++i], 0, 10) | 1;
         else if (!strcmp(argv[i], "--rt-priority") && i + 1 < argc) rt_priority = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--control") && i + 1 < argc) control_path = argv[++i];
         else {
-            fprintf(stderr, "usage: nfq_delay --queue NUM:DELAY_US:JITTER_US:MAXLEN ... [--seed N] [--rt-priority P]\n");
+            fprintf(stderr, "usage: nfq_delay --queue NUM:DELAY_US:JITTER_US:MAXLEN[:LOSS_PPM] ... [--seed N] "
+                            "[--rt-priority P] [--control PATH]\n");
             return 2;
         }
     }
@@ -246,13 +290,22 @@ int main(int argc, char **argv) {
     if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf, sizeof(rcvbuf)) < 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    int cfd = -1;
+    if (control_path) {
+        struct sockaddr_un addr = {.sun_family = AF_UNIX};
+        if (strlen(control_path) >= sizeof(addr.sun_path)) { fprintf(stderr, "nfq_delay: --control path too long\n"); return 2; }
+        strcpy(addr.sun_path, control_path);
+        unlink(control_path);
+        cfd = socket(AF_UNIX, SOCK_DGRAM, 0);
+        if (cfd < 0 || bind(cfd, (struct sockaddr *)&addr, sizeof(addr)) < 0) die("control socket");
+    }
     printf("ready\n");
     fflush(stdout);
 
     static char buf[1 << 16];
     while (!stop) {
         uint64_t next = release_due(now_ns()), target = 0;
-        struct pollfd p = {fd, POLLIN, 0};
+        struct pollfd p[2] = {{fd, POLLIN, 0}, {cfd, POLLIN, 0}};
         struct timespec ts, *tsp = NULL;
         if (next != UINT64_MAX) {
             /* wake early by how late timed wake-ups have come, so that packets leave on time on
@@ -263,7 +316,7 @@ int main(int argc, char **argv) {
             ts.tv_sec = wait / 1000000000ull; ts.tv_nsec = wait % 1000000000ull;
             tsp = &ts;
         }
-        int r = ppoll(&p, 1, tsp, NULL);
+        int r = ppoll(p, cfd >= 0 ? 2 : 1, tsp, NULL);
         if (r < 0) { if (errno == EINTR) continue; die("ppoll"); }
         if (r == 0 && tsp) {
             uint64_t w = now_ns();
@@ -277,7 +330,8 @@ int main(int argc, char **argv) {
                margin, so at most SPIN_MAX_NS; never release early) */
             while (w < next && next - w <= SPIN_MAX_NS) w = now_ns();
         }
-        if (r > 0) {
+        if (r > 0 && cfd >= 0 && (p[1].revents & POLLIN)) on_control(cfd);
+        if (r > 0 && (p[0].revents & POLLIN)) {
             for (;;) {
                 ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
                 if (n < 0) {
@@ -295,12 +349,15 @@ int main(int argc, char **argv) {
         uint64_t released = 0;
         for (int k = 0; k < 40; k++) released += q->late_hist[k];
         fprintf(stderr,
-                "queue %u packets %llu max_held %llu late_mean_us %.1f late_p99_us %llu late_max_us %llu stamped %llu\n",
+                "queue %u packets %llu max_held %llu late_mean_us %.1f late_p99_us %llu late_max_us %llu stamped %llu "
+                "dropped %llu changes %llu\n",
                 q->num, (unsigned long long)q->packets, (unsigned long long)q->max_held,
                 released ? q->late_sum_ns / 1e3 / released : 0.0, (unsigned long long)late_p99_us(q),
-                (unsigned long long)(q->late_max_ns / 1000), (unsigned long long)q->stamped);
+                (unsigned long long)(q->late_max_ns / 1000), (unsigned long long)q->stamped,
+                (unsigned long long)q->dropped, (unsigned long long)q->changes);
         nfq_destroy_queue(queues[i].qh);
     }
     nfq_close(h);
+    if (control_path) unlink(control_path);
     return 0;
 }

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from testbed.spec.addressing import BRIDGE_IFNAME, HOST_IFNAME, AddressPlan, host_port_ifname
-from testbed.spec.topology import TopologySpec
+from testbed.spec.topology import LinkSpec, TopologySpec
 from testbed.spec.wire import ETH_HLEN, MTU, bdp_packets
 
 ROOT_HANDLE = 0x1_0000  # "1:"
@@ -128,6 +128,9 @@ class DelayQueue:
     Matches packets entering ``in_ifname`` of ``netns`` (optionally only those whose source is in
     the inclusive address range ``src_range``); drops ``loss_pct`` of them, then holds the rest
     ``delay_us`` (+- jitter). A packet goes to the first queue (in plan order) that matches it.
+    A ``live`` queue (a link with a profile) may change while the run is up: it always has an
+    element, which takes changes on its control socket and drops the loss itself (an iptables
+    rule's probability cannot change in place).
     """
 
     netns: str
@@ -138,13 +141,20 @@ class DelayQueue:
     loss_pct: float = 0.0
     maxlen: int = 1024
     src_range: tuple[str, str] | None = None
+    live: bool = False
 
     @property
     def needs_element(self) -> bool:
-        return self.delay_us > 0 or self.jitter_us > 0
+        return self.live or self.delay_us > 0 or self.jitter_us > 0
+
+    @property
+    def element_drops(self) -> bool:
+        """Whether the element drops this queue's loss (else an iptables rule does)."""
+        return self.live
 
     def element_arg(self) -> str:
-        return f"{self.queue_num}:{self.delay_us}:{self.jitter_us}:{self.maxlen}"
+        arg = f"{self.queue_num}:{self.delay_us}:{self.jitter_us}:{self.maxlen}"
+        return f"{arg}:{round(self.loss_pct * 10_000)}" if self.element_drops else arg
 
 
 def delay_queue_maxlen(rate_bps: int | None, delay_us: int) -> int:
@@ -178,10 +188,15 @@ def _shaped_egress(
     loss_pct: float,
     queue: int,
     mechanism: str,
+    held_for: tuple[int, int] | None = None,
 ) -> EgressPlan:
+    """``held_for``: (rate, delay + jitter) whose packets in flight a netem leaf must hold, where
+    larger than the link's own (a profile's largest)."""
     netem = None
-    if mechanism == "netem" and (delay_us or jitter_us or loss_pct):
-        held = bdp_packets(rate_bps if rate_bps else 10 * 10**9, delay_us + jitter_us)
+    live = held_for is not None and held_for != (rate_bps, delay_us + jitter_us)
+    if mechanism == "netem" and (delay_us or jitter_us or loss_pct or live):
+        rate, delay = held_for or (rate_bps if rate_bps else 10 * 10**9, delay_us + jitter_us)
+        held = bdp_packets(rate, delay)
         netem = Netem(delay_us, jitter_us, loss_pct, queue + held)
     if rate_bps is None:
         return EgressPlan(netns, ifname, root_netem=netem)
@@ -215,6 +230,7 @@ def plan_shaping(spec: TopologySpec, plan: AddressPlan, mechanism: str) -> Shapi
                 link.loss_pct,
                 link.queue_packets,
                 mechanism,
+                held_for=_largest(link),
             )
         )
     for dc in spec.dcs:
@@ -227,6 +243,12 @@ def plan_shaping(spec: TopologySpec, plan: AddressPlan, mechanism: str) -> Shapi
     if mechanism == "nfqueue":
         queues = _nfqueue_plan(spec, plan)
     return ShapingPlan(mechanism, tuple(egress), tuple(q for q in queues if q.needs_element or q.loss_pct))
+
+
+def _largest(link: LinkSpec) -> tuple[int, int]:
+    """The largest rate and delay + jitter the link takes (over its profile's steps, if any)."""
+    states = [link.state] + ([s.state for s in link.profile.steps] if link.profile else [])
+    return max(s.rate_bps for s in states), max(s.delay_us + s.jitter_us for s in states)
 
 
 def _nfqueue_plan(spec: TopologySpec, plan: AddressPlan) -> list[DelayQueue]:
@@ -247,7 +269,8 @@ def _nfqueue_plan(spec: TopologySpec, plan: AddressPlan) -> list[DelayQueue]:
                     link.delay_us,
                     link.jitter_us,
                     link.loss_pct,
-                    delay_queue_maxlen(link.rate_bps, link.delay_us + link.jitter_us),
+                    delay_queue_maxlen(*_largest(link)),
+                    live=link.profile is not None and link.profile.varies_delay,
                 )
             )
             num += 1

@@ -20,7 +20,7 @@ def iptables_restore_text(queues: Sequence[DelayQueue]) -> str:
         match = f"-i {q.in_ifname}"
         if q.src_range:
             match += f" -m iprange --src-range {q.src_range[0]}-{q.src_range[1]}"
-        if q.loss_pct:
+        if q.loss_pct and not q.element_drops:
             lines.append(
                 f"-A PREROUTING {match} -m statistic --mode random --probability {q.loss_pct / 100:.8f} -j DROP"
             )

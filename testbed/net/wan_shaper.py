@@ -22,7 +22,15 @@ from testbed.errors import CheckError
 from testbed.net import netlink_tc, rtnl_raw
 from testbed.net.hostproc import HostProcesses
 from testbed.net.namespaces import NamespaceHandles
-from testbed.net.shaping import DEFAULT_CLASS_MINOR, LINK_CLASS_MINOR, EgressPlan, HtbClass, U32Filter, with_class
+from testbed.net.shaping import (
+    DEFAULT_CLASS_MINOR,
+    LINK_CLASS_MINOR,
+    EgressPlan,
+    HtbClass,
+    Netem,
+    U32Filter,
+    with_class,
+)
 from testbed.net.shaping_text import tc_argv
 from testbed.spec.addressing import AddressPlan
 from testbed.trace.jsonl import open_jsonl, write_row
@@ -224,6 +232,11 @@ class WanShaper:
                 for cls in changed:
                     if cls.minor in minors:
                         self._write(t0, "change", egress.netns, egress.ifname, cls, dt)
+
+    def netem_leaves(self, src_dc: str, dst_dc: str) -> list[tuple[int, Netem]]:
+        """The netem leaves of the WAN egress ``src_dc`` -> ``dst_dc`` as installed or last changed:
+        ``(class minor, leaf)`` each (none under the nfqueue mechanism)."""
+        return [(c.minor, c.leaf) for c in self._wan(src_dc, dst_dc)[1].classes if isinstance(c.leaf, Netem)]
 
     def wan_classes(self, src_dc: str, dst_dc: str) -> dict[int, dict[str, int]]:
         """HTB classes on the WAN egress ``src_dc`` -> ``dst_dc`` as read back from the kernel."""

@@ -16,6 +16,8 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
+from testbed.spec.link_profile import LinkProfile, LinkState
+
 #: Linux IFNAMSIZ minus the terminating NUL (include/uapi/linux/if.h).
 IFNAME_MAX = 15
 #: WAN interfaces inside a router namespace are named after the peer DC: ``w-<dc>``.
@@ -51,7 +53,9 @@ class LinkSpec:
 
     ``delay_us`` is one way; ``jitter_us`` is the half-width of a uniform spread around it;
     ``loss_pct`` is the per-packet drop probability in percent; ``queue_packets`` is the
-    bottleneck queue (HTB leaf) length in packets.
+    bottleneck queue (HTB leaf) length in packets. ``profile``: how the rate, delay, jitter and
+    loss change while the link is up (None: they do not); the figures above are the link's own,
+    which a profile's steps start from.
     """
 
     a: str
@@ -61,10 +65,26 @@ class LinkSpec:
     jitter_us: int = 0
     loss_pct: float = 0.0
     queue_packets: int = DEFAULT_QUEUE_PACKETS
+    profile: LinkProfile | None = None
 
     @property
     def name(self) -> str:
         return f"{self.a}-{self.b}"
+
+    @property
+    def state(self) -> LinkState:
+        """The link's own figures (before any profile step)."""
+        return LinkState(self.rate_bps, self.delay_us, self.jitter_us, self.loss_pct)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = vars(self).copy()
+        out["profile"] = self.profile.to_dict() if self.profile else None
+        return out
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> LinkSpec:
+        profile = d.get("profile")
+        return LinkSpec(**{**d, "profile": LinkProfile.from_dict(profile) if profile else None})
 
     def other(self, dc: str) -> str:
         return self.b if dc == self.a else self.a
@@ -110,7 +130,7 @@ class TopologySpec:
             "name": self.name,
             "source": self.source,
             "dcs": [vars(dc).copy() for dc in self.dcs],
-            "links": [vars(link).copy() for link in self.links],
+            "links": [link.to_dict() for link in self.links],
             "addressing": {
                 "dc_pool": str(self.dc_pool),
                 "dc_prefix_len": self.dc_prefix_len,
@@ -127,7 +147,7 @@ class TopologySpec:
         return TopologySpec(
             d["name"],
             tuple(DCSpec(**x) for x in d["dcs"]),
-            tuple(LinkSpec(**x) for x in d["links"]),
+            tuple(LinkSpec.from_dict(x) for x in d["links"]),
             source=d.get("source", "<memory>"),
             dc_pool=ipaddress.IPv4Network(a["dc_pool"]),
             dc_prefix_len=a["dc_prefix_len"],
@@ -161,6 +181,7 @@ class TopologySpec:
                     "jitter": f"{k.jitter_us}us",
                     "loss": f"{k.loss_pct!r}%",
                     "queue": k.queue_packets,
+                    **({"profile": k.profile.to_dict()} if k.profile else {}),
                 }
                 for k in self.links
             ],

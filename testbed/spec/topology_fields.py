@@ -105,6 +105,13 @@ LINK_FIELDS = FieldTable(
             low=1,
             fix="write a number of packets, such as 1000",
         ),
+        Field(
+            "profile",
+            "path",
+            "how the link's rate, delay, jitter and loss change while it is up: a CSV or Mahimahi file, "
+            "a YAML file, or a generator mapping (see the profile tables)",
+            default_text="none: the figures hold",
+        ),
     ),
 )
 

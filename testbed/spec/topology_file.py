@@ -66,6 +66,12 @@ def _read_addressing(source: str, raw: Any) -> dict[str, Any]:
     return r.values(ADDRESSING_FIELDS.keys)
 
 
+def _folder(source: str) -> Path:
+    """Where a topology's relative paths (link profiles) start: its file's folder."""
+    path = Path(source)
+    return path.parent if source != "<memory>" and path.exists() else Path(".")
+
+
 def parse_topology(data: Any, source: str = "<memory>") -> TopologySpec:
     """Validate parsed YAML ``data`` into a TopologySpec. Raises SpecError naming field, value and fix."""
     top = FieldReader(source, data, "", TOPOLOGY_FIELDS)
@@ -87,7 +93,7 @@ def parse_topology(data: Any, source: str = "<memory>") -> TopologySpec:
     read = (
         read_matrix(source, data["matrix"], names)
         if "matrix" in data
-        else [read_link(source, raw, i, names) for i, raw in enumerate(raw_links)]
+        else [read_link(source, raw, i, names, folder=_folder(source)) for i, raw in enumerate(raw_links)]
     )
     links: list[LinkSpec] = []
     seen: dict[frozenset[str], int] = {}

@@ -4,16 +4,23 @@ and delays (``matrix``); every error names the field or the matrix cell, the val
 from __future__ import annotations
 
 import difflib
+from pathlib import Path
 from typing import Any
 
 from testbed.errors import SpecError
+from testbed.spec.link_profile import LinkProfile
+from testbed.spec.link_profile_file import read_profile
 from testbed.spec.specfile import FieldReader, split_unit_error
 from testbed.spec.topology import LinkSpec
 from testbed.spec.topology_fields import LINK_FIELDS, MATRIX_FIELDS
 from testbed.spec.units import UnitError, parse_duration_us, parse_rate_bps
 
 
-def read_link(source: str, raw: Any, i: int, dc_names: list[str], fields: dict[str, str] | None = None) -> LinkSpec:
+def read_link(
+    source: str, raw: Any, i: int, dc_names: list[str], fields: dict[str, str] | None = None, folder: Path | None = None
+) -> LinkSpec:
+    """Link ``i`` of a file's ``links``; ``folder``: where a profile's relative path starts (the
+    topology file's folder; default: the current one)."""
     r = FieldReader(source, raw, f"links[{i}]", LINK_FIELDS, fields)
     between = raw["between"]
     if not (isinstance(between, list) and len(between) == 2 and all(isinstance(x, str) for x in between)):
@@ -32,9 +39,20 @@ def read_link(source: str, raw: Any, i: int, dc_names: list[str], fields: dict[s
             f"is larger than the delay ({delay} us), which would need negative delays",
             "use a jitter no larger than the delay",
         )
-    return LinkSpec(
+    link = LinkSpec(
         a=between[0], b=between[1], rate_bps=rate, delay_us=delay, jitter_us=jitter, loss_pct=loss, queue_packets=queue
     )
+    if raw.get("profile") is None:
+        return link
+    profile = raw["profile"]
+    if isinstance(profile, dict) and "steps" in profile:  # a record's resolved profile (``to_file_dict``)
+        try:
+            resolved = LinkProfile.from_dict(profile)
+        except (KeyError, TypeError, ValueError) as e:
+            raise r.fail("profile", f"is not a resolved profile ({e})", "give a file or a generator") from None
+    else:
+        resolved = read_profile(source, profile, r.at("profile"), link.state, folder or Path("."))
+    return LinkSpec(**{**vars(link), "profile": resolved})
 
 
 def read_matrix(source: str, raw: Any, dc_names: list[str]) -> list[LinkSpec]:

@@ -1,0 +1,182 @@
+"""Replaying the topology's link profiles live (``spec/link_profile.py``): a thread that applies
+each link's steps at their times from the moment the network is up, in place, and logs each.
+
+- A rate change sets the link's HTB classes at both ends in one netlink batch each
+  (``WanShaper.set_link_rate``: ``change`` lines in ``shaping.jsonl``).
+- A rate of 0 takes the link down (``link_control.set_link``: iptables drops everything forwarded
+  out of or in from it at both ends; ``link_down``/``link_up`` lines); the next step that is up
+  brings it back.
+- A delay, jitter or loss change goes to the delay mechanism: on the NFQUEUE element, one control
+  datagram per receiving end (``delay_element.set_queue``; it never reorders: a shorter delay
+  makes packets wait behind those already held); on netem, ``tc qdisc change`` of each leaf of the
+  link's egress at both ends, where a decrease is ramped in steps of at most ``NETEM_RAMP_US`` of
+  delay (netem orders its queue by send time, so a decrease of d can put packets sent within d of
+  it before older ones: the ramp bounds that window to one step).
+
+Each step is logged as a ``profile_step`` line (the link, the step's time in the profile, its
+figures, when it was due and when it was applied, on the run's clock), so that the analysis can
+draw the configured rate over time and check the steps' timing. A step that fails stops the
+replay and fails the run (``on_failure``): a profile the run did not follow must not pass for one
+it did.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+from testbed.errors import TestbedError
+from testbed.net import delay_element, link_control
+from testbed.net.hostproc import netns_argv
+from testbed.net.shaping import Netem, ShapingPlan
+from testbed.spec.addressing import AddressPlan
+from testbed.spec.link_profile import LinkState, ProfileStep
+from testbed.spec.topology import LinkSpec, TopologySpec
+from testbed.trace.jsonl import open_jsonl, write_row
+from testbed.trace.shaping_log import SHAPING_LOG
+
+PROFILE_STEP = "profile_step"
+#: the largest delay decrease netem takes at once (µs); see the module doc
+NETEM_RAMP_US = 1_000
+#: how far ahead the replay unrolls a looping profile at a time (µs)
+_WINDOW_US = 3_600_000_000
+
+
+class ProfileError(TestbedError):
+    """A profile step could not be applied."""
+
+
+def link_steps(link: LinkSpec) -> Iterator[ProfileStep]:
+    """Every change of ``link``'s profile from the start, loops unrolled without end."""
+    assert link.profile is not None
+    k = 0
+    while True:
+        window = [s for s in link.profile.changes((k + 1) * _WINDOW_US) if s.t_us >= k * _WINDOW_US]
+        yield from window
+        if link.profile.period_us is None and k * _WINDOW_US > link.profile.steps[-1].t_us:
+            return
+        k += 1
+
+
+class ProfilePlayer(threading.Thread):
+    """Plays the profiles of ``spec``'s links (those that have one) on a network built on this
+    machine: ``set_link_rate(a, b, bps)`` changes a link's rate (``WanShaper.set_link_rate``);
+    ``plan``/``shaping`` locate its ends and delay queues; ``now_ns`` is the run's clock and
+    ``t0_ns`` the profiles' time 0 on it; ``on_failure`` is called once, from this thread, with the
+    ProfileError of a step that failed."""
+
+    def __init__(
+        self,
+        spec: TopologySpec,
+        plan: AddressPlan,
+        shaping: ShapingPlan,
+        set_link_rate: Callable[[str, str, int], None],
+        netem_leaves: Callable[[str, str], list[tuple[int, Netem]]],
+        out_dir: Path,
+        now_ns: Callable[[], int],
+        t0_ns: int,
+        on_failure: Callable[[TestbedError], None],
+    ) -> None:
+        super().__init__(name="profile-player", daemon=True)
+        self.spec, self.plan, self.shaping = spec, plan, shaping
+        self.set_link_rate, self.netem_leaves = set_link_rate, netem_leaves
+        self.out_dir, self.now_ns, self.t0_ns, self.on_failure = out_dir, now_ns, t0_ns, on_failure
+        self.ends = link_control.link_ends(spec, plan.prefix)
+        self._halt = threading.Event()
+        self.applied = 0
+
+    @property
+    def links(self) -> list[LinkSpec]:
+        return [link for link in self.spec.links if link.profile is not None]
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def run(self) -> None:
+        streams = {link_control.link_name(x.a, x.b): (x, link_steps(x)) for x in self.links}
+        state = {name: x.state for name, (x, _) in streams.items()}
+        pending = {name: next(it, None) for name, (_, it) in streams.items()}
+        while not self._halt.is_set():
+            due = [(s.t_us, name) for name, s in pending.items() if s is not None]
+            if not due:
+                return
+            t_us, name = min(due)
+            step = pending[name]
+            assert step is not None
+            wait_s = (self.t0_ns + t_us * 1000 - self.now_ns()) / 1e9
+            if wait_s > 0 and self._halt.wait(wait_s):
+                return
+            link = streams[name][0]
+            try:
+                self.apply(link, state[name], step)
+            except (TestbedError, OSError, KeyError) as e:
+                self.on_failure(ProfileError(f"link {name}: the profile step at {t_us / 1e6:g} s failed: {e}"))
+                return
+            state[name] = step.state
+            pending[name] = next(streams[name][1], None)
+
+    def apply(self, link: LinkSpec, before: LinkState, step: ProfileStep) -> None:
+        """Take ``link`` from ``before`` to ``step``'s state (module doc) and log the step."""
+        name = link_control.link_name(link.a, link.b)
+        after = step.state
+        applied_ns = self.now_ns()
+        changed = after.differs(before)
+        if "rate" in changed:
+            if not after.up:
+                link_control.set_link(self.ends[name], name, True, self.out_dir, known_up=before.up)
+            else:
+                if not before.up:
+                    link_control.set_link(self.ends[name], name, False, self.out_dir, known_up=False)
+                self.set_link_rate(link.a, link.b, after.rate_bps)
+        if "delay" in changed or "loss" in changed:
+            if self.shaping.mechanism == "nfqueue":
+                self._set_element(link, after)
+            else:
+                self._set_netem(link, before, after)
+        self.applied += 1
+        with open_jsonl(self.out_dir / SHAPING_LOG) as log:
+            write_row(
+                log,
+                {
+                    "t_ns": applied_ns,
+                    "event": PROFILE_STEP,
+                    "link": name,
+                    "profile_t_us": step.t_us,
+                    "due_ns": self.t0_ns + step.t_us * 1000,
+                    "rate_bps": after.rate_bps,
+                    "delay_us": after.delay_us,
+                    "jitter_us": after.jitter_us,
+                    "loss_pct": after.loss_pct,
+                    "changed": list(changed),
+                    "duration_ns": self.now_ns() - applied_ns,
+                },
+            )
+
+    def _set_element(self, link: LinkSpec, s: LinkState) -> None:
+        for at, peer in ((link.a, link.b), (link.b, link.a)):
+            netns, ifname = self.plan.routers[at].netns, self.plan.wan_ends[(at, peer)].ifname
+            queue = next(
+                (q for q in self.shaping.delay_queues if (q.netns, q.in_ifname) == (netns, ifname) and q.live), None
+            )
+            if queue is None:
+                raise ProfileError(f"no live delay queue on {netns}/{ifname}")
+            delay_element.set_queue(netns, queue.queue_num, s.delay_us, s.jitter_us, s.loss_pct)
+
+    def _set_netem(self, link: LinkSpec, before: LinkState, after: LinkState) -> None:
+        delays = [after.delay_us]
+        if after.delay_us < before.delay_us:  # ramp down (module doc)
+            delays = list(range(before.delay_us - NETEM_RAMP_US, after.delay_us, -NETEM_RAMP_US)) + [after.delay_us]
+        for delay in delays:
+            for src, dst in ((link.a, link.b), (link.b, link.a)):
+                netns, ifname = self.plan.routers[src].netns, self.plan.wan_ends[(src, dst)].ifname
+                for minor, leaf in self.netem_leaves(src, dst):
+                    new = replace(leaf, delay_us=delay, jitter_us=min(after.jitter_us, delay), loss_pct=after.loss_pct)
+                    argv = ["tc", "qdisc", "change", "dev", ifname, "parent", f"1:{minor:x}", "handle", f"{minor:x}:"]
+                    argv += ["netem", "limit", str(new.limit_packets), "delay", f"{new.delay_us}us"]
+                    argv += [f"{new.jitter_us}us", "loss", f"{new.loss_pct}%"]
+                    proc = subprocess.run(netns_argv(netns, argv), capture_output=True, text=True)
+                    if proc.returncode != 0:
+                        raise ProfileError(f"tc refused {' '.join(argv)} in {netns}: {proc.stderr.strip()}")
