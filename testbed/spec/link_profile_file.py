@@ -358,8 +358,8 @@ def mahimahi_rates(times_ms: list[int], granularity_us: int) -> tuple[list[int],
     period_us = times_ms[-1] * 1000
     n = -(-period_us // granularity_us)
     counts = [0] * n
-    for t in times_ms:
-        counts[min(t * 1000 // granularity_us, n - 1)] += 1
+    for t in times_ms:  # an opportunity at t ms is the step's that ends at or after t
+        counts[min(max(0, t * 1000 - 1) // granularity_us, n - 1)] += 1
     widths = [min(granularity_us, period_us - i * granularity_us) for i in range(n)]
     rates = [max(MIN_RATE_BPS, round(c * MAHIMAHI_PACKET_BYTES * 8 * 1e6 / w)) for c, w in zip(counts, widths)]
     # cumulative delivery at each opportunity: the trace's, and the steps' (piecewise linear)
@@ -370,7 +370,7 @@ def mahimahi_rates(times_ms: list[int], granularity_us: int) -> tuple[list[int],
     for t in times_ms:
         delivered += MAHIMAHI_PACKET_BYTES
         t_us = t * 1000
-        i = min(t_us // granularity_us, n - 1)
+        i = min(max(0, t_us - 1) // granularity_us, n - 1)
         stepped = before[i] + rates[i] * (t_us - i * granularity_us) / 8e6
         gap = max(gap, abs(delivered - stepped))
     mean_bps = len(times_ms) * MAHIMAHI_PACKET_BYTES * 8 * 1e6 / period_us
