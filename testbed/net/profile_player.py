@@ -124,18 +124,20 @@ class ProfilePlayer(threading.Thread):
         after = step.state
         applied_ns = self.now_ns()
         changed = after.differs(before)
-        if "rate" in changed:
-            if not after.up:
-                link_control.set_link(self.ends[name], name, True, self.out_dir, known_up=before.up)
-            else:
-                if not before.up:
-                    link_control.set_link(self.ends[name], name, False, self.out_dir, known_up=False)
-                self.set_link_rate(link.a, link.b, after.rate_bps)
+        going_down, coming_up = before.up and not after.up, after.up and not before.up
+        if going_down:
+            link_control.set_link(self.ends[name], name, True, self.out_dir, known_up=True)
+        if "rate" in changed and after.up:
+            self.set_link_rate(link.a, link.b, after.rate_bps)
         if "delay" in changed or "loss" in changed:
             if self.shaping.mechanism == "nfqueue":
                 self._set_element(link, after)
             else:
                 self._set_netem(link, before, after)
+        done_ns = self.now_ns()
+        if coming_up:  # last: what crosses from now on sees the step's figures
+            row = link_control.set_link(self.ends[name], name, False, self.out_dir, known_up=False)
+            done_ns = row["t_ns"] + row["duration_ns"] if row else self.now_ns()
         self.applied += 1
         with open_jsonl(self.out_dir / SHAPING_LOG) as log:
             write_row(
@@ -151,7 +153,7 @@ class ProfilePlayer(threading.Thread):
                     "jitter_us": after.jitter_us,
                     "loss_pct": after.loss_pct,
                     "changed": list(changed),
-                    "duration_ns": self.now_ns() - applied_ns,
+                    "duration_ns": done_ns - applied_ns,
                 },
             )
 
