@@ -27,7 +27,9 @@ from testbed.net.features import DELAY_MECHANISMS
 from testbed.run.interrupts import tears_down_on_signals
 from testbed.spec.pipeline_schedules import DEFAULT_VIRTUAL_STAGES, MAX_VIRTUAL_STAGES, SCHEDULES
 from testbed.spec.policy import ABLATION, POLICIES
+from testbed.spec.regions import DEFAULT_HOSTS, DEFAULT_SCALE, MAX_RATE_BPS
 from testbed.spec.topology_file import DEFAULT_TOPOLOGY
+from testbed.spec.units import format_rate
 
 
 def _command_in(module: str, name: str) -> Callable[[argparse.Namespace], int]:
@@ -40,8 +42,8 @@ def _command_in(module: str, name: str) -> Callable[[argparse.Namespace], int]:
     return command
 
 
-cmd_topo_show, cmd_topo_check, cmd_topo_up = (
-    _command_in("topo", n) for n in ("cmd_topo_show", "cmd_topo_check", "cmd_topo_up")
+cmd_topo_show, cmd_topo_check, cmd_topo_up, cmd_topo_regions = (
+    _command_in("topo", n) for n in ("cmd_topo_show", "cmd_topo_check", "cmd_topo_up", "cmd_topo_regions")
 )
 cmd_run, cmd_compare, cmd_plan, cmd_schedule, cmd_analyze = (
     _command_in("train", n) for n in ("cmd_run", "cmd_compare", "cmd_plan", "cmd_schedule", "cmd_analyze")
@@ -89,7 +91,9 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
             )
             backend_options(sp)
 
-    topo = sub.add_parser("topo", help="topologies: show, check, up").add_subparsers(dest="topo_command", required=True)
+    topo = sub.add_parser("topo", help="topologies: show, check, up, regions").add_subparsers(
+        dest="topo_command", required=True
+    )
     sp = topo.add_parser("show", help="print DCs, hosts, addresses, routes (no root needed)")
     topo_args(sp, out=False)
     sp.add_argument("--tc", action="store_true", help="also print the shaping as tc commands")
@@ -112,6 +116,7 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
     sp = topo.add_parser("up", help="build the topology and keep it up until Ctrl-C")
     topo_args(sp)
     sp.set_defaults(func=cmd_topo_up)
+    add_regions_parser(topo)
 
     link = sub.add_parser(
         "link", help="WAN link changes while a topology or a run is up: list, down LINK, up LINK, rate LINK RATE"
@@ -295,6 +300,42 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
     sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
     sp.set_defaults(func=cmd_doctor)
     return add_examples(p, command)
+
+
+def add_regions_parser(topo) -> None:
+    """The ``topo regions`` subcommand's arguments."""
+    sp = topo.add_parser(
+        "regions",
+        help="write a topology of real cloud regions: WAN RTTs and rates from Skyplane's 2022 measurements, "
+        "the rates scaled down (no root needed)",
+    )
+    sp.add_argument(
+        "regions",
+        nargs="*",
+        metavar="REGION",
+        help="two or more regions, cloud:region as Skyplane names them (aws:us-east-1, azure:eastus, "
+        "gcp:europe-west4-a); one DC each",
+    )
+    sp.add_argument(
+        "--scale",
+        type=number(1e-6, 1),
+        default=DEFAULT_SCALE,
+        help=f"measured rates are multiplied by this (default {DEFAULT_SCALE:g}: the emulator cannot run links at "
+        f"tens of Gbit/s, and refuses a rate above {format_rate(MAX_RATE_BPS)})",
+    )
+    sp.add_argument(
+        "--hosts", type=number(1, 1024, int), default=DEFAULT_HOSTS, help=f"hosts per DC (default {DEFAULT_HOSTS})"
+    )
+    sp.add_argument("--name", help="the topology's name (default: regions_ and the DCs' names)")
+    sp.add_argument(
+        "--unmeasured-rate",
+        metavar="RATE",
+        help="the rate (as emulated, such as 30mbit) of a link between regions whose throughput was not measured "
+        "(default: such a pair is an error naming regions nearby that were)",
+    )
+    sp.add_argument("-o", "--out", type=Path, metavar="FILE", help="write the topology here (default: print it)")
+    sp.add_argument("--list", action="store_true", help="print every known region, its DC name and what was measured")
+    sp.set_defaults(func=cmd_topo_regions)
 
 
 def add_sim_parser(sub) -> None:

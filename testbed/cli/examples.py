@@ -12,6 +12,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "topo show": ("testbed topo show three_dc", "testbed topo show four_dc --tc"),
     "topo check": ("sudo testbed topo check two_dc", "sudo testbed topo check three_dc --json --attempts 2"),
     "topo up": ("sudo testbed topo up two_dc",),
+    "topo regions": (
+        "testbed topo regions --list",
+        "testbed topo regions aws:us-east-1 azure:westus gcp:europe-west4-a --scale 0.02 -o us_eu.yaml",
+        "testbed topo regions aws:us-east-1 gcp:europe-west4-a azure:eastasia --unmeasured-rate 30mbit",
+    ),
     "run": (
         "sudo testbed run",
         "sudo testbed run four_dc --policy atlas+bubbletea --iterations 16",

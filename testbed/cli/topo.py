@@ -1,4 +1,5 @@
-"""``testbed topo show|check|up``: a topology described, measured, or kept up."""
+"""``testbed topo show|check|up|regions``: a topology described, measured, kept up, or written from
+real cloud regions."""
 
 from __future__ import annotations
 
@@ -6,15 +7,18 @@ import json
 import sys
 import time
 
-from testbed.cli.common import network, root_preamble
+from testbed.cli.common import err, network, root_preamble
+from testbed.errors import TestbedError
 from testbed.net.features import cached_features, describe_mechanism, require_tools
 from testbed.net.fidelity import HEADER, check_fidelity, format_row
 from testbed.net.shaping import plan_shaping
 from testbed.net.shaping_text import tc_argv
 from testbed.spec.addressing import AddressPlan
+from testbed.spec.regions import dc_name, regions_topology
+from testbed.spec.regions_table import RegionError, load_regions_table
 from testbed.spec.routing import RoutingTable
 from testbed.spec.topology_file import load_topology
-from testbed.spec.units import format_duration_us, format_rate
+from testbed.spec.units import UnitError, format_duration_us, format_rate, parse_rate_bps
 
 
 def cmd_topo_show(args) -> int:
@@ -119,4 +123,48 @@ def cmd_topo_up(args) -> int:
                 net.check_alive()
         except KeyboardInterrupt:
             print("tearing down")
+    return 0
+
+
+def cmd_topo_regions(args) -> int:
+    """Print (or write to ``--out``) a topology of real cloud regions (``spec/regions.py``)."""
+    if args.list:
+        table = load_regions_table()
+        print(f"{'region':<32} {'DC name':<8} measured (Skyplane 2022, {table.source})")
+        for name in table.names:
+            measured = [
+                what
+                for what, has in (
+                    ("RTT", table.has_rtt(name)),
+                    ("throughput", any(table.throughput_bps(name, n) for n in table.names if n != name)),
+                )
+                if has
+            ]
+            print(f"{name:<32} {dc_name(name):<8} {', '.join(measured)}")
+        return 0
+    if len(args.regions) < 2:
+        raise RegionError(
+            f"{len(args.regions)} region given: name at least two, such as aws:us-east-1 gcp:europe-west4-a "
+            "(testbed topo regions --list prints them all)"
+        )
+    rate = None
+    if args.unmeasured_rate is not None:
+        try:
+            rate = parse_rate_bps(args.unmeasured_rate)
+        except UnitError as e:
+            raise RegionError(f"--unmeasured-rate {args.unmeasured_rate!r} {e}") from None
+    topo = regions_topology(args.regions, args.scale, args.hosts, args.name, rate)
+    text = topo.to_yaml()
+    if args.out is None:
+        print(text, end="")
+    else:
+        try:
+            args.out.write_text(text)
+        except OSError as e:
+            raise TestbedError(f"cannot write {args.out}: {e.strerror}; give -o a path in a writable folder") from None
+        err(f"wrote {args.out}: {topo.name}, {len(topo.dcs)} DCs, {len(topo.links)} links")
+    err(
+        f"rates are the measured goodput x {topo.scale:g} ({', '.join(format_rate(k.rate_bps) for k in topo.links)}): "
+        "this emulator cannot run links at tens of Gbit/s; delays are as measured"
+    )
     return 0

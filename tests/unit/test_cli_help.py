@@ -11,6 +11,7 @@ import pytest
 from testbed.cli import build_parser, split_job
 from testbed.cli.examples import EXAMPLES, subcommands
 from testbed.spec.experiment_file import load_experiment
+from testbed.spec.regions_table import load_regions_table
 from testbed.spec.scenario_file import load_scenario, names_scenario
 from testbed.spec.topology_file import load_topology
 
@@ -36,7 +37,10 @@ def test_every_example_parses_and_names_shipped_files(line):
     args = build_parser().parse_args(argv)
     if job is not None:  # testbed launch: the job's script ships with the checkout
         assert (REPO / job[0]).is_file(), job[0]
-    if args.command == "topo":
+    if args.command == "topo" and args.topo_command == "regions":
+        for region in args.regions:  # each one the regions table holds
+            load_regions_table().check(region)
+    elif args.command == "topo":
         load_topology(args.file)
     elif args.command == "sim" and args.experiment is not None and names_scenario(args.experiment):
         load_scenario(args.experiment)
