@@ -21,6 +21,7 @@ from testbed.spec.bubbletea import BUBBLETEA_FIELDS
 from testbed.spec.compute import COMPUTE_FIELDS, DEVICE_FIELDS
 from testbed.spec.experiment_fields import EXPERIMENT_FIELDS
 from testbed.spec.fields import KINDS, Field, FieldTable
+from testbed.spec.link_profile_file import GENERATOR_FIELDS, PROFILE_FILE_FIELDS
 from testbed.spec.model import MODEL_FIELDS
 from testbed.spec.scenario_file import SCENARIO_DC_FIELDS, SCENARIO_FIELDS, SCENARIO_MODEL_FIELDS
 from testbed.spec.topology_fields import ADDRESSING_FIELDS, DC_FIELDS, LINK_FIELDS, MATRIX_FIELDS, TOPOLOGY_FIELDS
@@ -42,6 +43,13 @@ FILE_FORMATS: tuple[tuple[str, str, tuple[FieldTable, ...]], ...] = (
         "Topology files",
         "`topologies/*.yaml`, or any path: `testbed topo show FILE`",
         (TOPOLOGY_FIELDS, DC_FIELDS, LINK_FIELDS, MATRIX_FIELDS, ADDRESSING_FIELDS),
+    ),
+    (
+        "Link profiles",
+        "a topology link's `profile`: a CSV (`time`, `rate`, `delay`, `jitter`, `loss` columns, a value with its "
+        "unit per cell, `down`/`up` for the rate), a Mahimahi trace, a YAML file holding one of these mappings, "
+        "or the mapping itself",
+        (PROFILE_FILE_FIELDS, *GENERATOR_FIELDS.values()),
     ),
     (
         "Scenario files",

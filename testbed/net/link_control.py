@@ -37,11 +37,10 @@ from testbed.net.shaping import DEFAULT_CLASS_MINOR, LINK_CLASS_MINOR, HtbClass
 from testbed.spec.addressing import AddressPlan
 from testbed.spec.topology import TopologySpec
 from testbed.trace.jsonl import open_jsonl, write_row
-from testbed.trace.shaping_log import SHAPING_LOG, shaping_record
+from testbed.trace.shaping_log import LINK_DOWN, LINK_UP, SHAPING_LOG, shaping_record
 
 #: the backends whose routers live in this machine's namespaces
 LOCAL_BACKENDS = ("netns", "mininet")
-LINK_DOWN, LINK_UP = "link_down", "link_up"
 
 
 class LinkError(TestbedError):

@@ -36,9 +36,8 @@ from testbed.spec.addressing import AddressPlan
 from testbed.spec.link_profile import LinkState, ProfileStep
 from testbed.spec.topology import LinkSpec, TopologySpec
 from testbed.trace.jsonl import open_jsonl, write_row
-from testbed.trace.shaping_log import SHAPING_LOG
+from testbed.trace.shaping_log import PROFILE_STEP, SHAPING_LOG
 
-PROFILE_STEP = "profile_step"
 #: the largest delay decrease netem takes at once (µs); see the module doc
 NETEM_RAMP_US = 1_000
 #: how far ahead the replay unrolls a looping profile at a time (µs)

@@ -27,6 +27,8 @@ from testbed.results.plots import (
 )
 from testbed.results.sched_summary import sched_stats
 from testbed.results.summary import grant_stats, slice_stats, summarize
+from testbed.results.wan_changes import outages, profile_phases
+from testbed.spec.units import format_rate
 from testbed.trace import metrics as M
 from testbed.trace import schema as T
 from testbed.trace.events import read_events, read_link_counters
@@ -77,6 +79,10 @@ def finalize(run_dir: Path, aborted: bool = False) -> dict[str, Any]:
     summary.update(slice_stats(run_dir))
     summary.update(bubbletea_stats(run_dir, ev, config, summary[M.GPU_UTILIZATION]))
     summary.update(sched_stats(run_dir, ev, config["warmup_iterations"]))
+    shaping = read_jsonl(run_dir / SHAPING_LOG) if (run_dir / SHAPING_LOG).exists() else []
+    training = A.training_events(ev) if not ev.empty else ev
+    summary[M.OUTAGES] = outages(shaping, training, env.get("run_start_ns"))
+    summary[M.PROFILE_PHASES] = profile_phases(shaping, training, config["warmup_iterations"])
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     if not ev.empty:
         (run_dir / "trace.json").write_text(json.dumps(chrome_trace(ev, read_jsonl(run_dir / SHAPING_LOG))))
@@ -223,6 +229,20 @@ def format_summary(s: dict[str, Any]) -> str:
     measured = s[M.COMPLETED_ITERATIONS] - s[M.WARMUP_ITERATIONS]
     if 0 < measured < 3:
         lines.append(f"  note: statistics from only {measured} measured iteration(s)")
+    for o in s.get(M.OUTAGES) or []:
+        took = f"{o['duration_s']:.2f} s" if o["duration_s"] is not None else "until the end"
+        resumed = f", training resumed {o['resume_ms']:.0f} ms after its return" if o["resume_ms"] is not None else ""
+        lines.append(f"  outage of {o['link']} at {o['down_s']:.1f} s for {took}{resumed}")
+    phases = s.get(M.PROFILE_PHASES) or []
+    if phases:
+        lines.append("  iteration time per profile phase:")
+    for p in phases:
+        links = ", ".join(
+            f"{k} {'down' if v['rate_bps'] == 0 else format_rate(v['rate_bps'])} {v['delay_us'] / 1000:g} ms"
+            for k, v in p["links"].items()
+        )
+        t = f"{p['iteration_time_s']:.3f} s over {p['iterations']}" if p["iteration_time_s"] is not None else "none"
+        lines.append(f"    from {p['start_s']:.1f} s ({links}): {t}")
     if s[M.ABORTED]:
         lines.append("  the run was ABORTED: figures cover the completed part")
     return "\n".join(lines)

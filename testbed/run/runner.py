@@ -44,6 +44,9 @@ __all__ = ["RunError", "check_runnable", "run_experiment", "timeout_s"]
 
 #: the predicted iterations a run's collective and hang timeouts last at least (``timeout_s``)
 TIMEOUT_ITERATIONS = 3
+#: how much longer than the outage timeout the collective timeout is (s): time for the watcher to
+#: see the outage, abort and tear down before any worker's gloo gives up
+OUTAGE_MARGIN_S = 30.0
 
 
 def timeout_s(exp: Experiment, predicted_iteration_s: float = 0.0) -> float:
@@ -51,14 +54,17 @@ def timeout_s(exp: Experiment, predicted_iteration_s: float = 0.0) -> float:
     the longest one-way delay) plus the padded compute of a whole iteration, at least 60 s and at
     least ``TIMEOUT_ITERATIONS`` predicted iterations (dp-wan's all-reduce over a slow link can take
     minutes: a random draw's was cut at 60 s). A slow link never trips it; a dead peer is detected
-    within it."""
+    within it. It is also longer than the experiment's ``outage_timeout`` (plus
+    ``OUTAGE_MARGIN_S``): a link that stays down is reported by the run's watcher, naming it, not by
+    gloo."""
     topo = exp.topology_spec
     act_bytes = exp.activation_bytes
     slowest = min(link.rate_bps for link in topo.links) if topo.links else 10**9
     longest = max((link.delay_us for link in topo.links), default=0) / 1e6
     per_iter = exp.microbatches * (exp.compute.forward_ms + exp.compute.backward_ms) / 1000 * exp.stages
     transfers = 10 * (act_bytes * 8 / slowest + longest) * exp.microbatches * exp.stages
-    return max(60.0, transfers + 3 * per_iter, TIMEOUT_ITERATIONS * predicted_iteration_s)
+    outage = exp.outage_timeout / 1e6 + OUTAGE_MARGIN_S
+    return max(60.0, transfers + 3 * per_iter, TIMEOUT_ITERATIONS * predicted_iteration_s, outage)
 
 
 def check_runnable(exp: Experiment, backend: str = "netns", force: bool = False) -> RunPlan:

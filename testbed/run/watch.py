@@ -16,6 +16,7 @@ from testbed.errors import TestbedError
 from testbed.net.network import Network, Process
 from testbed.plan.placement import WorkerSpec
 from testbed.plan.virtual_stages import experiment_homes
+from testbed.run.outage_watch import OutageWatch
 from testbed.run.profile import FirstIterationProfile
 from testbed.spec.experiment import Experiment
 from testbed.trace import schema as T
@@ -101,8 +102,11 @@ def watch(
     """Return when every worker has exited 0. Raises RunError when one exits non-zero or none
     writes an event for ``hang_s`` seconds (plus STARTUP_S before the first), DelayElementError
     when the delay mechanism dies; reports a dead controller (links fall back to fair sharing);
-    polls ``profile`` (planned grants under real compute) until it has made its plan."""
+    polls ``profile`` (planned grants under real compute) until it has made its plan. While a WAN
+    link is down the run is stalled, not hung: OutageError once one has been down past the
+    experiment's ``outage_timeout`` (``outage_watch.py``)."""
     events = out_dir / "events"
+    outages = OutageWatch(out_dir, exp.outage_timeout / 1e6)
     last_size, last_change, shown, offset = -1, time.monotonic(), -1, 0
     loss_stage = experiment_homes(exp)[-1]  # the worker holding the last virtual stage traces the loss
     last_stage = [w for w in workers if w.stage == loss_stage and w.replica == 0][0]
@@ -131,6 +135,10 @@ def watch(
             profile.poll()
         size = sum(p.stat().st_size for p in events.glob("*.jsonl")) if events.exists() else 0
         now = time.monotonic()
+        outages.check()
+        if outages.down:  # stalled on the link, not hung: the hang timeout counts from its return
+            last_change = now
+        last_change = max(last_change, outages.last_up_ns / 1e9)
         if size != last_size:
             last_size, last_change = size, now
         elif now - last_change > (hang_s if size else hang_s + STARTUP_S):

@@ -85,6 +85,8 @@ class Experiment:
     #: memory of one emulated GPU (MiB), scaled like the rest of the experiment (DESIGN.md 2a); plans
     #: whose stage does not fit are infeasible (``plan/memory.py``'s ``gpu_bytes``); None: unchecked
     gpu_memory_mb: float | None = None
+    #: how long a WAN link may stay down before the run aborts (µs; ``run/outage_watch.py``)
+    outage_timeout: int = 60_000_000
     bubbletea: BubbleTeaSpec = field(default_factory=BubbleTeaSpec)
     #: what one TCP connection carried on each WAN path of a run, measured (``wan_profile.py``;
     #: ``testbed run --profile-wan``): the simulator then uses it in place of the modelled window.

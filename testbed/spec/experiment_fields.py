@@ -124,6 +124,17 @@ EXPERIMENT_FIELDS = FieldTable(
             default=True,
         ),
         Field(
+            "outage_timeout",
+            "duration",
+            "how long a WAN link may stay down (an outage: a profile's, or `testbed link down`) before the run "
+            "aborts, naming the link; training stalls meanwhile and resumes when the link returns",
+            "µs",
+            default=60_000_000,
+            low=1_000_000,
+            high=3_600_000_000,
+            fix="write a timeout between 1s and 3600s, such as 60s",
+        ),
+        Field(
             "gpu_memory_mb",
             "number",
             "one emulated GPU's memory, scaled like the rest; a plan whose stage does not fit is infeasible",

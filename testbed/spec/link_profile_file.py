@@ -40,7 +40,7 @@ CSV_COLUMNS = ("time", "rate", "delay", "jitter", "loss")
 GENERATORS = ("diurnal", "random_walk", "on_off", "step")
 
 _LOOP = Field("loop", "bool", "start the profile again after its period", default_text="see the form")
-_RATE: dict[str, Any] = {"low": 0.0, "low_open": True, "fix": f"write a rate of at least {format_rate(MIN_RATE_BPS)}"}
+_RATE: dict[str, Any] = {"low": MIN_RATE_BPS, "fix": f"write a rate of at least {format_rate(MIN_RATE_BPS)}"}
 
 PROFILE_FILE_FIELDS = FieldTable(
     "topology: links[i].profile (file)",

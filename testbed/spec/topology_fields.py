@@ -109,7 +109,7 @@ LINK_FIELDS = FieldTable(
             "profile",
             "path",
             "how the link's rate, delay, jitter and loss change while it is up: a CSV or Mahimahi file, "
-            "a YAML file, or a generator mapping (see the profile tables)",
+            "a YAML file, or a generator mapping (see the link profile tables)",
             default_text="none: the figures hold",
         ),
     ),

@@ -152,6 +152,21 @@ PREDICTED_ITERATION_TIME_S = _training(
 )
 PREDICTION_ERROR = _training("prediction_error", "", "(measured - predicted) / measured, of `iteration_time_s`")
 
+_wan = _group("A WAN that changed (link profiles, outages)")
+OUTAGES = _wan(
+    "outages",
+    "",
+    "each outage of a WAN link: `link`, `down_s` (after the run's start), `duration_s` (none: still down at the "
+    "end) and `resume_ms`, from the link's return to the end of the first wait under way then (TCP's "
+    "retransmission backoff)",
+)
+PROFILE_PHASES = _wan(
+    "profile_phases",
+    "",
+    "each phase of the links' profiles: `start_s` (after the first step), the `links`' `rate_bps` (0: down) and "
+    "`delay_us`, the measured `iterations` that began in it and their mean `iteration_time_s`",
+)
+
 _atlas = _group("Atlas's controller")
 GRANTS = _atlas("grants", "", "link grants the controller applied")
 CONTROLLER_FAILED = _atlas(

@@ -1,0 +1,71 @@
+"""Outages while a run trains: the WAN links that are down, followed from the run's
+``shaping.jsonl`` (``link_down``/``link_up`` lines, written by a profile's replay or by ``testbed
+link down|up`` from another shell), so that the run's watcher (``watch.py``) neither takes the
+stall for a hung worker nor waits on it for ever: a link down longer than the experiment's
+``outage_timeout`` aborts the run, naming the link.
+
+The workers' collective timeout (gloo's) is set above the outage timeout (``runner.timeout_s``), so
+that it is this watcher, not gloo, that decides."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from testbed.errors import TestbedError
+from testbed.trace.shaping_log import LINK_DOWN, LINK_UP, SHAPING_LOG
+
+
+class OutageError(TestbedError):
+    """A WAN link stayed down past the experiment's outage timeout; the run was aborted."""
+
+
+class OutageWatch:
+    """Follows ``out_dir``'s shaping log from where it ends now. ``timeout_s``: how long a link may
+    stay down (s)."""
+
+    def __init__(self, out_dir: Path, timeout_s: float) -> None:
+        self.path = out_dir / SHAPING_LOG
+        self.timeout_s = timeout_s
+        self.offset = 0
+        #: links down now: name -> when it went down (CLOCK_MONOTONIC, ns)
+        self.down: dict[str, int] = {}
+        #: when the last link came back (ns; 0: none has)
+        self.last_up_ns = 0
+
+    def poll(self) -> None:
+        """Read the lines appended since the last poll."""
+        if not self.path.exists():
+            return
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if row.get("event") == LINK_DOWN:
+                self.down.setdefault(row["link"], int(row["t_ns"]))
+            elif row.get("event") == LINK_UP:
+                self.down.pop(row["link"], None)
+                self.last_up_ns = max(self.last_up_ns, int(row["t_ns"]))
+
+    def check(self, now_ns: int | None = None) -> None:
+        """Raise OutageError naming the link that has been down longest, where that is past the
+        timeout."""
+        self.poll()
+        if not self.down:
+            return
+        now_ns = time.monotonic_ns() if now_ns is None else now_ns
+        link, since = min(self.down.items(), key=lambda kv: kv[1])
+        down_s = (now_ns - since) / 1e9
+        if down_s > self.timeout_s:
+            raise OutageError(
+                f"WAN link {link} has been down for {down_s:.1f} s, past the experiment's outage_timeout "
+                f"({self.timeout_s:g} s): training cannot go on without it, and the run was aborted "
+                "(its traces are kept). Bring the link up sooner (testbed link up), or give a longer outage_timeout"
+            )
