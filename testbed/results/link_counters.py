@@ -9,24 +9,31 @@ import pandas as pd
 
 from testbed.trace import schema as T
 
+#: the HTB class of a WAN link direction: what the link carries, capped at the link's rate
+LINK_CLASS = "1:1"
+
 
 def link_utilization(counters: pd.DataFrame) -> pd.DataFrame:
     """Per link and sampling interval: t_s (from the first sample), bits per second sent by the
-    link class 1:1 and its share of the link rate."""
-    c = counters[counters[T.CLASSID] == "1:1"].sort_values([T.LINK, T.T_NS])
+    link class 1:1 and its share of the link rate in force: the class's ceil as read back at the
+    interval's two ends, their mean where it changed in between (a profile's step, ``testbed link
+    rate``: the interval's bytes went out partly at each rate). An outage leaves the class's rate
+    as it was: its intervals show 0."""
+    c = counters[counters[T.CLASSID] == LINK_CLASS].sort_values([T.LINK, T.T_NS])
     if c.empty:
         return pd.DataFrame(columns=[T.LINK, T.T_NS, "t_s", "bps", "utilization"])
     t0 = c[T.T_NS].min()
     g = c.groupby(T.LINK)
     dt = g[T.T_NS].diff() / 1e9
     bps = g[T.TX_BYTES].diff() * 8 / dt
+    rate = (c[T.RATE_BPS] + g[T.RATE_BPS].shift()) / 2
     out = pd.DataFrame(
         {
             T.LINK: c[T.LINK],
             T.T_NS: c[T.T_NS],
             "t_s": (c[T.T_NS] - t0) / 1e9,
             "bps": bps,
-            "utilization": bps / c[T.RATE_BPS],
+            "utilization": bps / rate,
         }
     ).dropna()
     return out.reset_index(drop=True)

@@ -1,14 +1,19 @@
 """A run's plots: the pipeline timeline (``timeline.png``), WAN link utilization
 (``wan_utilization.png``), Atlas's grants on one link (``link_grants.png``) and BubbleTea's bubble
 predictions against what was observed (``bubble_prediction.png``), drawn with matplotlib's
-non-interactive backend."""
+non-interactive backend. Where a link's rate changed during the run (a profile, ``testbed link``),
+the utilization plot, and the timeline where it changed within the iterations shown, draw the
+configured rate over time in a panel below their own, and shade the outages
+(``wan_changes.configured_rates``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
+from testbed.results.wan_changes import RATE_COLUMNS, down_spans, rates_drawn
 from testbed.trace import schema as T
 
 COLORS = {
@@ -21,9 +26,55 @@ COLORS = {
     T.IDLE: "#ffffff",
     T.PREFILL: "#e7b416",
 }
+_NO_RATES = pd.DataFrame(columns=RATE_COLUMNS)
 
 
-def plot_timeline(ev: pd.DataFrame, path: Path, warmup: int) -> None:
+def _mbit(bps: int) -> str:
+    return "down" if bps == 0 else f"{bps / 1e6:g} Mbit/s"
+
+
+#: the configured rate's line and the outages' shade
+RATE_STYLE = {"linestyle": "--", "linewidth": 1.2, "drawstyle": "steps-post"}
+DOWN_STYLE = {"color": "#d62728", "alpha": 0.12, "linewidth": 0}
+
+
+def _alike(drawn: pd.DataFrame) -> dict[tuple[tuple[int, int], ...], list[str]]:
+    """``rates_drawn``'s directions grouped by their steps (``(t_ns, rate_bps)`` each): a link's two
+    directions changed alike are drawn and named together."""
+    alike: dict[tuple[tuple[int, int], ...], list[str]] = {}
+    for link, g in drawn.groupby(T.LINK, sort=True):
+        alike.setdefault(tuple(zip(g[T.T_NS], g[T.RATE_BPS])), []).append(str(link))
+    return alike
+
+
+def _draw_rates(ax: Any, drawn: pd.DataFrame, t0_ns: int, unit_ns: float, colors: dict[str, str]) -> None:
+    """``rates_drawn``'s lines on ``ax`` in Mbit/s against time in ``unit_ns`` from ``t0_ns``, one per
+    direction (a link's two directions in one line where they changed alike), coloured as
+    ``colors`` has them (the default cycle's next colours for the others)."""
+    import matplotlib.pyplot as plt
+
+    spare = [c for c in plt.rcParams["axes.prop_cycle"].by_key()["color"] if c not in colors.values()]
+    for steps, links in _alike(drawn).items():
+        color = colors.get(links[0]) or (spare.pop(0) if spare else "black")
+        x = [(t - t0_ns) / unit_ns for t, _ in steps]
+        ax.plot(x, [bps / 1e6 for _, bps in steps], color=color, label=", ".join(links), **RATE_STYLE)
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("configured\nrate (Mbit/s)")
+
+
+def _shade_down(axes: list[Any], drawn: pd.DataFrame, t0_ns: int, unit_ns: float) -> None:
+    """Shaded bands on ``axes`` where a link of ``drawn`` was down (labelled once, on the first)."""
+    for i, (start, end) in enumerate(down_spans(drawn)):
+        for ax in axes:
+            label = "link down" if i == 0 and ax is axes[0] else None
+            ax.axvspan((start - t0_ns) / unit_ns, (end - t0_ns) / unit_ns, label=label, **DOWN_STYLE)
+
+
+def plot_timeline(ev: pd.DataFrame, path: Path, warmup: int, rates: pd.DataFrame | None = None) -> None:
+    """Each worker's operations over the last two iterations (one row per worker). Where ``rates``
+    (``wan_changes.configured_rates``) changed within those iterations, a panel below with each
+    changed link direction's configured rate, outages shaded across both; where they changed only
+    at other times, the rates these iterations ran under in the title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -36,7 +87,18 @@ def plot_timeline(ev: pd.DataFrame, path: Path, warmup: int) -> None:
         return
     t0 = ev[T.START_NS].min()
     workers = sorted(ev[T.WORKER].unique())
-    fig, ax = plt.subplots(figsize=(14, 0.5 * len(workers) + 1.5))
+    height = 0.5 * len(workers) + 1.5
+    drawn = rates_drawn(rates, int(t0), int(ev[T.END_NS].max())) if rates is not None else _NO_RATES
+    held = ""  # the rates these iterations ran under, where they changed only outside them
+    if not drawn.empty and all(g[T.RATE_BPS].nunique() == 1 for _, g in drawn.groupby(T.LINK)):
+        held = "; ".join(f"{', '.join(k)} {_mbit(steps[0][1])}" for steps, k in _alike(drawn).items())
+        drawn, height = _NO_RATES, height + 0.3  # the title's second line
+    if drawn.empty:
+        fig, ax = plt.subplots(figsize=(14, height))
+    else:
+        fig, (ax, rx) = plt.subplots(
+            2, 1, figsize=(14, height + 2.2), sharex=True, gridspec_kw={"height_ratios": [height, 1.4]}
+        )
     chunked = ev[T.VIRTUAL_STAGE].notna() & (ev[T.VIRTUAL_STAGE] != ev[T.STAGE])
     several = chunked[ev[T.KIND].isin([T.FORWARD, T.BACKWARD])].any()  # workers hold several chunks
     for kind, color in COLORS.items():
@@ -78,16 +140,32 @@ def plot_timeline(ev: pd.DataFrame, path: Path, warmup: int) -> None:
         workers, [f"w{w} s{labels.loc[w, T.STAGE]} r{labels.loc[w, T.REPLICA]} {labels.loc[w, T.DC]}" for w in workers]
     )
     ax.invert_yaxis()
-    ax.set_xlabel(f"time (ms) from the start of iteration {first}")
+    xlabel = f"time (ms) from the start of iteration {first}"
     what = "microbatch, v: virtual stage" if several else "microbatch"
-    ax.set_title(f"pipeline timeline (numbers: {what}; prefill chunks in yellow under BubbleTea)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / len(workers)), fontsize=7, ncol=5, frameon=False)
-    fig.tight_layout()
+    title = f"pipeline timeline (numbers: {what}; prefill chunks in yellow under BubbleTea)"
+    ax.set_title(title + (f"\nconfigured rates over these iterations (changed at other times): {held}" if held else ""))
+    if drawn.empty:
+        ax.set_xlabel(xlabel)
+        ax.legend(
+            loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / len(workers)), fontsize=7, ncol=5, frameon=False
+        )
+        fig.tight_layout()
+    else:
+        _shade_down([ax, rx], drawn, int(t0), 1e6)
+        _draw_rates(rx, drawn, int(t0), 1e6, {})
+        rx.set_xlabel(xlabel)
+        rx.legend(fontsize=7, loc="upper right")
+        fig.legend(*ax.get_legend_handles_labels(), loc="lower center", fontsize=7, ncol=6, frameon=False)
+        fig.tight_layout(rect=(0, 0.3 / (height + 2.2), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def plot_links(lu: pd.DataFrame, path: Path) -> None:
+def plot_links(lu: pd.DataFrame, path: Path, rates: pd.DataFrame | None = None) -> None:
+    """Each WAN link direction's utilization (``link_counters.link_utilization``: its share of the
+    rate in force) over the sampled time; where ``rates`` (``wan_changes.configured_rates``)
+    changed during the run, a panel below with each changed direction's configured rate (dashed)
+    over what it sent (solid), outages shaded across both."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -95,20 +173,35 @@ def plot_links(lu: pd.DataFrame, path: Path) -> None:
 
     if lu.empty:
         return
-    fig, ax = plt.subplots(figsize=(12, 4))
-    idle = []
+    t0_ns = int(lu[T.T_NS].iloc[0]) - round(float(lu["t_s"].iloc[0]) * 1e9)  # the first sample's time
+    drawn = rates_drawn(rates, t0_ns, int(lu[T.T_NS].max())) if rates is not None else _NO_RATES
+    if drawn.empty:
+        fig, ax = plt.subplots(figsize=(12, 4))
+    else:
+        fig, (ax, rx) = plt.subplots(2, 1, figsize=(12, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    idle, colors = [], {}
     for link, g in lu.groupby(T.LINK):
         if (g["bps"] <= 0).all():
             idle.append(link)
             continue
-        ax.plot(g["t_s"], g["utilization"], label=link, linewidth=0.8)
+        colors[str(link)] = ax.plot(g["t_s"], g["utilization"], label=link, linewidth=0.8)[0].get_color()
     if idle:
         ax.text(0.01, 0.95, "no traffic: " + ", ".join(idle), transform=ax.transAxes, fontsize=7, va="top")
-    ax.set_xlabel("time (s) since the first sample (the network was up; workers were starting)")
+    xlabel = "time (s) since the first sample (the network was up; workers were starting)"
     ax.set_ylabel("share of link rate")
     ax.set_ylim(0, 1.1)
     ax.set_title("WAN link utilization")
-    if len(idle) < lu[T.LINK].nunique():  # a legend needs a line
+    if drawn.empty:
+        ax.set_xlabel(xlabel)
+    else:
+        _shade_down([ax, rx], drawn, t0_ns, 1e9)
+        for link, g in lu[lu[T.LINK].isin(drawn[T.LINK]) & lu[T.LINK].isin(list(colors))].groupby(T.LINK):
+            rx.plot(g["t_s"], g["bps"] / 1e6, color=colors[str(link)], linewidth=0.6)
+        _draw_rates(rx, drawn, t0_ns, 1e9, colors)
+        rx.set_title("configured rate (dashed; 0 while down) and rate sent (solid)", fontsize=9)
+        rx.set_xlabel(xlabel)
+        rx.legend(fontsize=7, ncol=3, loc="upper right")
+    if len(idle) < lu[T.LINK].nunique() or not drawn.empty:  # a legend needs a line
         ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

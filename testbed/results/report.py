@@ -27,7 +27,7 @@ from testbed.results.plots import (
 )
 from testbed.results.sched_summary import sched_stats
 from testbed.results.summary import grant_stats, slice_stats, summarize
-from testbed.results.wan_changes import outages, profile_phases
+from testbed.results.wan_changes import configured_rates, outages, profile_phases
 from testbed.spec.units import format_rate
 from testbed.trace import metrics as M
 from testbed.trace import schema as T
@@ -84,11 +84,12 @@ def finalize(run_dir: Path, aborted: bool = False) -> dict[str, Any]:
     summary[M.OUTAGES] = outages(shaping, training, env.get("run_start_ns"))
     summary[M.PROFILE_PHASES] = profile_phases(shaping, training, config["warmup_iterations"])
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    rates = configured_rates(shaping, counters)  # the plots draw them where they changed
     if not ev.empty:
-        (run_dir / "trace.json").write_text(json.dumps(chrome_trace(ev, read_jsonl(run_dir / SHAPING_LOG))))
-        plot_timeline(ev, run_dir / "timeline.png", config["warmup_iterations"])
+        (run_dir / "trace.json").write_text(json.dumps(chrome_trace(ev, shaping)))
+        plot_timeline(ev, run_dir / "timeline.png", config["warmup_iterations"], rates)
         plot_bubble_predictions(ev, run_dir / "bubble_prediction.png", config["warmup_iterations"])
-    plot_links(L.link_utilization(counters), run_dir / "wan_utilization.png")
+    plot_links(L.link_utilization(counters), run_dir / "wan_utilization.png", rates)
     if (run_dir / "controller.jsonl").exists() and not ev.empty:
         grants = grant_intervals(read_jsonl(run_dir / "controller.jsonl"))
         plot_link_grants(grants, ev, run_dir / "link_grants.png", config["warmup_iterations"])
