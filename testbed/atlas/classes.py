@@ -26,6 +26,8 @@ class Switch(Protocol):
 
     def keep(self, hop: Hop, replica: int, t_ready_ns: int) -> None: ...
 
+    def relink(self, batches: dict[Hop, dict]) -> None: ...
+
     def release(
         self,
         hop: Hop,

@@ -82,9 +82,13 @@ class Controller:
         self._sock: socket.socket | None = None
         self._stopping = False
         self._failure: str | None = None
+        #: link rates changed since the topology's (a link profile's step), by hop
+        self.link_rates: dict[Hop, int] = {}
+        self._pairs: dict[tuple[Hop, int], list[tuple[str, str]]] = {}
 
     def link_rate_bps(self, hop: Hop) -> int:
-        return self.net.plan.wan_ends[(hop.src, hop.dst)].link.rate_bps
+        """The hop's link rate: the topology's, or the last one ``replan`` was given."""
+        return self.link_rates.get(hop, self.net.plan.wan_ends[(hop.src, hop.dst)].link.rate_bps)
 
     def install(self) -> None:
         """One class per pipeline on every crossed egress, all open (fair) until the first grant;
@@ -98,10 +102,16 @@ class Controller:
                 pairs.setdefault((hop, self.workers[s].replica), []).append(
                     (self.workers[s].host, self.workers[d].host)
                 )
-        hops = sorted({h for h, _ in pairs}, key=lambda h: (h.src, h.dst))
         for (hop, replica), host_pairs in sorted(pairs.items(), key=lambda x: (x[0][0].src, x[0][0].dst, x[0][1])):
             rate_bps = self.link_rate_bps(hop)
             self.shaping.add_wan_class(hop.src, hop.dst, CLASS_BASE + replica, rate_bps, rate_bps, host_pairs)
+        self._pairs = pairs
+        self.switch = GrantSwitch(self._compile(), self.log_path, self.shaping.shaping_log_path)
+
+    def _compile(self) -> dict[Hop, dict]:
+        """Every grant of every hop compiled at the hops' link rates (``install``'s doc)."""
+        pairs = self._pairs
+        hops = sorted({h for h, _ in pairs}, key=lambda h: (h.src, h.dst))
         batches: dict[Hop, dict] = {}
         for hop in hops:
             rate_bps = self.link_rate_bps(hop)
@@ -115,7 +125,7 @@ class Controller:
             for m in minors:
                 order = [(o, floor, held_ceil) for o in minors if o != m] + [(m, full_bps, full_ceil)]
                 batches[hop][m - CLASS_BASE] = self.shaping.compile_wan_class_rates(hop.src, hop.dst, order)
-        self.switch = GrantSwitch(batches, self.log_path, self.shaping.shaping_log_path)
+        return batches
 
     def grant(self, hop: Hop, replica: int, t_ready_ns: int | None = None) -> int:
         """Give ``hop`` to ``replica`` now, from this process; returns when the kernel acknowledged."""
@@ -159,17 +169,28 @@ class Controller:
                 env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
             )
 
-    def replan(self, plan: GrantPlan, sharing: str | None = None) -> None:
-        """Hand the running controller a new grant plan (the first iteration's profiled compute):
-        written to ``REPLAN_FILE`` beside its log, then announced; it follows it from the next
-        transfer that becomes ready. ``sharing`` ``planned``: a controller started ``fifo`` (a
-        launched job's, before its workload was measured) switches to the plan
-        (``GrantLoop.replan``)."""
+    def replan(
+        self, plan: GrantPlan, sharing: str | None = None, link_rates: dict[tuple[str, str], int] | None = None
+    ) -> None:
+        """Hand the running controller a new grant plan (the first iteration's profiled compute, a
+        link profile's step): written to ``REPLAN_FILE`` beside its log, then announced; it follows
+        it from the next transfer that becomes ready. ``sharing`` ``planned``: a controller started
+        ``fifo`` (a launched job's, before its workload was measured) switches to the plan
+        (``GrantLoop.replan``). ``link_rates``: the links' rates now, by (DC, DC) either way round,
+        where they changed (bit/s): every grant is compiled again at them and the grants held are
+        applied again at once."""
         timing = HopTiming.from_plan(plan, TCP_GOODPUT_FRACTION)
-        data = {"timing": timing_to_json(timing), "iteration_ns": _iteration_ns(plan)}
+        data: dict = {"timing": timing_to_json(timing), "iteration_ns": _iteration_ns(plan)}
         if sharing is not None:
             data["sharing"] = sharing
             self.sharing = sharing
+        if link_rates and self.switch is not None:
+            for hop in self.switch.batches:
+                rate = link_rates.get((hop.src, hop.dst), link_rates.get((hop.dst, hop.src)))
+                if rate is not None:
+                    self.link_rates[hop] = rate
+            self.switch.batches = self._compile()
+            data["switch"] = self.switch.to_json()
         write_json_atomic(self.log_path.with_name(REPLAN_FILE), data)
         self.grant_plan = plan
         try:

@@ -51,6 +51,8 @@ def serve_messages(
             if msg["ev"] == REPLAN and replan_path is not None:
                 replan = json.loads(replan_path.read_text())
                 loop.replan(timing_from_json(replan["timing"]), replan["iteration_ns"], replan.get("sharing"))
+                if "switch" in replan:  # the links' rates changed: every grant compiled again
+                    loop.relink(GrantSwitch.batches_from_json(replan["switch"]), t)
             else:
                 loop.handle(msg, t)
             handled += 1

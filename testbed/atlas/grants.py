@@ -124,6 +124,14 @@ class GrantLoop:
             self.sharing = sharing
         self.timing, self.iteration_ns = timing, iteration_ns
 
+    def relink(self, batches: dict[Hop, dict], t_ns: int) -> None:
+        """Take every grant compiled again at the links' new rates (``batches``, the switch's form)
+        and apply each hop's current grant (the holder's, or every class open) at once, so that
+        the classes follow the link's new rate now rather than at the next grant."""
+        self.switch.relink(batches)
+        for hop, granted in self.granted.items():
+            self.switch.apply(hop, granted if granted is not None else "open", event="relink")
+
     # ------------------------------------------------------------------ messages
     def handle(self, msg: dict, t_ns: int) -> None:
         """One control message (``channel.parse_message``'s form) received at ``t_ns`` (or sent at

@@ -60,6 +60,10 @@ class GrantSwitch:
         )
         return t1
 
+    def relink(self, batches: dict[Hop, dict]) -> None:
+        """Every grant compiled again (the links' rates changed): ``batches`` replaces them."""
+        self.batches = batches
+
     def keep(self, hop: Hop, replica: int, t_ready_ns: int) -> None:
         """Log a grant to the pipeline that already holds ``hop`` (nothing to send to the kernel)."""
         t = time.monotonic_ns()

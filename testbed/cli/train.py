@@ -10,6 +10,7 @@ from pathlib import Path
 from testbed.cli.common import backend, bubbletea_overrides, root_preamble
 from testbed.errors import SpecError
 from testbed.plan.grant_plan import format_grant_plan
+from testbed.plan.profile_phases import profile_phases
 from testbed.plan.run_plan import format_plan, make_plan
 from testbed.plan.schedule import RankAction, bubble_fraction, experiment_tables, format_grid, rank_grid
 from testbed.plan.virtual_stages import chunk_numbers, experiment_homes
@@ -123,6 +124,38 @@ def _blocks_per_stage(exp) -> str:
     return f"{min(sizes)}" if min(sizes) == max(sizes) else f"{min(sizes)}-{max(sizes)}"
 
 
+def _print_phases(exp, grants: bool) -> None:
+    """Each phase of the topology's link profiles (``plan/profile_phases.py``) with the predicted
+    iteration under the experiment's policy, placed as at the start (a run keeps its placement);
+    with ``grants``, Atlas's grant plan for each phase whose links are all up, and whether each
+    link direction's order differs from the first phase's."""
+    from testbed.plan.profile_phases import topology_at
+    from testbed.run.link_replan import hop_orders
+
+    base = make_plan(exp)
+    phases = profile_phases(exp.topology_spec)
+    print("link profile phases (one cycle), placed as at the start:")
+    first_orders = None
+    for ph in phases:
+        when = f"  {ph.when} ({ph.describe()})"
+        if not ph.all_up:
+            print(f"{when}: a link is down, training stalls")
+            continue
+        at = replace(exp, topology_spec=topology_at(exp.topology_spec, ph.states))
+        plan = make_plan(at, list(base.workers))
+        print(f"{when}: predicted {plan.predicted_iteration_s:.3f} s under {exp.policy.name}")
+        if grants:
+            pol = exp.policy if exp.policy.grants else parse_policy("atlas")
+            gp = make_plan(replace(at, policy=pol), list(base.workers)).grant_plan
+            assert gp is not None  # a policy with grants has one
+            orders = hop_orders(gp)
+            first_orders = first_orders or orders
+            differs = [h for h in orders if orders[h] != first_orders.get(h)]
+            differs_text = ", ".join(differs) or "none"
+            print(f"    grant plan under {pol.name}; order differs from the first phase's on: {differs_text}")
+            print("    " + format_grant_plan(gp).replace("\n", "\n    "))
+
+
 def cmd_plan(args) -> int:
     exp = load_experiment(args.experiment).with_overrides(schedule=args.schedule, virtual_stages=args.virtual_stages)
     topo = exp.topology_spec
@@ -181,6 +214,8 @@ def cmd_plan(args) -> int:
         assert plan.grant_plan is not None  # a policy with grants has one
         print(f"grant plan under {pol.name} ({plan.connections} connection(s) per cross-DC transfer):")
         print(format_grant_plan(plan.grant_plan))
+    if profile_phases(exp.topology_spec):
+        _print_phases(exp, args.grants)
     try:  # the one value a run of this experiment is made from (plan/run_plan.py)
         print(format_plan(make_plan(exp)))
     except SpecError as e:

@@ -70,13 +70,15 @@ class FirstIterationProfile:
     ) -> None:
         self.events_dir, self.workers, self.stages, self.replan = events_dir, workers, stages, replan
         self.done = False
+        #: the profiled (forward, backward) s per virtual stage, once known
+        self.times: tuple[tuple[float, float], ...] | None = None
 
     def poll(self) -> None:
         if self.done:
             return
         times = stage_times_s(self.events_dir, self.workers, self.stages)
         if times is not None:
-            self.done = True
+            self.done, self.times = True, times
             self.replan(times)
 
 

@@ -27,6 +27,7 @@ from testbed.run.backends import make_network, offers_live_shaping, runs_here
 from testbed.run.bubbletea_setup import prepare_bubbletea, start_bubbletea, stop_bubbletea
 from testbed.run.fit import check_connection_window, check_corpus, check_iteration_time, check_memory
 from testbed.run.launch import Launcher, start_workers
+from testbed.run.link_replan import LinkReplans
 from testbed.run.profile import replan_from_profile
 from testbed.run.records import check_fresh_out_dir, record_plan, write_config, write_env
 from testbed.run.sched_tracing import start_sched_trace
@@ -65,6 +66,13 @@ def timeout_s(exp: Experiment, predicted_iteration_s: float = 0.0) -> float:
     transfers = 10 * (act_bytes * 8 / slowest + longest) * exp.microbatches * exp.stages
     outage = exp.outage_timeout / 1e6 + OUTAGE_MARGIN_S
     return max(60.0, transfers + 3 * per_iter, TIMEOUT_ITERATIONS * predicted_iteration_s, outage)
+
+
+def _replans_stagger(exp: Experiment) -> bool:
+    """Whether the pipelines' offsets may be planned again while the run trains (planned grants on
+    a topology whose links have profiles: ``link_replan.py``); the first stages then read them from
+    the stagger file each iteration."""
+    return exp.policy.sharing == "planned" and any(link.profile for link in exp.topology_spec.links)
 
 
 def check_runnable(exp: Experiment, backend: str = "netns", force: bool = False) -> RunPlan:
@@ -273,7 +281,7 @@ def _train(
             str(controller.sock_path) if controller else None,
             bt,
             grant_plan.stagger_s if grant_plan is not None and exp.policy.sharing == "planned" else (),
-            f"{net.host_out_dir}/{STAGGER_FILE}" if profiling else None,
+            f"{net.host_out_dir}/{STAGGER_FILE}" if profiling or _replans_stagger(exp) else None,
         )
         write_worker_config(out_dir / "worker_config.json", cfg)
         cfg_arg = net.share_file(out_dir / "worker_config.json")
@@ -301,6 +309,17 @@ def _train(
                 if profiling and controller is not None
                 else None
             )
-            watch(net, exp, workers, procs, out_dir, hang_s, progress, t_start, controller, profile)
+            replans = None
+            if controller is not None and any(link.profile for link in exp.topology_spec.links):
+                replans = LinkReplans(
+                    plan,
+                    controller,
+                    out_dir,
+                    progress,
+                    stage_s=lambda: profile.times if profile is not None else None,
+                    stagger_path=out_dir / STAGGER_FILE if _replans_stagger(exp) else None,
+                    ready=lambda: profile is None or profile.done,
+                )
+            watch(net, exp, workers, procs, out_dir, hang_s, progress, t_start, controller, profile, replans)
         if sampler.error is not None:
             progress(f"the link sampler stopped early ({sampler.error}): link_counters.jsonl ends there")

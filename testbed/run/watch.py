@@ -16,6 +16,7 @@ from testbed.errors import TestbedError
 from testbed.net.network import Network, Process
 from testbed.plan.placement import WorkerSpec
 from testbed.plan.virtual_stages import experiment_homes
+from testbed.run.link_replan import LinkReplans
 from testbed.run.outage_watch import OutageWatch
 from testbed.run.profile import FirstIterationProfile
 from testbed.spec.experiment import Experiment
@@ -98,11 +99,13 @@ def watch(
     t_start: float,
     controller: Controller | None = None,
     profile: FirstIterationProfile | None = None,
+    replans: LinkReplans | None = None,
 ) -> None:
     """Return when every worker has exited 0. Raises RunError when one exits non-zero or none
     writes an event for ``hang_s`` seconds (plus STARTUP_S before the first), DelayElementError
     when the delay mechanism dies; reports a dead controller (links fall back to fair sharing);
-    polls ``profile`` (planned grants under real compute) until it has made its plan. While a WAN
+    polls ``profile`` (planned grants under real compute) until it has made its plan, and
+    ``replans`` (Atlas's plan made again when a link's profile changes it). While a WAN
     link is down the run is stalled, not hung: OutageError once one has been down past the
     experiment's ``outage_timeout`` (``outage_watch.py``)."""
     events = out_dir / "events"
@@ -133,6 +136,8 @@ def watch(
             return
         if profile is not None:
             profile.poll()
+        if replans is not None:
+            replans.poll()
         size = sum(p.stat().st_size for p in events.glob("*.jsonl")) if events.exists() else 0
         now = time.monotonic()
         outages.check()

@@ -1,4 +1,6 @@
-"""Routing between DCs: traffic takes the path of least total one-way delay.
+"""Routing between DCs: traffic takes the path of least total one-way delay (each link's
+``route_metric_us``: its delay, or the delay the network was built with where a profile has
+changed it since).
 
 Ties are broken first by fewer hops, then by the name of the next DC, so that every router's
 choice is deterministic and the routers' next hops compose into loop-free paths (a plain
@@ -61,7 +63,7 @@ class RoutingTable:
             if (d, h) > dist[here]:
                 continue
             for nbr, link in self._adj[here]:
-                cand = (d + link.delay_us, h + 1)
+                cand = (d + link.route_metric_us, h + 1)
                 if nbr not in dist or cand < dist[nbr]:
                     dist[nbr] = cand
                     heapq.heappush(heap, (*cand, nbr))
@@ -72,7 +74,7 @@ class RoutingTable:
         if at == dst:
             raise ValueError(f"{at} is the destination")
         dist = self._dist[dst]
-        return min(self._adj[at], key=lambda nl: (nl[1].delay_us + dist[nl[0]][0], dist[nl[0]][1] + 1, nl[0]))
+        return min(self._adj[at], key=lambda nl: (nl[1].route_metric_us + dist[nl[0]][0], dist[nl[0]][1] + 1, nl[0]))
 
     def route(self, src: str, dst: str) -> Route:
         dcs, links, here = [src], [], src

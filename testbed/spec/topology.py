@@ -55,7 +55,9 @@ class LinkSpec:
     ``loss_pct`` is the per-packet drop probability in percent; ``queue_packets`` is the
     bottleneck queue (HTB leaf) length in packets. ``profile``: how the rate, delay, jitter and
     loss change while the link is up (None: they do not); the figures above are the link's own,
-    which a profile's steps start from.
+    which a profile's steps start from. ``route_us``: the one-way delay routes were chosen by,
+    where it is not ``delay_us`` (the topology as built, planned for while a profile has changed
+    the link's delay: the routes stay where they were built).
     """
 
     a: str
@@ -66,6 +68,12 @@ class LinkSpec:
     loss_pct: float = 0.0
     queue_packets: int = DEFAULT_QUEUE_PACKETS
     profile: LinkProfile | None = None
+    route_us: int | None = None
+
+    @property
+    def route_metric_us(self) -> int:
+        """What routing weighs the link by: ``route_us`` where set, else its one-way delay."""
+        return self.delay_us if self.route_us is None else self.route_us
 
     @property
     def name(self) -> str:

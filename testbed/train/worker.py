@@ -218,11 +218,13 @@ def run(cfg: WorkerConfig, rank: int, pre: Preloaded) -> None:
 
     last_opt_end = None
     stagger_ns = int(cfg.stagger_s[replica] * 1e9) if first and cfg.stagger_s else 0
-    stagger_pending = first and cfg.stagger_file is not None  # planned from the first iteration's profile
+    # planned again from the first iteration's profile, or when a link's profile changes the WAN
+    stagger_file = cfg.stagger_file if first else None
+    last_planned: tuple[float, ...] | None = None
     with inputs:  # an error leaving the loop releases the latest receive in the fair class
         for it in range(exp.iterations):
-            if stagger_pending and (planned := read_stagger(cfg.stagger_file)):
-                stagger_ns, stagger_pending = int(planned[replica] * 1e9), False
+            if stagger_file is not None and (planned := read_stagger(stagger_file)) and planned != last_planned:
+                stagger_ns, last_planned = int(planned[replica] * 1e9), planned
             if stagger_ns:  # planned grants: this pipeline starts its iteration after the ones before it,
                 # counted from the end of the last optimizer step (the stage's replicas leave the
                 # all-reduce together), so that offsets do not add up over iterations

@@ -1,8 +1,9 @@
-"""Training through a WAN outage (``testbed link down`` from another shell while a run trains):
-a short one stalls the run, which resumes when the link returns with the same losses as one
-process, the outage and the resume delay in the summary; one longer than the experiment's
-``outage_timeout`` aborts the run within that timeout plus 10 s, naming the link, its traces kept
-and nothing left behind."""
+"""Training through a WAN that changes: a short outage (``testbed link down`` from another shell
+while a run trains) stalls the run, which resumes when the link returns with the same losses as
+one process, the outage and the resume delay in the summary, while the link's profile halves its
+rate and Atlas's controller takes a plan made for it (``run/link_replan.py``); an outage longer
+than the experiment's ``outage_timeout`` aborts the run within that timeout plus 10 s, naming the
+link, its traces kept and nothing left behind."""
 
 from __future__ import annotations
 
@@ -24,10 +25,21 @@ from tests.support.reference import reference_losses
 
 from .conftest import REPO
 
+#: two_dc whose link halves its rate 1 s after the network is up (before the workers have
+#: finished their first iteration: the re-plan waits for the plan made from its profile)
+STEPPED = """name: two_dc_stepped
+dcs:
+  - {name: east, hosts: 2}
+  - {name: west, hosts: 2}
+links:
+  - {between: [east, west], rate: 100mbit, delay: 20ms, profile: {generator: step, at: 1s, rate: 50mbit}}
+"""
 
-def _experiment(outage_timeout_s: float, iterations: int):
+
+def _experiment(outage_timeout_s: float, iterations: int, topology: str = "two_dc", policy: str | None = None):
     exp = load_experiment().with_overrides(
-        topology="two_dc",
+        topology=topology,
+        policy=policy,
         stages=2,
         replicas=2,
         iterations=iterations,
@@ -64,7 +76,9 @@ def _cut_after_first_iteration(out: Path, hold_s: float | None, log: list) -> th
 
 
 def test_a_short_outage_stalls_training_which_resumes_with_the_same_losses(tmp_path, clean_machine):
-    exp = _experiment(outage_timeout_s=30, iterations=4)
+    (tmp_path / "stepped.yaml").write_text(STEPPED)
+    exp = _experiment(outage_timeout_s=30, iterations=4, topology=str(tmp_path / "stepped.yaml"), policy="atlas")
+    tmp_path = tmp_path / "run"
     log: list = []
     cutter = _cut_after_first_iteration(tmp_path, 2.0, log)
     summary = run_experiment(exp, tmp_path, progress=lambda _: None)
@@ -78,6 +92,16 @@ def test_a_short_outage_stalls_training_which_resumes_with_the_same_losses(tmp_p
     # training was under way (waiting on the link) and resumed after TCP's retransmission backoff
     assert outage["resume_ms"] is not None and 0 <= outage["resume_ms"] < 10_000, outage
     assert not summary["aborted"]
+    # the profile's step, planned for: the controller's classes compiled again at 50 Mbit/s
+    [replan] = [json.loads(x) for x in (tmp_path / "replans.jsonl").read_text().splitlines()]
+    assert replan["links"] == {"east:west": {"rate_bps": 50_000_000, "delay_us": 20_000}}
+    assert replan["planning_ms"] < 1000 and replan["order"]
+    controller = [json.loads(x) for x in (tmp_path / "controller.jsonl").read_text().splitlines()]
+    relinked = [r for r in controller if r.get("event") == "relink"]
+    assert {r["link"] for r in relinked} == {"east->west", "west->east"}
+    shaping = [json.loads(x) for x in (tmp_path / "shaping.jsonl").read_text().splitlines()]
+    after = [r for r in shaping if r["event"] == "change" and r["t_ns"] >= min(r["t_ready_ns"] for r in relinked)]
+    assert {r["ceil_bps"] for r in after if r["classid"] >= "1:20"} <= {50_000_000}, after
 
 
 def test_an_outage_past_the_timeout_aborts_the_run_naming_the_link(tmp_path, clean_machine):

@@ -1,0 +1,95 @@
+"""The phases of a topology's link profiles (``spec/link_profile.py``): stretches of time in which
+no link changes, each with the topology as it is then, for planning and predicting per phase
+(``testbed plan``, Atlas's plan made again during a run: ``run/link_replan.py``). Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from testbed.spec.link_profile import LinkState
+from testbed.spec.topology import TopologySpec
+
+
+def topology_at(spec: TopologySpec, states: dict[str, LinkState]) -> TopologySpec:
+    """``spec`` with each link named in ``states`` (``a:b``) at those figures, without profiles,
+    routed as built (``LinkSpec.route_us``: the routes do not follow a delay change)."""
+    links = []
+    for link in spec.links:
+        s = states.get(f"{link.a}:{link.b}", link.state)
+        links.append(
+            replace(
+                link,
+                rate_bps=s.rate_bps,
+                delay_us=s.delay_us,
+                jitter_us=s.jitter_us,
+                loss_pct=s.loss_pct,
+                profile=None,
+                route_us=link.route_metric_us,
+            )
+        )
+    return replace(spec, links=tuple(links))
+
+
+@dataclass(frozen=True)
+class Phase:
+    """From ``start_us`` to ``end_us`` after the network came up (None: for ever, the profiles
+    hold), every link as in ``states`` (``a:b`` -> its figures; every link of the topology,
+    profiled or not)."""
+
+    start_us: int
+    end_us: int | None
+    states: dict[str, LinkState]
+
+    @property
+    def when(self) -> str:
+        """``8-20 s``, or ``from 20 s on``."""
+        if self.end_us is None:
+            return f"from {self.start_us / 1e6:g} s on"
+        return f"{self.start_us / 1e6:g}-{self.end_us / 1e6:g} s"
+
+    @property
+    def all_up(self) -> bool:
+        return all(s.up for s in self.states.values())
+
+    def describe(self) -> str:
+        """``a:b 20 Mbit/s 10 ms, ...`` for the links whose figures a profile sets."""
+        from testbed.spec.units import format_rate
+
+        return ", ".join(
+            f"{k} {'down' if not s.up else format_rate(s.rate_bps)} {s.delay_us / 1000:g} ms"
+            for k, s in self.states.items()
+        )
+
+
+def cycle_us(spec: TopologySpec) -> int:
+    """How long one pass through every profile takes (µs): the longest looping period, or the last
+    step of a profile that holds; 0 without profiles."""
+    ends = [
+        p.period_us if p.period_us is not None else p.steps[-1].t_us
+        for p in (link.profile for link in spec.links)
+        if p is not None
+    ]
+    return max(ends, default=0)
+
+
+def profile_phases(spec: TopologySpec, until_us: int | None = None) -> list[Phase]:
+    """The phases from the network's start to ``until_us`` (default: one cycle, ``cycle_us``, the
+    last phase for ever where no profile loops); a topology without profiles has none."""
+    profiles = [link.profile for link in spec.links if link.profile is not None]
+    if not profiles:
+        return []
+    loops = any(p.period_us is not None for p in profiles)
+    until = (cycle_us(spec) if loops else cycle_us(spec) + 1) if until_us is None else until_us
+    changes: dict[int, dict[str, LinkState]] = {}
+    for link in spec.links:
+        if link.profile is not None:
+            for step in link.profile.changes(until):
+                changes.setdefault(step.t_us, {})[f"{link.a}:{link.b}"] = step.state
+    states = {f"{x.a}:{x.b}": x.state for x in spec.links}
+    times = sorted(changes)
+    phases = []
+    for i, t in enumerate(times):
+        states = {**states, **changes[t]}
+        last_end = until if (loops or until_us is not None) else None
+        phases.append(Phase(t, times[i + 1] if i + 1 < len(times) else last_end, dict(states)))
+    return phases
