@@ -31,6 +31,7 @@ from testbed.errors import BuildError
 from testbed.net import netlink
 from testbed.net.capacity import check_rates
 from testbed.net.delay_element import DelayQueues
+from testbed.net.failover import FailoverAgent
 from testbed.net.features import (
     check_delay_mechanism,
     default_congestion,
@@ -129,6 +130,8 @@ class LocalNetwork(LocalFiles, LocalHostProcesses, ManagedNetwork):
         self.shaping_plan: ShapingPlan | None = None
         #: replays the links' profiles from the end of the build (None: no link has one)
         self.profiles: ProfilePlayer | None = None
+        #: moves routes off failed ``failover`` links (None: no link is marked)
+        self.failover: FailoverAgent | None = None
 
     # ----------------------------------------------------------------- lifecycle
     @property
@@ -166,7 +169,21 @@ class LocalNetwork(LocalFiles, LocalHostProcesses, ManagedNetwork):
             tcp_congestion=self.spec.tcp_congestion or default_congestion(),
             tcp_congestion_stated=self.spec.tcp_congestion is not None,  # else the machine's default
         )
+        self._start_failover()
         self._play_profiles()
+
+    def _start_failover(self) -> None:
+        """Start moving routes off failed ``failover`` links (``failover.py``), where any is marked
+        and the whole topology is on this machine."""
+        if not any(link.failover for link in self.spec.links):
+            return
+        if self.dcs_here != {dc.name for dc in self.spec.dcs}:
+            raise BuildError(
+                "route failover runs on a topology built on one machine (netns, mininet backends); this "
+                "machine builds part of it: remove the links' failover fields for a run over several machines"
+            )
+        self.failover = FailoverAgent(self.spec, self.plan, self.out_dir, self.now_ns, self.fail)
+        self.failover.start()
 
     def _play_profiles(self) -> None:
         """Start replaying the links' profiles, their time 0 now (``profile_player.py``). Raises
@@ -231,9 +248,10 @@ class LocalNetwork(LocalFiles, LocalHostProcesses, ManagedNetwork):
             except Exception as e:  # noqa: BLE001 - raised once every step was tried
                 errors.append(e)
 
-        if self.profiles is not None:
-            step(self.profiles.stop)
-            step(self.profiles.join, 5.0)
+        for thread in (self.profiles, self.failover):
+            if thread is not None:
+                step(thread.stop)
+                step(thread.join, 5.0)
         if self.delay is not None:
             step(self.delay.stop_watching)  # the processes stop first; their ending is not a failure
         step(self.processes.stop_all)

@@ -178,3 +178,9 @@ def add_route(ipr: IPRoute, dst: str, gateway: str) -> None:
         ipr.route("add", dst="0.0.0.0/0", gateway=gateway)
     else:
         ipr.route("add", dst=dst, gateway=gateway)
+
+
+def replace_route(ipr: IPRoute, dst: str, gateway: str) -> None:
+    """Point the route to ``dst`` (``a.b.c.d/len``) at ``gateway``, in place (RTM_NEWROUTE with
+    NLM_F_REPLACE: no moment without a route)."""
+    ipr.route("replace", dst=dst, gateway=gateway)

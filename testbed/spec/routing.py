@@ -112,3 +112,11 @@ class RoutingTable:
         if src != dst:
             rates.append(self.route(src, dst).bottleneck_bps)
         return min((r for r in rates if r is not None), default=None)
+
+
+def routes_without(spec: TopologySpec, down: set[str]) -> RoutingTable:
+    """The routes once the links named in ``down`` (``a:b``) are gone: what routers move to when
+    they see those links fail (``LinkSpec.failover``). Raises KeyError where a DC is then cut off."""
+    from dataclasses import replace
+
+    return RoutingTable(replace(spec, links=tuple(x for x in spec.links if f"{x.a}:{x.b}" not in down)))

@@ -57,7 +57,9 @@ class LinkSpec:
     loss change while the link is up (None: they do not); the figures above are the link's own,
     which a profile's steps start from. ``route_us``: the one-way delay routes were chosen by,
     where it is not ``delay_us`` (the topology as built, planned for while a profile has changed
-    the link's delay: the routes stay where they were built).
+    the link's delay: the routes stay where they were built). ``failover``: when the link goes
+    down, the routers move its routes to the other path ``failover_after_us`` later (a BFD-driven
+    routing protocol's detection time), and back as long after it returns.
     """
 
     a: str
@@ -69,6 +71,8 @@ class LinkSpec:
     queue_packets: int = DEFAULT_QUEUE_PACKETS
     profile: LinkProfile | None = None
     route_us: int | None = None
+    failover: bool = False
+    failover_after_us: int = 300_000
 
     @property
     def route_metric_us(self) -> int:
@@ -190,6 +194,7 @@ class TopologySpec:
                     "loss": f"{k.loss_pct!r}%",
                     "queue": k.queue_packets,
                     **({"profile": k.profile.to_dict()} if k.profile else {}),
+                    **({"failover": True, "failover_after": f"{k.failover_after_us}us"} if k.failover else {}),
                 }
                 for k in self.links
             ],

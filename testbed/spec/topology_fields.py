@@ -112,6 +112,23 @@ LINK_FIELDS = FieldTable(
             "a YAML file, or a generator mapping (see the link profile tables)",
             default_text="none: the figures hold",
         ),
+        Field(
+            "failover",
+            "bool",
+            "when the link goes down, the routers move its routes to the other path (and back when it returns)",
+            default=False,
+            rule="only on a link whose DCs stay connected without it",
+        ),
+        Field(
+            "failover_after",
+            "duration",
+            "how long the routers take to see the link down or up (BFD: three missed 100 ms hellos)",
+            "µs",
+            300_000,
+            low=0,
+            high=60_000_000,
+            fix="write a detection time between 0ms and 60s, such as 300ms",
+        ),
     ),
 )
 

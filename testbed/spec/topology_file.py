@@ -120,6 +120,7 @@ def parse_topology(data: Any, source: str = "<memory>") -> TopologySpec:
         **_read_addressing(source, data.get("addressing")),
     )
     _check_connected(spec)
+    _check_failover(spec)
     check_address_pools(spec)
     return spec
 
@@ -157,6 +158,31 @@ def _check_connected(spec: TopologySpec) -> None:
                 dc.name,
                 f"is not reachable from {spec.dcs[0].name!r}",
                 "add a link that joins it to the other DCs",
+            )
+
+
+def _check_failover(spec: TopologySpec) -> None:
+    """A link marked ``failover`` must leave its DCs connected when it is down."""
+    from dataclasses import replace
+
+    for i, link in enumerate(spec.links):
+        if not link.failover:
+            continue
+        without = replace(spec, links=tuple(x for x in spec.links if x is not link))
+        reach, todo = {link.a}, [link.a]
+        while todo:
+            here = todo.pop()
+            for x in without.links:
+                if here in (x.a, x.b) and x.other(here) not in reach:
+                    reach.add(x.other(here))
+                    todo.append(x.other(here))
+        if link.b not in reach:
+            raise SpecError(
+                spec.source,
+                f"links[{i}].failover",
+                True,
+                f"has no other path: without this link {link.a} and {link.b} are not connected",
+                "mark failover only on a link whose DCs another path joins (three_dc's triangle)",
             )
 
 

@@ -33,6 +33,7 @@ def read_link(
     if between[0] == between[1]:
         raise r.fail("between", "joins a DC to itself", "name two different DCs")
     rate, delay, jitter, loss, queue = (r.value(k) for k in ("rate", "delay", "jitter", "loss", "queue"))
+    failover, failover_after = r.value("failover"), r.value("failover_after")
     if jitter > delay:
         raise r.fail(
             "jitter",
@@ -40,7 +41,15 @@ def read_link(
             "use a jitter no larger than the delay",
         )
     link = LinkSpec(
-        a=between[0], b=between[1], rate_bps=rate, delay_us=delay, jitter_us=jitter, loss_pct=loss, queue_packets=queue
+        a=between[0],
+        b=between[1],
+        rate_bps=rate,
+        delay_us=delay,
+        jitter_us=jitter,
+        loss_pct=loss,
+        queue_packets=queue,
+        failover=failover,
+        failover_after_us=failover_after,
     )
     if raw.get("profile") is None:
         return link

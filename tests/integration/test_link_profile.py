@@ -60,16 +60,93 @@ def test_a_profile_is_applied_on_time_and_seen_by_packets(tmp_path):
     assert [r["event"] for r in log if r["event"].startswith("link_")] == ["link_down", "link_up"]
     assert 50_000_000 in rates and 20_000_000 in rates, rates  # read back from the kernel
     # what the packets saw, on the profile's clock (ping -D: CLOCK_REALTIME; the log: monotonic)
-    t0 = steps[0]["due_ns"]
-    offset = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()
-    seen = []
-    for line in replies.splitlines():
-        m = re.match(r"\[(\d+\.\d+)\].*time=([\d.]+) ms", line)
-        if m:
-            sent = float(m.group(1)) * 1e9 - float(m.group(2)) * 1e6 - offset  # monotonic send time
-            seen.append(((sent - t0) / 1e9, float(m.group(2))))
+    seen = _rtts(replies, steps[0]["due_ns"])
     assert seen, replies
     assert all(18 <= rtt < 30 for t, rtt in seen if t < 1.9), seen  # 2 x 10 ms
     assert not [t for t, _ in seen if 2.0 <= t < 2.99], seen  # down: nothing crosses
     late = [rtt for t, rtt in seen if t >= 3.1]
     assert late and all(58 <= rtt < 75 for rtt in late), seen  # 2 x 30 ms
+
+
+FAILOVER = """name: failing_over
+dcs:
+  - {name: east, hosts: 1}
+  - {name: central, hosts: 1}
+  - {name: west, hosts: 1}
+links:
+  - {between: [east, central], rate: 100mbit, delay: 10ms}
+  - between: [central, west]
+    rate: 100mbit
+    delay: 25ms
+    failover: true
+    failover_after: 200ms
+    profile: {generator: on_off, up: 1s, down: 1.5s}
+  - {between: [east, west], rate: 50mbit, delay: 30ms}
+"""
+
+
+def _rtts(replies: str, t0_ns: int) -> list[tuple[float, float]]:
+    """(send time on the profile's clock, s; RTT, ms) of each ping reply (``ping -D``)."""
+    offset = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()
+    out = []
+    for line in replies.splitlines():
+        m = re.match(r"\[(\d+\.\d+)\].*time=([\d.]+) ms", line)
+        if m:
+            sent = float(m.group(1)) * 1e9 - float(m.group(2)) * 1e6 - offset
+            out.append(((sent - t0_ns) / 1e9, float(m.group(2))))
+    return out
+
+
+def test_a_failover_link_moves_its_routes_to_the_other_path_and_back(tmp_path):
+    """central:west goes down 1 s after the build and back 1.5 s later (on_off); its routes move
+    through east 200 ms after each change (the RTT from central to west goes from 2 x 25 ms to
+    2 x (10 + 30) ms and back), each move logged."""
+    others = registered_prefixes()
+    before = machine_state(others)
+    (tmp_path / "failing_over.yaml").write_text(FAILOVER)
+    out = tmp_path / "run"
+    proc = start_topo_up(out, topology=str(tmp_path / "failing_over.yaml"))
+    try:
+        topo = json.loads((out / "topology.json").read_text())
+        central, west = topo["hosts"]["central-h0"], topo["hosts"]["west-h0"]
+        replies = subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                central["netns"],
+                "ping",
+                "-D",
+                "-n",
+                "-i",
+                "0.02",
+                "-W",
+                "1",
+                "-w",
+                "4",
+                west["ip"],
+            ],
+            capture_output=True,
+            text=True,
+        ).stdout
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    assert machine_state(others) == before
+    log = [json.loads(x) for x in (out / "shaping.jsonl").read_text().splitlines()]
+    t0 = next(r for r in log if r["event"] == "profile_step")["due_ns"]
+    down = next(r for r in log if r["event"] == "link_down")
+    up = next(r for r in log if r["event"] == "link_up")
+    moves = [r for r in log if r["event"] == "reroute"][:2]  # (it goes down again at 3.5 s)
+    assert [m["down"] for m in moves] == [["central:west"], []]
+    assert {(m["router"], m["to"], m["via"]) for m in moves[0]["moved"]} == {
+        ("central", "west", "east"),
+        ("west", "central", "east"),
+    }
+    assert 200e6 <= moves[0]["t_ns"] - down["t_ns"] < 230e6, moves[0]["t_ns"] - down["t_ns"]
+    assert 200e6 <= moves[1]["t_ns"] - (up["t_ns"] + up["duration_ns"]) < 230e6
+    seen = _rtts(replies, t0)
+    assert all(48 <= rtt < 60 for t, rtt in seen if t < 0.95), seen
+    rerouted = [rtt for t, rtt in seen if 1.3 <= t < 2.4]
+    assert rerouted and all(78 <= rtt < 95 for rtt in rerouted), seen  # through east
+    assert all(48 <= rtt < 60 for t, rtt in seen if 2.85 <= t < 3.3), seen  # back
