@@ -112,6 +112,13 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
         default=1,
         help="measurements of a failing direction, judged by the last; every one is reported (default 1)",
     )
+    sp.add_argument(
+        "--profile",
+        action="store_true",
+        help="check the profiled links under change instead: delivered rate every 100 ms against the profile "
+        "(shifted by the one-way delay), the lag of each rate drop and each phase's RTT, for --duration seconds "
+        "from the build",
+    )
     sp.set_defaults(func=cmd_topo_check)
     sp = topo.add_parser("up", help="build the topology and keep it up until Ctrl-C")
     topo_args(sp)

@@ -10,7 +10,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "": ("sudo testbed run", "testbed sim gpt3_175b_2dc"),
     "topo": ("testbed topo show three_dc", "sudo testbed topo check two_dc"),
     "topo show": ("testbed topo show three_dc", "testbed topo show four_dc --tc"),
-    "topo check": ("sudo testbed topo check two_dc", "sudo testbed topo check three_dc --json --attempts 2"),
+    "topo check": (
+        "sudo testbed topo check two_dc",
+        "sudo testbed topo check three_dc --json --attempts 2",
+        "sudo testbed topo check three_dc_day --profile --duration 30",
+    ),
     "topo up": ("sudo testbed topo up two_dc",),
     "topo regions": (
         "testbed topo regions --list",
@@ -23,7 +27,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "sudo testbed run four_dc --schedule zb-h1 --policy atlas",
     ),
     "compare": ("sudo testbed compare --policies pp-fair,atlas --repeat 3", "sudo testbed compare sharing --ablation"),
-    "plan": ("testbed plan", "testbed plan four_dc --grants"),
+    "plan": ("testbed plan", "testbed plan four_dc --grants", "testbed plan sharing_burst --grants"),
     "schedule": ("testbed schedule two_dc", "testbed schedule default --schedule zbv"),
     "analyze": ("testbed analyze results/RUN_FOLDER",),
     "launch": (

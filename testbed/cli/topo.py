@@ -64,6 +64,35 @@ def cmd_topo_show(args) -> int:
     return 0
 
 
+def _check_profiles(net, args, out) -> int:
+    """``topo check --profile``: the profiled links under change (``net/profile_check.py``)."""
+    from testbed.net.profile_check import RATE_TOLERANCE, check_profile
+
+    results = check_profile(net, args.duration)
+    report = {"links": [r.to_dict() for r in results], "ok": all(r.ok for r in results)}
+    (net.out_dir / "profile_check.json").write_text(json.dumps(report, indent=1))
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0 if report["ok"] else 1
+    for r in results:
+        print(
+            f"{r.link} ({r.src} -> {r.dst}, one way {r.one_way_s * 1e3:.1f} ms): {r.intervals} intervals of 100 ms, "
+            f"worst {r.worst_excess:+.1%} over the profile's rate, {len(r.over)} over {RATE_TOLERANCE:.0%}: "
+            f"{'ok' if r.rate_ok else 'FAILED'}",
+            file=out,
+        )
+        for lag in r.lags:
+            took = f"{lag['lag_s'] * 1e3:+.1f} ms from when it was due" if lag["lag_s"] is not None else "not sampled"
+            print(f"  drop at {lag['t_s']:g} s to {lag['to_bps'] / 1e6:g} Mbit/s: delivered rate changed {took}")
+        for p in r.rtts:
+            print(
+                f"  from {p['from_s']:g} s: least RTT {p['least_ms']:.1f} ms, expected {p['expected_ms']:.1f} ms "
+                f"({p['pings']} pings): {'ok' if p['ok'] else 'FAILED'}"
+            )
+    print(f"fidelity under change {'ok' if report['ok'] else 'FAILED'}; report in {net.out_dir / 'profile_check.json'}")
+    return 0 if report["ok"] else 1
+
+
 def cmd_topo_check(args) -> int:
     spec = load_topology(args.file)
     root_preamble("testbed topo check")
@@ -76,6 +105,8 @@ def cmd_topo_check(args) -> int:
             file=out,
             flush=True,
         )
+        if args.profile:
+            return _check_profiles(net, args, out)
         print(HEADER, file=out, flush=True)
         report = check_fidelity(
             net,

@@ -138,9 +138,11 @@ def _print_phases(exp, grants: bool) -> None:
     first_orders = None
     for ph in phases:
         when = f"  {ph.when} ({ph.describe()})"
-        if not ph.all_up:
-            print(f"{when}: a link is down, training stalls")
+        if ph.stalled(exp.topology_spec):
+            print(f"{when}: a link is down without failover, training over it stalls")
             continue
+        if not ph.all_up:
+            when += " (routed around the link that is down)"
         at = replace(exp, topology_spec=topology_at(exp.topology_spec, ph.states))
         plan = make_plan(at, list(base.workers))
         print(f"{when}: predicted {plan.predicted_iteration_s:.3f} s under {exp.policy.name}")

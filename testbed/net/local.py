@@ -44,7 +44,14 @@ from testbed.net.hostproc import HostProcesses
 from testbed.net.local_files import LocalFiles
 from testbed.net.local_hosts import LocalHostProcesses
 from testbed.net.namespaces import NamespaceHandles
-from testbed.net.netns import NetnsRealiser, RealiseContext, Realiser, pin_wan_neighbours, tcp_buffer_bytes
+from testbed.net.netns import (
+    NetnsRealiser,
+    RealiseContext,
+    Realiser,
+    pin_wan_neighbours,
+    segment_at_hosts,
+    tcp_buffer_bytes,
+)
 from testbed.net.network import ManagedNetwork
 from testbed.net.profile_player import ProfilePlayer
 from testbed.net.registry import RunRecord, control_sockets, unused_run_prefix
@@ -161,6 +168,8 @@ class LocalNetwork(LocalFiles, LocalHostProcesses, ManagedNetwork):
             )
         )
         pin_wan_neighbours(self.handles, self.plan, self.dcs_here)
+        if any(link.profile for link in self.spec.links):
+            segment_at_hosts(self.handles, self.plan, self.dcs_here)
         self._shape_and_check()
         self.apply_shaping()
         self.build_s = time.perf_counter() - t0

@@ -184,3 +184,8 @@ def replace_route(ipr: IPRoute, dst: str, gateway: str) -> None:
     """Point the route to ``dst`` (``a.b.c.d/len``) at ``gateway``, in place (RTM_NEWROUTE with
     NLM_F_REPLACE: no moment without a route)."""
     ipr.route("replace", dst=dst, gateway=gateway)
+
+
+def set_gso_max_segs(ipr: IPRoute, index: int, segments: int) -> None:
+    """The most TCP segments the kernel hands the interface in one packet (IFLA_GSO_MAX_SEGS)."""
+    ipr.link("set", index=index, gso_max_segs=segments)

@@ -12,10 +12,14 @@ from testbed.spec.topology import TopologySpec
 
 def topology_at(spec: TopologySpec, states: dict[str, LinkState]) -> TopologySpec:
     """``spec`` with each link named in ``states`` (``a:b``) at those figures, without profiles,
-    routed as built (``LinkSpec.route_us``: the routes do not follow a delay change)."""
+    routed as built (``LinkSpec.route_us``: the routes do not follow a delay change); a link that
+    is down and fails over is left out (its routes have moved to the other path, as
+    ``net/failover.py`` moves them). A link that is down without failover stays, at rate 0."""
     links = []
     for link in spec.links:
         s = states.get(f"{link.a}:{link.b}", link.state)
+        if not s.up and link.failover:
+            continue
         links.append(
             replace(
                 link,
@@ -51,12 +55,15 @@ class Phase:
     def all_up(self) -> bool:
         return all(s.up for s in self.states.values())
 
+    def stalled(self, spec: TopologySpec) -> bool:
+        """Whether a link is down without failing over (traffic over it stops)."""
+        fails_over = {f"{x.a}:{x.b}" for x in spec.links if x.failover}
+        return any(not s.up and k not in fails_over for k, s in self.states.items())
+
     def describe(self) -> str:
         """``a:b 20 Mbit/s 10 ms, ...`` for the links whose figures a profile sets."""
-        from testbed.spec.units import format_rate
-
         return ", ".join(
-            f"{k} {'down' if not s.up else format_rate(s.rate_bps)} {s.delay_us / 1000:g} ms"
+            f"{k} {'down' if not s.up else f'{s.rate_bps / 1e6:.3g} Mbit/s'} {s.delay_us / 1000:g} ms"
             for k, s in self.states.items()
         )
 

@@ -1,0 +1,309 @@
+"""Fidelity under change (``testbed topo check --profile``): does a profiled link deliver what its
+profile sets, at the times it sets it?
+
+For each profiled WAN link whose DCs are routed over it directly, one direction (the file's
+first DC to its second), between the first hosts of its two DCs, while the profile replays:
+- a bulk TCP flow (iperf3) runs for the check's duration, and the receiving host's interface
+  counters (bytes received, read through netlink) are sampled every ``interval_s`` (100 ms) on
+  this machine's clock; the bytes each interval delivered must not exceed what the profile let
+  through the shaper over that interval shifted back by the path's one-way delay (bytes already
+  past the shaper when the rate drops arrive at the old rate; where the delay drops, the packets
+  on their way catch up), by more than ``RATE_TOLERANCE`` (5%): a change that opened an unshaped
+  window, or came late, would show here. The times are the
+  profile's (its time 0, the end of the build, plus each step's time), not the shaping log's
+  record of when each change was made;
+- for each step that lowers the rate by more than a fifth, when the delivered rate changed,
+  read from the counters (the sample interval holding the step plus the one-way delay: its bytes
+  are the old rate's before the change and the new one's after), against when it was due
+  (``lag_s``, reported; the bound above judges it); after a rise TCP takes its own time to fill
+  the link, so rises are not timed;
+- then, on the idle path for as long again, ping every 100 ms: each phase's least RTT against
+  twice the one-way delay the profile set then, within max(1 ms, 5%).
+  Steps that take the link down are expected to deliver nothing.
+
+Pure parts (``goodput_bound_check``, ``step_lags``, ``phase_rtts``) take the samples; ``check_profile``
+measures them on a built network."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyroute2 import IPRoute
+
+from testbed.errors import CheckError
+from testbed.net.fidelity import RTT_TOLERANCE_FRACTION, RTT_TOLERANCE_MS
+from testbed.net.iperf import PORT
+from testbed.net.local import LocalNetwork
+from testbed.spec.link_profile import LinkProfile
+from testbed.spec.routing import RoutingTable
+from testbed.trace.shaping_log import PROFILE_STEP, SHAPING_LOG
+
+RATE_TOLERANCE = 0.05
+#: a step that lowers the rate by more than this share is timed (``step_lags``)
+TIMED_DROP = 0.2
+
+
+@dataclass
+class ProfileCheck:
+    """One profiled link's check: its samples' worst excess over the bound, the timed steps and
+    the phases' RTTs."""
+
+    link: str
+    src: str
+    dst: str
+    one_way_s: float
+    intervals: int
+    worst_excess: float
+    over: list[dict[str, float]]
+    lags: list[dict[str, float | None]]
+    rtts: list[dict[str, Any]]
+    rate_ok: bool
+    rtt_ok: bool
+    #: the measurements: (s after the profile's start, bytes received so far); (send time, RTT ms)
+    samples: list[tuple[float, int]] = field(default_factory=list)
+    pings: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.rate_ok and self.rtt_ok
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "ok": self.ok}
+
+
+def configured_bps(profile: LinkProfile, t_s: float) -> int:
+    """The rate the profile sets ``t_s`` after its start (bit/s; 0 down)."""
+    return profile.state_at(max(0.0, t_s) * 1e6).rate_bps
+
+
+def sent_bits(profile: LinkProfile, a_s: float, b_s: float) -> float:
+    """What the link's shaper lets through from ``a_s`` to ``b_s`` after the profile's start at the
+    rates the profile sets (bits; before the start, its first rate)."""
+    edges = [c.t_us / 1e6 for c in profile.changes(int(max(b_s, 0) * 1e6) + 1) if a_s < c.t_us / 1e6 < b_s]
+    points = [a_s, *edges, b_s]
+    return sum(configured_bps(profile, x) * (y - x) for x, y in zip(points, points[1:]))
+
+
+def delivery_window(profile: LinkProfile, base_s: float, t0_s: float, t1_s: float) -> tuple[float, float]:
+    """When the bits delivered from ``t0_s`` to ``t1_s`` can have left the shaper: the interval
+    moved back by the one-way delay, its start by the longest delay in force meanwhile (delay plus
+    jitter, plus ``base_s``, the rest of the path) and its end by the shortest (a delay that drops
+    lets packets catch up: FIFO holds them behind those already on their way)."""
+    longest = max(s.state.delay_us + s.state.jitter_us for s in profile.steps) / 1e6
+    states = [profile.state_at(t * 1e6) for t in _times_in(profile, t0_s - base_s - longest, t1_s)]
+    hi = base_s + max(x.delay_us + x.jitter_us for x in states) / 1e6
+    lo = base_s + min(x.delay_us - x.jitter_us for x in states) / 1e6
+    return t0_s - hi, t1_s - lo
+
+
+def _times_in(profile: LinkProfile, a_s: float, b_s: float) -> list[float]:
+    """``a_s`` and every change of the profile in (a_s, b_s)."""
+    return [max(a_s, 0.0)] + [
+        c.t_us / 1e6 for c in profile.changes(int(max(b_s, 0) * 1e6) + 1) if a_s < c.t_us / 1e6 < b_s
+    ]
+
+
+def goodput_bound_check(
+    samples: list[tuple[float, int]], profile: LinkProfile, base_s: float
+) -> tuple[float, list[dict[str, float]], int]:
+    """(the worst excess of a sample interval's delivered bits over its bound, as a share of the
+    bound; the intervals over ``RATE_TOLERANCE``; how many intervals) from ``samples``: (s after the
+    profile's start, bytes received so far). An interval's bound is what the shaper let through
+    over its ``delivery_window`` (``base_s``: the path's one-way delay besides the link's); while
+    the link is down it is 0, and any delivery is over."""
+    worst, over = 0.0, []
+    for (t0, b0), (t1, b1) in zip(samples, samples[1:]):
+        bits = (b1 - b0) * 8
+        bound = sent_bits(profile, *delivery_window(profile, base_s, t0, t1))
+        excess = bits / bound - 1 if bound > 0 else (math.inf if bits > 0 else 0.0)
+        worst = max(worst, excess)
+        if excess > RATE_TOLERANCE:
+            over.append({"t_s": t0, "delivered_bps": bits / (t1 - t0), "bound_bps": bound / (t1 - t0)})
+    return worst, over, max(0, len(samples) - 1)
+
+
+def step_lags(
+    samples: list[tuple[float, int]], profile: LinkProfile, one_way_s: float, until_s: float
+) -> list[dict[str, float | None]]:
+    """For each step before ``until_s`` that lowers the rate by more than ``TIMED_DROP``: when the
+    delivered rate changed, read from the sample interval that holds the step plus ``one_way_s``
+    (its bytes are the old rate's until the change and the new one's after:
+    ``t = t0 + (bits - new x (t1 - t0)) / (old - new)``), less that due time (``lag_s``; None
+    where no sample interval holds it)."""
+    out: list[dict[str, float | None]] = []
+    changes = profile.changes(int(until_s * 1e6))
+    for before, step in zip(changes, changes[1:]):
+        old, new = before.state.rate_bps, step.state.rate_bps
+        if not (old > 0 and new < old * (1 - TIMED_DROP)):
+            continue
+        due = step.t_us / 1e6 + one_way_s
+        lag = None
+        for (t0, b0), (t1, b1) in zip(samples, samples[1:]):
+            if t0 <= due < t1:
+                changed = t0 + ((b1 - b0) * 8 - new * (t1 - t0)) / (old - new)
+                lag = changed - due
+        out.append({"t_s": step.t_us / 1e6, "from_bps": float(old), "to_bps": float(new), "lag_s": lag})
+    return out
+
+
+def phase_rtts(
+    pings: list[tuple[float, float]], profile: LinkProfile, base_rtt_ms: float, until_s: float
+) -> list[dict]:
+    """Each phase's least RTT (ms) of ``pings`` (send time after the profile's start, s; RTT, ms)
+    against twice the phase's one-way delay on the link plus ``base_rtt_ms`` (the rest of the
+    path); ``ok`` within max(``RTT_TOLERANCE_MS``, ``RTT_TOLERANCE_FRACTION``). A phase that is
+    down, or without a reply, is left out."""
+    out = []
+    for start, end, state in profile.phases(int(until_s * 1e6)):
+        if not state.up:
+            continue
+        expected = 2 * state.delay_us / 1000 + base_rtt_ms
+        # a ping sent near a phase's edge crosses partly at the other phase's figures
+        seen = [rtt for t, rtt in pings if start / 1e6 + 0.2 <= t < end / 1e6 - expected / 1000 - 0.01]
+        if not seen:
+            continue
+        least = min(seen)
+        ok = abs(least - expected) <= max(RTT_TOLERANCE_MS, RTT_TOLERANCE_FRACTION * expected)
+        out.append({"from_s": start / 1e6, "expected_ms": expected, "least_ms": least, "pings": len(seen), "ok": ok})
+    return out
+
+
+def _rx_bytes(ipr: IPRoute, ifname: str) -> int:
+    link = ipr.get_links(ifname=ifname)[0]
+    return int(link.get_attr("IFLA_STATS64")["rx_bytes"])
+
+
+def check_profile(net: LocalNetwork, duration_s: float, interval_s: float = 0.1) -> list[ProfileCheck]:
+    """Check every profiled link of ``net`` directly routed between its DCs (module doc), all at
+    once, for ``duration_s`` from now. Raises CheckError where iperf3 fails or no link has a
+    profile."""
+    spec = net.spec
+    routes = RoutingTable(spec)
+    links = [x for x in spec.links if x.profile is not None]
+    if not links:
+        raise CheckError(f"{spec.name} has no link with a profile: nothing to check under change")
+    t0_ns = _profile_start_ns(net)
+    checks: list[tuple[Any, str, str, float]] = []
+    for link in links:
+        if routes.route(link.a, link.b).dcs != (link.a, link.b):
+            continue
+        src, dst = net.plan.first_host(link.a).name, net.plan.first_host(link.b).name
+        checks.append((link, src, dst, routes.one_way_delay_us(link.a, link.b) / 1e6))
+    holders: list[dict[str, Any]] = [{} for _ in checks]
+    for run in ("bulk", "pings"):  # the rate under a bulk flow; then the RTT on an idle path
+        threads = []
+        for i, (_link, src, dst, _) in enumerate(checks):
+            args: tuple = (net, src, dst, duration_s, interval_s, t0_ns, holders[i], PORT + i)
+            if run == "pings":
+                args = (net, src, dst, duration_s, t0_ns, holders[i])
+            threads.append(threading.Thread(target=_bulk if run == "bulk" else _pings, args=args))
+            threads[-1].start()
+        for th in threads:
+            th.join()
+    results = []
+    for (link, src, dst, one_way), holder in zip(checks, holders):
+        if "error" in holder:
+            raise CheckError(f"{link.a}:{link.b}: {holder['error']}")
+        samples, pings = holder["samples"], holder["pings"]
+        until = max([samples[-1][0]] if samples else [] + [p[0] for p in pings[-1:]] or [0.0])
+        base_s = (routes.one_way_delay_us(link.a, link.b) - link.delay_us) / 1e6  # the access links
+        worst, over, n = goodput_bound_check(samples, link.profile, base_s)
+        base_rtt_ms = 2 * base_s * 1000
+        rtts = phase_rtts(pings, link.profile, base_rtt_ms, pings[-1][0] + 0.1 if pings else 0.0)
+        results.append(
+            ProfileCheck(
+                f"{link.a}:{link.b}",
+                src,
+                dst,
+                one_way,
+                n,
+                worst,
+                over,
+                step_lags(samples, link.profile, one_way, until),
+                rtts,
+                rate_ok=not over,
+                rtt_ok=all(r["ok"] for r in rtts),
+                samples=samples,
+                pings=pings,
+            )
+        )
+    return results
+
+
+def _profile_start_ns(net: LocalNetwork) -> int:
+    """The profiles' time 0 (the first step's due time in the shaping log: the build's end)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        path = net.out_dir / SHAPING_LOG
+        for line in path.read_text().splitlines() if path.exists() else []:
+            row = json.loads(line)
+            if row.get("event") == PROFILE_STEP:
+                return int(row["due_ns"])
+        time.sleep(0.05)
+    raise CheckError("the profiles' replay did not start (no profile_step line in shaping.jsonl)")
+
+
+def _bulk(
+    net: LocalNetwork,
+    src: str,
+    dst: str,
+    duration_s: float,
+    interval_s: float,
+    t0_ns: int,
+    holder: dict[str, Any],
+    port: int,
+) -> None:
+    """Bulk TCP from ``src`` to ``dst`` for ``duration_s``, the receiver's bytes sampled every
+    ``interval_s`` (each sample's time the middle of its read); into ``holder`` (``samples`` or
+    ``error``)."""
+    netns = net.host(dst).netns
+    server = net.popen(dst, ["iperf3", "-s", "-1", "-p", str(port)], stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(0.3)
+        argv = ["iperf3", "-c", str(net.host(dst).ip), "-p", str(port), "-t", f"{duration_s:g}"]
+        client = net.popen(src, [*argv, "--connect-timeout", "5000"], stdout=subprocess.DEVNULL)
+        samples = []
+        end = time.monotonic() + duration_s
+        with IPRoute(netns=netns) as ipr:  # one socket in the receiver's namespace for every sample
+            while time.monotonic() < end and client.poll() is None:
+                before = time.monotonic_ns()
+                count = _rx_bytes(ipr, "eth0")
+                after = time.monotonic_ns()
+                samples.append((((before + after) // 2 - t0_ns) / 1e9, count))
+                time.sleep(max(0.0, interval_s - (time.monotonic_ns() - before) / 1e9))
+        client.wait(timeout=duration_s + 30)
+        holder["samples"] = samples
+    except (OSError, subprocess.TimeoutExpired) as e:
+        holder["error"] = str(e)
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.wait()
+
+
+def _pings(net: LocalNetwork, src: str, dst: str, duration_s: float, t0_ns: int, holder: dict[str, Any]) -> None:
+    """Pings from ``src`` to ``dst`` every 100 ms for ``duration_s`` on an idle path; into
+    ``holder`` (``pings``: send time after the profile's start, s; RTT, ms)."""
+    argv = ["ping", "-D", "-n", "-i", "0.1", "-W", "2", "-w", f"{math.ceil(duration_s)}", str(net.host(dst).ip)]
+    ping = net.popen(src, argv, stdout=subprocess.PIPE, text=True)
+    try:
+        out, _ = ping.communicate(timeout=duration_s + 30)
+    except subprocess.TimeoutExpired as e:
+        ping.kill()
+        holder["error"] = str(e)
+        return
+    offset = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()
+    pings = []
+    for line in out.splitlines():
+        m = re.match(r"\[(\d+\.\d+)\].*time=([\d.]+) ms", line)
+        if m:
+            sent = float(m.group(1)) * 1e9 - float(m.group(2)) * 1e6 - offset
+            pings.append(((sent - t0_ns) / 1e9, float(m.group(2))))
+    holder["pings"] = pings

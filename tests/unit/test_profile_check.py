@@ -1,0 +1,75 @@
+"""The fidelity-under-change check's arithmetic (``net/profile_check.py``), on synthetic samples."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.net.profile_check import delivery_window, goodput_bound_check, phase_rtts, sent_bits, step_lags
+from testbed.spec.link_profile import LinkProfile, LinkState, ProfileStep
+
+#: 100 Mbit/s with 20 ms, then from 1 s 20 Mbit/s with 35 ms, looping every 2 s
+ALTERNATING = LinkProfile(
+    (ProfileStep(0, LinkState(100_000_000, 20_000)), ProfileStep(1_000_000, LinkState(20_000_000, 35_000))), 2_000_000
+)
+
+
+def _delivered(profile: LinkProfile, one_way_s: float, times: list[float]) -> list[tuple[float, int]]:
+    """What a perfect link delivers: the shaper's output moved by the delay in force when it left."""
+    return [(t, int(sent_bits(profile, -1.0, t - one_way_s) / 8)) for t in times]
+
+
+def test_what_the_shaper_lets_through_follows_the_steps():
+    assert sent_bits(ALTERNATING, 0.0, 1.0) == pytest.approx(100e6)
+    assert sent_bits(ALTERNATING, 0.9, 1.1) == pytest.approx(10e6 + 2e6)
+    assert sent_bits(ALTERNATING, 2.5, 3.5) == pytest.approx(50e6 + 10e6)  # looped
+
+
+def test_a_dropping_delay_widens_the_window_a_change_may_deliver():
+    # around 2 s the delay goes from 35 to 20 ms: what left the shaper up to 35 ms before may arrive
+    a, b = delivery_window(ALTERNATING, 0.0, 2.0, 2.1)
+    assert a == pytest.approx(2.0 - 0.035) and b == pytest.approx(2.1 - 0.020)
+    assert delivery_window(ALTERNATING, 0.001, 0.4, 0.5) == pytest.approx((0.4 - 0.021, 0.5 - 0.021))
+
+
+def test_a_perfect_link_is_within_the_bound_and_an_unshaped_window_is_not():
+    times = [0.05 + 0.1 * k for k in range(40)]
+    samples = _delivered(ALTERNATING, 0.020, times)
+    worst, over, n = goodput_bound_check(samples, ALTERNATING, 0.0)
+    assert n == 39 and worst <= 0.001 and not over
+    # 100 ms at the old rate after a drop: 5x the bound
+    leaky = list(samples)
+    k = next(i for i, (t, _) in enumerate(leaky) if t > 1.1)
+    extra = int(8e6 / 8)
+    leaky[k:] = [(t, b + extra) for t, b in leaky[k:]]
+    worst, over, _ = goodput_bound_check(leaky, ALTERNATING, 0.0)
+    assert worst > 0.5 and over[0]["t_s"] == pytest.approx(leaky[k - 1][0])
+
+
+def test_anything_delivered_while_the_link_is_down_is_over():
+    down = LinkProfile((ProfileStep(0, LinkState(10_000_000, 5_000)), ProfileStep(1_000_000, LinkState(0, 5_000))))
+    samples = [(1.2, 1000), (1.3, 1000), (1.4, 2500)]
+    worst, over, _ = goodput_bound_check(samples, down, 0.0)
+    assert worst == float("inf") and [o["t_s"] for o in over] == [1.3]
+
+
+def test_a_drop_is_timed_from_the_interval_that_holds_it():
+    times = [0.013 + 0.1 * k for k in range(40)]
+    samples = _delivered(ALTERNATING, 0.020, times)
+    lags = step_lags(samples, ALTERNATING, 0.020, 3.9)
+    assert [x["t_s"] for x in lags] == [1.0, 3.0]  # the rises are not timed
+    assert all(abs(x["lag_s"]) < 1e-6 for x in lags), lags
+    late = _delivered(ALTERNATING, 0.027, times)  # the change arrived 7 ms late
+    assert step_lags(late, ALTERNATING, 0.020, 2.0)[0]["lag_s"] == pytest.approx(0.007, abs=1e-6)
+
+
+def test_each_phase_s_least_rtt_against_its_delay():
+    pings = [(0.1 * k, 40.0 if (0.1 * k) % 2 < 1 else 70.0) for k in range(1, 40)]
+    pings.append((0.98, 55.0))  # sent just before the step: crosses at both delays, left out
+    rtts = phase_rtts(pings, ALTERNATING, 0.0, 4.0)
+    assert [(r["from_s"], r["expected_ms"], r["least_ms"], r["ok"]) for r in rtts] == [
+        (0.0, 40.0, 40.0, True),
+        (1.0, 70.0, 70.0, True),
+        (2.0, 40.0, 40.0, True),
+        (3.0, 70.0, 70.0, True),
+    ]
+    assert not phase_rtts([(1.5, 52.0)], ALTERNATING, 0.0, 2.0)[0]["ok"]
