@@ -94,6 +94,22 @@ def add_class(ipr: IPRoute, index: int, cls: HtbClass, where: str = "") -> None:
         )
 
 
+def change_netem(ipr: IPRoute, index: int, minor: int, leaf: Netem, where: str = "") -> None:
+    """Change class ``1:minor``'s netem leaf to ``leaf`` in place (its queue kept). Raises
+    BuildError where the kernel refuses."""
+    _, kw = _leaf_kwargs(leaf)
+    _tc(
+        ipr,
+        "change",
+        "netem",
+        index,
+        parent=ROOT_HANDLE | minor,
+        handle=minor << 16,
+        what=f"netem leaf of 1:{minor:x} on {where}",
+        **kw,
+    )
+
+
 def add_filter(ipr: IPRoute, index: int, f: U32Filter, where: str = "") -> None:
     _tc(
         ipr,

@@ -9,9 +9,11 @@ each link's steps at their times from the moment the network is up, in place, an
 - A delay, jitter or loss change goes to the delay mechanism: on the NFQUEUE element, one control
   datagram per receiving end (``delay_element.set_queue``; it never reorders: a shorter delay
   makes packets wait behind those already held); on netem, ``tc qdisc change`` of each leaf of the
-  link's egress at both ends, where a decrease is ramped in steps of at most ``NETEM_RAMP_US`` of
-  delay (netem orders its queue by send time, so a decrease of d can put packets sent within d of
-  it before older ones: the ramp bounds that window to one step).
+  link's egress at both ends (netlink, in place), where a decrease is ramped down by
+  ``NETEM_RAMP_US`` of delay every ``NETEM_RAMP_US`` (netem orders its queue by time to send, so a
+  decrease of d at once puts packets sent within d of it before older ones; ramped at one
+  microsecond per microsecond, a packet's release time never comes before an older one's, within
+  the time one change takes).
 
 Each step is logged as a ``profile_step`` line (the link, the step's time in the profile, its
 figures, when it was due and when it was applied, on the run's clock), so that the analysis can
@@ -22,15 +24,17 @@ it did.
 
 from __future__ import annotations
 
-import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
+from pyroute2 import IPRoute
+
 from testbed.errors import TestbedError
-from testbed.net import delay_element, link_control
-from testbed.net.hostproc import netns_argv
+from testbed.net import delay_element, link_control, netlink, netlink_tc
 from testbed.net.shaping import Netem, ShapingPlan
 from testbed.spec.addressing import AddressPlan
 from testbed.spec.link_profile import LinkState, ProfileStep
@@ -170,14 +174,20 @@ class ProfilePlayer(threading.Thread):
         delays = [after.delay_us]
         if after.delay_us < before.delay_us:  # ramp down (module doc)
             delays = list(range(before.delay_us - NETEM_RAMP_US, after.delay_us, -NETEM_RAMP_US)) + [after.delay_us]
-        for delay in delays:
-            for src, dst in ((link.a, link.b), (link.b, link.a)):
-                netns, ifname = self.plan.routers[src].netns, self.plan.wan_ends[(src, dst)].ifname
-                for minor, leaf in self.netem_leaves(src, dst):
-                    new = replace(leaf, delay_us=delay, jitter_us=min(after.jitter_us, delay), loss_pct=after.loss_pct)
-                    argv = ["tc", "qdisc", "change", "dev", ifname, "parent", f"1:{minor:x}", "handle", f"{minor:x}:"]
-                    argv += ["netem", "limit", str(new.limit_packets), "delay", f"{new.delay_us}us"]
-                    argv += [f"{new.jitter_us}us", "loss", f"{new.loss_pct}%"]
-                    proc = subprocess.run(netns_argv(netns, argv), capture_output=True, text=True)
-                    if proc.returncode != 0:
-                        raise ProfileError(f"tc refused {' '.join(argv)} in {netns}: {proc.stderr.strip()}")
+        ends = [
+            (self.plan.routers[s].netns, self.plan.wan_ends[(s, d)].ifname, s, d)
+            for s, d in ((link.a, link.b), (link.b, link.a))
+        ]
+        with ExitStack() as stack:
+            iprs = {ns: stack.enter_context(IPRoute(netns=ns)) for ns, _, _, _ in ends}
+            for k, delay in enumerate(delays):
+                if k:  # one step of delay per as long: release times (send + delay) never go back
+                    time.sleep(NETEM_RAMP_US / 1e6)
+                for netns, ifname, src, dst in ends:
+                    ipr = iprs[netns]
+                    index = netlink.ifindex(ipr, ifname)
+                    for minor, leaf in self.netem_leaves(src, dst):
+                        new = replace(
+                            leaf, delay_us=delay, jitter_us=min(after.jitter_us, delay), loss_pct=after.loss_pct
+                        )
+                        netlink_tc.change_netem(ipr, index, minor, new, f"{netns}/{ifname}")

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -267,3 +269,50 @@ def test_kill_9_then_clean_inside_the_vm(tmp_path):
     assert cleaned.returncode == 0, cleaned.stderr
     assert f"removed run {mine[0]['prefix']}" in cleaned.stdout
     assert machine_state() == before
+
+
+def test_a_profile_changes_netems_delay_in_place_without_reordering(
+    link_rate_bps, path_floor_ms, tmp_path, clean_machine
+):
+    """two_dc whose delay steps from 20 to 30 ms 1 s after the build and down to 15 ms at 2.5 s,
+    the decrease ramped by 1 ms every millisecond (``profile_player.py``): every netem leaf reads the
+    profile's delay back, each phase's round trips are twice its delay, and no reply arrives out of
+    order across the decrease (netem would reorder one made at once)."""
+    data = yaml.safe_load((REPO / "topologies" / "two_dc.yaml").read_text())
+    data["links"][0].update(rate=f"{min(link_rate_bps, 100_000_000)}bit", profile="steps.csv")
+    (tmp_path / "steps.csv").write_text("time,delay\n1s,30ms\n2.5s,15ms\n")
+    (tmp_path / "stepped.yaml").write_text(yaml.safe_dump(data))
+    spec = parse_topology(data, str(tmp_path / "stepped.yaml"))
+    with make_network(spec, out_dir=tmp_path / "run", delay_mechanism="netem") as net:
+        out = net.run(
+            "east-h0", ["ping", "-U", "-D", "-n", "-i", "0.01", "-w", "4", str(net.host("west-h0").ip)]
+        ).stdout
+        leaves = [
+            leaf.delay_us
+            for src in ("east", "west")
+            for leaf in read_netem(
+                net.handles.ipr(net.plan.routers[src].netns), f"w-{'west' if src == 'east' else 'east'}"
+            ).values()
+        ]
+    assert leaves == [15_000, 15_000], leaves
+    log = [json.loads(x) for x in (tmp_path / "run" / "shaping.jsonl").read_text().splitlines()]
+    steps = [r for r in log if r["event"] == "profile_step"]
+    assert [(s["profile_t_us"], s["delay_us"]) for s in steps] == [
+        (0, 20_000),
+        (1_000_000, 30_000),
+        (2_500_000, 15_000),
+    ]
+    t0 = steps[0]["due_ns"] / 1e9
+    offset = (time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()) / 1e9
+    replies = []
+    for line in out.splitlines():
+        m = re.match(r"\[(\d+\.\d+)\].*icmp_seq=(\d+).*time=([\d.]+) ms", line)
+        if m:
+            sent = float(m.group(1)) - float(m.group(3)) / 1e3 - offset - t0
+            replies.append((int(m.group(2)), sent, float(m.group(3))))
+    seqs = [s for s, _, _ in replies]
+    assert seqs == sorted(seqs), "replies out of order"
+    floor_median, _ = path_floor_ms
+    for (a, b), expected in (((0.3, 0.95), 40.0), ((1.2, 2.45), 60.0), ((2.65, 3.8), 30.0)):
+        phase = [rtt for _, t, rtt in replies if a <= t < b]
+        assert phase and rtt_within(statistics.median(phase), expected, floor_median), (a, statistics.median(phase))
