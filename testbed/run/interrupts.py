@@ -22,8 +22,17 @@ def err(msg: str) -> None:
     print(f"testbed: {msg}", file=sys.stderr, flush=True)
 
 
+#: the process that installed ``on_sigterm`` (a child forked from it, such as pyroute2's helper
+#: that opens a netlink socket in a namespace, inherits the handler and is ended with SIGTERM)
+_INSTALLED_BY: int | None = None
+
+
 def on_sigterm(signum: int, frame: object) -> None:
-    """SIGTERM or SIGHUP: say so and end as ``SystemExit(128 + signum)``, tearing down on the way."""
+    """SIGTERM or SIGHUP: say so and end as ``SystemExit(128 + signum)``, tearing down on the way. A
+    process forked from the one that installed it (with its handlers) just ends, silently: it
+    tears nothing down."""
+    if _INSTALLED_BY is not None and os.getpid() != _INSTALLED_BY:
+        os._exit(128 + signum)
     # os.write, not print: the main thread may be inside a print to stderr (a reentrant call fails)
     os.write(2, f"testbed: {signal.Signals(signum).name}: tearing down\n".encode())
     raise SystemExit(128 + signum)
@@ -47,7 +56,9 @@ def tear_down_left_behind() -> None:
 def tears_down_on_signals() -> Iterator[None]:
     """Install the handlers above for the ``with`` block (the main thread only), then tear down
     what was left up and put the previous handlers back."""
+    global _INSTALLED_BY
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    _INSTALLED_BY = os.getpid()
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGHUP, on_sigterm)
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -56,6 +56,7 @@ from testbed.results.job_summary import (
 )
 from testbed.results.link_counters import link_utilization
 from testbed.results.plots import plot_links, plot_timeline
+from testbed.results.wan_changes import configured_rates
 from testbed.run.backends import make_network
 from testbed.run.job_grants import JOB_BORROW, JobProfile, job_floor_share, managed_pairs
 from testbed.run.job_nodes import (
@@ -78,6 +79,7 @@ from testbed.trace import schema as T
 from testbed.trace.clock import now_ns
 from testbed.trace.events import read_events
 from testbed.trace.jsonl import read_jsonl
+from testbed.trace.shaping_log import SHAPING_LOG
 from testbed.train.job_hook import JOINED_DIR
 
 #: where the job's rendezvous may go (``Job.rendezvous``)
@@ -375,6 +377,8 @@ def _summary(
     path = out_dir / "link_counters.jsonl"
     rows = read_jsonl(path) if path.exists() else []
     counters = pd.DataFrame(rows)
+    shaping = read_jsonl(out_dir / SHAPING_LOG) if (out_dir / SHAPING_LOG).exists() else []
+    rates = configured_rates(shaping, counters) if rows else None  # drawn where they changed
     if rows:
         lu = link_utilization(counters)
         for link, nbytes in sent_bytes(counters, LINK_CLASS_MINOR).items():
@@ -384,7 +388,7 @@ def _summary(
                 "utilization_mean": float(mine["utilization"].mean()) if not mine.empty else 0.0,
             }
         if not lu.empty:
-            plot_links(lu, out_dir / "wan_utilization.png")
+            plot_links(lu, out_dir / "wan_utilization.png", rates)
     summary: dict[str, Any] = {
         "wall_time_s": wall_s,
         "exit_status": error.status if error is not None else 130 if stopped else 0,
@@ -397,7 +401,7 @@ def _summary(
     training = training_figures(ev, job.warmup) if not ev.empty else None
     summary["training"] = training
     if training is not None:
-        plot_timeline(ev, out_dir / "timeline.png", job.warmup)
+        plot_timeline(ev, out_dir / "timeline.png", job.warmup, rates)
     if job.hooked:
         totals = read_jsonl(out_dir / "hook", "r*.json")
         its = training["iteration_time_s"] if training else None
