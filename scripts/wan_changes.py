@@ -90,7 +90,7 @@ def measured_iterations(run: Path, warmup: int) -> list[tuple[float, float]]:
 def group_rows(exp: Experiment, run: Path, policy: str, band) -> list[dict]:
     """Rows of one run: its measured iterations grouped by ``band(states)`` (a label), each group's
     mean beside the mean prediction of the phases its iterations began in."""
-    phases = predicted_by_phase(exp)
+    phases = predicted_by_phase(exp.with_overrides(policy=policy))
     looping = [x.profile.period_us for x in exp.topology_spec.links if x.profile and x.profile.period_us]
     cycle = max(looping) if looping else None
     groups: dict[str, list[tuple[float, float | None]]] = {}

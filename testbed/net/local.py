@@ -49,7 +49,6 @@ from testbed.net.netns import (
     RealiseContext,
     Realiser,
     pin_wan_neighbours,
-    segment_at_hosts,
     tcp_buffer_bytes,
 )
 from testbed.net.network import ManagedNetwork
@@ -168,8 +167,6 @@ class LocalNetwork(LocalFiles, LocalHostProcesses, ManagedNetwork):
             )
         )
         pin_wan_neighbours(self.handles, self.plan, self.dcs_here)
-        if any(link.profile for link in self.spec.links):
-            segment_at_hosts(self.handles, self.plan, self.dcs_here)
         self._shape_and_check()
         self.apply_shaping()
         self.build_s = time.perf_counter() - t0

@@ -21,6 +21,10 @@ first DC to its second), between the first hosts of its two DCs, while the profi
   twice the one-way delay the profile set then, within max(1 ms, 5%).
   Steps that take the link down are expected to deliver nothing.
 
+The hosts hand the network one TCP segment per packet for the check (``netns.segment_at_hosts``:
+with the kernel's 64 KB segments, HTB's output swings by 11% over 100 ms at 20 Mbit/s, which
+would hide what the check looks for); runs keep the kernel's default.
+
 Pure parts (``goodput_bound_check``, ``step_lags``, ``phase_rtts``) take the samples; ``check_profile``
 measures them on a built network."""
 
@@ -41,6 +45,7 @@ from testbed.errors import CheckError
 from testbed.net.fidelity import RTT_TOLERANCE_FRACTION, RTT_TOLERANCE_MS
 from testbed.net.iperf import PORT
 from testbed.net.local import LocalNetwork
+from testbed.net.netns import segment_at_hosts
 from testbed.spec.link_profile import LinkProfile
 from testbed.spec.routing import RoutingTable
 from testbed.trace.shaping_log import PROFILE_STEP, SHAPING_LOG
@@ -190,6 +195,7 @@ def check_profile(net: LocalNetwork, duration_s: float, interval_s: float = 0.1)
     if not links:
         raise CheckError(f"{spec.name} has no link with a profile: nothing to check under change")
     t0_ns = _profile_start_ns(net)
+    segment_at_hosts(net.handles, net.plan, net.dcs_here)  # the shaper sees one segment per packet
     checks: list[tuple[Any, str, str, float]] = []
     for link in links:
         if routes.route(link.a, link.b).dcs != (link.a, link.b):
