@@ -18,6 +18,7 @@ Each row gives the iterations measured (warm-up left out), their mean, the predi
 docs/topologies-and-experiments.md) with ``--record``.
 
 Run as root: .venv/bin/python scripts/wan_changes.py [--out DIR] [--record] [--only wan_day,sharing_burst,regions]
+[--runs DIR: the run folders of an earlier call, analysed again]
 """
 
 from __future__ import annotations
@@ -27,12 +28,11 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from testbed.plan.profile_phases import profile_phases, topology_at
+from testbed.plan.profile_phases import experiment_at, profile_phases
 from testbed.plan.run_plan import make_plan
 from testbed.results.analysis import iteration_times
 from testbed.results.published import Column, commit, record_result
@@ -67,7 +67,7 @@ def predicted_by_phase(exp: Experiment) -> list[tuple[int, int | None, float | N
         if ph.stalled(exp.topology_spec):
             out.append((ph.start_us, ph.end_us, None, ph.states))
             continue
-        at = replace(exp, topology_spec=topology_at(exp.topology_spec, ph.states))
+        at = experiment_at(exp, ph.states, list(base.workers))
         out.append((ph.start_us, ph.end_us, make_plan(at, list(base.workers)).predicted_iteration_s, ph.states))
     return out
 
@@ -134,7 +134,13 @@ def burst_band(states: dict) -> str:
     return f"east-west {states['east:west'].rate_bps / 1e6:g} Mbit/s"
 
 
+#: where earlier runs are read from instead of running again (``--runs``)
+REUSE: Path | None = None
+
+
 def run_one(exp: Experiment, out: Path, policy: str) -> Path:
+    if REUSE is not None:
+        return REUSE / f"{exp.name}-{policy}"
     folder = out / f"{exp.name}-{policy}"
     print(f"{exp.name} under {policy} ({exp.iterations} iterations) ...", flush=True)
     run_experiment(exp.with_overrides(policy=policy), folder, progress=lambda _: None)
@@ -146,7 +152,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO / "results" / f"wan_changes-{time.strftime('%Y%m%d-%H%M%S')}")
     ap.add_argument("--record", action="store_true", help="write docs/results/wan_changes.json")
     ap.add_argument("--only", default="wan_day,sharing_burst,regions")
+    ap.add_argument("--runs", type=Path, help="analyse the run folders an earlier call left in DIR instead of running")
     args = ap.parse_args()
+    global REUSE
+    REUSE = args.runs
     at_commit = commit(REPO)
     only = args.only.split(",")
     rows: list[dict] = []
@@ -184,7 +193,7 @@ def main() -> None:
         head = f"{r['experiment']:>26} {r['policy']:>8} {r['phase']:<46}"
         print(f"{head} n={r['iterations']:<3} {r['measured_s']:.3f} s (predicted {pred})")
     if args.record:
-        command = "sudo .venv/bin/python scripts/wan_changes.py --record"
+        command = "sudo .venv/bin/python scripts/wan_changes.py " + " ".join(sys.argv[1:])
         print(record_result(REPO, "wan_changes", COLUMNS, rows, "scripts/wan_changes.py", command, at_commit))
 
 

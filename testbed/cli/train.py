@@ -129,7 +129,7 @@ def _print_phases(exp, grants: bool) -> None:
     iteration under the experiment's policy, placed as at the start (a run keeps its placement);
     with ``grants``, Atlas's grant plan for each phase whose links are all up, and whether each
     link direction's order differs from the first phase's."""
-    from testbed.plan.profile_phases import topology_at
+    from testbed.plan.profile_phases import experiment_at
     from testbed.run.link_replan import hop_orders
 
     base = make_plan(exp)
@@ -143,7 +143,7 @@ def _print_phases(exp, grants: bool) -> None:
             continue
         if not ph.all_up:
             when += " (routed around the link that is down)"
-        at = replace(exp, topology_spec=topology_at(exp.topology_spec, ph.states))
+        at = experiment_at(exp, ph.states, list(base.workers))
         plan = make_plan(at, list(base.workers))
         print(f"{when}: predicted {plan.predicted_iteration_s:.3f} s under {exp.policy.name}")
         if grants:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from testbed.plan.connections import connection_window_bytes
+from testbed.plan.workers import WorkerSpec
+from testbed.spec.experiment import Experiment
 from testbed.spec.link_profile import LinkState
 from testbed.spec.topology import TopologySpec
 
@@ -32,6 +35,17 @@ def topology_at(spec: TopologySpec, states: dict[str, LinkState]) -> TopologySpe
             )
         )
     return replace(spec, links=tuple(links))
+
+
+def experiment_at(exp: Experiment, states: dict[str, LinkState], workers: list[WorkerSpec]) -> Experiment:
+    """``exp`` on its topology as ``states`` leave it (``topology_at``), placed as ``workers`` and
+    with the TCP window the run set at its start: the hosts' socket buffers are capped once, at
+    the build, from the topology's own figures (``connections.connection_window_bytes``), and do
+    not follow a link's changes, so the window is fixed (``wan_window_bytes``) where it came from
+    a share of the link."""
+    window = connection_window_bytes(exp, exp.topology_spec, workers)
+    at = replace(exp, topology_spec=topology_at(exp.topology_spec, states))
+    return replace(at, wan_window_bytes=int(window), wan_connection_share=None) if window is not None else at
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from testbed.atlas.controller import Controller
 from testbed.plan.grant_plan import GrantPlan, format_grant_plan, plan_grants
-from testbed.plan.profile_phases import topology_at
+from testbed.plan.profile_phases import experiment_at
 from testbed.plan.run_plan import RunPlan
 from testbed.plan.worker_config import write_stagger
 from testbed.spec.link_profile import LinkState
@@ -89,8 +89,8 @@ class LinkReplans:
         """Plan for the links as they are now and hand the plan to the controller (module doc)."""
         t0 = time.monotonic_ns()
         exp, workers = self.run_plan.experiment, list(self.run_plan.workers)
-        spec = topology_at(self.spec, self.states)
-        phase = exp.with_overrides(topology_spec=spec)
+        phase = experiment_at(exp, self.states, workers)
+        spec = phase.topology_spec
         plan = plan_grants(phase, spec, workers, self.run_plan.connections, stage_s=self.stage_s())
         t_planned = time.monotonic_ns()
         rates = {(x.a, x.b): x.rate_bps for x in spec.links}
