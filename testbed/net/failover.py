@@ -10,7 +10,6 @@ moved routes (``router``, destination DC, new next hop) and how long the changes
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +21,7 @@ from testbed.net import netlink
 from testbed.spec.addressing import AddressPlan
 from testbed.spec.routing import RoutingTable, routes_without
 from testbed.spec.topology import TopologySpec
-from testbed.trace.jsonl import open_jsonl, write_row
+from testbed.trace.jsonl import JsonlFollower, open_jsonl, write_row
 from testbed.trace.shaping_log import LINK_DOWN, LINK_UP, REROUTE, SHAPING_LOG
 
 #: how often the log is read for outages (s): well below any detection time worth modelling
@@ -57,7 +56,7 @@ class FailoverAgent(threading.Thread):
         self.failover = {f"{x.a}:{x.b}": x.failover_after_us * 1000 for x in spec.links if x.failover}
         self.installed = next_hops(spec, RoutingTable(spec))
         self._halt = threading.Event()
-        self._offset = 0
+        self.log = JsonlFollower(out_dir / SHAPING_LOG)
         #: failover links down in the log: name -> when (ns); seen down by the routers: names
         self.down: dict[str, int] = {}
         self.up_at: dict[str, int] = {}
@@ -84,16 +83,7 @@ class FailoverAgent(threading.Thread):
                     return
 
     def _read(self) -> None:
-        path = self.out_dir / SHAPING_LOG
-        if not path.exists():
-            return
-        with open(path, "rb") as f:
-            f.seek(self._offset)
-            chunk = f.read()
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        for line in complete.splitlines():
-            row = json.loads(line)
+        for row in self.log.new_rows():
             link = row.get("link")
             if link not in self.failover:
                 continue

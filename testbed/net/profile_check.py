@@ -305,11 +305,18 @@ def _pings(net: LocalNetwork, src: str, dst: str, duration_s: float, t0_ns: int,
         ping.kill()
         holder["error"] = str(e)
         return
+    holder["pings"] = ping_replies(out, t0_ns)
+
+
+def ping_replies(output: str, t0_ns: int) -> list[tuple[float, float]]:
+    """Each reply of ``ping -D`` output: (when its request was sent, s after ``t0_ns`` on this
+    machine's CLOCK_MONOTONIC; RTT, ms). ``-D`` stamps a reply's arrival in CLOCK_REALTIME: the
+    send time is that less the RTT, moved to the monotonic clock."""
     offset = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()
-    pings = []
-    for line in out.splitlines():
+    out = []
+    for line in output.splitlines():
         m = re.match(r"\[(\d+\.\d+)\].*time=([\d.]+) ms", line)
         if m:
             sent = float(m.group(1)) * 1e9 - float(m.group(2)) * 1e6 - offset
-            pings.append(((sent - t0_ns) / 1e9, float(m.group(2))))
-    holder["pings"] = pings
+            out.append(((sent - t0_ns) / 1e9, float(m.group(2))))
+    return out

@@ -10,7 +10,6 @@ a link down are not planned for (nothing crosses it), the step that brings it ba
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +20,7 @@ from testbed.plan.profile_phases import experiment_at
 from testbed.plan.run_plan import RunPlan
 from testbed.plan.worker_config import write_stagger
 from testbed.spec.link_profile import LinkState
-from testbed.trace.jsonl import open_jsonl, write_row
+from testbed.trace.jsonl import JsonlFollower, open_jsonl, write_row
 from testbed.trace.shaping_log import PROFILE_STEP, SHAPING_LOG
 
 REPLANS_FILE = "replans.jsonl"
@@ -53,25 +52,13 @@ class LinkReplans:
         self.stage_s, self.stagger_path, self.ready = stage_s, stagger_path, ready
         self.spec = run_plan.experiment.topology_spec
         self.states = {f"{x.a}:{x.b}": x.state for x in self.spec.links}
-        self.offset = 0
+        self.log = JsonlFollower(out_dir / SHAPING_LOG)
         self.count = 0
         #: the last step that changed a rate or delay and has not been planned for yet
         self.pending: dict | None = None
 
     def poll(self) -> None:
-        path = self.out_dir / SHAPING_LOG
-        if not path.exists():
-            return
-        with open(path, "rb") as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        steps = []
-        for line in complete.splitlines():
-            row = json.loads(line)
-            if row.get("event") == PROFILE_STEP:
-                steps.append(row)
+        steps = [row for row in self.log.new_rows() if row.get("event") == PROFILE_STEP]
         changed = None
         for row in steps:
             before = self.states[row["link"]]

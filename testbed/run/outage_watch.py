@@ -9,11 +9,11 @@ that it is this watcher, not gloo, that decides."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 from testbed.errors import TestbedError
+from testbed.trace.jsonl import JsonlFollower
 from testbed.trace.shaping_log import LINK_DOWN, LINK_UP, SHAPING_LOG
 
 
@@ -26,9 +26,8 @@ class OutageWatch:
     stay down (s)."""
 
     def __init__(self, out_dir: Path, timeout_s: float) -> None:
-        self.path = out_dir / SHAPING_LOG
+        self.log = JsonlFollower(out_dir / SHAPING_LOG)
         self.timeout_s = timeout_s
-        self.offset = 0
         #: links down now: name -> when it went down (CLOCK_MONOTONIC, ns)
         self.down: dict[str, int] = {}
         #: when the last link came back (ns; 0: none has)
@@ -36,18 +35,7 @@ class OutageWatch:
 
     def poll(self) -> None:
         """Read the lines appended since the last poll."""
-        if not self.path.exists():
-            return
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        for line in complete.splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
+        for row in self.log.new_rows():
             if row.get("event") == LINK_DOWN:
                 self.down.setdefault(row["link"], int(row["t_ns"]))
             elif row.get("event") == LINK_UP:

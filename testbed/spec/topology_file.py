@@ -142,14 +142,20 @@ def _read_congestion(top: FieldReader, value: Any) -> str | None:
     return value
 
 
-def _check_connected(spec: TopologySpec) -> None:
-    seen, todo = {spec.dcs[0].name}, [spec.dcs[0].name]
+def _reachable(links: list[LinkSpec], start: str) -> set[str]:
+    """The DCs ``links`` join to ``start`` (itself included)."""
+    seen, todo = {start}, [start]
     while todo:
         here = todo.pop()
-        for link in spec.links:
+        for link in links:
             if here in (link.a, link.b) and link.other(here) not in seen:
                 seen.add(link.other(here))
                 todo.append(link.other(here))
+    return seen
+
+
+def _check_connected(spec: TopologySpec) -> None:
+    seen = _reachable(list(spec.links), spec.dcs[0].name)
     for i, dc in enumerate(spec.dcs):
         if dc.name not in seen:
             raise SpecError(
@@ -163,20 +169,8 @@ def _check_connected(spec: TopologySpec) -> None:
 
 def _check_failover(spec: TopologySpec) -> None:
     """A link marked ``failover`` must leave its DCs connected when it is down."""
-    from dataclasses import replace
-
     for i, link in enumerate(spec.links):
-        if not link.failover:
-            continue
-        without = replace(spec, links=tuple(x for x in spec.links if x is not link))
-        reach, todo = {link.a}, [link.a]
-        while todo:
-            here = todo.pop()
-            for x in without.links:
-                if here in (x.a, x.b) and x.other(here) not in reach:
-                    reach.add(x.other(here))
-                    todo.append(x.other(here))
-        if link.b not in reach:
+        if link.failover and link.b not in _reachable([x for x in spec.links if x is not link], link.a):
             raise SpecError(
                 spec.source,
                 f"links[{i}].failover",

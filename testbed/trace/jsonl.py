@@ -28,14 +28,21 @@ def read_jsonl(path: Path, pattern: str | None = None) -> list[dict[str, Any]]:
             text = f.read_text()
         except (FileNotFoundError, NotADirectoryError):
             continue
-        for line in text.splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
+        rows += _objects(text.splitlines())
     return rows
+
+
+def _objects(lines: list[str] | list[bytes]) -> list[dict[str, Any]]:
+    """The lines that are JSON objects, parsed (a torn or foreign line is skipped)."""
+    out = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            out.append(row)
+    return out
 
 
 def read_json_object(path: Path, fix: str) -> dict[str, Any]:
@@ -73,3 +80,23 @@ def open_jsonl(path: Path) -> TextIO:
 def write_row(f: TextIO, row: dict[str, Any]) -> None:
     """Append one row as one line."""
     f.write(json.dumps(row) + "\n")
+
+
+class JsonlFollower:
+    """Follows a JSON-lines file another thread or process appends to: each ``new_rows`` returns the
+    rows of the complete lines appended since the last call (a line still being written waits for
+    the next call; a line that is not a JSON object is skipped). A file not there yet has none."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def new_rows(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        return _objects(complete.splitlines())

@@ -6,12 +6,12 @@ every 20 ms), and nothing left behind."""
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
 import time
 
 from testbed.net.link_control import LinkEnd, link_rate_bps
+from testbed.net.profile_check import ping_replies
 from tests.integration.conftest import machine_state, registered_prefixes, run_cli, start_topo_up
 
 TOPOLOGY = """name: profiled
@@ -60,7 +60,7 @@ def test_a_profile_is_applied_on_time_and_seen_by_packets(tmp_path):
     assert [r["event"] for r in log if r["event"].startswith("link_")] == ["link_down", "link_up"]
     assert 50_000_000 in rates and 20_000_000 in rates, rates  # read back from the kernel
     # what the packets saw, on the profile's clock (ping -D: CLOCK_REALTIME; the log: monotonic)
-    seen = _rtts(replies, steps[0]["due_ns"])
+    seen = ping_replies(replies, steps[0]["due_ns"])
     assert seen, replies
     assert all(18 <= rtt < 30 for t, rtt in seen if t < 1.9), seen  # 2 x 10 ms
     assert not [t for t, _ in seen if 2.0 <= t < 2.99], seen  # down: nothing crosses
@@ -83,18 +83,6 @@ links:
     profile: {generator: on_off, up: 1s, down: 1.5s}
   - {between: [east, west], rate: 50mbit, delay: 30ms}
 """
-
-
-def _rtts(replies: str, t0_ns: int) -> list[tuple[float, float]]:
-    """(send time on the profile's clock, s; RTT, ms) of each ping reply (``ping -D``)."""
-    offset = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()
-    out = []
-    for line in replies.splitlines():
-        m = re.match(r"\[(\d+\.\d+)\].*time=([\d.]+) ms", line)
-        if m:
-            sent = float(m.group(1)) * 1e9 - float(m.group(2)) * 1e6 - offset
-            out.append(((sent - t0_ns) / 1e9, float(m.group(2))))
-    return out
 
 
 def test_a_failover_link_moves_its_routes_to_the_other_path_and_back(tmp_path):
@@ -145,7 +133,7 @@ def test_a_failover_link_moves_its_routes_to_the_other_path_and_back(tmp_path):
     }
     assert 200e6 <= moves[0]["t_ns"] - down["t_ns"] < 230e6, moves[0]["t_ns"] - down["t_ns"]
     assert 200e6 <= moves[1]["t_ns"] - (up["t_ns"] + up["duration_ns"]) < 230e6
-    seen = _rtts(replies, t0)
+    seen = ping_replies(replies, t0)
     assert all(48 <= rtt < 60 for t, rtt in seen if t < 0.95), seen
     rerouted = [rtt for t, rtt in seen if 1.3 <= t < 2.4]
     assert rerouted and all(78 <= rtt < 95 for rtt in rerouted), seen  # through east

@@ -1,0 +1,17 @@
+"""Following a JSON-lines file another process appends to (``trace/jsonl.JsonlFollower``)."""
+
+from __future__ import annotations
+
+from testbed.trace.jsonl import JsonlFollower
+
+
+def test_a_follower_reads_each_complete_line_once(tmp_path):
+    path = tmp_path / "log.jsonl"
+    follower = JsonlFollower(path)
+    assert follower.new_rows() == []  # not there yet
+    path.write_text('{"a": 1}\n[2]\nnot json\n{"b": 2}\n{"c": ')
+    assert follower.new_rows() == [{"a": 1}, {"b": 2}]  # a list and a torn line are not rows
+    assert follower.new_rows() == []
+    with open(path, "a") as f:
+        f.write('3}\n{"d": 4}\n')
+    assert follower.new_rows() == [{"c": 3}, {"d": 4}]  # the torn line, once it is whole
