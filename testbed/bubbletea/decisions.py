@@ -233,6 +233,12 @@ class SlotPredictor:
     def observe(self, slot: object, bubble_s: float) -> None:
         self.seen[slot].append(max(0.0, bubble_s))
 
+    def reprior(self, prior: dict[str, float]) -> None:
+        """Start again from ``prior`` (the WAN changed: a link profile's step), forgetting the
+        bubbles observed under the WAN before, as a run's first iteration starts from its prior."""
+        self.prior = dict(prior)
+        self.seen.clear()
+
     def predict(self, slot: object) -> float | None:
         """The slot's predicted bubble (s), or None while it has neither a prior nor ``window``
         observations."""

@@ -8,8 +8,11 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-#: the largest request message (bytes): a request's id and lengths, as JSON
-MAX_REQUEST_BYTES = 512
+#: the largest message to a worker (bytes): a request's id and lengths, or a new prior of its
+#: bubbles (``PRIOR``), as JSON
+MAX_REQUEST_BYTES = 16384
+#: the key of a message that gives a worker's bubble predictor a new prior (slot -> s)
+PRIOR = "prior"
 
 
 class DispatcherLink:

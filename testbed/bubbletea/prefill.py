@@ -32,7 +32,7 @@ from testbed.bubbletea.decisions import (
     choose_work,
     prefill_seconds,
 )
-from testbed.bubbletea.dispatcher_link import DispatcherLink
+from testbed.bubbletea.dispatcher_link import PRIOR, DispatcherLink
 from testbed.bubbletea.fill import Fill, Filler
 from testbed.bubbletea.inference import InferenceModel
 from testbed.bubbletea.passes import Job, Pass, keep_stopped
@@ -107,7 +107,13 @@ class PrefillServer:
 
     # --------------------------------------------------------------- requests in
     def poll_inbox(self) -> None:
-        self.jobs.extend(Job.of_request(msg, self.seed, self.corpus) for msg in self.link.requests())
+        """Take the requests come in; a ``prior`` message (the runner's, when a link profile changed
+        the WAN: ``run/link_replan.py``) gives the bubble predictor a new start instead."""
+        for msg in self.link.requests():
+            if PRIOR in msg:
+                self.predictor.reprior(msg[PRIOR])
+            else:
+                self.jobs.append(Job.of_request(msg, self.seed, self.corpus))
 
     # --------------------------------------------------------------- the bubbles
     def bubble_to_fill(self, slot: str) -> float | None:

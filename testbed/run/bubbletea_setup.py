@@ -3,12 +3,15 @@ it), the decode host of each DC, the workers' part of the configuration, and the
 
 from __future__ import annotations
 
+import json
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from testbed.bubbletea.decisions import seconds_per_flop
 from testbed.bubbletea.dispatcher import Dispatcher
+from testbed.bubbletea.dispatcher_link import PRIOR
 from testbed.bubbletea.request_table import requests_to_frame
 from testbed.bubbletea.stream import request_stream
 from testbed.net.network import Network
@@ -96,6 +99,17 @@ def stop_bubbletea(
         )
     for w in workers:
         Path(cfg.inbox_of(w.rank)).unlink(missing_ok=True)
+
+
+def send_priors(cfg: BubbleTeaConfig, priors: dict[str, dict[str, float]]) -> None:
+    """Give each worker's bubble predictor a new prior (rank as a string -> slot -> s) through its
+    inbox (``dispatcher_link.PRIOR``); a worker not there (it ended) is skipped."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        for rank, prior in priors.items():
+            try:
+                sock.sendto(json.dumps({PRIOR: prior}).encode(), cfg.inbox_of(int(rank)))
+            except OSError:
+                pass
 
 
 def bubble_prior(plan: RunPlan) -> tuple[dict[str, dict[str, float]], float]:

@@ -1,4 +1,5 @@
-"""Atlas's grant plan made again when a link's profile changes its rate or delay while a run trains:
+"""Atlas's grant plan and BubbleTea's bubble priors made again when a link's profile changes its
+rate or delay while a run trains:
 the runner follows the ``profile_step`` lines of the run's ``shaping.jsonl`` (the figures the
 profile set, not guessed), plans the grants for the topology as it is now (``grant_plan.plan_grants``,
 the function that made the first plan, on the run's placement and connections, from the profiled
@@ -12,13 +13,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from testbed.atlas.controller import Controller
 from testbed.plan.grant_plan import GrantPlan, format_grant_plan, plan_grants
 from testbed.plan.profile_phases import experiment_at
-from testbed.plan.run_plan import RunPlan
+from testbed.plan.run_plan import RunPlan, make_plan
 from testbed.plan.worker_config import write_stagger
+from testbed.run.bubbletea_setup import bubble_prior
 from testbed.spec.link_profile import LinkState
 from testbed.trace.jsonl import JsonlFollower, open_jsonl, write_row
 from testbed.trace.shaping_log import PROFILE_STEP, SHAPING_LOG
@@ -41,14 +44,16 @@ class LinkReplans:
     def __init__(
         self,
         run_plan: RunPlan,
-        controller: Controller,
+        controller: Controller | None,
         out_dir: Path,
         progress: Callable[[str], object],
         stage_s: Callable[[], tuple[tuple[float, float], ...] | None] = lambda: None,
         stagger_path: Path | None = None,
         ready: Callable[[], bool] = lambda: True,
+        priors: Callable[[dict[str, dict[str, float]]], None] | None = None,
     ) -> None:
         self.run_plan, self.controller, self.out_dir, self.progress = run_plan, controller, out_dir, progress
+        self.priors = priors
         self.stage_s, self.stagger_path, self.ready = stage_s, stagger_path, ready
         self.spec = run_plan.experiment.topology_spec
         self.states = {f"{x.a}:{x.b}": x.state for x in self.spec.links}
@@ -73,17 +78,26 @@ class LinkReplans:
             self.replan(step)
 
     def replan(self, step: dict) -> None:
-        """Plan for the links as they are now and hand the plan to the controller (module doc)."""
+        """Plan for the links as they are now and hand the plan to the controller, and the bubbles
+        predicted then to BubbleTea's workers (module doc)."""
         t0 = time.monotonic_ns()
         exp, workers = self.run_plan.experiment, list(self.run_plan.workers)
         phase = experiment_at(exp, self.states, workers)
         spec = phase.topology_spec
-        plan = plan_grants(phase, spec, workers, self.run_plan.connections, stage_s=self.stage_s())
+        plan = None
+        if self.controller is not None:
+            plan = plan_grants(phase, spec, workers, self.run_plan.connections, stage_s=self.stage_s())
+        priors: dict[str, dict[str, float]] = {}
+        if self.priors is not None:
+            priors, _ = bubble_prior(replace(make_plan(phase, workers), connections=self.run_plan.connections))
         t_planned = time.monotonic_ns()
-        rates = {(x.a, x.b): x.rate_bps for x in spec.links}
-        self.controller.replan(plan, link_rates=rates)
-        if self.stagger_path is not None and exp.policy.sharing == "planned":
-            write_stagger(self.stagger_path, plan.stagger_s)
+        if self.controller is not None and plan is not None:
+            rates = {(x.a, x.b): x.rate_bps for x in spec.links}
+            self.controller.replan(plan, link_rates=rates)
+            if self.stagger_path is not None and exp.policy.sharing == "planned":
+                write_stagger(self.stagger_path, plan.stagger_s)
+        if self.priors is not None and priors:
+            self.priors(priors)
         t_done = time.monotonic_ns()
         self.count += 1
         with open_jsonl(self.out_dir / REPLANS_FILE) as log:
@@ -98,14 +112,17 @@ class LinkReplans:
                     "planning_ms": (t_planned - t0) / 1e6,
                     "handover_ms": (t_done - t_planned) / 1e6,
                     "links": {k: {"rate_bps": s.rate_bps, "delay_us": s.delay_us} for k, s in self.states.items()},
-                    "order": hop_orders(plan),
-                    "iteration_s": plan.iteration_s,
+                    "order": hop_orders(plan) if plan is not None else None,
+                    "iteration_s": plan.iteration_s if plan is not None else None,
+                    "bubble_priors": len(priors),
                 },
             )
-        with open(self.out_dir / "grant_plan_replanned.txt", "a") as f:
-            f.write(f"re-planned after {step['link']}'s step at {step['profile_t_us'] / 1e6:g} s:\n")
-            f.write(format_grant_plan(plan) + "\n\n")
+        if plan is not None:
+            with open(self.out_dir / "grant_plan_replanned.txt", "a") as f:
+                f.write(f"re-planned after {step['link']}'s step at {step['profile_t_us'] / 1e6:g} s:\n")
+                f.write(format_grant_plan(plan) + "\n\n")
+        what = " and ".join(x for x, on in (("grant plan", plan is not None), ("bubble priors", bool(priors))) if on)
         self.progress(
-            f"grant plan made again for {step['link']}'s profile step at {step['profile_t_us'] / 1e6:g} s "
+            f"{what or 'nothing'} made again for {step['link']}'s profile step at {step['profile_t_us'] / 1e6:g} s "
             f"in {(t_done - t0) / 1e6:.0f} ms"
         )

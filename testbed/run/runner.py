@@ -24,7 +24,7 @@ from testbed.plan.worker_config import STAGGER_FILE, TrainingConfig, WorkerConfi
 from testbed.results.report import finalize
 from testbed.run.atlas_setup import profiles_first, start_controller
 from testbed.run.backends import make_network, offers_live_shaping, runs_here
-from testbed.run.bubbletea_setup import prepare_bubbletea, start_bubbletea, stop_bubbletea
+from testbed.run.bubbletea_setup import prepare_bubbletea, send_priors, start_bubbletea, stop_bubbletea
 from testbed.run.fit import check_connection_window, check_corpus, check_iteration_time, check_memory
 from testbed.run.launch import Launcher, start_workers
 from testbed.run.link_replan import LinkReplans
@@ -310,7 +310,8 @@ def _train(
                 else None
             )
             replans = None
-            if controller is not None and any(link.profile for link in exp.topology_spec.links):
+            follows = controller is not None or bt is not None
+            if follows and any(link.profile for link in exp.topology_spec.links):
                 replans = LinkReplans(
                     plan,
                     controller,
@@ -319,6 +320,7 @@ def _train(
                     stage_s=lambda: profile.times if profile is not None else None,
                     stagger_path=out_dir / STAGGER_FILE if _replans_stagger(exp) else None,
                     ready=lambda: profile is None or profile.done,
+                    priors=(lambda priors: send_priors(bt, priors)) if bt is not None else None,
                 )
             watch(net, exp, workers, procs, out_dir, hang_s, progress, t_start, controller, profile, replans)
         if sampler.error is not None:

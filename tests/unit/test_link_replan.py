@@ -161,3 +161,54 @@ def test_a_profile_that_holds_ends_in_a_phase_for_ever(tmp_path):
     phases = profile_phases(spec)
     assert [p.when for p in phases] == ["0-3 s", "3-10 s", "from 10 s on"]
     assert profile_phases(load_topology("three_dc")) == []
+
+
+def test_bubbletea_s_workers_get_the_bubbles_predicted_for_the_new_wan(tmp_path):
+    from testbed.plan.run_plan import make_plan
+    from testbed.run.bubbletea_setup import bubble_prior
+
+    exp = load_experiment("sharing").with_overrides(policy="pp-fair+bubbletea")
+    plan = make_plan(exp)
+    sent: list = []
+    replans = LinkReplans(plan, None, tmp_path, lambda _: None, priors=sent.append)
+    with open_jsonl(tmp_path / SHAPING_LOG) as log:
+        _step(log, "east:west", 0, 25_000_000, 20_000)
+        _step(log, "east:west", 8_000_000, 3_000_000, 20_000)
+    replans.poll()
+    [priors] = sent
+    before, _ = bubble_prior(plan)
+    assert set(priors) == set(before) and priors != before
+    # at 3 Mbit/s the stages wait longer for their inputs: the bubbles before them grow
+    assert sum(sum(p.values()) for p in priors.values()) > sum(sum(p.values()) for p in before.values())
+    row = json.loads((tmp_path / REPLANS_FILE).read_text())
+    assert row["bubble_priors"] == len(priors) and row["order"] is None
+
+
+def test_a_new_prior_replaces_what_the_predictor_had_seen():
+    from testbed.bubbletea.decisions import SlotPredictor
+
+    p = SlotPredictor(2, {"F1": 0.05})
+    p.observe("F1", 0.04)
+    assert p.predict("F1") == 0.04
+    p.reprior({"F1": 0.2, "B0": 0.1})
+    assert (p.predict("F1"), p.predict("B0")) == (0.2, 0.1)
+
+
+def test_a_worker_takes_a_prior_sent_to_its_inbox(tmp_path):
+    """``send_priors`` (the runner) to a worker's inbox socket, read by ``PrefillServer.poll_inbox``."""
+    from testbed.bubbletea.decisions import SlotPredictor
+    from testbed.bubbletea.dispatcher_link import DispatcherLink
+    from testbed.bubbletea.prefill import PrefillServer
+    from testbed.run.bubbletea_setup import send_priors
+
+    inbox = tmp_path / "w3.sock"
+    link = DispatcherLink(str(inbox), str(tmp_path / "dispatcher.sock"))
+    try:
+        cfg = SimpleNamespace(inbox_of=lambda rank: str(tmp_path / f"w{rank}.sock"))
+        send_priors(cfg, {"3": {"F1": 0.25}, "4": {"F1": 0.5}})  # worker 4 is gone: skipped
+        server = SimpleNamespace(link=link, predictor=SlotPredictor(2, {"F1": 0.1}), jobs=[])
+        server.predictor.observe("F1", 0.05)
+        PrefillServer.poll_inbox(server)  # type: ignore[arg-type]
+        assert server.predictor.predict("F1") == 0.25 and server.jobs == []
+    finally:
+        link.close()
