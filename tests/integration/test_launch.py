@@ -202,7 +202,12 @@ def test_the_pipelining_example_under_atlas_sharing(tmp_path, clean_machine):
     # the shape inference's few bytes can, gets none)
     assert sum(g["event"] in ("grant", "keep") for g in grants) >= per_step // 2 * steps
     assert not any(g.get("reason") == "deadline" for g in grants)
-    assert any(g.get("reason") == "bytes" for g in grants)  # planned grants end once their bytes passed
+    # planned grants end once their bytes passed or at the receiver's done, whichever comes first:
+    # each release says the bytes its class counted (FIFO's say none). Which comes first is timing
+    # (22 of 26 by bytes in one run; none of a few dozen once in a fresh clone under the suite's
+    # load); releases by bytes are held to at least 80% for the built-in worker in test_atlas_grants
+    planned = [g for g in grants if g["event"] == "release" and g.get("sent_bytes") is not None]
+    assert planned and {g["reason"] for g in planned} <= {"bytes", "done"}, planned
     assert {(b["link"], b["replica"]) for b in summary["bytes"]} == granted
     for b in summary["bytes"]:
         assert b["reported_bytes"] > 0 and b["class_over_wire"] == pytest.approx(1.0, abs=0.05), b
