@@ -25,6 +25,10 @@ def _quiet(line: str) -> None:
     pass
 
 
+#: how far apart two threads' stamps of one moment may be (ns)
+STAMP_ORDER_NS = 200_000
+
+
 def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machine):
     from testbed.bubbletea.decisions import prefill_seconds, seconds_per_flop
     from testbed.run.compare import compare
@@ -105,7 +109,10 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
     for w, chunks in pre.groupby(T.WORKER):
         mine = waits[waits[T.WORKER] == w]
         for s, e in zip(chunks[T.START_NS], chunks[T.END_NS]):
-            inside = mine[(mine[T.START_NS] <= s) & (mine[T.END_NS] >= e)]
+            # the slice's end is stamped by the filling thread once the wait has ended and stamped
+            # its own end on the main thread: the two stamps may come in either order (a slice
+            # once ended 28 us after its wait, in a fresh clone under the suite's load)
+            inside = mine[(mine[T.START_NS] <= s) & (mine[T.END_NS] >= e - STAMP_ORDER_NS)]
             assert len(inside), f"worker {w}: a chunk outside its waits"
             filled.update(inside[T.KIND])
     # every kind, in every run: receive waits, the send drain and the all-reduce (5-20 ms inside a
