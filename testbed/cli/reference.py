@@ -21,7 +21,7 @@ from testbed.spec.bubbletea import BUBBLETEA_FIELDS
 from testbed.spec.compute import COMPUTE_FIELDS, DEVICE_FIELDS
 from testbed.spec.experiment_fields import EXPERIMENT_FIELDS
 from testbed.spec.fields import KINDS, Field, FieldTable
-from testbed.spec.link_profile_file import GENERATOR_FIELDS, PROFILE_FILE_FIELDS
+from testbed.spec.link_profile_fields import GENERATOR_FIELDS, PROFILE_FILE_FIELDS
 from testbed.spec.model import MODEL_FIELDS
 from testbed.spec.scenario_file import SCENARIO_DC_FIELDS, SCENARIO_FIELDS, SCENARIO_MODEL_FIELDS
 from testbed.spec.topology_fields import ADDRESSING_FIELDS, DC_FIELDS, LINK_FIELDS, MATRIX_FIELDS, TOPOLOGY_FIELDS
