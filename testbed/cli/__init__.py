@@ -113,6 +113,13 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
         help="measurements of a failing direction, judged by the last; every one is reported (default 1)",
     )
     sp.add_argument(
+        "--link",
+        action="append",
+        default=[],
+        metavar="DC:DC",
+        help="measure this WAN link only, both ways (as `testbed link list` names it; repeat for more; default: all)",
+    )
+    sp.add_argument(
         "--profile",
         action="store_true",
         help="check the profiled links under change instead: delivered rate every 100 ms against the profile "

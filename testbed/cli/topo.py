@@ -11,6 +11,7 @@ from testbed.cli.common import err, network, root_preamble
 from testbed.errors import TestbedError
 from testbed.net.features import cached_features, describe_mechanism, require_tools
 from testbed.net.fidelity import HEADER, check_fidelity, format_row
+from testbed.net.link_control import LinkError, resolve_link
 from testbed.net.shaping import plan_shaping
 from testbed.net.shaping_text import tc_argv
 from testbed.spec.addressing import AddressPlan
@@ -95,6 +96,15 @@ def _check_profiles(net, args, out) -> int:
 
 def cmd_topo_check(args) -> int:
     spec = load_topology(args.file)
+    if args.link and args.profile:
+        err("error: --link: topo check --profile checks every profiled link; --link is for the plain check")
+        return 2
+    try:  # a link the topology has not is named before anything is built
+        for name in args.link:
+            resolve_link(spec, name)
+    except LinkError as e:
+        err(f"error: --link: {e}")
+        return 2
     root_preamble("testbed topo check")
     require_tools(["iperf3", "ping"], "the fidelity check")
     out = sys.stderr if args.json else sys.stdout
@@ -115,6 +125,7 @@ def cmd_topo_check(args) -> int:
             args.rtt_samples,
             progress=lambda r: print(format_row(r), file=out, flush=True),
             attempts=args.attempts,
+            links=args.link,
         )
         (net.out_dir / "fidelity.json").write_text(json.dumps(report, indent=1))
     if args.json:

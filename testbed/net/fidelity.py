@@ -24,10 +24,12 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from testbed.errors import CheckError
 from testbed.net.iperf import iperf
+from testbed.net.link_control import link_name, resolve_link
 from testbed.net.network import Network
 from testbed.spec.wire import tcp_goodput_fraction
 
@@ -180,21 +182,27 @@ def check_fidelity(
     progress=None,
     attempts: int = 1,
     rtt_floor_ms: float = 0.0,
+    links: Sequence[str] = (),
 ) -> dict:
-    """Measure every WAN link in both directions; return the report (see ``testbed topo check --json``).
+    """Measure every WAN link in both directions, or those named in ``links`` (``DC:DC``, as
+    ``testbed link list`` names them); return the report (see ``testbed topo check --json``).
 
     A direction that fails is measured again, up to ``attempts`` measurements in all, and is judged
     by its last; the failing ones are kept in its ``earlier``. ``rtt_floor_ms`` widens the RTT
     tolerance by the machine's own round trip (see ``rtt_within``). Raises ``ValueError`` for
     ``attempts`` that is not a whole number from 1 or a negative or NaN ``rtt_floor_ms``,
-    ``CheckError`` where a measurement cannot be taken.
+    ``CheckError`` where a measurement cannot be taken, ``LinkError`` for a name in ``links`` that
+    the topology has not.
     """
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise ValueError(f"attempts={attempts!r}: give a whole number of measurements per direction, 1 or more")
     if not (math.isfinite(rtt_floor_ms) and rtt_floor_ms >= 0):
         raise ValueError(f"rtt_floor_ms={rtt_floor_ms!r}: give the machine's own round trip, a finite ms >= 0")
-    links = []
+    chosen = {resolve_link(net.spec, name) for name in links}
+    results = []
     for link in net.spec.links:
+        if chosen and link_name(link.a, link.b) not in chosen:
+            continue
         for a, b in ((link.a, link.b), (link.b, link.a)):
             earlier: list[dict] = []
             while True:
@@ -203,7 +211,7 @@ def check_fidelity(
                     break
                 earlier.append({k: v for k, v in result.to_dict().items() if k != "earlier"})
             result.earlier = earlier
-            links.append(result)
+            results.append(result)
             if progress:
                 progress(result)
     return {
@@ -214,8 +222,8 @@ def check_fidelity(
         "omit_s": omit_s,
         "attempts": attempts,
         "rtt_floor_ms": rtt_floor_ms,
-        "links": [r.to_dict() for r in links],
-        "ok": all(r.ok for r in links),
+        "links": [r.to_dict() for r in results],
+        "ok": all(r.ok for r in results),
     }
 
 

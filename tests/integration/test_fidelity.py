@@ -30,7 +30,20 @@ def test_three_dc_fidelity(tmp_path, clean_machine):
 
 def test_cli_check_json_two_dc(tmp_path, clean_machine):
     proc = run_cli(
-        "topo", "check", "two_dc", "--json", "--duration", "3", "--omit", "1", "--attempts", "2", "--out", str(tmp_path)
+        "topo",
+        "check",
+        "two_dc",
+        "--json",
+        "--duration",
+        "3",
+        "--omit",
+        "1",
+        "--attempts",
+        "2",
+        "--link",
+        "west:east",
+        "--out",
+        str(tmp_path),
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)

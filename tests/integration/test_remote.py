@@ -54,8 +54,13 @@ def _assert_offsets(clock: dict) -> None:
         assert abs(est["offset_ns"] - want) <= est["uncertainty_ns"] + 1_000_000, (name, est)
 
 
-# three_dc only: its DCs on two machines give links inside one machine (east-central) and across
-# the two (to west), two_dc's one kind of link among them (two_dc's case cost 25 s of the suite)
+# three_dc only: its DCs on two machines give links across the two (to west), two_dc's one kind of
+# link among them (two_dc's case cost 25 s of the suite). The link inside one machine (east-central)
+# is built by the netns backend's code inside the machine and is measured by test_three_dc_fidelity
+# (17 s more here)
+CROSSING = {"three_dc": ["central:west", "east:west"]}
+
+
 @pytest.mark.parametrize("name", ["three_dc"])
 def test_fidelity_across_machines(name, lab, tmp_path, clean_machine):
     inv = lab.write_inventory(tmp_path / "inventory.yaml", GROUPS[name])
@@ -74,13 +79,15 @@ def test_fidelity_across_machines(name, lab, tmp_path, clean_machine):
         # from the machine holding west alone dip most (86-92% of their goodput twice in a row in
         # one full run on 2026-12-03, 81-90% in one of two runs right after the Mininet tests,
         # 99-100% in four runs alone); a direction that is wrong usually fails every time
-        report = check_fidelity(net, **{**LONG_RTT, "attempts": 3})
+        report = check_fidelity(net, **{**LONG_RTT, "attempts": 3}, links=CROSSING[name])
         bad = [link for link in report["links"] if not link["ok"]]
         for x in report["links"]:
             measured = [e["measured_rate_mbit"] for e in x["earlier"]] + [x["measured_rate_mbit"]]
             print(f"{x['src_dc']}->{x['dst_dc']}: {measured} of {x['expected_goodput_mbit']:.1f} Mbit/s")
     assert not bad, json.dumps(bad, indent=1)
-    assert len(report["links"]) == 2 * len(spec.links)
+    assert {(x["src_dc"], x["dst_dc"]) for x in report["links"]} == {
+        (a, b) for link in CROSSING[name] for a, b in [link.split(":"), link.split(":")[::-1]]
+    }
     topo = json.loads((tmp_path / "run" / "topology.json").read_text())
     assert topo["backend"] == "remote" and topo["tunnels"]["m0"] and topo["hosts"]["west-h0"]["machine"] == "m1"
     shaping = [json.loads(line) for line in (tmp_path / "run" / "shaping.jsonl").read_text().splitlines()]

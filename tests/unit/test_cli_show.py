@@ -106,3 +106,14 @@ def test_schedule_command_prints_actions_per_worker(in_process, capsys):
     assert "worker 0 (east-h0, stage 0, replica 0): F0 F1 F2 B0 F3 B1 B2 B3" in out
     assert "worker 5 (west-h1, stage 2, replica 1): F0 B0 F1 B1 F2 B2 F3 B3" in out
     assert "stage 2:" in out and " . " in out
+
+
+def test_topo_check_names_a_link_it_has_not_before_building(in_process, capsys):
+    """``topo check --link`` resolves each name against the file first (no root, nothing built):
+    an unknown one lists the links there are; with ``--profile`` it is refused, saying why."""
+    assert in_process(["topo", "check", "three_dc", "--link", "east:nowhere"]) == 2
+    err = capsys.readouterr().err
+    assert "--link: three_dc has no link 'east:nowhere'" in err
+    assert "east:central, central:west, east:west (write DC:DC)" in err
+    assert in_process(["topo", "check", "three_dc", "--link", "west:central", "--profile"]) == 2
+    assert "--profile checks every profiled link" in capsys.readouterr().err
