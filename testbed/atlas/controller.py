@@ -24,6 +24,7 @@ Parts: ``grants.py`` (the pure grant logic), ``channel.py`` (the workers' messag
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import socket
@@ -40,6 +41,7 @@ from testbed.net.network import Network, require_live_shaping
 from testbed.plan.grant_plan import GrantPlan, granted_class_bps
 from testbed.plan.virtual_stages import home_boundaries
 from testbed.plan.workers import WorkerSpec
+from testbed.spec.routing import RoutingTable, routes_without
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
 from testbed.trace.jsonl import write_json_atomic
 
@@ -97,16 +99,48 @@ class Controller:
         oversubscribed; with ``borrow`` every class may also use what the link has idle (HTB ceil
         at the link rate; the granted class, within its rate, is served first)."""
         pairs: dict[tuple[Hop, int], list[tuple[str, str]]] = {}
-        for (s, d), hops in self.hops.items():
-            for hop in hops:
-                pairs.setdefault((hop, self.workers[s].replica), []).append(
-                    (self.workers[s].host, self.workers[d].host)
-                )
+        for routes in self._route_sets():
+            for (s, d), hops in self._paths(routes).items():
+                for hop in hops:
+                    pair = (self.workers[s].host, self.workers[d].host)
+                    if pair not in pairs.setdefault((hop, self.workers[s].replica), []):
+                        pairs[(hop, self.workers[s].replica)].append(pair)
         for (hop, replica), host_pairs in sorted(pairs.items(), key=lambda x: (x[0][0].src, x[0][0].dst, x[0][1])):
             rate_bps = self.link_rate_bps(hop)
             self.shaping.add_wan_class(hop.src, hop.dst, CLASS_BASE + replica, rate_bps, rate_bps, host_pairs)
         self._pairs = pairs
         self.switch = GrantSwitch(self._compile(), self.log_path, self.shaping.shaping_log_path)
+
+    def _paths(self, routes: RoutingTable) -> dict[tuple[int, int], list[Hop]]:
+        """Each (sender, receiver) pair's WAN egresses under ``routes``."""
+        return boundary_paths(list(self.workers.values()), routes, home_boundaries(self.homes))
+
+    def _route_sets(self) -> list[RoutingTable]:
+        """The routes as built, and those after each set of the topology's ``failover`` links has
+        failed (every set that leaves every DC reachable): the pipelines' classes go on every
+        egress their traffic may take, so that a grant can follow it there (``GrantLoop.reroute``)."""
+        spec = self.net.spec
+        names = [f"{x.a}:{x.b}" for x in spec.links if x.failover]
+        out = [self.net.routes]
+        for k in range(1, len(names) + 1):
+            for down in itertools.combinations(names, k):
+                try:
+                    out.append(routes_without(spec, set(down)))
+                except KeyError:  # a DC cut off: nothing to route
+                    continue
+        return out
+
+    def hops_json(self, routes: RoutingTable) -> dict[str, list[dict]]:
+        """The grant loop's paths (``hops``: each pair's egresses) and notice delays (``notice``:
+        from each pair's receiver back to its sender, ns) under ``routes``."""
+        paths = self._paths(routes)
+        return {
+            "hops": [{"src": s, "dst": d, "hops": [[h.src, h.dst] for h in hs]} for (s, d), hs in paths.items()],
+            "notice": [
+                {"src": s, "dst": d, "ns": routes.one_way_delay_us(self.workers[d].dc, self.workers[s].dc) * 1000}
+                for s, d in paths
+            ],
+        }
 
     def _compile(self) -> dict[Hop, dict]:
         """Every grant of every hop compiled at the hops' link rates (``install``'s doc)."""
@@ -138,7 +172,6 @@ class Controller:
         self._sock.bind(str(self.sock_path))
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
         timing = HopTiming.from_plan(self.grant_plan, TCP_GOODPUT_FRACTION) if self.grant_plan else {}
-        routes = self.net.routes
         plan = {
             "switch": self.switch.to_json(),
             "log": str(self.log_path),
@@ -149,11 +182,7 @@ class Controller:
             "replica_of": {str(r): w.replica for r, w in self.workers.items()},
             "stage_of": {str(r): w.stage for r, w in self.workers.items()},
             "stage_homes": self.homes,
-            "hops": [{"src": s, "dst": d, "hops": [[h.src, h.dst] for h in hs]} for (s, d), hs in self.hops.items()],
-            "notice": [
-                {"src": s, "dst": d, "ns": routes.one_way_delay_us(self.workers[d].dc, self.workers[s].dc) * 1000}
-                for s, d in self.hops
-            ],
+            **self.hops_json(self.net.routes),
             "timing": timing_to_json(timing),
             "fd": self._sock.fileno(),
         }
@@ -170,7 +199,11 @@ class Controller:
             )
 
     def replan(
-        self, plan: GrantPlan, sharing: str | None = None, link_rates: dict[tuple[str, str], int] | None = None
+        self,
+        plan: GrantPlan,
+        sharing: str | None = None,
+        link_rates: dict[tuple[str, str], int] | None = None,
+        routes: RoutingTable | None = None,
     ) -> None:
         """Hand the running controller a new grant plan (the first iteration's profiled compute, a
         link profile's step): written to ``REPLAN_FILE`` beside its log, then announced; it follows
@@ -178,7 +211,9 @@ class Controller:
         ``fifo`` (a launched job's, before its workload was measured) switches to the plan
         (``GrantLoop.replan``). ``link_rates``: the links' rates now, by (DC, DC) either way round,
         where they changed (bit/s): every grant is compiled again at them and the grants held are
-        applied again at once."""
+        applied again at once. ``routes``: the routes now, where a failover may have moved them:
+        where a pair's path differs from the one the loop follows, the loop takes the new paths
+        (``GrantLoop.reroute``)."""
         timing = HopTiming.from_plan(plan, TCP_GOODPUT_FRACTION)
         data: dict = {"timing": timing_to_json(timing), "iteration_ns": _iteration_ns(plan)}
         if sharing is not None:
@@ -191,6 +226,9 @@ class Controller:
                     self.link_rates[hop] = rate
             self.switch.batches = self._compile()
             data["switch"] = self.switch.to_json()
+        if routes is not None and self._paths(routes) != self.hops:
+            self.hops = self._paths(routes)
+            data |= self.hops_json(routes)
         write_json_atomic(self.log_path.with_name(REPLAN_FILE), data)
         self.grant_plan = plan
         try:

@@ -53,6 +53,8 @@ def serve_messages(
                 loop.replan(timing_from_json(replan["timing"]), replan["iteration_ns"], replan.get("sharing"))
                 if "switch" in replan:  # the links' rates changed: every grant compiled again
                     loop.relink(GrantSwitch.batches_from_json(replan["switch"]), t)
+                if "hops" in replan:  # the routes moved: the transfers' paths and notices with them
+                    loop.reroute(_hops_from_json(replan["hops"]), _notice_from_json(replan["notice"]), t)
             else:
                 loop.handle(msg, t)
             handled += 1
@@ -109,15 +111,26 @@ def grant_loop_from_plan(plan: dict, switch: GrantSwitch) -> GrantLoop:
     return GrantLoop(
         switch,
         {int(k): v for k, v in plan["replica_of"].items()},
-        {(h["src"], h["dst"]): [Hop(*x) for x in h["hops"]] for h in plan["hops"]},
+        _hops_from_json(plan["hops"]),
         sharing=plan["sharing"],
         timing=timing,
         stage_of={int(k): v for k, v in plan["stage_of"].items()},
-        notice_ns={(n["src"], n["dst"]): n["ns"] for n in plan["notice"]},
+        notice_ns=_notice_from_json(plan["notice"]),
         counters=switch.class_bytes,
         iteration_ns=plan.get("iteration_ns", NEVER),
         homes=plan.get("stage_homes"),
+        links=switch.batches.keys(),
     )
+
+
+def _hops_from_json(rows: list[dict]) -> dict[tuple[int, int], list[Hop]]:
+    """``Controller.hops_json``'s rows: each (sender, receiver) pair's path."""
+    return {(h["src"], h["dst"]): [Hop(*x) for x in h["hops"]] for h in rows}
+
+
+def _notice_from_json(rows: list[dict]) -> dict[tuple[int, int], int]:
+    """``Controller.hops_json``'s notice rows: each pair's receiver-to-sender one-way delay (ns)."""
+    return {(n["src"], n["dst"]): n["ns"] for n in rows}
 
 
 #: the grant loop's real-time priority (below the NFQUEUE delay element's 10: delay first, grants next)

@@ -32,7 +32,7 @@ ignored. Nothing here touches the kernel; times are CLOCK_MONOTONIC ns.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from testbed.atlas.channel import DONE, READY, RECV, TransferKey, transfer_key
@@ -48,6 +48,8 @@ __all__ = ["CLASS_BASE", "FLOOR_SHARE", "GrantLoop", "GrantQueue", "Hop", "HopTi
 MIN_CHECK_NS = 500_000
 #: a grant's bytes have passed once the class sent this share of the transfer's expected wire bytes
 BYTES_PASSED_SHARE = 0.97
+#: why grants were released and classes opened when the routes moved (``GrantLoop.reroute``)
+REROUTE = "reroute"
 
 
 @dataclass
@@ -76,8 +78,10 @@ class GrantLoop:
     ``notice_ns``: the one-way delay from each pair's receiver back to its sender; ``counters``:
     ``(hop, replica) -> bytes`` its class has sent (``planned``); ``iteration_ns``: the planned
     iteration, after which a half-reported transfer counts as lost-and-ready; ``homes``: the
-    worker's stage holding each virtual stage (``schedule.stage_homes``; default one each). Raises
-    ValueError for a sharing it does not know, or ``planned`` without what it needs."""
+    worker's stage holding each virtual stage (``schedule.stage_homes``; default one each);
+    ``links``: every link direction with the pipelines' classes, where more than ``hops`` crosses
+    (the paths a failover may move traffic to: ``reroute``). Raises ValueError for a sharing it
+    does not know, or ``planned`` without what it needs."""
 
     def __init__(
         self,
@@ -91,6 +95,7 @@ class GrantLoop:
         counters: Callable[[Hop, int], int] | None = None,
         iteration_ns: int = NEVER,
         homes: list[int] | None = None,
+        links: Collection[Hop] = (),
     ) -> None:
         if sharing not in ("fifo", "planned"):
             raise ValueError(f"unknown sharing {sharing!r}: fifo or planned")
@@ -100,7 +105,7 @@ class GrantLoop:
         self.timing, self.stage_of = timing or {}, stage_of or {}
         self.notice_ns, self.counters, self.iteration_ns = notice_ns or {}, counters, iteration_ns
         self.homes = homes
-        all_hops = {h for hs in hops.values() for h in hs}
+        all_hops = {h for hs in hops.values() for h in hs} | set(links)
         self.queues = {h: GrantQueue() for h in all_hops}  # fifo: who holds and waits, in order
         self.held: dict[Hop, _Held | None] = dict.fromkeys(all_hops)
         self.waiting: dict[Hop, list[_Waiting]] = {h: [] for h in all_hops}
@@ -131,6 +136,29 @@ class GrantLoop:
         self.switch.relink(batches)
         for hop, granted in self.granted.items():
             self.switch.apply(hop, granted if granted is not None else "open", event="relink")
+
+    def reroute(self, hops: dict[tuple[int, int], list[Hop]], notice_ns: dict[tuple[int, int], int], t_ns: int) -> None:
+        """The routes moved (a link failed over, or came back): each (sender, receiver) pair's
+        transfers cross ``hops`` from now on, and its receiver's notices take ``notice_ns``. The
+        grants held are released (reason ``reroute``) and every class is opened; the transfers
+        waiting for a grant are let go: what was in flight at the move finishes under fair sharing,
+        on whichever path its packets now take, and transfers ready from now on are granted on
+        their new paths. Raises ValueError for a hop that has no classes (``Controller.install``
+        puts them on every egress a failover can move a pipeline's traffic to)."""
+        unknown = sorted({h for hs in hops.values() for h in hs} - set(self.held), key=str)
+        if unknown:
+            raise ValueError(f"no classes on {', '.join(f'{h.src}->{h.dst}' for h in unknown)}: cannot grant there")
+        for hop, held in self.held.items():
+            if held is not None:
+                self._release(hop, t_ns, REROUTE, handover=False)
+        self.hops, self.notice_ns = hops, notice_ns
+        self.notices = ReadyNotices(notice_ns)
+        self.queues = {h: GrantQueue() for h in self.held}
+        self.waiting = {h: [] for h in self.held}
+        for hop in self.granted:
+            self.switch.apply(hop, "open", event=REROUTE)
+            self.granted[hop] = None
+            self._free_since[hop] = t_ns
 
     # ------------------------------------------------------------------ messages
     def handle(self, msg: dict, t_ns: int) -> None:

@@ -39,7 +39,7 @@ def cmd_link(args) -> int:
             rate = parse_rate_bps(args.rate)
         except UnitError as e:
             raise SpecError("testbed link rate", "RATE", args.rate, str(e), "e.g. 30mbit") from None
-        set_rate(ends[name], rate, topo.out_dir)
+        set_rate(ends[name], name, rate, topo.out_dir)
         print(f"{name} {rate / 1e6:g} Mbit/s both ways")
         return 0
     down = args.link_command == "down"

@@ -56,7 +56,7 @@ class FailoverAgent(threading.Thread):
         self.failover = {f"{x.a}:{x.b}": x.failover_after_us * 1000 for x in spec.links if x.failover}
         self.installed = next_hops(spec, RoutingTable(spec))
         self._halt = threading.Event()
-        self.log = JsonlFollower(out_dir / SHAPING_LOG)
+        self.log = JsonlFollower(out_dir / SHAPING_LOG, (LINK_DOWN, LINK_UP))
         #: failover links down in the log: name -> when (ns); seen down by the routers: names
         self.down: dict[str, int] = {}
         self.up_at: dict[str, int] = {}

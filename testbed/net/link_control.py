@@ -37,7 +37,7 @@ from testbed.net.shaping import DEFAULT_CLASS_MINOR, LINK_CLASS_MINOR, HtbClass
 from testbed.spec.addressing import AddressPlan
 from testbed.spec.topology import TopologySpec
 from testbed.trace.jsonl import open_jsonl, write_row
-from testbed.trace.shaping_log import LINK_DOWN, LINK_UP, SHAPING_LOG, shaping_record
+from testbed.trace.shaping_log import LINK_DOWN, LINK_RATE, LINK_UP, SHAPING_LOG, shaping_record
 
 #: the backends whose routers live in this machine's namespaces
 LOCAL_BACKENDS = ("netns", "mininet")
@@ -188,10 +188,11 @@ def link_rate_bps(end: LinkEnd) -> int:
     return int(classes[LINK_CLASS_MINOR]["rate_bps"])
 
 
-def set_rate(ends: tuple[LinkEnd, LinkEnd], rate_bps: int, out_dir: Path | None) -> None:
-    """Set the link's rate both ways to ``rate_bps`` in place (see the module doc), logged in
-    ``out_dir``'s ``shaping.jsonl`` where given. Raises LinkError for a rate below 8 kbit/s or
-    where the kernel refuses."""
+def set_rate(ends: tuple[LinkEnd, LinkEnd], name: str, rate_bps: int, out_dir: Path | None) -> None:
+    """Set link ``name``'s rate both ways to ``rate_bps`` in place (see the module doc), logged in
+    ``out_dir``'s ``shaping.jsonl`` where given: each class's change, then one ``link_rate`` line
+    (what a run's controllers follow: ``run/link_replan.py``). Raises LinkError for a rate below
+    8 kbit/s or where the kernel refuses."""
     if rate_bps < 8000:
         raise LinkError(f"a rate of {rate_bps} bit/s is below 8 kbit/s: give a larger one (or take the link down)")
     classes = (
@@ -213,6 +214,7 @@ def set_rate(ends: tuple[LinkEnd, LinkEnd], rate_bps: int, out_dir: Path | None)
         finally:
             sock.close()
         rows += [shaping_record(t0, "change", end.netns, end.ifname, c.minor, rate_bps, rate_bps, dt) for c in classes]
+    rows.append({"t_ns": rows[0]["t_ns"], "event": LINK_RATE, "link": name, "rate_bps": rate_bps})
     if out_dir is not None:
         with open_jsonl(out_dir / SHAPING_LOG) as log:
             for row in rows:

@@ -4,6 +4,7 @@ no link changes, each with the topology as it is then, for planning and predicti
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from testbed.plan.connections import connection_window_bytes
@@ -13,15 +14,21 @@ from testbed.spec.link_profile import LinkState
 from testbed.spec.topology import TopologySpec
 
 
-def topology_at(spec: TopologySpec, states: dict[str, LinkState]) -> TopologySpec:
+def topology_at(
+    spec: TopologySpec, states: dict[str, LinkState], routed_off: Collection[str] | None = None
+) -> TopologySpec:
     """``spec`` with each link named in ``states`` (``a:b``) at those figures, without profiles,
-    routed as built (``LinkSpec.route_us``: the routes do not follow a delay change); a link that
-    is down and fails over is left out (its routes have moved to the other path, as
-    ``net/failover.py`` moves them). A link that is down without failover stays, at rate 0."""
+    routed as built (``LinkSpec.route_us``: the routes do not follow a delay change); the links
+    whose routes have moved to the other path are left out: those named in ``routed_off`` (as
+    ``net/failover.py`` logged its last move), or where it is None, every link that is down and
+    fails over (as ``net/failover.py`` moves them). A link that is down without failover stays,
+    at rate 0."""
     links = []
     for link in spec.links:
-        s = states.get(f"{link.a}:{link.b}", link.state)
-        if not s.up and link.failover:
+        name = f"{link.a}:{link.b}"
+        s = states.get(name, link.state)
+        moved = (name in routed_off) if routed_off is not None else (not s.up and link.failover)
+        if moved:
             continue
         links.append(
             replace(
@@ -37,14 +44,19 @@ def topology_at(spec: TopologySpec, states: dict[str, LinkState]) -> TopologySpe
     return replace(spec, links=tuple(links))
 
 
-def experiment_at(exp: Experiment, states: dict[str, LinkState], workers: list[WorkerSpec]) -> Experiment:
-    """``exp`` on its topology as ``states`` leave it (``topology_at``), placed as ``workers`` and
-    with the TCP window the run set at its start: the hosts' socket buffers are capped once, at
-    the build, from the topology's own figures (``connections.connection_window_bytes``), and do
+def experiment_at(
+    exp: Experiment,
+    states: dict[str, LinkState],
+    workers: list[WorkerSpec],
+    routed_off: Collection[str] | None = None,
+) -> Experiment:
+    """``exp`` on its topology as ``states`` and ``routed_off`` leave it (``topology_at``), placed
+    as ``workers`` and with the TCP window the run set at its start: the hosts' socket buffers are
+    capped once, at the build, from the topology's own figures (``connections.connection_window_bytes``), and do
     not follow a link's changes, so the window is fixed (``wan_window_bytes``) where it came from
     a share of the link."""
     window = connection_window_bytes(exp, exp.topology_spec, workers)
-    at = replace(exp, topology_spec=topology_at(exp.topology_spec, states))
+    at = replace(exp, topology_spec=topology_at(exp.topology_spec, states, routed_off))
     return replace(at, wan_window_bytes=int(window), wan_connection_share=None) if window is not None else at
 
 

@@ -10,6 +10,7 @@ that it is this watcher, not gloo, that decides."""
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from testbed.errors import TestbedError
@@ -23,11 +24,14 @@ class OutageError(TestbedError):
 
 class OutageWatch:
     """Follows ``out_dir``'s shaping log from where it ends now. ``timeout_s``: how long a link may
-    stay down (s)."""
+    stay down (s); ``fails_over``: links (``a:b``) whose outages do not count: the routers move
+    their traffic to the other path (``net/failover.py``), and training goes on (a run stuck even
+    so is caught by the hang timeout)."""
 
-    def __init__(self, out_dir: Path, timeout_s: float) -> None:
-        self.log = JsonlFollower(out_dir / SHAPING_LOG)
+    def __init__(self, out_dir: Path, timeout_s: float, fails_over: Collection[str] = ()) -> None:
+        self.log = JsonlFollower(out_dir / SHAPING_LOG, (LINK_DOWN, LINK_UP))
         self.timeout_s = timeout_s
+        self.fails_over = set(fails_over)
         #: links down now: name -> when it went down (CLOCK_MONOTONIC, ns)
         self.down: dict[str, int] = {}
         #: when the last link came back (ns; 0: none has)
@@ -36,6 +40,8 @@ class OutageWatch:
     def poll(self) -> None:
         """Read the lines appended since the last poll."""
         for row in self.log.new_rows():
+            if row.get("link") in self.fails_over:
+                continue
             if row.get("event") == LINK_DOWN:
                 self.down.setdefault(row["link"], int(row["t_ns"]))
             elif row.get("event") == LINK_UP:

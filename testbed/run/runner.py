@@ -310,8 +310,7 @@ def _train(
                 else None
             )
             replans = None
-            follows = controller is not None or bt is not None
-            if follows and any(link.profile for link in exp.topology_spec.links):
+            if controller is not None or bt is not None:  # a profile, testbed link or a failover may change the WAN
                 replans = LinkReplans(
                     plan,
                     controller,

@@ -107,9 +107,11 @@ def watch(
     polls ``profile`` (planned grants under real compute) until it has made its plan, and
     ``replans`` (Atlas's plan made again when a link's profile changes it). While a WAN
     link is down the run is stalled, not hung: OutageError once one has been down past the
-    experiment's ``outage_timeout`` (``outage_watch.py``)."""
+    experiment's ``outage_timeout`` (``outage_watch.py``); a link that fails over does not stall
+    it."""
     events = out_dir / "events"
-    outages = OutageWatch(out_dir, exp.outage_timeout / 1e6)
+    fails_over = [f"{x.a}:{x.b}" for x in exp.topology_spec.links if x.failover]
+    outages = OutageWatch(out_dir, exp.outage_timeout / 1e6, fails_over)
     last_size, last_change, shown, offset = -1, time.monotonic(), -1, 0
     loss_stage = experiment_homes(exp)[-1]  # the worker holding the last virtual stage traces the loss
     last_stage = [w for w in workers if w.stage == loss_stage and w.replica == 0][0]

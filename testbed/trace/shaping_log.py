@@ -6,10 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 SHAPING_LOG = "shaping.jsonl"
-#: the other lines' events: a WAN link taken down and brought up (``net/link_control.py``), a
-#: step of a link's profile applied (``net/profile_player.py``), and routes moved off links seen
-#: down or back onto them (``net/failover.py``)
-LINK_DOWN, LINK_UP, PROFILE_STEP, REROUTE = "link_down", "link_up", "profile_step", "reroute"
+#: the other lines' events: a WAN link taken down and brought up, or given a rate by ``testbed
+#: link rate`` (``net/link_control.py``), a step of a link's profile applied
+#: (``net/profile_player.py``), and routes moved off links seen down or back onto them
+#: (``net/failover.py``)
+LINK_DOWN, LINK_UP, LINK_RATE = "link_down", "link_up", "link_rate"
+PROFILE_STEP, REROUTE = "profile_step", "reroute"
 
 
 def class_id(minor: int) -> str:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from testbed.results.analysis import losses
 from testbed.run.outage_watch import OutageError
@@ -119,3 +120,65 @@ def test_an_outage_past_the_timeout_aborts_the_run_naming_the_link(tmp_path, cle
         {"link": "east:west", "down_s": summary["outages"][0]["down_s"], "duration_s": None, "resume_ms": None}
     ]
     assert (tmp_path / "events.parquet").exists() and (tmp_path / "shaping.jsonl").exists()
+
+
+def test_atlas_follows_a_failed_over_link_and_a_rate_set_from_another_shell(tmp_path, clean_machine):
+    """three_dc with central:west marked ``failover``, under Atlas: ``testbed link down
+    central:west`` once training is under way; the routers move its routes through east (the
+    run goes on: not an outage that stalls it), the runner plans the grants for the detour and the
+    controller grants the moved transfers on each link of their new path; ``testbed link rate
+    east:west`` during the detour is planned for too; the link comes back, the routes return and
+    so does the first plan. The losses are one process's."""
+    data = yaml.safe_load((REPO / "topologies" / "three_dc.yaml").read_text())
+    data["links"][1]["failover"] = True
+    (tmp_path / "failover.yaml").write_text(yaml.safe_dump(data))
+    exp = load_experiment().with_overrides(topology=str(tmp_path / "failover.yaml"), policy="atlas", iterations=7)
+    out = tmp_path / "run"
+    log: list = []
+
+    def commands() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(
+            '"optimizer"' in p.read_text() for p in (out / "events").glob("*.jsonl")
+        ):
+            time.sleep(0.05)
+        for what, args, after_s in (
+            ("down", ("link", "down", "central:west"), 1.5),
+            ("rate", ("link", "rate", "east:west", "30mbit"), 1.5),
+            ("up", ("link", "up", "central:west"), 0),
+        ):
+            log.append((what, time.monotonic(), _cli(*args)))
+            time.sleep(after_s)
+
+    thread = threading.Thread(target=commands, daemon=True)
+    thread.start()
+    summary = run_experiment(exp, out, progress=lambda _: None)
+    thread.join(timeout=10)
+    assert [r.returncode for _, _, r in log] == [0, 0, 0], [r.stderr for _, _, r in log]
+    assert not summary["aborted"] and summary["completed_iterations"] == 7
+    got = losses(read_events(out)).tolist()
+    want = reference_losses(exp, 7)
+    assert all(abs(g - w) / abs(w) < 1e-4 for g, w in zip(got, want, strict=True)), (got, want)
+    shaping = [json.loads(x) for x in (out / "shaping.jsonl").read_text().splitlines()]
+    assert [r["down"] for r in shaping if r["event"] == "reroute"] == [["central:west"], []]
+    replans = [json.loads(x) for x in (out / "replans.jsonl").read_text().splitlines()]
+    print([(r["cause"], r["routed_off"], r["after_step_ms"], r["iteration_s"]) for r in replans])
+    assert [(r["cause"], r["routed_off"]) for r in replans] == [
+        ("reroute", ["central:west"]),
+        ("link_rate", ["central:west"]),
+        ("reroute", []),
+    ]
+    assert replans[1]["links"]["east:west"]["rate_bps"] == 30_000_000
+    # the detour's plans have central:west's transfers on the two links through east; the last is the first plan's
+    plan = json.loads((out / "controller_plan.json").read_text())
+    first = {(h["src"], h["dst"]): [tuple(x) for x in h["hops"]] for h in plan["hops"]}
+    moved = {pair: path for pair, path in first.items() if ("central", "west") in path or ("west", "central") in path}
+    assert moved and set(replans[0]["order"]) - {f"{a}->{b}" for p in first.values() for a, b in p}
+    # the controller granted the moved transfers on their new paths between the two moves
+    t_away, t_back = (r["t_ns"] for r in shaping if r["event"] == "reroute")
+    grants = [json.loads(x) for x in (out / "controller.jsonl").read_text().splitlines()]
+    during = {g["link"] for g in grants if g.get("event") == "grant" and t_away < g["t_applied_ns"] < t_back}
+    new_links = {f"{a}->{b}" for a, b in (("central", "east"), ("east", "west"), ("west", "east"), ("east", "central"))}
+    assert during & new_links - {f"{a}->{b}" for p in first.values() for a, b in p}, during
+    assert {"central->west", "west->central"}.isdisjoint(during), during
+    assert any(g.get("event") == "reroute" for g in grants)

@@ -5,7 +5,11 @@ loop applying its grants again at the links' new rates (``GrantLoop.relink``).""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
+import yaml
 
 from testbed.atlas.grants import GrantLoop, Hop
 from testbed.plan.boundary_transfers import boundary_paths
@@ -17,8 +21,10 @@ from testbed.spec.link_profile import LinkState
 from testbed.spec.routing import RoutingTable
 from testbed.spec.topology_file import load_topology, parse_topology
 from testbed.trace.jsonl import open_jsonl, write_row
-from testbed.trace.shaping_log import LINK_DOWN, PROFILE_STEP, SHAPING_LOG
+from testbed.trace.shaping_log import LINK_DOWN, LINK_RATE, LINK_UP, PROFILE_STEP, REROUTE, SHAPING_LOG
 from tests.unit.test_controller_logic import RecordingSwitch, msg
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_topology_now_keeps_the_routes_it_was_built_with():
@@ -39,8 +45,9 @@ class _Controller:
     def __init__(self) -> None:
         self.calls: list = []
 
-    def replan(self, plan, sharing=None, link_rates=None):
+    def replan(self, plan, sharing=None, link_rates=None, routes=None):
         self.calls.append((plan, link_rates))
+        self.routes = routes
 
 
 def _step(log, link, t_us, rate, delay):
@@ -77,7 +84,8 @@ def test_a_step_is_planned_for_once_and_an_outage_is_not(tmp_path):
         _step(log, "east:west", 9_000_000, 0, 20_000)
     replans.poll()
     assert len(controller.calls) == 1  # down: nothing to plan
-    with open_jsonl(tmp_path / SHAPING_LOG) as log:
+    with open_jsonl(tmp_path / SHAPING_LOG) as log:  # the profile brings it back: its link_up, then its step
+        write_row(log, {"t_ns": 4 * 10**9, "event": LINK_UP, "link": "east:west"})
         _step(log, "east:west", 10_000_000, 25_000_000, 20_000)
     replans.poll()
     assert len(controller.calls) == 2 and controller.calls[1][1] == {("east", "west"): 25_000_000}
@@ -212,3 +220,97 @@ def test_a_worker_takes_a_prior_sent_to_its_inbox(tmp_path):
         assert server.predictor.predict("F1") == 0.25 and server.jobs == []
     finally:
         link.close()
+
+
+def test_testbed_link_rate_from_another_shell_is_planned_for(tmp_path):
+    """``testbed link rate`` logs a ``link_rate`` line; the controller gets a plan at that rate."""
+    from testbed.plan.run_plan import make_plan
+
+    plan = make_plan(load_experiment("sharing").with_overrides(policy="atlas"))
+    controller = _Controller()
+    replans = LinkReplans(plan, controller, tmp_path, lambda _: None)  # type: ignore[arg-type]
+    with open_jsonl(tmp_path / SHAPING_LOG) as log:
+        # a grant's class change on the way: not a link's rate, not parsed
+        write_row(log, {"t_ns": 1, "event": "change", "classid": "1:20", "rate_bps": 1, "ceil_bps": 1})
+        write_row(log, {"t_ns": 2, "event": LINK_RATE, "link": "east:west", "rate_bps": 5_000_000})
+    replans.poll()
+    [(grant_plan, rates)] = controller.calls
+    assert rates == {("east", "west"): 5_000_000} and grant_plan.hops[0].rate_bps == 5_000_000
+    row = json.loads((tmp_path / REPLANS_FILE).read_text())
+    assert (row["cause"], row["link"], row["profile_t_us"], row["routed_off"]) == (LINK_RATE, "east:west", None, [])
+
+
+def test_a_failed_over_link_is_planned_around_once_the_routes_move_and_again_when_they_return(tmp_path):
+    """three_dc's central:west fails over: down, nothing is planned (the routers have not moved
+    yet); once they have (``reroute``), the plan goes through east and the controller is given
+    routes that do; when the link returns and the routes move back, the plan is the first one."""
+    from testbed.plan.run_plan import make_plan
+
+    data = yaml.safe_load((REPO / "topologies" / "three_dc.yaml").read_text())
+    data["links"][1]["failover"] = True
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(data))
+    exp = load_experiment().with_overrides(topology=str(tmp_path / "t.yaml"), policy="atlas")
+    plan = make_plan(exp)
+    controller = _Controller()
+    replans = LinkReplans(plan, controller, tmp_path, lambda _: None)  # type: ignore[arg-type]
+    with open_jsonl(tmp_path / SHAPING_LOG) as log:
+        write_row(log, {"t_ns": 10, "event": LINK_DOWN, "link": "central:west"})
+    replans.poll()
+    assert controller.calls == []
+    with open_jsonl(tmp_path / SHAPING_LOG) as log:
+        write_row(log, {"t_ns": 20, "event": REROUTE, "down": ["central:west"], "moved": []})
+    replans.poll()
+    [(around, _)] = controller.calls
+    assert controller.routes.route("central", "west").dcs == ("central", "east", "west")
+    hops = {f"{h.hop.src}->{h.hop.dst}" for h in around.hops}
+    assert "central->west" not in hops and {"central->east", "east->west"} <= hops
+    with open_jsonl(tmp_path / SHAPING_LOG) as log:
+        write_row(log, {"t_ns": 30, "event": LINK_UP, "link": "central:west"})
+    replans.poll()
+    assert len(controller.calls) == 1  # the routes have not moved back yet: the plan holds
+    with open_jsonl(tmp_path / SHAPING_LOG) as log:
+        write_row(log, {"t_ns": 40, "event": REROUTE, "down": [], "moved": []})
+    replans.poll()
+    assert len(controller.calls) == 2
+    assert controller.routes.route("central", "west").dcs == ("central", "west")
+    assert controller.calls[1][0].iteration_s == plan.grant_plan.iteration_s
+    rows = [json.loads(x) for x in (tmp_path / REPLANS_FILE).read_text().splitlines()]
+    assert [(r["cause"], r["routed_off"]) for r in rows] == [(REROUTE, ["central:west"]), (REROUTE, [])]
+
+
+def test_the_grant_loop_follows_the_transfers_to_their_new_paths():
+    """``GrantLoop.reroute``: the held grant is released (``reroute``), every class opened, and a
+    transfer ready afterwards is granted on each hop of its new path; a path over a link
+    direction without classes is refused."""
+    topo = parse_topology(
+        {
+            "dcs": [{"name": n, "hosts": 1} for n in ("a", "b", "c")],
+            "links": [
+                {"between": ["a", "b"], "rate": "10mbit", "delay": "5ms"},
+                {"between": ["a", "c"], "rate": "10mbit", "delay": "5ms"},
+                {"between": ["c", "b"], "rate": "10mbit", "delay": "5ms"},
+            ],
+        },
+        "t",
+    )
+    workers = [WorkerSpec(0, 0, 0, "a-h0", "a"), WorkerSpec(1, 1, 0, "b-h0", "b")]
+    direct = boundary_paths(workers, RoutingTable(topo), [(0, 1)])
+    around = {(0, 1): [Hop("a", "c"), Hop("c", "b")], (1, 0): [Hop("b", "c"), Hop("c", "a")]}
+    extra = {h for hs in around.values() for h in hs}
+    switch = RecordingSwitch()
+    loop = GrantLoop(switch, {0: 0, 1: 0}, direct, links=extra)
+    loop.handle(msg("ready", 0, 1), 10)
+    loop.handle(msg("recv", 0, 1), 11)
+    assert switch.events == [("grant", Hop("a", "b"), 0, 11)]
+    switch.events.clear()
+    loop.reroute(around, {(0, 1): 5_000_000, (1, 0): 5_000_000}, 20)
+    assert switch.events[0] == ("release", Hop("a", "b"), 0, 20, False, "reroute")
+    assert {e[1] for e in switch.events[1:] if e[:1] == ("grant",) and e[2] == "open"} == set(loop.held)
+    switch.events.clear()
+    loop.handle(msg("done", 0, 1), 30)  # the transfer in flight at the move: nothing held for it
+    assert switch.events == []
+    loop.handle(msg("ready", 0, 1, mb=1), 40)
+    loop.handle(msg("recv", 0, 1, mb=1), 41)
+    assert switch.events == [("grant", Hop("a", "c"), 0, 41), ("grant", Hop("c", "b"), 0, 41)]
+    with pytest.raises(ValueError, match="no classes on b->z: cannot grant there"):
+        loop.reroute({(1, 0): [Hop("b", "z")]}, {}, 50)
