@@ -297,6 +297,13 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
         help="stop the job when a rank has not called init_process_group after this many seconds, naming it "
         "(default 300; 0: no limit)",
     )
+    sp.add_argument(
+        "--outage-timeout",
+        type=number(0.1, 7 * 86400),
+        default=None,
+        help="stop the job when a WAN link stays down this many seconds, naming it (default: the experiment's "
+        "outage_timeout where the target is an experiment, else 60; a link that fails over does not count)",
+    )
     sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
     sp.set_defaults(func=cmd_launch, job=[])
     sp = sub.add_parser("clean", help="remove what crashed or killed runs left behind")

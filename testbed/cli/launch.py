@@ -87,6 +87,7 @@ def cmd_launch(args) -> int:
             timeout_s=args.timeout,
             delay_mechanism=args.delay_mechanism,
             join_timeout_s=args.join_timeout,
+            outage_timeout_s=args.outage_timeout,
         )
     except SpecError:
         discard_unused_out(out, created=not existed)  # refused before building: no folder left

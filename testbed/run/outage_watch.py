@@ -28,9 +28,17 @@ class OutageWatch:
     their traffic to the other path (``net/failover.py``), and training goes on (a run stuck even
     so is caught by the hang timeout)."""
 
-    def __init__(self, out_dir: Path, timeout_s: float, fails_over: Collection[str] = ()) -> None:
+    def __init__(
+        self,
+        out_dir: Path,
+        timeout_s: float,
+        fails_over: Collection[str] = (),
+        setting: tuple[str, str] = ("the experiment's", "outage_timeout"),
+    ) -> None:
+        """``setting``: whose and what sets the timeout, for the message (``("the job's",
+        "--outage-timeout")`` for a launched job)."""
         self.log = JsonlFollower(out_dir / SHAPING_LOG, (LINK_DOWN, LINK_UP))
-        self.timeout_s = timeout_s
+        self.timeout_s, self.setting = timeout_s, setting
         self.fails_over = set(fails_over)
         #: links down now: name -> when it went down (CLOCK_MONOTONIC, ns)
         self.down: dict[str, int] = {}
@@ -59,7 +67,7 @@ class OutageWatch:
         down_s = (now_ns - since) / 1e9
         if down_s > self.timeout_s:
             raise OutageError(
-                f"WAN link {link} has been down for {down_s:.1f} s, past the experiment's outage_timeout "
+                f"WAN link {link} has been down for {down_s:.1f} s, past {self.setting[0]} {self.setting[1]} "
                 f"({self.timeout_s:g} s): training cannot go on without it, and the run was aborted "
-                "(its traces are kept). Bring the link up sooner (testbed link up), or give a longer outage_timeout"
+                f"(its traces are kept). Bring the link up sooner (testbed link up), or give a longer {self.setting[1]}"
             )

@@ -68,6 +68,7 @@ from testbed.run.job_nodes import (
     node_argv,
     script_status,
 )
+from testbed.run.outage_watch import OutageError, OutageWatch
 from testbed.run.records import check_fresh_out_dir, write_env
 from testbed.run.watch import LinkSampler
 from testbed.spec.experiment import Experiment
@@ -88,6 +89,9 @@ RENDEZVOUS_PATHS = ("wan", "management")
 DEFAULT_TIMEOUT_S = 3600.0
 #: how long every rank has to join the job (call ``init_process_group``) unless told otherwise (s)
 DEFAULT_JOIN_TIMEOUT_S = 300.0
+#: how long a WAN link may stay down before the job is stopped, unless told otherwise (s): the
+#: experiments' default ``outage_timeout``
+DEFAULT_OUTAGE_TIMEOUT_S = Experiment.outage_timeout / 1e6
 #: the placements a job may take (Atlas's DC selection needs the job's workload, which the testbed
 #: does not know)
 JOB_PLACEMENTS = ("file-order", "largest-first")
@@ -178,14 +182,17 @@ def launch_job(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     delay_mechanism: str = "auto",
     join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S,
+    outage_timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """Run ``job`` (see the module doc) with its folder ``out_dir``; ``stream``: where each rank's
     output lines go, prefixed (None: only to their files). Returns the summary (also in
     ``summary.json``) once every rank has exited 0. Raises SpecError before building
     (``check_job``, a folder that holds a run), JobError when a rank exits non-zero, when some
     rank has not joined the job (called ``init_process_group``) ``join_timeout_s`` after the
-    start (0: no limit; the error names them) or the job runs past ``timeout_s`` (the summary
-    and every rank's output kept), and the network's errors."""
+    start (0: no limit; the error names them), the job runs past ``timeout_s`` or a WAN link
+    stays down past ``outage_timeout_s`` (None: the experiment's ``outage_timeout`` where the job
+    names one, else ``DEFAULT_OUTAGE_TIMEOUT_S``; a link that fails over does not count: its
+    traffic moves) (the summary and every rank's output kept), and the network's errors."""
     workers = check_job(job)
     pairs = managed_pairs(job.topology, job.mesh.pp, workers) if job.hooked else []
     buffers = socket_buffer_cap(job.experiment, job.topology, workers) if job.experiment is not None else None
@@ -263,13 +270,17 @@ def launch_job(
             streamer.start()
         stopped: str | None = None  # why the job was stopped from outside, if it was
         joins = (out_dir / JOINED_DIR, t0 + join_timeout_s) if join_timeout_s > 0 else None
+        if outage_timeout_s is None:
+            outage_timeout_s = job.experiment.outage_timeout / 1e6 if job.experiment else DEFAULT_OUTAGE_TIMEOUT_S
+        fails_over = [f"{x.a}:{x.b}" for x in job.topology.links if x.failover]
+        outages = OutageWatch(out_dir, outage_timeout_s, fails_over, ("the job's", "--outage-timeout"))
         profile = None
         if controller is not None and job.policy.sharing == "planned":
             profile = JobProfile(partial(job_stand_in, job), workers, out_dir, controller, progress)
         try:
             error = _watch(
                 procs, {w.rank: w.host for w in by_rank}, codes, t0 + timeout_s, net, ranks_dir, joins,
-                profile.poll if profile is not None else None,
+                profile.poll if profile is not None else None, outages,
             )  # fmt: skip
         except KeyboardInterrupt:
             stopped = "interrupted (Ctrl-C)"
@@ -313,13 +324,15 @@ def _watch(
     ranks_dir: Path,
     joins: tuple[Path, float] | None = None,
     tick: Callable[[], Any] | None = None,
+    outages: OutageWatch | None = None,
 ) -> JobError | None:
     """Wait for the ranks: None once every one has exited 0; the JobError to raise once one exits
     non-zero (the lowest rank among those that did; the script's own status where torchrun
     reported it), at ``deadline``, or (``joins``: the folder of the ranks' join marks, and by
     when) when a rank still running has not joined by then. ``codes`` gets each node's
     (torchrun's) status as it ends; ``tick`` is called on every round (the planned grants'
-    profile)."""
+    profile); ``outages``: a WAN link down past its timeout stops the job (status 124), naming
+    the link."""
     while True:
         for rank, p in procs.items():
             if rank not in codes and (c := p.poll()) is not None:
@@ -351,6 +364,11 @@ def _watch(
             return JobError(
                 f"the job ran past its time limit; ranks {running} were still running and were stopped", 124
             )
+        if outages is not None:
+            try:
+                outages.check()
+            except OutageError as e:
+                return JobError(str(e).replace("the run was aborted", "every rank was stopped"), 124)
         net.check_alive()
         if tick is not None:
             tick()

@@ -257,3 +257,37 @@ def test_a_rank_that_never_joins_is_named_and_a_killed_rank_ends_the_job(tmp_pat
     assert proc.returncode != 0 and "rank 1 (host east-h1) exited with status" in output, output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rank_exit_status"]["1"] != 0 and "rank 1" in summary["failed"]
+
+
+def test_a_link_down_past_the_outage_timeout_stops_the_job_naming_it(tmp_path, clean_machine):
+    """``testbed link down east:west`` from another shell while the job runs: ``--outage-timeout
+    2`` stops every rank about 2 s later with status 124, naming the link; the job's folder kept."""
+    import threading
+
+    out, results = tmp_path / "job", tmp_path / "results"
+    results.mkdir()
+    cut: list = []
+
+    def cut_link() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (out / "ranks" / "rank3.log").exists():
+            time.sleep(0.05)
+        time.sleep(1.0)  # the ranks are starting: the link goes down under the job
+        cut.append((time.monotonic(), run_cli("link", "down", "east:west")))
+
+    thread = threading.Thread(target=cut_link, daemon=True)
+    thread.start()
+    done = run_cli(
+        "launch", "two_dc", "--mesh", "pp=2,dp=2", "--out", str(out), "--outage-timeout", "2",
+        "--", str(JOB), str(results), "2", "2", "wait", "60",
+    )  # fmt: skip
+    ended = time.monotonic()
+    thread.join(timeout=5)
+    assert cut and cut[0][1].returncode == 0, cut
+    assert done.returncode == 124, done.stdout + done.stderr
+    assert "WAN link east:west has been down for 2." in done.stdout
+    assert "past the job's --outage-timeout (2 s)" in done.stdout and "every rank was stopped" in done.stdout
+    assert ended - cut[0][0] < 2 + 10
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["exit_status"] == 124 and "east:west" in summary["failed"]
+    assert not list(results.iterdir())

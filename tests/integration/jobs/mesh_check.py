@@ -1,7 +1,7 @@
 """A small torch.distributed job for ``testbed launch``'s tests: each rank records what torchrun gave
 it (environment, hostname, the peers' names resolved), sends a tensor to the next stage of its
 replica and receives one from the previous, all-reduces within its stage, and writes it all to
-OUT/rank<R>.json. Arguments: OUT PP DP [crash RANK STATUS]."""
+OUT/rank<R>.json. Arguments: OUT PP DP [crash RANK STATUS | wait SECONDS (before sending)]."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -19,6 +20,8 @@ dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 if len(sys.argv) > 4 and sys.argv[4] == "crash" and rank == int(sys.argv[5]):
     sys.exit(int(sys.argv[6]))
+if len(sys.argv) > 4 and sys.argv[4] == "wait":
+    time.sleep(float(sys.argv[5]))
 stage, replica = divmod(rank, dp)
 groups = [dist.new_group([s * dp + r for r in range(dp)]) for s in range(pp)]
 got = None
