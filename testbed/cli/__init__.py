@@ -15,6 +15,7 @@ from pathlib import Path
 from testbed.cli.common import (
     backend_options,
     bubbletea_options,
+    dilation_option,
     err,
     number,
     policy_name,
@@ -90,6 +91,7 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
                 help="folder for logs and results (default: results/topo-<time>-<prefix>)",
             )
             backend_options(sp)
+            dilation_option(sp, "the links")
 
     topo = sub.add_parser("topo", help="topologies: show, check, up, regions").add_subparsers(
         dest="topo_command", required=True
@@ -186,6 +188,7 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
     sched_trace_option(sp)
     backend_options(sp)
     bubbletea_options(sp)
+    dilation_option(sp, "the run")
     sp.set_defaults(func=cmd_run)
     sp = sub.add_parser("compare", help="run several policies on the same experiment and compare them")
     sp.add_argument("experiment", nargs="?", default=None)
@@ -213,6 +216,7 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
     sched_trace_option(sp)
     backend_options(sp)
     bubbletea_options(sp)
+    dilation_option(sp, "every run")
     sp.set_defaults(func=cmd_compare)
     sp = sub.add_parser("plan", help="placements and predicted iteration times, alternatives, what-if (no root)")
     sp.add_argument("experiment", nargs="?", default=None)

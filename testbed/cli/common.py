@@ -40,6 +40,18 @@ def backend(args: argparse.Namespace) -> dict[str, Any]:
     return {"backend": args.backend, "inventory": args.inventory}
 
 
+def dilation_option(sp: argparse.ArgumentParser, what: str) -> None:
+    """``--dilation K``: the emulated world ``K`` times slower than described (``spec/dilation.py``)."""
+    sp.add_argument(
+        "--dilation",
+        type=number(1, 100),
+        default=None,
+        metavar="K",
+        help=f"time dilation: {what} K times slower than described (delays and compute targets x K, rates / K), "
+        "the figures reported in the emulated frame (default: the experiment's time_dilation, 1)",
+    )
+
+
 def backend_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument(
         "--backend",

@@ -15,9 +15,11 @@ from testbed.net.link_control import LinkError, resolve_link
 from testbed.net.shaping import plan_shaping
 from testbed.net.shaping_text import tc_argv
 from testbed.spec.addressing import AddressPlan
+from testbed.spec.dilation import dilate_topology
 from testbed.spec.regions import dc_name, regions_topology
 from testbed.spec.regions_table import RegionError, load_regions_table
 from testbed.spec.routing import RoutingTable
+from testbed.spec.topology import TopologySpec
 from testbed.spec.topology_file import load_topology
 from testbed.spec.units import UnitError, format_duration_us, format_rate, parse_rate_bps
 
@@ -94,8 +96,16 @@ def _check_profiles(net, args, out) -> int:
     return 0 if report["ok"] else 1
 
 
+def _loaded(args) -> TopologySpec:
+    """The topology ``args.file`` names, dilated by ``--dilation`` where given (``spec/dilation.py``)."""
+    return dilate_topology(load_topology(args.file), args.dilation or 1)
+
+
 def cmd_topo_check(args) -> int:
-    spec = load_topology(args.file)
+    spec = _loaded(args)
+    if args.dilation and args.profile:
+        err("error: --dilation: topo check --profile measures in real time only; check the profile undilated")
+        return 2
     if args.link and args.profile:
         err("error: --link: topo check --profile checks every profiled link; --link is for the plain check")
         return 2
@@ -111,7 +121,8 @@ def cmd_topo_check(args) -> int:
     with network(args, spec) as net:
         print(
             f"{spec.name}: built {len(net.plan.namespaces)} namespaces in {net.build_s:.2f} s; delay mechanism: "
-            f"{describe_mechanism(net.mechanism)}; traces in {net.out_dir}",
+            f"{describe_mechanism(net.mechanism)}; traces in {net.out_dir}"
+            + (f"; dilated x{args.dilation:g}: figures in the emulated frame" if args.dilation else ""),
             file=out,
             flush=True,
         )
@@ -126,6 +137,7 @@ def cmd_topo_check(args) -> int:
             progress=lambda r: print(format_row(r), file=out, flush=True),
             attempts=args.attempts,
             links=args.link,
+            dilation=args.dilation or 1,
         )
         (net.out_dir / "fidelity.json").write_text(json.dumps(report, indent=1))
     if args.json:
@@ -147,13 +159,17 @@ def cmd_topo_check(args) -> int:
 
 
 def cmd_topo_up(args) -> int:
-    spec = load_topology(args.file)
+    spec = _loaded(args)
     root_preamble("testbed topo up")
     with network(args, spec) as net:
         print(
             f"{spec.name} is up ({net.build_s:.2f} s, run prefix {net.prefix}, delay mechanism: "
             f"{describe_mechanism(net.mechanism)}); logs in {net.out_dir}"
         )
+        if args.dilation:
+            print(
+                f"  dilated x{args.dilation:g}: every link's rate / {args.dilation:g}, its delays x {args.dilation:g}"
+            )
         for h in net.hosts.values():
             machine = net.host_machine(h.name)
             where = f"on machine {machine}: " if machine else ""

@@ -37,6 +37,7 @@ def cmd_run(args) -> int:
         replicas=args.replicas,
         data=str(args.data) if args.data else None,
         policy=args.policy,
+        time_dilation=args.dilation,
     )
     exp = bubbletea_overrides(exp, args)
     plan_note = None
@@ -92,7 +93,10 @@ def cmd_compare(args) -> int:
         except UnknownPolicy as e:
             raise SpecError("--policies", "(option)", p, "is no policy", str(e)) from None
     exp = load_experiment(args.experiment).with_overrides(
-        iterations=args.iterations, schedule=args.schedule, virtual_stages=args.virtual_stages
+        iterations=args.iterations,
+        schedule=args.schedule,
+        virtual_stages=args.virtual_stages,
+        time_dilation=args.dilation,
     )
     exp = bubbletea_overrides(exp, args)
     root_preamble("testbed compare")

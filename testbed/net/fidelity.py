@@ -25,7 +25,7 @@ import math
 import re
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from testbed.errors import CheckError
 from testbed.net.iperf import iperf
@@ -66,6 +66,27 @@ class LinkCheck:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "ok": self.ok}
+
+
+#: a check's rates and durations, converted to a dilated network's emulated frame (``in_emulated_frame``)
+RATE_FIELDS = ("rate_mbit", "expected_goodput_mbit", "measured_rate_mbit")
+DURATION_FIELDS = ("delay_ms", "expected_rtt_ms", "measured_rtt_ms")
+
+
+def in_emulated_frame(r: LinkCheck, k: float) -> LinkCheck:
+    """``r``, measured on a network dilated ``k`` times (``spec/dilation.py``), in the emulated
+    frame: rates x k, delays and round trips / k; the verdicts are the measurement's (rates within
+    5% hold in either frame; an RTT's 1 ms floor is 1/k ms there)."""
+
+    def convert(d: dict) -> dict:
+        return d | {f: d[f] * k for f in RATE_FIELDS} | {f: d[f] / k for f in DURATION_FIELDS}
+
+    return replace(
+        r,
+        **{f: getattr(r, f) * k for f in RATE_FIELDS},
+        **{f: getattr(r, f) / k for f in DURATION_FIELDS},
+        earlier=[convert(e) for e in r.earlier],
+    )
 
 
 def jitter_rtt_sd_ms(jitter_ms: float) -> float:
@@ -183,6 +204,7 @@ def check_fidelity(
     attempts: int = 1,
     rtt_floor_ms: float = 0.0,
     links: Sequence[str] = (),
+    dilation: float = 1.0,
 ) -> dict:
     """Measure every WAN link in both directions, or those named in ``links`` (``DC:DC``, as
     ``testbed link list`` names them); return the report (see ``testbed topo check --json``).
@@ -192,7 +214,8 @@ def check_fidelity(
     tolerance by the machine's own round trip (see ``rtt_within``). Raises ``ValueError`` for
     ``attempts`` that is not a whole number from 1 or a negative or NaN ``rtt_floor_ms``,
     ``CheckError`` where a measurement cannot be taken, ``LinkError`` for a name in ``links`` that
-    the topology has not.
+    the topology has not. ``dilation``: ``net`` is a topology dilated this many times; the rows
+    are given in its emulated frame (``in_emulated_frame``).
     """
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise ValueError(f"attempts={attempts!r}: give a whole number of measurements per direction, 1 or more")
@@ -211,6 +234,8 @@ def check_fidelity(
                     break
                 earlier.append({k: v for k, v in result.to_dict().items() if k != "earlier"})
             result.earlier = earlier
+            if dilation != 1:
+                result = in_emulated_frame(result, dilation)
             results.append(result)
             if progress:
                 progress(result)
@@ -222,6 +247,7 @@ def check_fidelity(
         "omit_s": omit_s,
         "attempts": attempts,
         "rtt_floor_ms": rtt_floor_ms,
+        "time_dilation": dilation,
         "links": [r.to_dict() for r in results],
         "ok": all(r.ok for r in results),
     }

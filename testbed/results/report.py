@@ -18,6 +18,7 @@ from testbed.results import analysis as A
 from testbed.results import link_counters as L
 from testbed.results.bubbletea_summary import bubbletea_stats
 from testbed.results.chrome_trace import chrome_trace
+from testbed.results.frame import run_dilation, to_emulated_frame
 from testbed.results.plots import (
     grant_intervals,
     plot_bubble_predictions,
@@ -83,6 +84,7 @@ def finalize(run_dir: Path, aborted: bool = False) -> dict[str, Any]:
     training = A.training_events(ev) if not ev.empty else ev
     summary[M.OUTAGES] = outages(shaping, training, env.get("run_start_ns"))
     summary[M.PROFILE_PHASES] = profile_phases(shaping, training, config["warmup_iterations"])
+    summary = to_emulated_frame(summary, run_dilation(config))
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     rates = configured_rates(shaping, counters)  # the plots draw them where they changed
     if not ev.empty:
@@ -112,6 +114,7 @@ SUMMARY_ROWS = [
     (M.START_AFTER_ARRIVAL_P99_MS, "  start after input p99 (ms)"),
     (M.PREDICTED_ITERATION_TIME_S, "predicted iteration time (s)"),
     (M.PREDICTION_ERROR, "prediction error (meas-pred)/meas"),
+    (M.TIME_DILATION, "time dilation (figures in the emulated frame)"),
     (M.BACKEND, "network backend"),
     (M.DELAY_MECHANISM, "delay mechanism"),
     (M.TRAINING_SLICE_MS, "training threads' CPU slice (ms)"),

@@ -24,6 +24,7 @@ from testbed.errors import SpecError
 from testbed.net.network import LocalHosts, Network
 from testbed.plan.placement import WorkerSpec
 from testbed.plan.run_plan import PLANS_FILE, RunPlan, plan_record
+from testbed.results.frame import TIME_DILATION_KEY
 from testbed.spec.experiment import Experiment
 from testbed.trace import schema as T
 from testbed.trace.jsonl import open_jsonl, write_row
@@ -164,11 +165,17 @@ def sched_kernel(
 
 
 def write_config(
-    out_dir: Path, exp: Experiment, workers: list[WorkerSpec], predicted_s: float, plan_note: str | None = None
+    out_dir: Path,
+    exp: Experiment,
+    workers: list[WorkerSpec],
+    predicted_s: float,
+    plan_note: str | None = None,
+    dilation: float = 1.0,
 ) -> None:
-    """``config.json``: the experiment as resolved, the workers' placement, the cost model's
-    predicted iteration time (s) and, when the planner chose the layout (``--plan best``), which
-    plan and why (``plan``)."""
+    """``config.json``: the experiment as resolved and run (in real time: dilated, where
+    ``dilation`` is not 1, ``spec/dilation.py``), the workers' placement, the cost model's
+    predicted iteration time (s, real time), when the planner chose the layout (``--plan best``),
+    which plan and why (``plan``), and the dilation it ran with (``TIME_DILATION_KEY``)."""
     (out_dir / "config.json").write_text(
         json.dumps(
             {
@@ -176,6 +183,7 @@ def write_config(
                 "workers": [asdict(w) for w in workers],
                 "predicted_iteration_time_s": predicted_s,
                 "plan": plan_note or "the experiment's own layout",
+                TIME_DILATION_KEY: dilation,
             },
             indent=1,
         )

@@ -33,6 +33,7 @@ from testbed.run.records import check_fresh_out_dir, record_plan, write_config, 
 from testbed.run.sched_tracing import start_sched_trace
 from testbed.run.wan_profiling import profile_wan_paths
 from testbed.run.watch import LinkSampler, RunError, watch
+from testbed.spec.dilation import dilate_experiment
 from testbed.spec.experiment import Experiment
 from testbed.trace.clock import now_ns
 from testbed.trace.startup import mark_startup
@@ -141,6 +142,8 @@ def run_experiment(
     PrivilegeError, FeatureError, BuildError from the network (and FeatureError, before building,
     where tracefs cannot record the scheduler)."""
     t_begin_ns = t_command_ns or now_ns()
+    dilation = exp.time_dilation
+    exp = dilate_experiment(exp)  # what runs in real time (spec/dilation.py); the summary gives the emulated frame
     plan = check_runnable(exp, backend, force)
     if sched_trace:
         if not runs_here(backend):
@@ -173,6 +176,7 @@ def run_experiment(
             plan_note,
             profile_wan,
             tracefs,
+            dilation,
         )
     finally:
         if own is not None:
@@ -194,12 +198,14 @@ def _run(
     plan_note: str | None = None,
     profile_wan: bool = False,
     tracefs: TracefsMount | None = None,
+    dilation: float = 1.0,
 ) -> dict[str, Any]:
-    """``run_experiment``'s body; ``tracefs``: where the scheduler is traced from (None: it is not)."""
+    """``run_experiment``'s body; ``tracefs``: where the scheduler is traced from (None: it is not);
+    ``dilation``: the time dilation ``exp`` (the real frame) was made with."""
     topo = exp.topology_spec
     workers = list(plan.workers)
     corpus_sha = corpus_sha256(corpus_bytes(Path(exp.data) if exp.data else None))
-    write_config(out_dir, exp, workers, plan.predicted_iteration_s, plan_note)
+    write_config(out_dir, exp, workers, plan.predicted_iteration_s, plan_note, dilation)
     record_plan(out_dir, plan, t_begin_ns, "made before the run")
     hang = hang_timeout_s or timeout_s(exp, plan.predicted_iteration_s)
     error: BaseException | None = None

@@ -87,6 +87,9 @@ class Experiment:
     gpu_memory_mb: float | None = None
     #: how long a WAN link may stay down before the run aborts (µs; ``run/outage_watch.py``)
     outage_timeout: int = 60_000_000
+    #: the emulated world runs this many times slower than described (``dilation.py``): the run
+    #: dilates the experiment and reports its figures in the emulated frame
+    time_dilation: float = 1.0
     bubbletea: BubbleTeaSpec = field(default_factory=BubbleTeaSpec)
     #: what one TCP connection carried on each WAN path of a run, measured (``wan_profile.py``;
     #: ``testbed run --profile-wan``): the simulator then uses it in place of the modelled window.
@@ -242,5 +245,13 @@ def check_experiment(e: Experiment) -> None:
             e.atlas_floor_share,
             f"is not in [0, 1/replicas) = [0, {1 / e.replicas:.3g})",
             "give the share a held pipeline keeps, e.g. 0.05 (0: starve it)",
+        )
+    if e.time_dilation != 1 and not e.compute.padded:
+        raise bad(
+            "time_dilation",
+            e.time_dilation,
+            "stretches the compute targets, and compute.mode real has none: its CPU time would stay as it is "
+            "while the links slowed down",
+            "use compute.mode padded (targets in ms, or a device), or time_dilation 1",
         )
     check_bubbletea(e.source, e.bubbletea, e.iterations if e.policy.bubbletea else None)

@@ -135,6 +135,18 @@ EXPERIMENT_FIELDS = FieldTable(
             fix="write a timeout between 1s and 3600s, such as 60s",
         ),
         Field(
+            "time_dilation",
+            "number",
+            "run the emulated world this many times slower than it claims (docs/time-dilation.md): every compute "
+            "target, delay and profile time x k, every rate / k, BubbleTea's timers and request times stretched; "
+            "the summary reports the emulated frame. For more GPUs or faster links than the machine keeps up with",
+            default=1.0,
+            low=1,
+            high=100,
+            rule="1 under `compute.mode: real` (its CPU time has no target to stretch)",
+            fix="give a factor from 1 to 100, e.g. 4 (testbed plan suggests the smallest that fits the machine)",
+        ),
+        Field(
             "gpu_memory_mb",
             "number",
             "one emulated GPU's memory, scaled like the rest; a plan whose stage does not fit is infeasible",

@@ -54,13 +54,22 @@ ABORTED = _ran(
     "aborted", "", "true where the run ended early (a failed worker, Ctrl-C, a signal): its figures cover what ran"
 )
 PLAN = _ran("plan", "", "which layout ran: the experiment's own, or the planner's choice (`--plan best`) and why")
+TIME_DILATION = _ran(
+    "time_dilation",
+    "",
+    "the factor k the run was dilated by (`time_dilation`, `--dilation`; `spec/dilation.py`): it ran k times "
+    "slower than the world it emulates, and every duration here is divided by k and every rate multiplied by k "
+    "(the emulated frame), except the three figures said to be in real time; 1: not dilated",
+)
 STARTUP_S = _ran(
     "startup_s",
     "s",
-    "from the command (or, within `compare`, the run's own start) to the end of the first forward",
+    "from the command (or, within `compare`, the run's own start) to the end of the first forward; in real time",
 )
 TRAINING_SLICE_MS = _ran(
-    "training_slice_ms", "ms", "the fair-scheduler slice the training workers' threads had (`thread_slice.py`)"
+    "training_slice_ms",
+    "ms",
+    "the fair-scheduler slice the training workers' threads had (`thread_slice.py`); in real time",
 )
 TRAINING_WAIT_RT_PRIORITY = _ran(
     "training_wait_rt_priority",
@@ -84,7 +93,7 @@ SWITCH_INTERVAL_US = _ran(
     "switch_interval_us",
     "µs",
     "the interpreter's switch interval the training workers ran with (the longest a worker reported): "
-    "BubbleTea's with its filling thread, Python's own otherwise",
+    "BubbleTea's with its filling thread, Python's own otherwise; in real time",
 )
 
 _training = _group("Training")

@@ -45,9 +45,17 @@ def test_pp_x_dp_matches_single_process(tmp_path, clean_machine):
     assert summary["loss_first"] == pytest.approx(got[0]) and summary["workers"] == 4
 
 
-def test_default_run_regime_and_traces(tmp_path, clean_machine):
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """The default experiment, 4 iterations: (experiment, run folder, summary), shared by the tests
+    that read it."""
     exp = load_experiment().with_overrides(iterations=4)
-    summary = run_experiment(exp, tmp_path, progress=_quiet)
+    out = tmp_path_factory.mktemp("default") / "run"
+    return exp, out, run_experiment(exp, out, progress=_quiet)
+
+
+def test_default_run_regime_and_traces(default_run, clean_machine):
+    exp, tmp_path, summary = default_run
     for name in (
         "config.json",
         "env.json",
@@ -325,3 +333,27 @@ def test_striping_leaves_the_all_reduce_inside_a_dc_on_one_connection(tmp_path, 
     # striped groups took three round trips or more (67 ms and more); inside a DC it is 4-10 ms
     assert len(own_ms) == exp.stages * (exp.iterations - exp.warmup_iterations), own_ms
     assert own_ms.median() < rtt_ms and own_ms.max() < 2 * rtt_ms, own_ms
+
+
+def test_a_run_dilated_twice_gives_the_undilated_runs_figures(default_run, tmp_path, clean_machine):
+    """The default experiment at ``time_dilation`` 2 (``spec/dilation.py``): in the emulated frame
+    its iteration time, GPU utilization and bubble fraction are the undilated run's within 5% (0.03
+    for the shares); in real time an iteration took about twice as long, and the kernel's link
+    classes ran at half the topology's rates."""
+    exp, _, plain = default_run
+    dilated = run_experiment(exp.with_overrides(time_dilation=2), tmp_path, progress=_quiet)
+    print({k: (plain[k], dilated[k]) for k in ("iteration_time_s", "gpu_utilization", "bubble_fraction")})
+    assert dilated["time_dilation"] == 2 and plain["time_dilation"] == 1
+    assert dilated["iteration_time_s"] == pytest.approx(plain["iteration_time_s"], rel=0.05)
+    assert dilated["gpu_utilization"] == pytest.approx(plain["gpu_utilization"], abs=0.03)
+    assert dilated["bubble_fraction"] == pytest.approx(plain["bubble_fraction"], abs=0.03)
+    assert dilated["representative"] and dilated["loss_last"] == pytest.approx(plain["loss_last"], rel=1e-4)
+    from testbed.results.analysis import iteration_times
+
+    real_s = iteration_times(read_events(tmp_path), exp.warmup_iterations)["duration_s"].mean()
+    assert real_s == pytest.approx(2 * dilated["iteration_time_s"], rel=1e-6)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["time_dilation_applied"] == 2 and config["compute"]["forward_ms"] == 2 * exp.compute.forward_ms
+    shaping = [json.loads(x) for x in (tmp_path / "shaping.jsonl").read_text().splitlines()]
+    link_rates = {r["ceil_bps"] for r in shaping if r["event"] == "add" and r["classid"] == "1:1"}
+    assert link_rates == {x.rate_bps // 2 for x in exp.topology_spec.links}

@@ -1,0 +1,80 @@
+"""A dilated run's figures in the emulated frame (``spec/dilation.py``): the run went ``k`` times
+slower than the world it emulates, so each duration it measured is divided by ``k`` and each rate
+multiplied by it; counts, shares, sizes and names stay as measured. A summary figure's kind comes
+from its unit (``trace/metrics.py``): ``s``, ``ms``, ``µs`` are durations, ``.../s`` rates. Inside
+the figures that hold records (``outages``, ``profile_phases``), a key's suffix says its kind
+(``_s``, ``_ms``, ``_us``; ``_bps``). The machine's own settings and the start-up stay in real
+time (``REAL_TIME``): nothing dilated them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from testbed.trace import metrics as M
+
+#: ``config.json``'s record of the dilation a run ran with (``run/records.write_config``)
+TIME_DILATION_KEY = "time_dilation_applied"
+#: units of durations and of rates (per second)
+DURATIONS = ("s", "ms", "µs")
+RATES = ("tokens/s",)
+#: figures that stay in real time: settings of the machine, and the start-up (processes starting, not the world)
+REAL_TIME = frozenset({M.STARTUP_S, M.TRAINING_SLICE_MS, M.SWITCH_INTERVAL_US})
+#: figures holding records whose keys say their kind by suffix
+RECORDS = frozenset({M.OUTAGES, M.PROFILE_PHASES})
+
+
+def run_dilation(config: dict[str, Any]) -> float:
+    """The time dilation a run folder's ``config.json`` ran with (1: none, or a run from before)."""
+    return float(config.get(TIME_DILATION_KEY) or 1.0)
+
+
+def _scaled(value: Any, factor: float) -> Any:
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return value * factor
+    if isinstance(value, dict):
+        return {k: _scaled(v, factor) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scaled(v, factor) for v in value]
+    return value
+
+
+def _record(value: Any, k: float) -> Any:
+    """A record's keys converted by suffix (module doc), recursively."""
+    if isinstance(value, list):
+        return [_record(v, k) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for key, v in value.items():
+        if key.endswith(("_s", "_ms", "_us")) and not key.endswith("_per_s"):
+            out[key] = _scaled(v, 1 / k)
+        elif key.endswith(("_bps", "_per_s")):
+            out[key] = _scaled(v, k)
+        else:
+            out[key] = _record(v, k)
+    return out
+
+
+def to_emulated_frame(summary: dict[str, Any], k: float) -> dict[str, Any]:
+    """``summary`` (``summary.json``'s figures, measured in real time) in the emulated frame of a
+    run dilated ``k`` times, with ``time_dilation`` set to ``k``. Raises ValueError for k < 1."""
+    if not k >= 1:
+        raise ValueError(f"time dilation {k!r}: a factor of 1 or more")
+    units = {m.name: m.unit for m in M.METRICS}
+    out: dict[str, Any] = {}
+    for key, value in summary.items():
+        unit = units.get(key, "")
+        if k == 1 or key in REAL_TIME:
+            out[key] = value
+        elif key in RECORDS:
+            out[key] = _record(value, k)
+        elif unit in DURATIONS:
+            out[key] = _scaled(value, 1 / k)
+        elif unit in RATES:
+            out[key] = _scaled(value, k)
+        else:
+            out[key] = value
+    out[M.TIME_DILATION] = k
+    return out
