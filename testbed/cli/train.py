@@ -223,10 +223,31 @@ def cmd_plan(args) -> int:
     if profile_phases(exp.topology_spec):
         _print_phases(exp, args.grants)
     try:  # the one value a run of this experiment is made from (plan/run_plan.py)
-        print(format_plan(make_plan(exp)))
+        run_plan = make_plan(exp)
     except SpecError as e:
         print(f"the run's plan under {exp.policy.name}: infeasible: {e.field} {e.value} {e.problem}")
+        return 0
+    print(format_plan(run_plan))
+    _print_dilation(exp, run_plan)
     return 0
+
+
+def _print_dilation(exp, run_plan) -> None:
+    """The smallest time dilation this machine runs ``exp`` representatively at (``fit.suggest_dilation``)."""
+    from testbed.net.capacity import cached_capacity_bps
+    from testbed.net.features import cached_features
+    from testbed.run.fit import suggest_dilation
+
+    mechanism = "nfqueue" if cached_features().get("netem") is False else "netem"
+    need = suggest_dilation(run_plan, capacity_bps=cached_capacity_bps(mechanism))
+    k = exp.time_dilation
+    verdict = (
+        ""
+        if k == 1 and need.k == 1
+        else f"; the experiment's time_dilation {k:g} is "
+        + ("enough" if k >= need.k else f"too small (--dilation {need.k:g})")
+    )
+    print(need.describe() + verdict)
 
 
 def cmd_schedule(args) -> int:

@@ -4,11 +4,14 @@ multiplied by it; counts, shares, sizes and names stay as measured. A summary fi
 from its unit (``trace/metrics.py``): ``s``, ``ms``, ``µs`` are durations, ``.../s`` rates. Inside
 the figures that hold records (``outages``, ``profile_phases``), a key's suffix says its kind
 (``_s``, ``_ms``, ``_us``; ``_bps``). The machine's own settings and the start-up stay in real
-time (``REAL_TIME``): nothing dilated them."""
+time (``REAL_TIME``): nothing dilated them. Tables for plots and the Chrome trace go over by their
+columns' names (``in_frame``); the traces in the run folder stay in real time, as recorded."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import pandas as pd
 
 from testbed.trace import metrics as M
 
@@ -78,3 +81,43 @@ def to_emulated_frame(summary: dict[str, Any], k: float) -> dict[str, Any]:
             out[key] = value
     out[M.TIME_DILATION] = k
     return out
+
+
+def _is_duration(name: str) -> bool:
+    return name.endswith(("_ns", "_s", "_ms", "_us")) and not name.endswith("_per_s")
+
+
+def _is_rate(name: str) -> bool:
+    return name == "bps" or name.endswith(("_bps", "_per_s"))
+
+
+def in_frame(table: pd.DataFrame, k: float) -> pd.DataFrame:
+    """``table`` (events, link samples, configured rates, grant intervals: real time) in the
+    emulated frame of a run dilated ``k`` times: each column whose name ends in ``_ns``, ``_s``,
+    ``_ms`` or ``_us`` divided by ``k`` (times as well as durations: a time scaled keeps its
+    differences scaled), each rate (``bps``, ``..._bps``, ``..._per_s``) multiplied by it. ``k`` = 1
+    returns ``table`` itself."""
+    if k == 1:
+        return table
+    out = table.copy()
+    for col in out.columns:
+        if not pd.api.types.is_numeric_dtype(out[col]) or pd.api.types.is_bool_dtype(out[col]):
+            continue
+        if _is_duration(str(col)):
+            out[col] = out[col] / k
+        elif _is_rate(str(col)):
+            out[col] = out[col] * k
+    return out
+
+
+def rows_in_frame(rows: list[dict[str, Any]], k: float) -> list[dict[str, Any]]:
+    """Log rows (``shaping.jsonl``'s) with their times in the emulated frame, as ``in_frame``."""
+    if k == 1:
+        return rows
+    return [
+        {
+            key: v / k if _is_duration(key) and isinstance(v, (int, float)) and not isinstance(v, bool) else v
+            for key, v in r.items()
+        }
+        for r in rows
+    ]

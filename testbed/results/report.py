@@ -18,7 +18,7 @@ from testbed.results import analysis as A
 from testbed.results import link_counters as L
 from testbed.results.bubbletea_summary import bubbletea_stats
 from testbed.results.chrome_trace import chrome_trace
-from testbed.results.frame import run_dilation, to_emulated_frame
+from testbed.results.frame import in_frame, rows_in_frame, run_dilation, to_emulated_frame
 from testbed.results.plots import (
     grant_intervals,
     plot_bubble_predictions,
@@ -84,16 +84,19 @@ def finalize(run_dir: Path, aborted: bool = False) -> dict[str, Any]:
     training = A.training_events(ev) if not ev.empty else ev
     summary[M.OUTAGES] = outages(shaping, training, env.get("run_start_ns"))
     summary[M.PROFILE_PHASES] = profile_phases(shaping, training, config["warmup_iterations"])
-    summary = to_emulated_frame(summary, run_dilation(config))
+    k = run_dilation(config)
+    summary = to_emulated_frame(summary, k)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    rates = configured_rates(shaping, counters)  # the plots draw them where they changed
+    # the plots and the Chrome trace in the emulated frame too (results/frame.py)
+    rates = in_frame(configured_rates(shaping, counters), k)  # the plots draw them where they changed
+    ev = in_frame(ev, k)
     if not ev.empty:
-        (run_dir / "trace.json").write_text(json.dumps(chrome_trace(ev, shaping)))
+        (run_dir / "trace.json").write_text(json.dumps(chrome_trace(ev, rows_in_frame(shaping, k))))
         plot_timeline(ev, run_dir / "timeline.png", config["warmup_iterations"], rates)
         plot_bubble_predictions(ev, run_dir / "bubble_prediction.png", config["warmup_iterations"])
-    plot_links(L.link_utilization(counters), run_dir / "wan_utilization.png", rates)
+    plot_links(in_frame(L.link_utilization(counters), k), run_dir / "wan_utilization.png", rates)
     if (run_dir / "controller.jsonl").exists() and not ev.empty:
-        grants = grant_intervals(read_jsonl(run_dir / "controller.jsonl"))
+        grants = in_frame(grant_intervals(read_jsonl(run_dir / "controller.jsonl")), k)
         plot_link_grants(grants, ev, run_dir / "link_grants.png", config["warmup_iterations"])
     return summary
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.errors import SpecError
@@ -204,6 +205,63 @@ def _timed_stage_s(model: ModelConfig, microbatch_size: int, seed: int, stage: i
         torch.set_num_threads(threads)
 
 
+def contended_share(plan: RunPlan, cores: int | None = None) -> tuple[float, float, float]:
+    """(share, worst_s, per_core): the share of its padding target the slowest stage's forward and
+    backward of one microbatch takes on this machine when every worker of ``plan`` computes at once
+    (``worst_s``, ``real_stage_s``, times ``per_core``, the workers per core, at least 1; ``cores``
+    default all)."""
+    import os
+
+    exp = plan.experiment
+    cores = cores or os.cpu_count() or 1
+    worst = max(real_stage_s(exp, s) for s in range(exp.stages))
+    target_s = (exp.compute.forward_ms + exp.compute.backward_ms) / 1000
+    per_core = max(1.0, len(plan.workers) / cores)
+    return worst * per_core / target_s, worst, per_core
+
+
+#: ``suggest_dilation`` rounds up to a multiple of this
+DILATION_STEP = 0.5
+
+
+@dataclass(frozen=True)
+class DilationNeed:
+    """The smallest time dilation ``k`` under which this machine runs an experiment
+    representatively (``suggest_dilation``), and why: ``compute_share``, the contended share of its
+    targets undilated (``contended_share``; k must bring it to ``MAX_CONTENDED_SHARE``), and
+    ``link_load``, its fastest link's rate over what the delay mechanism carries (None: that figure
+    is not cached yet; k must bring it to 1)."""
+
+    k: float
+    compute_share: float
+    link_load: float | None
+
+    def describe(self) -> str:
+        links = (
+            f"its fastest link {self.link_load:.2f}x what this machine carries"
+            if self.link_load is not None
+            else "the links not judged (no capacity measured yet: testbed doctor)"
+        )
+        return (
+            f"smallest time dilation this machine runs it representatively at: k = {self.k:g} (compute "
+            f"{self.compute_share:.0%} of its targets with every worker at once, at most "
+            f"{MAX_CONTENDED_SHARE:.0%}; {links})"
+        )
+
+
+def suggest_dilation(plan: RunPlan, cores: int | None = None, capacity_bps: int | None = None) -> DilationNeed:
+    """The smallest time dilation, a multiple of ``DILATION_STEP`` from 1, under which ``plan``'s
+    experiment (described in its own frame, undilated) runs representatively here: its contended
+    compute share (``contended_share``) divided by k at most ``MAX_CONTENDED_SHARE`` (dilation
+    stretches the targets, not the CPU's time), and every WAN link's rate divided by k at most
+    ``capacity_bps``, what the delay mechanism carries (None: not judged)."""
+    share, _, _ = contended_share(plan, cores)
+    spec = plan.experiment.topology_spec
+    load = max(x.rate_bps for x in spec.links) / capacity_bps if capacity_bps and spec.links else None
+    need = max(1.0, share / MAX_CONTENDED_SHARE, load or 0.0)
+    return DilationNeed(math.ceil(need / DILATION_STEP - 1e-9) * DILATION_STEP, share, load)
+
+
 def check_compute_load(plan: RunPlan, cores: int | None = None) -> float:
     """The share of its padding target the slowest stage's forward and backward of one microbatch
     takes on this machine when every worker of the plan computes at once: ``real_stage_s`` times
@@ -214,10 +272,8 @@ def check_compute_load(plan: RunPlan, cores: int | None = None) -> float:
 
     exp = plan.experiment
     cores = cores or os.cpu_count() or 1
-    worst = max(real_stage_s(exp, s) for s in range(exp.stages))
+    share, worst, per_core = contended_share(plan, cores)
     target_s = (exp.compute.forward_ms + exp.compute.backward_ms) / 1000
-    per_core = max(1.0, len(plan.workers) / cores)
-    share = worst * per_core / target_s
     if share > MAX_CONTENDED_SHARE:
         raise SpecError(
             exp.source,
@@ -226,6 +282,7 @@ def check_compute_load(plan: RunPlan, cores: int | None = None) -> float:
             f"takes this machine {worst * 1000:.0f} ms a microbatch on one thread, "
             f"{worst * per_core * 1000:.0f} ms with its {len(plan.workers)} workers on {cores} cores: {share:.0%} "
             f"of the {target_s * 1000:.0f} ms target (at most {MAX_CONTENDED_SHARE:.0%})",
-            "use a narrower model, longer compute targets, or fewer workers",
+            "use a narrower model, longer compute targets, fewer workers, or a time dilation (time_dilation; "
+            "testbed plan suggests the smallest)",
         )
     return share

@@ -8,6 +8,7 @@ network is removed in every case and the traces written so far are kept and summ
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -25,7 +26,15 @@ from testbed.results.report import finalize
 from testbed.run.atlas_setup import profiles_first, start_controller
 from testbed.run.backends import make_network, offers_live_shaping, runs_here
 from testbed.run.bubbletea_setup import prepare_bubbletea, send_priors, start_bubbletea, stop_bubbletea
-from testbed.run.fit import check_connection_window, check_corpus, check_iteration_time, check_memory
+from testbed.run.fit import (
+    DILATION_STEP,
+    MAX_CONTENDED_SHARE,
+    check_connection_window,
+    check_corpus,
+    check_iteration_time,
+    check_memory,
+    contended_share,
+)
 from testbed.run.launch import Launcher, start_workers
 from testbed.run.link_replan import LinkReplans
 from testbed.run.profile import replan_from_profile
@@ -145,6 +154,8 @@ def run_experiment(
     dilation = exp.time_dilation
     exp = dilate_experiment(exp)  # what runs in real time (spec/dilation.py); the summary gives the emulated frame
     plan = check_runnable(exp, backend, force)
+    if dilation != 1 and runs_here(backend):
+        warn_dilation(plan, dilation, progress)
     if sched_trace:
         if not runs_here(backend):
             raise SpecError(
@@ -181,6 +192,19 @@ def run_experiment(
     finally:
         if own is not None:
             own.close()
+
+
+def warn_dilation(plan: RunPlan, dilation: float, progress: Callable[[str], Any]) -> None:
+    """Say so where ``plan`` (dilated ``dilation`` times) still asks more of this machine's cores than
+    a representative run may (``fit.contended_share`` above ``fit.MAX_CONTENDED_SHARE``)."""
+    share, _, _ = contended_share(plan)
+    if share > MAX_CONTENDED_SHARE:
+        need = math.ceil(dilation * share / MAX_CONTENDED_SHARE / DILATION_STEP) * DILATION_STEP
+        progress(
+            f"WARNING: at time dilation {dilation:g} this machine's compute still takes {share:.0%} of the padded "
+            f"targets with every worker at once (at most {MAX_CONTENDED_SHARE:.0%}): operations may overrun and the "
+            f"run not be representative; use --dilation {need:g} or more (testbed plan suggests the smallest)"
+        )
 
 
 def _run(

@@ -126,3 +126,21 @@ def test_every_time_figure_has_a_unit_the_frame_knows():
             assert m.unit in RATES, m
         elif m.name.endswith(("_s", "_ms", "_us")):
             assert m.unit in DURATIONS, m
+
+
+def test_the_smallest_dilation_stretches_the_targets_past_the_machines_compute_and_links(monkeypatch):
+    """``fit.suggest_dilation`` with the stage's real time fixed (the pure arithmetic; the timing
+    itself is torch's): 6 workers on 2 cores taking 100 ms a microbatch against 120 ms of targets
+    are at 250% of them, so k = 250/70 = 3.6, rounded up to 4; a link at 3x what the machine
+    carries asks for k = 3, below that; at 10 ms it is 1."""
+    from testbed.plan.run_plan import make_plan
+    from testbed.run import fit
+
+    plan = make_plan(load_experiment())
+    monkeypatch.setattr(fit, "real_stage_s", lambda exp, stage: 0.1)
+    need = fit.suggest_dilation(plan, cores=2, capacity_bps=plan.experiment.topology_spec.links[0].rate_bps // 3)
+    assert (need.k, round(need.compute_share, 3), round(need.link_load, 3)) == (4.0, 2.5, 3.0)
+    assert "k = 4 (compute 250% of its targets" in need.describe()
+    monkeypatch.setattr(fit, "real_stage_s", lambda exp, stage: 0.01)
+    assert fit.suggest_dilation(plan, cores=2).k == 1.0
+    assert fit.suggest_dilation(plan, cores=2, capacity_bps=10**6).k == 100.0  # 100 Mbit/s on 1 Mbit/s
