@@ -12,7 +12,7 @@ Goal: every figure within 2% of k = 1's (0.02 for the shares), or within the noi
 that is larger.
 
 Run as root: .venv/bin/python scripts/bench_dilation.py [--experiments default,sharing]
-[--dilations 1,2,4] [--repeat 2] [--iterations 6] [--record]
+[--dilations 1,2,4] [--repeat 2] [--iterations 6] [--congestion reno] [--record]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import json
 import statistics
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,7 +82,10 @@ def main() -> None:
     ap.add_argument("--dilations", default="1,2,4")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--iterations", type=int, default=6)
-    ap.add_argument("--record", action="store_true", help="write docs/results/dilation.json")
+    ap.add_argument(
+        "--congestion", help="the hosts' TCP congestion control for every experiment (default: the topology's)"
+    )
+    ap.add_argument("--record", action="store_true", help="write docs/results/dilation[_CONGESTION].json")
     args = ap.parse_args()
     at_commit = commit(REPO)
     ks = [float(k) for k in args.dilations.split(",")]
@@ -90,6 +94,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-dilation-") as tmp:
         for name in args.experiments.split(","):
             base = load_experiment(name).with_overrides(iterations=args.iterations)
+            if args.congestion:
+                base = replace(base, topology_spec=replace(base.topology_spec, tcp_congestion=args.congestion))
             first: dict[str, dict] = {}
             for k in ks:
                 exp = base.with_overrides(time_dilation=k)
@@ -143,7 +149,8 @@ def main() -> None:
         )
     if args.record:
         command = "sudo .venv/bin/python scripts/bench_dilation.py " + " ".join(sys.argv[1:])
-        print(record_result(REPO, "dilation", COLUMNS, rows, "scripts/bench_dilation.py", command, at_commit))
+        name = "dilation" + (f"_{args.congestion}" if args.congestion else "")
+        print(record_result(REPO, name, COLUMNS, rows, "scripts/bench_dilation.py", command, at_commit))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from testbed.results import analysis as A
 from testbed.results import link_counters as L
 from testbed.results.bubbletea_summary import bubbletea_stats
 from testbed.results.chrome_trace import chrome_trace
-from testbed.results.frame import in_frame, rows_in_frame, run_dilation, to_emulated_frame
 from testbed.results.plots import (
     grant_intervals,
     plot_bubble_predictions,
@@ -33,6 +32,7 @@ from testbed.spec.units import format_rate
 from testbed.trace import metrics as M
 from testbed.trace import schema as T
 from testbed.trace.events import read_events, read_link_counters
+from testbed.trace.frame import in_frame, rows_in_frame, run_dilation, to_emulated_frame
 from testbed.trace.jsonl import read_json_object, read_jsonl
 from testbed.trace.shaping_log import SHAPING_LOG
 
@@ -87,7 +87,7 @@ def finalize(run_dir: Path, aborted: bool = False) -> dict[str, Any]:
     k = run_dilation(config)
     summary = to_emulated_frame(summary, k)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    # the plots and the Chrome trace in the emulated frame too (results/frame.py)
+    # the plots and the Chrome trace in the emulated frame too (trace/frame.py)
     rates = in_frame(configured_rates(shaping, counters), k)  # the plots draw them where they changed
     ev = in_frame(ev, k)
     if not ev.empty:

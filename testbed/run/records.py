@@ -24,9 +24,9 @@ from testbed.errors import SpecError
 from testbed.net.network import LocalHosts, Network
 from testbed.plan.placement import WorkerSpec
 from testbed.plan.run_plan import PLANS_FILE, RunPlan, plan_record
-from testbed.results.frame import TIME_DILATION_KEY
 from testbed.spec.experiment import Experiment
 from testbed.trace import schema as T
+from testbed.trace.frame import TIME_DILATION_KEY
 from testbed.trace.jsonl import open_jsonl, write_row
 
 

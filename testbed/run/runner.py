@@ -196,7 +196,18 @@ def run_experiment(
 
 def warn_dilation(plan: RunPlan, dilation: float, progress: Callable[[str], Any]) -> None:
     """Say so where ``plan`` (dilated ``dilation`` times) still asks more of this machine's cores than
-    a representative run may (``fit.contended_share`` above ``fit.MAX_CONTENDED_SHARE``)."""
+    a representative run may (``fit.contended_share`` above ``fit.MAX_CONTENDED_SHARE``), and where
+    the pipelines' flows share links under CUBIC, whose window grows with real time, not the
+    dilated world's (docs/time-dilation.md: 3% slower at k = 2-4 on the sharing experiment; Reno,
+    clocked by ACKs alone, within 0.5%)."""
+    exp = plan.experiment
+    if exp.policy.sharing == "tcp" and exp.topology_spec.tcp_congestion in (None, "cubic"):
+        progress(
+            f"note: dilated x{dilation:g} with the links shared by TCP under "
+            f"{exp.topology_spec.tcp_congestion or 'the machine default (cubic on most)'}: CUBIC's window grows "
+            "with real time, not the dilated world's, so sharing may run a few percent slower than undilated "
+            "(docs/time-dilation.md); a topology's tcp_congestion: reno keeps it"
+        )
     share, _, _ = contended_share(plan)
     if share > MAX_CONTENDED_SHARE:
         need = math.ceil(dilation * share / MAX_CONTENDED_SHARE / DILATION_STEP) * DILATION_STEP

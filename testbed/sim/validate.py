@@ -28,6 +28,7 @@ from testbed.spec.wan_profile import WAN_PROFILE_FILE, WanProfile
 from testbed.trace import metrics as M
 from testbed.trace import schema as T
 from testbed.trace.events import read_events
+from testbed.trace.frame import to_real_frame
 from testbed.trace.jsonl import read_json_object
 
 #: figures compared as relative errors, and as absolute differences
@@ -44,7 +45,8 @@ MEASURED_STARTS, IN_STEP = "as measured", "in step"
 @dataclass(frozen=True)
 class MeasuredRun:
     """A finished run as the simulator takes it: its experiment (with its WAN profile where
-    ``links`` is ``MEASURED_LINKS``), its placement and its ``summary.json``."""
+    ``links`` is ``MEASURED_LINKS``), its placement and its ``summary.json``, in the real time the
+    run ran in (a dilated run's experiment and figures as they ran: ``trace/frame.py``)."""
 
     exp: Experiment
     workers: list[WorkerSpec]
@@ -59,7 +61,7 @@ def load_run(run_dir: Path, measured_links: bool = True) -> MeasuredRun:
     files = {}
     for name in ("config.json", "summary.json"):
         files[name] = read_json_object(run_dir / name, "give the folder of a finished run (testbed run ... --out DIR)")
-    config, summary = files["config.json"], files["summary.json"]
+    config, summary = files["config.json"], to_real_frame(files["summary.json"])  # as config.json ran
     try:
         exp = Experiment.from_dict(config)
         workers = [WorkerSpec(**w) for w in config["workers"]]

@@ -13,7 +13,7 @@ a link's bandwidth-delay product in packets stays the same). Shares and counts d
 What is not dilated: the kernel's TCP timers (minimum RTO 200 ms, delayed ACKs), gloo's own
 timeouts, per-packet CPU costs and unshaped links (an access link without ``intra_rate`` runs at
 the machine's speed), documented in docs/time-dilation.md. The reported figures go back to the
-emulated frame in ``results/frame.py``. Pure."""
+emulated frame in ``trace/frame.py``. Pure."""
 
 from __future__ import annotations
 

@@ -357,3 +357,8 @@ def test_a_run_dilated_twice_gives_the_undilated_runs_figures(default_run, tmp_p
     shaping = [json.loads(x) for x in (tmp_path / "shaping.jsonl").read_text().splitlines()]
     link_rates = {r["ceil_bps"] for r in shaping if r["event"] == "add" and r["classid"] == "1:1"}
     assert link_rates == {x.rate_bps // 2 for x in exp.topology_spec.links}
+    # the simulator takes the run as it ran: its experiment dilated, its figures back in real time
+    got = run_cli("sim", "--validate", str(tmp_path), "--json")
+    assert got.returncode == 0, got.stderr
+    figure = json.loads(got.stdout)["figures"]["iteration_time_s"]
+    assert figure["measured"] == pytest.approx(real_s, rel=1e-6) and abs(figure["error"]) <= 0.10, figure

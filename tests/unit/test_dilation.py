@@ -1,4 +1,4 @@
-"""Time dilation (``spec/dilation.py``, ``results/frame.py``): every duration an experiment sets
+"""Time dilation (``spec/dilation.py``, ``trace/frame.py``): every duration an experiment sets
 stretched by k and every rate divided by it, nothing else touched; and every reported figure
 taken back to the emulated frame by its unit."""
 
@@ -9,13 +9,13 @@ import dataclasses
 import pytest
 
 from testbed.errors import SpecError
-from testbed.results.frame import DURATIONS, RATES, REAL_TIME, RECORDS, run_dilation, to_emulated_frame
 from testbed.spec.compute import ComputeModel
 from testbed.spec.dilation import dilate_experiment, dilate_topology
 from testbed.spec.experiment_file import load_experiment
 from testbed.spec.link_profile import LinkState
 from testbed.spec.topology_file import parse_topology
 from testbed.trace import metrics as M
+from testbed.trace.frame import DURATIONS, RATES, REAL_TIME, RECORDS, run_dilation, to_emulated_frame
 
 
 def _topology():
@@ -144,3 +144,12 @@ def test_the_smallest_dilation_stretches_the_targets_past_the_machines_compute_a
     monkeypatch.setattr(fit, "real_stage_s", lambda exp, stage: 0.01)
     assert fit.suggest_dilation(plan, cores=2).k == 1.0
     assert fit.suggest_dilation(plan, cores=2, capacity_bps=10**6).k == 100.0  # 100 Mbit/s on 1 Mbit/s
+
+
+def test_a_summary_goes_back_to_real_time_for_the_simulator():
+    summary = {M.ITERATION_TIME_S: 2.0, M.TOKENS_PER_S: 40.0, M.GPU_UTILIZATION: 0.5, M.STARTUP_S: 3.0}
+    from testbed.trace.frame import to_real_frame
+
+    emulated = to_emulated_frame(summary, 4)
+    assert to_real_frame(emulated) == {**summary, M.TIME_DILATION: 4}
+    assert to_real_frame(summary) == {**summary, M.TIME_DILATION: 1.0}  # a run from before: as it is

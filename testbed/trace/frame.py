@@ -65,6 +65,19 @@ def to_emulated_frame(summary: dict[str, Any], k: float) -> dict[str, Any]:
     run dilated ``k`` times, with ``time_dilation`` set to ``k``. Raises ValueError for k < 1."""
     if not k >= 1:
         raise ValueError(f"time dilation {k!r}: a factor of 1 or more")
+    return {**_converted(summary, k), M.TIME_DILATION: k}
+
+
+def to_real_frame(summary: dict[str, Any]) -> dict[str, Any]:
+    """A ``summary.json`` back in the real time its run was measured in (its ``time_dilation``
+    undone; ``time_dilation`` kept): what the simulator, which models the run as it ran (its
+    ``config.json``), compares with."""
+    k = float(summary.get(M.TIME_DILATION) or 1.0)
+    return {**_converted(summary, 1 / k), M.TIME_DILATION: k}
+
+
+def _converted(summary: dict[str, Any], k: float) -> dict[str, Any]:
+    """``summary`` with its durations divided by ``k`` and its rates multiplied by it (module doc)."""
     units = {m.name: m.unit for m in M.METRICS}
     out: dict[str, Any] = {}
     for key, value in summary.items():
@@ -79,7 +92,6 @@ def to_emulated_frame(summary: dict[str, Any], k: float) -> dict[str, Any]:
             out[key] = _scaled(value, k)
         else:
             out[key] = value
-    out[M.TIME_DILATION] = k
     return out
 
 
