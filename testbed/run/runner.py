@@ -199,7 +199,7 @@ def warn_dilation(plan: RunPlan, dilation: float, progress: Callable[[str], Any]
     a representative run may (``fit.contended_share`` above ``fit.MAX_CONTENDED_SHARE``), and where
     the pipelines' flows share links under CUBIC, whose window grows with real time, not the
     dilated world's (docs/time-dilation.md: 3% slower at k = 2-4 on the sharing experiment; Reno,
-    clocked by ACKs alone, within 0.5%)."""
+    clocked by ACKs alone, within 0.8%)."""
     exp = plan.experiment
     if exp.policy.sharing == "tcp" and exp.topology_spec.tcp_congestion in (None, "cubic"):
         progress(
