@@ -93,7 +93,8 @@ class Controller:
         return self.link_rates.get(hop, self.net.plan.wan_ends[(hop.src, hop.dst)].link.rate_bps)
 
     def install(self) -> None:
-        """One class per pipeline on every crossed egress, all open (fair) until the first grant;
+        """One class per pipeline on every egress its traffic crosses, or may cross once a
+        ``failover`` link has failed (``_route_sets``), all open (fair) until the first grant;
         compile each grant: the granted class gets the link minus the others' floors, the others
         their floor (held, never starved), the old holders first so the link is never
         oversubscribed; with ``borrow`` every class may also use what the link has idle (HTB ceil

@@ -14,6 +14,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "sudo testbed topo check two_dc",
         "sudo testbed topo check three_dc --json --attempts 2",
         "sudo testbed topo check three_dc_day --profile --duration 30",
+        "sudo testbed topo check two_dc_10g --dilation 10",
     ),
     "topo up": ("sudo testbed topo up two_dc",),
     "topo regions": (
@@ -25,6 +26,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "sudo testbed run",
         "sudo testbed run four_dc --policy atlas+bubbletea --iterations 16",
         "sudo testbed run four_dc --schedule zb-h1 --policy atlas",
+        "sudo testbed run --dilation 4",
     ),
     "compare": ("sudo testbed compare --policies pp-fair,atlas --repeat 3", "sudo testbed compare sharing --ablation"),
     "plan": ("testbed plan", "testbed plan four_dc --grants", "testbed plan sharing_burst --grants"),
