@@ -71,10 +71,15 @@ def test_loss_jitter_and_access_links(tmp_path, clean_machine):
         "impaired",
     )
     with make_network(spec, out_dir=tmp_path) as net:
-        report = check_fidelity(net, **SHORT)
-        _assert_report_ok(report)
-        assert report["links"][0]["measured_loss_pct"] is not None
-        assert report["links"][0]["expected_rtt_ms"] == 2 * (1 + 15)
+        # one direction (the other's delay element and loss rule are the same code with the same
+        # figures; three_dc's fidelity test measures both directions of every link): a failing
+        # measurement taken again once, as SHORT's attempts
+        args = {k: v for k, v in SHORT.items() if k != "attempts"}
+        link = check_direction(net, "a", "b", **args)
+        if not link.ok:
+            link = check_direction(net, "a", "b", **args)
+        assert link.ok, link.to_dict()
+        assert link.measured_loss_pct is not None and link.expected_rtt_ms == 2 * (1 + 15)
         # two hosts of one DC are two access links apart: RTT 4 x 1 ms
         from testbed.net.fidelity import measure_rtt_ms, rtt_within
 

@@ -58,8 +58,13 @@ def test_a_link_goes_down_and_comes_back_on_command(tmp_path):
         unknown = run_cli("link", "down", "east:north")
         assert unknown.returncode == 1 and "its links are east:west" in unknown.stderr
         log = [json.loads(x) for x in (tmp_path / "shaping.jsonl").read_text().splitlines()]
-        changes = [(r["event"], r["link"]) for r in log if r["event"].startswith("link_")]
-        assert changes == [("link_down", "east:west"), ("link_up", "east:west")]
+        changes = [(r["event"], r["link"], r.get("rate_bps")) for r in log if r["event"].startswith("link_")]
+        assert changes == [
+            ("link_down", "east:west", None),
+            ("link_up", "east:west", None),
+            ("link_rate", "east:west", 30_000_000),  # what a run's controllers follow (run/link_replan.py)
+            ("link_rate", "east:west", 100_000_000),
+        ]
         rates = [(r["netns"], r["classid"], r["rate_bps"]) for r in log if r["event"] == "change"]
         assert len(rates) == 8 and {r for _, _, r in rates} == {30_000_000, 100_000_000}
     finally:
