@@ -115,6 +115,7 @@ def aggregate(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         "steps": steps,
         "prefill_alone": measured_alone_shares(stats),
         "sched": sched_totals(runs),
+        M.TIME_DILATION: sorted({float(s.get(M.TIME_DILATION) or 1) for ss in runs.values() for s in ss}),
     }
 
 
@@ -182,6 +183,11 @@ def format_comparison(result: dict[str, Any]) -> str:
         f"{'policy':<{w}} {'iteration s':>12} {'tokens/s':>10} {'GPU util':>9} {'bubble':>7}  spread (iteration time)"
     )
     lines = [head]
+    dilations = [k for k in result.get(M.TIME_DILATION, []) if k != 1]
+    if dilations:
+        lines.insert(
+            0, f"(every figure in the emulated frame: the runs went {', '.join(f'{k:g}' for k in dilations)}x slower)"
+        )
     for policy, st in stats.items():
         sp = st[M.ITERATION_TIME_S]["spread"]
         lines.append(

@@ -70,7 +70,14 @@ def _shade_down(axes: list[Any], drawn: pd.DataFrame, t0_ns: int, unit_ns: float
             ax.axvspan((start - t0_ns) / unit_ns, (end - t0_ns) / unit_ns, label=label, **DOWN_STYLE)
 
 
-def plot_timeline(ev: pd.DataFrame, path: Path, warmup: int, rates: pd.DataFrame | None = None) -> None:
+def frame_note(dilation: float) -> str:
+    """What an axis of a dilated run's plot says of its time (``trace/frame.py``): nothing at 1."""
+    return "" if dilation == 1 else f", emulated: the run went {dilation:g}x slower"
+
+
+def plot_timeline(
+    ev: pd.DataFrame, path: Path, warmup: int, rates: pd.DataFrame | None = None, dilation: float = 1.0
+) -> None:
     """Each worker's operations over the last two iterations (one row per worker). Where ``rates``
     (``wan_changes.configured_rates``) changed within those iterations, a panel below with each
     changed link direction's configured rate, outages shaded across both; where they changed only
@@ -140,7 +147,7 @@ def plot_timeline(ev: pd.DataFrame, path: Path, warmup: int, rates: pd.DataFrame
         workers, [f"w{w} s{labels.loc[w, T.STAGE]} r{labels.loc[w, T.REPLICA]} {labels.loc[w, T.DC]}" for w in workers]
     )
     ax.invert_yaxis()
-    xlabel = f"time (ms) from the start of iteration {first}"
+    xlabel = f"time (ms{frame_note(dilation)}) from the start of iteration {first}"
     what = "microbatch, v: virtual stage" if several else "microbatch"
     title = f"pipeline timeline (numbers: {what}; prefill chunks in yellow under BubbleTea)"
     ax.set_title(title + (f"\nconfigured rates over these iterations (changed at other times): {held}" if held else ""))
@@ -161,7 +168,7 @@ def plot_timeline(ev: pd.DataFrame, path: Path, warmup: int, rates: pd.DataFrame
     plt.close(fig)
 
 
-def plot_links(lu: pd.DataFrame, path: Path, rates: pd.DataFrame | None = None) -> None:
+def plot_links(lu: pd.DataFrame, path: Path, rates: pd.DataFrame | None = None, dilation: float = 1.0) -> None:
     """Each WAN link direction's utilization (``link_counters.link_utilization``: its share of the
     rate in force) over the sampled time; where ``rates`` (``wan_changes.configured_rates``)
     changed during the run, a panel below with each changed direction's configured rate (dashed)
@@ -187,7 +194,7 @@ def plot_links(lu: pd.DataFrame, path: Path, rates: pd.DataFrame | None = None) 
         colors[str(link)] = ax.plot(g["t_s"], g["utilization"], label=link, linewidth=0.8)[0].get_color()
     if idle:
         ax.text(0.01, 0.95, "no traffic: " + ", ".join(idle), transform=ax.transAxes, fontsize=7, va="top")
-    xlabel = "time (s) since the first sample (the network was up; workers were starting)"
+    xlabel = f"time (s{frame_note(dilation)}) since the first sample (the network was up; workers were starting)"
     ax.set_ylabel("share of link rate")
     ax.set_ylim(0, 1.1)
     ax.set_title("WAN link utilization")
@@ -225,7 +232,7 @@ def grant_intervals(log: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["link", "replica", "start_ns", "end_ns", "sent_bytes"])
 
 
-def plot_link_grants(grants: pd.DataFrame, ev: pd.DataFrame, path: Path, warmup: int) -> None:
+def plot_link_grants(grants: pd.DataFrame, ev: pd.DataFrame, path: Path, warmup: int, dilation: float = 1.0) -> None:
     """One WAN link direction (the one with the most grants) over the last measured iteration: which
     pipeline held it when (one row per replica), labelled with the bytes it sent under each grant."""
     if grants.empty or ev.empty or not (ev[T.KIND] == T.OPTIMIZER).any():
@@ -252,14 +259,14 @@ def plot_link_grants(grants: pd.DataFrame, ev: pd.DataFrame, path: Path, warmup:
         if row["sent_bytes"] is not None and not pd.isna(row["sent_bytes"]):
             ax.text(start, y + 0.35, f"{int(row['sent_bytes']) // 1024} KiB", fontsize=6)
     ax.set_yticks(range(len(replicas)), [f"pipeline {r}" for r in replicas])
-    ax.set_xlabel(f"ms into iteration {last} (from iteration {last - 1}'s first optimizer end)")
+    ax.set_xlabel(f"ms{frame_note(dilation)} into iteration {last} (from iteration {last - 1}'s first optimizer end)")
     ax.set_title(f"Atlas grants on {link}: who held the link, and the bytes each grant carried")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def plot_bubble_predictions(ev: pd.DataFrame, path: Path, warmup: int) -> None:
+def plot_bubble_predictions(ev: pd.DataFrame, path: Path, warmup: int, dilation: float = 1.0) -> None:
     """BubbleTea's slot predictions against the bubbles observed, from the wait events that carry
     one (``T.PREDICTED_BUBBLE_NS`` beside ``T.BUBBLE_NS``, written as the workers ran): on the left
     the last measured iteration, one row per worker, each predicted window (outline) over the
@@ -297,7 +304,7 @@ def plot_bubble_predictions(ev: pd.DataFrame, path: Path, warmup: int) -> None:
     labels = ev.groupby(T.WORKER)[[T.STAGE, T.REPLICA]].first()
     ax.set_yticks(range(len(workers)), [f"w{x} s{labels.loc[x, T.STAGE]} r{labels.loc[x, T.REPLICA]}" for x in workers])
     ax.invert_yaxis()
-    ax.set_xlabel(f"time (ms) from the start of iteration {last}")
+    ax.set_xlabel(f"time (ms{frame_note(dilation)}) from the start of iteration {last}")
     ax.set_title(f"iteration {last}: each filled wait's predicted bubble over the one observed")
     ax.legend(fontsize=7, loc="lower right")
     pred, seen = w[T.PREDICTED_BUBBLE_NS] / 1e6, w[T.BUBBLE_NS] / 1e6
@@ -306,7 +313,7 @@ def plot_bubble_predictions(ev: pd.DataFrame, path: Path, warmup: int) -> None:
     sc.scatter(seen, pred, s=6, color=COLORS[T.FORWARD])
     sc.text(0.03, 0.97, "over-predicted", transform=sc.transAxes, fontsize=7, va="top")
     sc.text(0.97, 0.03, "under-predicted", transform=sc.transAxes, fontsize=7, ha="right")
-    sc.set_xlabel("observed bubble (ms)")
+    sc.set_xlabel(f"observed bubble (ms{frame_note(dilation)})")
     sc.set_ylabel("predicted (ms)")
     sc.set_title(f"{len(w)} waits of iterations {warmup}-{last}", fontsize=9)
     fig.tight_layout()

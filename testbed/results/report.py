@@ -92,12 +92,12 @@ def finalize(run_dir: Path, aborted: bool = False) -> dict[str, Any]:
     ev = in_frame(ev, k)
     if not ev.empty:
         (run_dir / "trace.json").write_text(json.dumps(chrome_trace(ev, rows_in_frame(shaping, k))))
-        plot_timeline(ev, run_dir / "timeline.png", config["warmup_iterations"], rates)
-        plot_bubble_predictions(ev, run_dir / "bubble_prediction.png", config["warmup_iterations"])
-    plot_links(in_frame(L.link_utilization(counters), k), run_dir / "wan_utilization.png", rates)
+        plot_timeline(ev, run_dir / "timeline.png", config["warmup_iterations"], rates, k)
+        plot_bubble_predictions(ev, run_dir / "bubble_prediction.png", config["warmup_iterations"], k)
+    plot_links(in_frame(L.link_utilization(counters), k), run_dir / "wan_utilization.png", rates, k)
     if (run_dir / "controller.jsonl").exists() and not ev.empty:
         grants = in_frame(grant_intervals(read_jsonl(run_dir / "controller.jsonl")), k)
-        plot_link_grants(grants, ev, run_dir / "link_grants.png", config["warmup_iterations"])
+        plot_link_grants(grants, ev, run_dir / "link_grants.png", config["warmup_iterations"], k)
     return summary
 
 

@@ -153,3 +153,16 @@ def test_a_summary_goes_back_to_real_time_for_the_simulator():
     emulated = to_emulated_frame(summary, 4)
     assert to_real_frame(emulated) == {**summary, M.TIME_DILATION: 4}
     assert to_real_frame(summary) == {**summary, M.TIME_DILATION: 1.0}  # a run from before: as it is
+
+
+def test_plots_and_comparisons_say_their_time_is_the_emulated_frame():
+    from testbed.results.compare import aggregate, format_comparison
+    from testbed.results.plots import frame_note
+
+    assert frame_note(1) == "" and frame_note(4) == ", emulated: the run went 4x slower"
+    run = {M.ITERATION_TIME_S: 1.0, M.TOKENS_PER_S: 10.0, M.GPU_UTILIZATION: 0.5, M.BUBBLE_FRACTION: 0.5}
+    dilated = aggregate({"pp-fair": [{**run, M.TIME_DILATION: 4.0}], "atlas": [{**run, M.TIME_DILATION: 4.0}]})
+    assert dilated[M.TIME_DILATION] == [4.0]
+    assert format_comparison(dilated).startswith("(every figure in the emulated frame: the runs went 4x slower)")
+    plain = aggregate({"pp-fair": [run], "atlas": [run]})  # summaries from before dilation: 1
+    assert plain[M.TIME_DILATION] == [1.0] and format_comparison(plain).startswith("policy")
