@@ -51,9 +51,9 @@ def _record(value: Any, k: float) -> Any:
         return value
     out = {}
     for key, v in value.items():
-        if key.endswith(("_s", "_ms", "_us")) and not key.endswith("_per_s"):
+        if _is_duration(key):
             out[key] = _scaled(v, 1 / k)
-        elif key.endswith(("_bps", "_per_s")):
+        elif _is_rate(key):
             out[key] = _scaled(v, k)
         else:
             out[key] = _record(v, k)
