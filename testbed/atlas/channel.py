@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from typing import Any
+
+from testbed.trace.clock import now_ns
 
 READY, RECV, DONE, STOP, REPLAN = "ready", "recv", "done", "stop", "replan"
 #: where the runner writes a new plan for ``replan`` (beside the controller's log)
@@ -33,8 +34,8 @@ MAX_MESSAGE_BYTES = 512
 def encode_message(
     ev: str, src: int = -1, dst: int = -1, it: int = -1, mb: int = -1, t: int | None = None, vs: int = -1
 ) -> bytes:
-    """One control datagram; ``t``: when it was sent (CLOCK_MONOTONIC ns; the controller, on the
-    same machine, uses it instead of when it read the datagram); ``vs``: the boundary's virtual stage
+    """One control datagram; ``t``: when it was sent (the run's clock, ``trace/clock.py``: the
+    controller uses it instead of when it read the datagram); ``vs``: the boundary's virtual stage
     (written where not -1)."""
     msg: dict[str, Any] = {"ev": ev, "src": src, "dst": dst, "it": it, "mb": mb}
     if vs != -1:
@@ -70,10 +71,11 @@ class ControlClient:
             self.sock.setblocking(False)
 
     def send(self, ev: str, src: int, dst: int, it: int, mb: int, vs: int = -1) -> None:
-        """Say ``ev`` of the transfer (``src``, ``dst``, ``it``, ``mb``, ``vs``), stamped now."""
+        """Say ``ev`` of the transfer (``src``, ``dst``, ``it``, ``mb``, ``vs``), stamped now (the
+        run's clock: on another machine, corrected by its offset)."""
         if self.sock is None or self.path is None:
             return
         try:
-            self.sock.sendto(encode_message(ev, src, dst, it, mb, time.monotonic_ns(), vs), self.path)
+            self.sock.sendto(encode_message(ev, src, dst, it, mb, now_ns(), vs), self.path)
         except OSError:
             pass

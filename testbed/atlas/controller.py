@@ -18,6 +18,11 @@ both messages have come); the receiver says ``done`` when the data has arrived. 
 for the controller; if it dies, ``fall_back`` opens every class to the full rate (fair sharing by
 TCP) and the run says so; the runner does the same if the process is killed.
 
+Across machines (``net.shaping`` a ``RelayedControl``: the remote backend) the controller still
+runs here and decides every grant; its socket is UDP on the management network, which a relay on
+each machine feeds with its workers' datagrams (bound at the same path there), and a grant goes to
+the relay of the machine holding its link (``net/remote/control_relay.py``).
+
 Parts: ``grants.py`` (the pure grant logic), ``channel.py`` (the workers' messages),
 ``switch.py`` (applying a grant), ``controller_process.py`` (the loop in its own process).
 """
@@ -37,7 +42,7 @@ from testbed.atlas.classes import CLASS_BASE, floor_bps
 from testbed.atlas.grants import FLOOR_SHARE, NEVER, Hop, boundary_paths
 from testbed.atlas.switch import GrantSwitch
 from testbed.atlas.timing import HopTiming, timing_to_json
-from testbed.net.network import Network, require_live_shaping
+from testbed.net.network import Network, RelayedControl, require_live_shaping
 from testbed.plan.grant_plan import GrantPlan, granted_class_bps
 from testbed.plan.virtual_stages import home_boundaries
 from testbed.plan.workers import WorkerSpec
@@ -82,6 +87,8 @@ class Controller:
         self.switch: GrantSwitch | None = None
         self.proc = None
         self._sock: socket.socket | None = None
+        #: the machines' relays (``RelayedControl.open_control``), where the links are on other machines
+        self.relays: dict | None = None
         self._stopping = False
         self._failure: str | None = None
         #: link rates changed since the topology's (a link profile's step), by hop
@@ -99,6 +106,8 @@ class Controller:
         their floor (held, never starved), the old holders first so the link is never
         oversubscribed; with ``borrow`` every class may also use what the link has idle (HTB ceil
         at the link rate; the granted class, within its rate, is served first)."""
+        if isinstance(self.shaping, RelayedControl):  # the relays first: the switch sends grants through them
+            self._sock, self.relays = self.shaping.open_control()
         pairs: dict[tuple[Hop, int], list[tuple[str, str]]] = {}
         for routes in self._route_sets():
             for (s, d), hops in self._paths(routes).items():
@@ -110,7 +119,7 @@ class Controller:
             rate_bps = self.link_rate_bps(hop)
             self.shaping.add_wan_class(hop.src, hop.dst, CLASS_BASE + replica, rate_bps, rate_bps, host_pairs)
         self._pairs = pairs
-        self.switch = GrantSwitch(self._compile(), self.log_path, self.shaping.shaping_log_path)
+        self.switch = GrantSwitch(self._compile(), self.log_path, self.shaping.shaping_log_path, self.relays)
 
     def _paths(self, routes: RoutingTable) -> dict[tuple[int, int], list[Hop]]:
         """Each (sender, receiver) pair's WAN egresses under ``routes``."""
@@ -167,11 +176,13 @@ class Controller:
         return self.switch.apply(hop, replica, t_ready_ns)
 
     def start(self) -> None:
-        """Bind the control socket and start the controller process."""
-        self.sock_path.unlink(missing_ok=True)
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._sock.bind(str(self.sock_path))
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        """Bind the control socket (across machines: ``install`` opened it) and start the
+        controller process."""
+        if self._sock is None:
+            self.sock_path.unlink(missing_ok=True)
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._sock.bind(str(self.sock_path))
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
         timing = HopTiming.from_plan(self.grant_plan, TCP_GOODPUT_FRACTION) if self.grant_plan else {}
         plan = {
             "switch": self.switch.to_json(),
@@ -186,6 +197,7 @@ class Controller:
             **self.hops_json(self.net.routes),
             "timing": timing_to_json(timing),
             "fd": self._sock.fileno(),
+            **({"relays": self.relays} if self.relays else {}),
         }
         plan_path = self.log_path.with_name("controller_plan.json")
         write_json_atomic(plan_path, plan)  # readers (tools, tests) may open it while it is written
@@ -233,9 +245,17 @@ class Controller:
         write_json_atomic(self.log_path.with_name(REPLAN_FILE), data)
         self.grant_plan = plan
         try:
-            self._sock.sendto(encode_message(REPLAN), str(self.sock_path))
+            self._notify(encode_message(REPLAN))
         except OSError:  # a dead controller is reported by poll_failure
             pass
+
+    def _notify(self, data: bytes) -> None:
+        """Send the controller process a message of the runner's (``stop``, ``replan``) on its own socket."""
+        assert self._sock is not None
+        if self.relays:  # UDP across machines: framed with the run's token like the relays' forwards
+            self._sock.sendto(bytes.fromhex(self.relays["token"]) + data, ("127.0.0.1", self._sock.getsockname()[1]))
+        else:
+            self._sock.sendto(data, str(self.sock_path))
 
     def poll_failure(self) -> str | None:
         """If the controller process has died during the run, open every class (fair sharing; the
@@ -259,7 +279,7 @@ class Controller:
         self._stopping = True
         if self.proc is not None and self.proc.poll() is None:
             try:
-                self._sock.sendto(encode_message(STOP), str(self.sock_path))
+                self._notify(encode_message(STOP))
                 self.proc.wait(timeout=2)
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.terminate()

@@ -61,8 +61,9 @@ def serve_messages(
         loop.tick(t)
 
 
-def socket_recv(sock: socket.socket) -> Callable[[int, float | None], bytes | None]:
-    """``serve_messages``'s ``recv`` over a datagram socket."""
+def socket_recv(sock: socket.socket, token: bytes = b"") -> Callable[[int, float | None], bytes | None]:
+    """``serve_messages``'s ``recv`` over a datagram socket; with ``token`` (UDP across machines),
+    a datagram that does not start with it is dropped and the token taken off the others."""
 
     sock.setblocking(False)
 
@@ -72,9 +73,12 @@ def socket_recv(sock: socket.socket) -> Callable[[int, float | None], bytes | No
         if not readable:
             return None
         try:
-            return sock.recv(size)
+            data = sock.recv(size + len(token))
         except BlockingIOError:
             return None
+        if token:
+            return data[len(token) :] if data[: len(token)] == token else None
+        return data
 
     return recv
 
@@ -88,11 +92,17 @@ def serve(plan_path: str) -> None:
     die_with_parent()
     name_this_thread(task_names.CONTROLLER)
     _raise_priority()
-    switch = GrantSwitch(GrantSwitch.batches_from_json(plan["switch"]), Path(plan["log"]), Path(plan["shaping_log"]))
+    relays = plan.get("relays")
+    switch = GrantSwitch(
+        GrantSwitch.batches_from_json(plan["switch"]), Path(plan["log"]), Path(plan["shaping_log"]), relays
+    )
     loop = grant_loop_from_plan(plan, switch)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM, fileno=plan["fd"])  # bound by the runner
+    family = socket.AF_INET if relays else socket.AF_UNIX
+    sock = socket.socket(family, socket.SOCK_DGRAM, fileno=plan["fd"])  # bound by the runner
+    token = bytes.fromhex(relays["token"]) if relays else b""
+    handled = 0
     try:
-        serve_messages(loop, socket_recv(sock), replan_path=Path(plan["log"]).with_name(REPLAN_FILE))
+        handled = serve_messages(loop, socket_recv(sock, token), replan_path=Path(plan["log"]).with_name(REPLAN_FILE))
     except BaseException as e:  # noqa: BLE001 - any failure must fall back, never deadlock
         Path(plan["error_file"]).write_text(repr(e))
         for hop in switch.batches:
@@ -102,6 +112,12 @@ def serve(plan_path: str) -> None:
                 break
         switch.close()
         sys.exit(1)
+    switch.end(
+        messages=handled,
+        deadline_releases=loop.deadline_releases,
+        expired=loop.rendezvous.expired,
+        repeated=loop.rendezvous.repeated,
+    )
     switch.close()
 
 

@@ -1,8 +1,9 @@
 """The two reports of each WAN transfer, paired: the sender's ``ready`` and the receiver's ``recv``
 (``channel.py``). A transfer is ready once both have come; one whose other report was lost counts
-as ready once its first has waited its expiry; transfers done are remembered (the last
-``DONE_MEMORY``), so that a late or repeated report about one is ignored. Pure bookkeeping; times
-are CLOCK_MONOTONIC ns."""
+as ready once its first has waited its expiry; transfers paired and transfers done are remembered
+(the last ``DONE_MEMORY`` of each), so that a late or repeated report about one is ignored (a
+control message duplicated on its way, as a relay across machines may: ``net/remote/control_relay.py``).
+Pure bookkeeping; times are CLOCK_MONOTONIC ns."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ class Rendezvous:
     def __init__(self) -> None:
         self.half: dict[TransferKey, dict[str, int]] = {}
         self._done: OrderedDict[TransferKey, None] = OrderedDict()
+        self._paired: OrderedDict[TransferKey, None] = OrderedDict()
+        #: reports ignored because their transfer was already paired (repeated messages)
+        self.repeated = 0
         #: transfers taken as ready because their other report never came
         self.expired = 0
 
@@ -29,13 +33,22 @@ class Rendezvous:
 
     def report(self, key: TransferKey, ev: str, t_ns: int) -> tuple[int, int] | None:
         """Record ``ev`` (READY or RECV) of ``key`` at ``t_ns``; (sender's time, receiver's time)
-        once both have come, else None."""
+        once both have come, else None (also for a report of a transfer already paired)."""
+        if key in self._paired:
+            self.repeated += 1
+            return None
         sides = self.half.setdefault(key, {})
         sides[ev] = t_ns
         if len(sides) < 2:
             return None
         del self.half[key]
+        self._pair(key)
         return sides[READY], sides[RECV]
+
+    def _pair(self, key: TransferKey) -> None:
+        self._paired[key] = None
+        if len(self._paired) > DONE_MEMORY:
+            self._paired.popitem(last=False)
 
     def finish(self, key: TransferKey) -> None:
         """``key`` is done: forget its half, remember it as done."""
@@ -53,6 +66,7 @@ class Rendezvous:
             first = min(sides.values())
             if t_ns - first >= expiry_ns(key):
                 del self.half[key]
+                self._pair(key)
                 self.expired += 1
                 out.append((key, sides.get(READY, first), sides.get(RECV, first)))
         return out

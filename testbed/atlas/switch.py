@@ -1,6 +1,9 @@
 """Applying Atlas's grants in the kernel: each grant, compiled ahead into one netlink buffer, is
 sent in one system call on a plain rtnetlink socket in the link's router namespace, and logged
-(``controller.jsonl``, and one ``shaping.jsonl`` line per changed class)."""
+(``controller.jsonl``, and one ``shaping.jsonl`` line per changed class). A grant compiled on
+another machine (``--backend remote``: its batch names its ``machine``) is sent to that machine's
+control relay, which sends it there in one system call and answers
+(``net/remote/control_relay.py``)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from pathlib import Path
 
 from testbed.atlas.classes import CLASS_BASE
 from testbed.net import rtnl_raw
+from testbed.net.remote.control_relay import RelayClient
 from testbed.net.shaping import ROOT_HANDLE
 from testbed.plan.grant_plan import Hop
 from testbed.trace.jsonl import open_jsonl, write_row
@@ -22,14 +26,31 @@ class GrantSwitch:
     the hop's router namespace. Every applied grant is a line of ``controller.jsonl`` and one line
     per changed class of ``shaping.jsonl``.
 
-    ``batches``: ``{hop: {replica or "open": {"netns", "ifname", "data", "classes"}}}``, as made by
-    ``LiveShaping.compile_wan_class_rates`` ("open": every class at the full rate, fair sharing)."""
+    ``batches``: ``{hop: {replica or "open": {"netns", "ifname", "ifindex", "data", "classes"[,
+    "machine"]}}}``, as made by ``LiveShaping.compile_wan_class_rates`` ("open": every class at the
+    full rate, fair sharing). ``relays``: ``RelayedControl.open_control``'s description of the
+    machines' relays, for batches that name a machine.
 
-    def __init__(self, batches: dict[Hop, dict], log_path: Path, shaping_log_path: Path) -> None:
+    A grant's ``controller.jsonl`` line has when it was decided (``t_decided_ns``) and when the
+    kernel acknowledged it (``t_applied_ns``); across machines also the machine and when its
+    relay's answer came back here (``t_acked_ns``), the applied time being the relay's, corrected
+    into this machine's clock (``clock.py``)."""
+
+    def __init__(
+        self, batches: dict[Hop, dict], log_path: Path, shaping_log_path: Path, relays: dict | None = None
+    ) -> None:
         self.batches = batches
         self.log = open_jsonl(log_path)
         self.shaping_log = open_jsonl(shaping_log_path)
         self._socks: dict[str, socket.socket] = {}
+        self.relays = relays or {}
+        self._clients: dict[str, RelayClient] = {}
+
+    def _client(self, machine: str) -> RelayClient:
+        if machine not in self._clients:
+            r = self.relays["relays"][machine]
+            self._clients[machine] = RelayClient(machine, (r["addr"], r["port"]), bytes.fromhex(self.relays["token"]))
+        return self._clients[machine]
 
     def _sock(self, netns: str) -> socket.socket:
         if netns not in self._socks:
@@ -40,9 +61,15 @@ class GrantSwitch:
         """Apply one compiled grant (``replica``, or "open"); returns CLOCK_MONOTONIC ns when the
         kernel had acknowledged every class change."""
         b = self.batches[hop][replica]
-        t0 = time.monotonic_ns()
-        rtnl_raw.send_batch(self._sock(b["netns"]), b["data"], len(b["classes"]))
-        t1 = time.monotonic_ns()
+        where: dict = {}
+        if "machine" in b:  # on another machine, through its relay
+            t_applied, t0 = self._client(b["machine"]).apply(b["netns"], b["ifindex"], b["data"], len(b["classes"]))
+            t1 = time.monotonic_ns()
+            where = {"machine": b["machine"], "t_acked_ns": t1}
+        else:
+            t0 = time.monotonic_ns()
+            rtnl_raw.send_batch(self._sock(b["netns"]), b["data"], len(b["classes"]))
+            t1 = t_applied = time.monotonic_ns()
         for classid, rate, ceil in b["classes"]:
             write_row(
                 self.shaping_log,
@@ -53,12 +80,14 @@ class GrantSwitch:
             {
                 "event": event,
                 "t_ready_ns": t_ready_ns or t0,
-                "t_applied_ns": t1,
+                "t_decided_ns": t0,
+                "t_applied_ns": t_applied,
                 "link": f"{hop.src}->{hop.dst}",
                 "replica": replica,
+                **where,
             },
         )
-        return t1
+        return t_applied
 
     def relink(self, batches: dict[Hop, dict]) -> None:
         """Every grant compiled again (the links' rates changed): ``batches`` replaces them."""
@@ -97,18 +126,41 @@ class GrantSwitch:
                 "held_ns": held_ns,
                 "sent_bytes": sent_bytes,
                 "rate_bps": rate_bps,
+                **self._counter_age(hop, replica),
             },
         )
+
+    def _counter_age(self, hop: Hop, replica: int) -> dict:
+        """Across machines: how old the class's last byte count was when it arrived here (ns)."""
+        b = self.batches.get(hop, {}).get(replica)
+        if b is None or "machine" not in b or b["machine"] not in self._clients:
+            return {}
+        return {"counter_age_ns": self._clients[b["machine"]].last_age_ns}
 
     def class_bytes(self, hop: Hop, replica: int) -> int:
         """Bytes ``replica``'s class on ``hop`` has sent (its HTB byte counter, read now)."""
         b = self.batches[hop][replica]
-        return rtnl_raw.class_tx_bytes(self._sock(b["netns"]), b["ifindex"], ROOT_HANDLE | (CLASS_BASE + replica))
+        classid = ROOT_HANDLE | (CLASS_BASE + replica)
+        if "machine" in b:
+            return self._client(b["machine"]).class_bytes(b["netns"], b["ifindex"], classid)
+        return rtnl_raw.class_tx_bytes(self._sock(b["netns"]), b["ifindex"], classid)
+
+    def end(self, **counts: int) -> None:
+        """Log the grant loop's counts at its end (a ``loop_end`` line: messages handled, grants
+        released at their deadline, transfers taken as ready once their other report was lost,
+        reports repeated), with the requests sent again to the machines' relays."""
+        resent = sum(c.resent for c in self._clients.values())
+        write_row(
+            self.log, {"event": "loop_end", "t_ns": time.monotonic_ns(), **counts, "relay_requests_resent": resent}
+        )
 
     def close(self) -> None:
         for s in self._socks.values():
             s.close()
         self._socks.clear()
+        for c in self._clients.values():
+            c.close()
+        self._clients.clear()
         self.log.close()
         self.shaping_log.close()
 

@@ -17,6 +17,7 @@ delay element) interrupts the main thread and is raised from ``check_alive`` and
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import threading
 from collections.abc import Sequence
@@ -84,6 +85,16 @@ class LiveShaping(Protocol):
     def wan_tc_argv(self, src_dc: str, dst_dc: str) -> list[list[str]]: ...
 
     def start_helper(self, argv: Sequence[str], what: str, **kwargs: Any) -> subprocess.Popen: ...
+
+
+@runtime_checkable
+class RelayedControl(Protocol):
+    """Live shaping whose links are on other machines (the remote backend): the controller's
+    control channel is a UDP socket here, which each machine's relay feeds with its workers'
+    datagrams, and a grant goes to the relay of the machine that holds its link
+    (``net/remote/control_relay.py``)."""
+
+    def open_control(self, faults: str | None = None) -> tuple[socket.socket, dict[str, Any]]: ...
 
 
 @runtime_checkable

@@ -264,9 +264,14 @@ def grant_figures(log: list[dict]) -> dict:
       bytes that went slower than planned);
     - ``link_busy_during_grants``: what the granted classes sent over what their links could have
       carried while held (planned grants, whose releases carry ``sent_bytes``).
+    - ``grant_apply``: the controller's decision to the kernel's acknowledgement on the link's
+      machine (grants sent to the kernel, not those kept);
+    - ``grant_round_trip``: across machines, the decision to the relay's answer back here.
     Each time as p50 and p99; None when there are no such intervals."""
     grants = [r for r in log if r.get("event", "grant") == "grant"]
     lat = pd.Series([(r["t_applied_ns"] - r["t_ready_ns"]) / 1e6 for r in grants], dtype=float)
+    applied = [(r["t_applied_ns"] - r["t_decided_ns"]) / 1e6 for r in grants if "t_decided_ns" in r]
+    round_trip = [(r["t_acked_ns"] - r["t_decided_ns"]) / 1e6 for r in grants if "t_acked_ns" in r]
     handover, idle = [], []
     by_link: dict[str, list[dict]] = {}
     for r in log:
@@ -297,6 +302,10 @@ def grant_figures(log: list[dict]) -> dict:
         M.LINK_BUSY_DURING_GRANTS: busy,
         M.GRANT_LATENCY_P50_MS: q(lat, 0.5),
         M.GRANT_LATENCY_P99_MS: q(lat, 0.99),
+        M.GRANT_APPLY_P50_MS: q(applied, 0.5),
+        M.GRANT_APPLY_P99_MS: q(applied, 0.99),
+        M.GRANT_ROUND_TRIP_P50_MS: q(round_trip, 0.5),
+        M.GRANT_ROUND_TRIP_P99_MS: q(round_trip, 0.99),
         M.HANDOVER_GAP_P50_MS: q(handover, 0.5),
         M.HANDOVER_GAP_P99_MS: q(handover, 0.99),
         M.IDLE_BETWEEN_GRANTS_P50_MS: q(idle, 0.5),

@@ -26,7 +26,7 @@ from testbed.results.plots import (
     plot_timeline,
 )
 from testbed.results.sched_summary import sched_stats
-from testbed.results.summary import grant_stats, slice_stats, summarize
+from testbed.results.summary import grant_stats, machine_stats, slice_stats, summarize
 from testbed.results.wan_changes import configured_rates, outages, profile_phases
 from testbed.spec.units import format_rate
 from testbed.trace import metrics as M
@@ -78,6 +78,7 @@ def finalize(run_dir: Path, aborted: bool = False) -> dict[str, Any]:
     summary = summarize(A.training_events(ev) if not ev.empty else ev, config, env, counters, aborted)
     summary.update(grant_stats(run_dir))
     summary.update(slice_stats(run_dir))
+    summary.update(machine_stats(run_dir))
     summary.update(bubbletea_stats(run_dir, ev, config, summary[M.GPU_UTILIZATION]))
     summary.update(sched_stats(run_dir, ev, config["warmup_iterations"]))
     shaping = read_jsonl(run_dir / SHAPING_LOG) if (run_dir / SHAPING_LOG).exists() else []
@@ -129,11 +130,17 @@ SUMMARY_ROWS = [
 ]
 
 
-#: printed when present: the Atlas controller's and BubbleTea's figures
+#: printed when present: the machines of a remote run, the Atlas controller's and BubbleTea's figures
 EXTRA_ROWS = [
+    (M.MACHINES, "machines (DCs)"),
+    (M.CLOCK_OFFSET_UNCERTAINTY_MS, "  clock offsets' uncertainty (ms)"),
     (M.GRANTS, "Atlas grants"),
     (M.GRANT_LATENCY_P50_MS, "grant latency p50 (ms)"),
     (M.GRANT_LATENCY_P99_MS, "grant latency p99 (ms)"),
+    (M.GRANT_APPLY_P50_MS, "  decision to applied p50 (ms)"),
+    (M.GRANT_APPLY_P99_MS, "  decision to applied p99 (ms)"),
+    (M.GRANT_ROUND_TRIP_P50_MS, "  decision to relay's answer p50 (ms)"),
+    (M.GRANT_ROUND_TRIP_P99_MS, "  decision to relay's answer p99 (ms)"),
     (M.HANDOVER_GAP_P50_MS, "handover gap p50 (ms)"),
     (M.GRANT_HOLD_P50_MS, "grant hold p50 (ms)"),
     (M.GRANTS_RELEASED_BY_DEADLINE, "grants released by deadline"),
@@ -194,7 +201,9 @@ LABEL_WIDTH = max(
 
 def _row(label: str, v: Any) -> str:
     """One line of the summary: ``label`` padded to ``LABEL_WIDTH``, then ``v`` (floats to 4
-    significant digits)."""
+    significant digits; a mapping as ``key: value; ...``, lists joined by commas)."""
+    if isinstance(v, dict):
+        v = "; ".join(f"{k}: {', '.join(map(str, x)) if isinstance(x, list) else x}" for k, x in v.items())
     return f"  {label:<{LABEL_WIDTH}} {v:.4g}" if isinstance(v, float) else f"  {label:<{LABEL_WIDTH}} {v}"
 
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from testbed.spec.policy import DEFAULT_POLICY, Policy, UnknownPolicy, parse_pol
 from testbed.trace import metrics as M
 from testbed.trace import schema as T
 from testbed.trace.jsonl import read_jsonl
+from testbed.trace.shaping_log import RELAY_LOG
 from testbed.trace.startup import FILL_NICE, SLICE_NS, STARTUP_LOG, SWITCH_INTERVAL_US, WAIT_NICE, WAIT_RT_PRIORITY
 
 #: A run whose share of padded operations that overran their target exceeds this is flagged.
@@ -184,9 +186,31 @@ def slice_stats(run_dir: Path) -> dict:
 
 
 def grant_stats(run_dir: Path) -> dict:
-    """Atlas controller figures from controller.jsonl (``analysis.grant_figures``) and whether the
-    controller failed during the run."""
+    """Atlas controller figures from controller.jsonl (``analysis.grant_figures``), whether the
+    controller failed during the run, and across machines its relays' counts (``relay.jsonl``)."""
     path = run_dir / "controller.jsonl"
     if not path.exists():
         return {}
-    return {**A.grant_figures(read_jsonl(path)), M.CONTROLLER_FAILED: (run_dir / "controller_failed").exists()}
+    out = {**A.grant_figures(read_jsonl(path)), M.CONTROLLER_FAILED: (run_dir / "controller_failed").exists()}
+    relays = run_dir / RELAY_LOG
+    if relays.exists():
+        ends = [r for r in read_jsonl(relays) if r.get("event") == "relay_end"]
+        skip = ("event", "machine", "t_ns")
+        out[M.CONTROL_RELAYS] = {r["machine"]: {k: v for k, v in r.items() if k not in skip} for r in ends}
+    return out
+
+
+def machine_stats(run_dir: Path) -> dict:
+    """``--backend remote``: the machines the run spanned, with their DCs (``topology.json``'s
+    inventory), and the largest uncertainty of their clock offsets (``clock_offsets.json``); empty
+    for a run on one machine."""
+    clock_path, topo_path = run_dir / "clock_offsets.json", run_dir / "topology.json"
+    if not clock_path.exists() or not topo_path.exists():
+        return {}
+    inventory = json.loads(topo_path.read_text()).get("inventory") or {}
+    clock = json.loads(clock_path.read_text())["machines"]
+    worst = max((est["uncertainty_ns"] for c in clock.values() for est in c.values()), default=None)
+    return {
+        M.MACHINES: {m["name"]: m["dcs"] for m in inventory.get("machines", [])},
+        M.CLOCK_OFFSET_UNCERTAINTY_MS: worst / 1e6 if worst is not None else None,
+    }

@@ -50,6 +50,13 @@ COMPLETED_ITERATIONS = _ran(
 WARMUP_ITERATIONS = _ran("warmup_iterations", "", "first iterations left out of every measured figure")
 BACKEND = _ran("backend", "", "the network backend (`netns`, `mininet`, `remote`)")
 DELAY_MECHANISM = _ran("delay_mechanism", "", "what added the WAN's delay: `netem` or the NFQUEUE delay element")
+MACHINES = _ran("machines", "", "`--backend remote`: the machines the run spanned, each with its DCs")
+CLOCK_OFFSET_UNCERTAINTY_MS = _ran(
+    "clock_offset_uncertainty_ms",
+    "ms",
+    "`--backend remote`: the largest uncertainty of the machines' clock offsets (half the round trip of the "
+    "exchange that estimated it: `clock_offsets.json`), within which times from two machines compare",
+)
 ABORTED = _ran(
     "aborted", "", "true where the run ended early (a failed worker, Ctrl-C, a signal): its figures cover what ran"
 )
@@ -185,6 +192,27 @@ GRANT_LATENCY_P50_MS = _atlas(
     "grant_latency_p50_ms", "ms", "median, from a transfer ready (both sides reported) to its grant applied"
 )
 GRANT_LATENCY_P99_MS = _atlas("grant_latency_p99_ms", "ms", "99th percentile of the same")
+GRANT_APPLY_P50_MS = _atlas(
+    "grant_apply_p50_ms",
+    "ms",
+    "median, from the controller's decision to the kernel's acknowledgement on the link's machine (across "
+    "machines the relay's time, corrected into the runner's clock: within `clock_offset_uncertainty_ms`)",
+)
+GRANT_APPLY_P99_MS = _atlas("grant_apply_p99_ms", "ms", "99th percentile of the same")
+GRANT_ROUND_TRIP_P50_MS = _atlas(
+    "grant_round_trip_p50_ms",
+    "ms",
+    "across machines: median, from the controller's decision to the relay's answer back at the controller (one clock)",
+)
+GRANT_ROUND_TRIP_P99_MS = _atlas("grant_round_trip_p99_ms", "ms", "99th percentile of the same")
+CONTROL_RELAYS = _atlas(
+    "control_relays",
+    "",
+    "across machines: each machine's control relay's counts (`forwarded` worker messages, grants `applied`, "
+    "`stale` grants not applied, `repeated` requests answered from memory, byte counts `read`, `foreign` "
+    "datagrams dropped, and deliberate faults: `forwards_dropped`, `forwards_duplicated`, `replies_dropped`, "
+    "`replies_duplicated`)",
+)
 HANDOVER_GAP_P50_MS = _atlas(
     "handover_gap_p50_ms",
     "ms",

@@ -6,6 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 SHAPING_LOG = "shaping.jsonl"
+#: across machines, the control relays' log of the grants they applied on their machine, in the
+#: runner's clock, and of their counts at the end (``net/remote/control_relay.py``)
+RELAY_LOG = "relay.jsonl"
 #: the other lines' events: a WAN link taken down and brought up, or given a rate by ``testbed
 #: link rate`` (``net/link_control.py``), a step of a link's profile applied
 #: (``net/profile_player.py``), and routes moved off links seen down or back onto them

@@ -122,6 +122,76 @@ class Agent:
     def op_queued(self, req: dict) -> dict:
         return {"packets": self.net.shaping.queued_packets()}
 
+    #: the live-shaping calls a runner may make here (``network.LiveShaping``; ``remote/live_shaping.py``)
+    SHAPING_CALLS = frozenset(
+        (
+            "add_wan_class",
+            "set_wan_class_rate",
+            "compile_wan_class_rates",
+            "set_link_rate",
+            "wan_classes",
+            "wan_tc_argv",
+        )
+    )
+
+    def op_shape(self, req: dict) -> dict:
+        """One live-shaping call on this machine's WAN egresses; bytes come back as hex, a class
+        table's minors as strings."""
+        call = req["call"]
+        if call not in self.SHAPING_CALLS:
+            raise ValueError(f"unknown shaping call {call!r}")
+        args = req.get("args", {})
+        if "pairs" in args:
+            args["pairs"] = [tuple(p) for p in args["pairs"]]
+        if "rates_bps" in args:
+            args["rates_bps"] = [tuple(r) for r in args["rates_bps"]]
+        result = getattr(self.net.shaping, call)(**args)
+        if isinstance(result, dict) and isinstance(result.get("data"), bytes):
+            result = {**result, "data": result["data"].hex()}
+        elif call == "wan_classes":
+            result = {str(k): v for k, v in result.items()}
+        return {"result": result}
+
+    def op_relay(self, req: dict) -> dict:
+        """Start this machine's control relay (``control_relay.py``) for the run's controller at
+        ``controller`` ([address, port]); returns its UDP port. Stopped at teardown like every
+        helper of the run."""
+        from testbed.net.registry import control_dir
+        from testbed.trace.shaping_log import RELAY_LOG
+
+        assert self.run_dir is not None and self.net is not None
+        config = Path("relay.json").absolute()  # beside the run folder: its token is not a trace
+        port_file = Path(f"{config}.port")
+        port_file.unlink(missing_ok=True)
+        config.write_text(
+            json.dumps(
+                {
+                    "token": req["token"],
+                    "controller": req["controller"],
+                    "offset_ns": req["offset_ns"],
+                    "control_path": str(control_dir() / f"{self.net.prefix}.sock"),
+                    "log": str((self.run_dir / RELAY_LOG).absolute()),
+                    "faults": req.get("faults"),
+                    "machine": req.get("machine", ""),
+                }
+            )
+        )
+        os.chmod(config, 0o600)
+        log = open(self.run_dir / "logs" / f"relay-{req.get('machine', 'here')}.log", "ab")
+        proc = self.net.shaping.start_helper(
+            [sys.executable, "-m", "testbed.net.remote.control_relay", str(config)],
+            "control relay",
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        deadline = time.monotonic() + 20
+        while not port_file.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise OSError(f"the control relay did not start (see logs/relay-{req.get('machine', 'here')}.log)")
+            time.sleep(0.02)
+        return {"port": int(port_file.read_text())}
+
     def op_read(self, req: dict) -> dict:
         """What the run's processes appended to the files of the run folder since the last read:
         whole lines of ``.jsonl`` files, everything of others; bytes as latin-1 text."""

@@ -18,8 +18,10 @@ processes write on a machine (events, logs, shaping log) is copied into the loca
 is written (about every 0.3 s), so the runner and the analysis see one run folder. On exit or failure
 every agent tears its part down; if this process dies, the agents see their SSH channel close and
 do the same, and ``testbed clean`` fetches any traces left on the machines and removes them.
-Atlas and BubbleTea need the local control sockets and live shaping, which this backend does not
-offer (``offers_live_shaping`` is False, ``shaping`` is None): runs refuse them before building.
+Live shaping (``shaping``, ``live_shaping.RemoteShaping``) changes each link direction on the
+machine that holds its egress; Atlas's controller runs here, fed by a control relay on every
+machine over the management network (``control_relay.py``), which also applies its grants there.
+BubbleTea's dispatcher does not reach workers on other machines yet: runs refuse it before building.
 
 Composed of its parts, by job: ``preflight.py``, ``deploy.py``, ``agent_client.py``, ``clock.py``,
 ``tunnels.py``, ``sync.py`` and ``clean.py``.
@@ -43,6 +45,7 @@ from testbed.net.remote.clean import finish_machines
 from testbed.net.remote.clock import measure_offset, write_clock_offsets
 from testbed.net.remote.deploy import deploy, share
 from testbed.net.remote.inventory import Inventory, Machine, check_against, load_inventory
+from testbed.net.remote.live_shaping import RemoteShaping
 from testbed.net.remote.preflight import connect_and_check
 from testbed.net.remote.ssh import Connection
 from testbed.net.remote.sync import TraceSync
@@ -61,7 +64,7 @@ class RemoteNetwork(ManagedNetwork):
     that cannot be used (before anything is built anywhere), BuildError from a machine's build."""
 
     backend: ClassVar[str] = "remote"
-    offers_live_shaping: ClassVar[bool] = False
+    offers_live_shaping: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -82,7 +85,7 @@ class RemoteNetwork(ManagedNetwork):
         self.plan = AddressPlan(spec, self.prefix)
         self.routes = RoutingTable(spec)
         self.mtu: int | None = TUNNEL_MTU  # every emulated interface, so TCP's segments fit the tunnels
-        self.shaping = None
+        self.shaping: RemoteShaping | None = None
         self.mechanism = ""
         self.build_s = 0.0
         self.inventory = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
@@ -149,6 +152,7 @@ class RemoteNetwork(ManagedNetwork):
                 "--delay-mechanism nfqueue so that every end of a link is shaped alike"
             )
         self.mechanism = next(iter(mechanisms.values()))
+        self.shaping = RemoteShaping(self)
         self.build_s = time.perf_counter() - t0
         write_clock_offsets(self.out_dir / "clock_offsets.json", self.clock)
         write_topology_record(
@@ -164,6 +168,8 @@ class RemoteNetwork(ManagedNetwork):
         """Every agent tears its part down; a machine whose agent is gone is cleaned from its own
         registry; every machine's run folder is removed. A machine that cannot be reached keeps
         the run in this machine's registry, for ``testbed clean`` to retry."""
+        if self.shaping is not None:
+            self.shaping.stop()  # the controller here, before the relays it talks to
         self.sync.stop()
         for name, agent in self.agents.items():
             if agent.gone:

@@ -220,6 +220,12 @@ class Connection:
             raise RemoteError(f"{self.where}: cannot start {argv[0]} ({type(e).__name__}: {e})") from None
         return chan
 
+    def addresses(self) -> tuple[str, str]:
+        """(this machine's address as the machine sees it, the machine's address): the two ends
+        of the SSH connection, the management network's addresses of both."""
+        sock = self.client.get_transport().sock
+        return sock.getsockname()[0], sock.getpeername()[0]
+
     def sftp(self):
         return self.client.open_sftp()
 

@@ -1,0 +1,321 @@
+"""Atlas's control channel across machines (``--backend remote``): a relay on every machine, and the
+controller's client of it. Control traffic goes over the machines' own management network, never
+over the emulated WAN (DESIGN.md section 6, "Across machines").
+
+**The relay** (``python -m testbed.net.remote.control_relay CONFIG.json``, started by the machine's
+agent once the controller is about to start) runs in the machine's root namespace at a real-time
+priority and does two things:
+
+- It binds the run's control socket on its machine (``registry.control_dir()/<prefix>.sock``, the
+  path the workers are given on every backend) and forwards each worker's datagram, as it came,
+  to the controller by UDP (workers stamp their messages in the run's clock: ``trace/clock.py``).
+  A lost forward costs what a lost datagram costs on one machine, at most one deadline
+  (``atlas/grants.py``); a duplicated one is ignored (``atlas/rendezvous.py``).
+- It answers the controller's requests on a UDP port of its management address: ``apply`` sends a
+  compiled netlink batch (a grant, compiled on this machine) in one system call on a plain
+  rtnetlink socket in the link's router namespace and replies when the kernel has acknowledged it,
+  with that time in the runner's clock; ``bytes`` reads one HTB class's byte counter and replies
+  with it and when it was read; ``ping`` replies with the time (the offset over the management
+  network, tighter than the SSH estimate). Requests carry ids: the client resends a request
+  unanswered after ``RETRY_S`` (doubling), and the relay answers a repeated id from its memory
+  without applying it again. An ``apply`` older than the last one applied on its link (by id: the
+  client's CLOCK_MONOTONIC at its first send, one clock for every process of the runner's
+  machine) is not applied: a late duplicate never undoes a newer grant.
+
+Every datagram either way starts with the run's token (``TOKEN_BYTES`` random bytes, handed to the
+relay over SSH and to the controller in its plan file); one without it is dropped and counted.
+
+For tests, ``faults`` (``{"drop": p, "duplicate": p, "seed": s}``, from ``TESTBED_CONTROL_FAULTS``
+on the runner's side) drops or doubles that share of the relay's forwards and replies on purpose.
+The relay logs its requests (``relay.jsonl``, merged into the run folder with the other traces)
+and, at its end, its counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import select
+import signal
+import socket
+import sys
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from testbed.errors import RemoteError
+from testbed.lifetime import die_with_parent
+from testbed.net import rtnl_raw
+from testbed.trace.jsonl import open_jsonl, write_row
+
+#: length of the run's token at the start of every control datagram across machines
+TOKEN_BYTES = 16
+#: a request unanswered this long is sent again (the wait doubles each time), ``ATTEMPTS`` in all
+RETRY_S = 0.01
+ATTEMPTS = 6
+#: replies remembered by id, for requests that come again
+REPLY_MEMORY = 256
+#: the relay's real-time priority: the controller's (atlas/controller_process.py), below the delay element's
+RT_PRIORITY = 5
+#: the largest datagram read (a grant's batch as hex, a worker's message)
+MAX_DATAGRAM = 65507
+#: the environment variable that asks the relays for deliberate faults (tests): "drop=P,duplicate=P,seed=S"
+FAULTS_ENV = "TESTBED_CONTROL_FAULTS"
+
+
+def parse_faults(text: str | None) -> dict[str, float]:
+    """``FAULTS_ENV``'s value as ``{"drop", "duplicate", "seed"}`` (missing parts 0). Raises
+    ValueError naming a part it does not know or a share outside 0-1."""
+    out = {"drop": 0.0, "duplicate": 0.0, "seed": 0.0}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        key, _, value = part.partition("=")
+        key = key.strip()
+        if key not in out:
+            raise ValueError(f"{FAULTS_ENV}: unknown part {key!r} (drop=P,duplicate=P,seed=S)")
+        out[key] = float(value)
+        if key != "seed" and not 0 <= out[key] <= 1:
+            raise ValueError(f"{FAULTS_ENV}: {key}={value} is not a share between 0 and 1")
+    return out
+
+
+def framed(token: bytes, payload: dict[str, Any] | bytes) -> bytes:
+    """A datagram: the token, then the payload (JSON, or bytes as they are)."""
+    return token + (payload if isinstance(payload, bytes) else json.dumps(payload).encode())
+
+
+def unframed(token: bytes, data: bytes) -> bytes | None:
+    """The payload of a datagram that starts with ``token``; None for any other."""
+    return data[len(token) :] if data[: len(token)] == token else None
+
+
+class RelayClient:
+    """The controller's end of one machine's relay: requests over UDP, each resent until answered
+    (see the module doc). Not thread-safe: one per process."""
+
+    def __init__(self, machine: str, addr: tuple[str, int], token: bytes) -> None:
+        self.machine, self.addr, self.token = machine, addr, token
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setblocking(False)
+        #: requests sent again, over the client's life
+        self.resent = 0
+        #: how old the last byte count read was when it arrived here (ns)
+        self.last_age_ns = 0
+
+    def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        """Send ``op`` and return its reply. Raises RemoteError when no reply came after
+        ``ATTEMPTS`` sends, or when the relay reports an error."""
+        rid = time.monotonic_ns()
+        data = framed(self.token, {"id": rid, "op": op, **fields})
+        wait = RETRY_S
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                self.resent += 1
+            self.sock.sendto(data, self.addr)
+            deadline = time.monotonic() + wait
+            while (left := deadline - time.monotonic()) > 0:
+                if not select.select([self.sock], [], [], left)[0]:
+                    break
+                payload = unframed(self.token, self.sock.recv(MAX_DATAGRAM))
+                if payload is None:
+                    continue
+                reply = json.loads(payload)
+                if reply.get("id") != rid:
+                    continue  # the reply to an earlier attempt of an earlier request
+                if "error" in reply:
+                    raise RemoteError(f"machine {self.machine}: the control relay's {op} failed: {reply['error']}")
+                return reply
+            wait *= 2
+        raise RemoteError(
+            f"machine {self.machine}: the control relay at {self.addr[0]}:{self.addr[1]} did not answer {op!r} "
+            f"after {ATTEMPTS} tries over {RETRY_S * (2**ATTEMPTS - 1):g} s: its machine or the management "
+            "network between is down"
+        )
+
+    def apply(self, netns: str, ifindex: int, data: bytes, count: int) -> tuple[int, int]:
+        """Apply a compiled batch of ``count`` requests on interface ``ifindex`` of ``netns`` there;
+        returns (when the kernel acknowledged it there, in this machine's clock; the request's id,
+        which is when it was decided)."""
+        reply = self.request("apply", netns=netns, ifindex=ifindex, data=data.hex(), count=count)
+        return reply["t_ns"], reply["id"]
+
+    def class_bytes(self, netns: str, ifindex: int, classid: int) -> int:
+        """An HTB class's byte counter there; its age on arrival is kept in ``last_age_ns``."""
+        reply = self.request("bytes", netns=netns, ifindex=ifindex, classid=classid)
+        self.last_age_ns = time.monotonic_ns() - reply["t_ns"]
+        return reply["bytes"]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class Relay:
+    """The machine's end (see the module doc). ``config``: ``{"token" (hex), "controller": [addr,
+    port], "offset_ns", "control_path", "log", "faults"}``."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.token = bytes.fromhex(config["token"])
+        self.controller = (config["controller"][0], int(config["controller"][1]))
+        self.offset_ns = int(config["offset_ns"])
+        self.faults = config.get("faults") or {}
+        self.rng = random.Random(self.faults.get("seed", 0))
+        self.requests = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.requests.bind(("0.0.0.0", 0))
+        self.forward = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.control_path = Path(config["control_path"])
+        self.control_path.unlink(missing_ok=True)
+        self.workers = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.workers.bind(str(self.control_path))
+        self.workers.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        self.log = open_jsonl(Path(config["log"]))
+        self.machine = config.get("machine", "")
+        self._rtnl: dict[str, socket.socket] = {}
+        self._replies: OrderedDict[int, bytes] = OrderedDict()
+        self._last_apply: dict[tuple[str, int], int] = {}  # by link: the id of the last batch applied there
+        self.counts = dict.fromkeys(("forwarded", "applied", "stale", "repeated", "read", "foreign"), 0)
+        # deliberate faults (tests), by what they hit: worker messages forwarded, or replies
+        self.counts |= dict.fromkeys(
+            ("forwards_dropped", "forwards_duplicated", "replies_dropped", "replies_duplicated"), 0
+        )
+
+    @property
+    def port(self) -> int:
+        return self.requests.getsockname()[1]
+
+    def now_ns(self) -> int:
+        """This machine's clock, corrected into the runner's (``trace/clock.py``)."""
+        return time.monotonic_ns() - self.offset_ns
+
+    def _send(self, sock: socket.socket, data: bytes, addr: Any, kind: str) -> None:
+        """Send (``kind``: ``forwards`` or ``replies``), with the deliberate faults (tests) if any."""
+        if self.faults.get("drop") and self.rng.random() < self.faults["drop"]:
+            self.counts[f"{kind}_dropped"] += 1
+            return
+        copies = 2 if self.faults.get("duplicate") and self.rng.random() < self.faults["duplicate"] else 1
+        self.counts[f"{kind}_duplicated"] += copies - 1
+        for _ in range(copies):
+            try:
+                sock.sendto(data, addr)
+            except OSError:
+                pass  # the controller is gone: the runner ends the run
+
+    def on_worker(self, data: bytes) -> None:
+        """A worker's control datagram (stamped in the run's clock by the worker), forwarded."""
+        self.counts["forwarded"] += 1
+        self._send(self.forward, self.token + data, self.controller, "forwards")
+
+    def on_request(self, data: bytes, addr: Any) -> None:
+        t_received = self.now_ns()
+        payload = unframed(self.token, data)
+        if payload is None:
+            self.counts["foreign"] += 1
+            return
+        req = json.loads(payload)
+        rid = req["id"]
+        if rid in self._replies:  # asked again: answered from memory, never applied twice
+            self.counts["repeated"] += 1
+            self._send(self.requests, self._replies[rid], addr, "replies")
+            return
+        try:
+            reply = {"id": rid, **self._do(req, t_received)}
+        except (OSError, KeyError, ValueError) as e:
+            reply = {"id": rid, "error": f"{type(e).__name__}: {e}"}
+        out = framed(self.token, reply)
+        self._replies[rid] = out
+        if len(self._replies) > REPLY_MEMORY:
+            self._replies.popitem(last=False)
+        self._send(self.requests, out, addr, "replies")
+
+    def _sock(self, netns: str) -> socket.socket:
+        if netns not in self._rtnl:
+            self._rtnl[netns] = rtnl_raw.rtnl_socket(netns)
+        return self._rtnl[netns]
+
+    def _do(self, req: dict[str, Any], t_received: int) -> dict[str, Any]:
+        op = req["op"]
+        if op == "ping":
+            return {"t_ns": self.now_ns()}
+        if op == "bytes":
+            self.counts["read"] += 1
+            n = rtnl_raw.class_tx_bytes(self._sock(req["netns"]), req["ifindex"], req["classid"])
+            return {"bytes": n, "t_ns": self.now_ns()}
+        if op == "apply":
+            netns, link = req["netns"], (req["netns"], req["ifindex"])
+            if req["id"] < self._last_apply.get(link, 0):  # a late copy of an older grant
+                self.counts["stale"] += 1
+                write_row(self.log, {"event": "stale", "id": req["id"], "netns": netns, "t_ns": t_received})
+                return {"t_ns": t_received, "stale": True}
+            rtnl_raw.send_batch(self._sock(netns), bytes.fromhex(req["data"]), req["count"])
+            t_applied = self.now_ns()
+            self._last_apply[link] = req["id"]
+            self.counts["applied"] += 1
+            write_row(
+                self.log,
+                {
+                    "event": "applied",
+                    "machine": self.machine,
+                    "id": req["id"],
+                    "netns": netns,
+                    "t_received_ns": t_received,
+                    "t_applied_ns": t_applied,
+                },
+            )
+            return {"t_ns": t_applied}
+        raise ValueError(f"unknown request {op!r}")
+
+    def serve(self) -> None:
+        """Forward and answer until SIGTERM (the agent's teardown) or the parent's death."""
+        socks = [self.workers, self.requests]
+        while True:
+            for sock in select.select(socks, [], [])[0]:
+                if sock is self.workers:
+                    self.on_worker(sock.recv(MAX_DATAGRAM))
+                else:
+                    data, addr = sock.recvfrom(MAX_DATAGRAM)
+                    self.on_request(data, addr)
+
+    def close(self) -> None:
+        write_row(self.log, {"event": "relay_end", "machine": self.machine, "t_ns": self.now_ns(), **self.counts})
+        self.log.close()
+        for s in (*self._rtnl.values(), self.requests, self.forward, self.workers):
+            s.close()
+        self.control_path.unlink(missing_ok=True)
+
+
+def _raise_priority() -> None:
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RT_PRIORITY))
+    except (OSError, AttributeError):
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, -10)
+        except OSError:
+            pass
+
+
+def _on_signal(signum, frame) -> None:
+    raise SystemExit(0)
+
+
+def main(config_path: str) -> int:
+    """The relay process: bound, its port written to ``<config>.port`` (the agent waits for it),
+    then serving until SIGTERM."""
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
+    _raise_priority()
+    relay = Relay(json.loads(Path(config_path).read_text()))
+    port_file = Path(config_path + ".port")
+    Path(f"{port_file}.tmp").write_text(str(relay.port))
+    os.replace(f"{port_file}.tmp", port_file)  # whole, never read half-written
+    try:
+        relay.serve()
+    finally:
+        relay.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
