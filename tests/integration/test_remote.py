@@ -1,12 +1,15 @@
 """The remote backend across stand-in machines: sshd instances in their own network, mount and time
-namespaces (testbed/net/remote/lab.py; one machine's CLOCK_MONOTONIC runs 1000 s ahead). Fidelity, a short
-training run with clock-corrected traces, refusals before anything is built, and nothing left
-behind on any machine, including after kill -9."""
+namespaces (testbed/net/remote/lab.py; one machine's CLOCK_MONOTONIC runs 1000 s ahead). Fidelity, a
+short training run under Atlas with clock-corrected traces and control messages lost on purpose,
+refusals before anything is built, and nothing left behind on any machine, including after
+kill -9."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -16,13 +19,16 @@ from testbed.errors import RemoteError
 from testbed.net.fidelity import check_fidelity
 from testbed.net.registry import list_runs
 from testbed.net.remote.backend import RemoteNetwork
+from testbed.net.remote.control_relay import FAULTS_ENV
 from testbed.net.remote.lab import SshLab
-from testbed.results.analysis import losses
+from testbed.results.analysis import iteration_times, losses
 from testbed.run.runner import run_experiment
 from testbed.spec.experiment_file import load_experiment
 from testbed.spec.topology_file import load_topology
+from testbed.trace import metrics as M
 from testbed.trace import schema as T
 from testbed.trace.events import read_events
+from testbed.trace.jsonl import read_jsonl
 from tests.support.reference import reference_losses
 
 from .conftest import LONG_RTT, run_cli, start_topo_up
@@ -96,21 +102,30 @@ def test_fidelity_across_machines(name, lab, tmp_path, clean_machine):
     _assert_machines_clean(lab)
 
 
-def test_training_across_machines(lab, tmp_path, clean_machine):
+def test_atlas_across_machines_with_control_messages_lost_and_repeated(lab, tmp_path, clean_machine, monkeypatch):
+    """Atlas on two machines (the controller here, a relay on each), a tenth of the relays'
+    forwards and answers dropped and another tenth sent twice on purpose: training finishes with
+    the netns backend's losses, in one clock; each machine applied the grants of its own links,
+    which its kernel's classes show; every lost message cost at most one deadline."""
+    monkeypatch.setenv(FAULTS_ENV, "drop=0.1,duplicate=0.1,seed=1")
     inv = lab.write_inventory(tmp_path / "inventory.yaml", GROUPS["two_dc"])
     exp = load_experiment().with_overrides(
-        topology="two_dc", stages=2, replicas=2, iterations=3, warmup_iterations=1, schedule="gpipe"
+        topology="two_dc", stages=2, replicas=2, iterations=3, warmup_iterations=1, schedule="gpipe", policy="atlas"
     )
-    exp = exp.with_overrides(compute=type(exp.compute)(mode="real"))
     t0 = time.monotonic_ns()
     summary = run_experiment(exp, tmp_path / "run", progress=lambda line: None, backend="remote", inventory=inv)
     t1 = time.monotonic_ns()
     assert summary["backend"] == "remote" and summary["completed_iterations"] == 3
+    assert summary[M.MACHINES] == {"m0": ["east"], "m1": ["west"]}
     run = tmp_path / "run"
     assert losses(read_events(run)).tolist() == pytest.approx(reference_losses(exp, 3), rel=1e-4)
     clock = json.loads((run / "clock_offsets.json").read_text())["machines"]
     _assert_offsets(clock)
     assert all("after" in c for c in clock.values())
+    assert (
+        summary[M.CLOCK_OFFSET_UNCERTAINTY_MS]
+        == max(e["uncertainty_ns"] for c in clock.values() for e in c.values()) / 1e6
+    )
     ev = read_events(run)
     assert set(ev[T.HOST].map(lambda h: h.split("-")[0])) == {"east", "west"}
     # every event in this machine's clock (m1's raw clock is 1000 s ahead)
@@ -121,6 +136,67 @@ def test_training_across_machines(lab, tmp_path, clean_machine):
     one_way = load_topology("two_dc").links[0].delay_us * 1000
     gaps = [r[T.END_NS] - sends[(r[T.PEER], r[T.WORKER], r[T.ITERATION], r[T.MICROBATCH])] for _, r in recvs.iterrows()]
     assert gaps and min(gaps) >= one_way - 2_000_000, min(gaps)
+
+    # each machine applied the grants of the links leaving its DCs, and its kernel's classes moved
+    applied = [r for r in read_jsonl(run / "relay.jsonl") if r["event"] == "applied"]
+    assert {(r["machine"], r["netns"].split("-", 1)[1]) for r in applied} == {("m0", "east-r"), ("m1", "west-r")}
+    grants = [r for r in read_jsonl(run / "controller.jsonl") if r.get("event") == "grant" and not r.get("kept")]
+    assert {r["machine"] for r in grants} == {"m0", "m1"}
+    assert all(r["t_decided_ns"] <= r["t_acked_ns"] for r in grants)
+    # a relay's applied time lies between the decision and its answer's arrival, within the offsets' uncertainty
+    slack = summary[M.CLOCK_OFFSET_UNCERTAINTY_MS] * 1e6
+    assert all(r["t_decided_ns"] - slack <= r["t_applied_ns"] <= r["t_acked_ns"] + slack for r in grants)
+    # planned grants end when their class's byte counter, read by the relay of the link's machine,
+    # shows the transfer's bytes passed: the granted class carried them there
+    releases = [r for r in read_jsonl(run / "controller.jsonl") if r.get("event") == "release"]
+    by_bytes = {r["link"] for r in releases if r["reason"] == "bytes" and r["sent_bytes"] > 0}
+    assert by_bytes == {"east->west", "west->east"}
+    ages = [r["counter_age_ns"] for r in releases if "counter_age_ns" in r]
+    assert ages and all(-slack <= a < 20_000_000 + slack for a in ages), sorted(ages)[-3:]  # a read's round trip
+
+    # the faults happened, and each lost message cost at most one deadline
+    relays = summary[M.CONTROL_RELAYS]
+    assert set(relays) == {"m0", "m1"} and all(r["stale"] == 0 for r in relays.values())
+    dropped = sum(r["forwards_dropped"] for r in relays.values())
+    assert dropped > 0 and sum(r["forwards_duplicated"] for r in relays.values()) > 0
+    assert sum(r["replies_dropped"] for r in relays.values()) > 0
+    end = next(r for r in read_jsonl(run / "controller.jsonl") if r.get("event") == "loop_end")
+    assert end["relay_requests_resent"] >= sum(r["replies_dropped"] for r in relays.values())
+    assert end["deadline_releases"] + end["expired"] <= dropped
+    plan = json.loads((run / "controller_plan.json").read_text())
+    deadline_s = max(h["deadline_ns"] for h in plan["timing"]) / 1e9
+    it = iteration_times(ev, exp.warmup_iterations)["duration_s"]
+    budget = len(it) * summary[M.PREDICTED_ITERATION_TIME_S] * 1.1 + dropped * deadline_s
+    assert it.sum() <= budget, (list(it), dropped, deadline_s)
+    _assert_machines_clean(lab)
+
+
+def test_a_dead_controller_leaves_every_link_across_machines_at_fair_sharing(lab, tmp_path, clean_machine):
+    """The controller (here) killed with SIGKILL after the first iteration: the runner opens every
+    pipeline's class through the machines' relays, as on one machine, and training goes on."""
+    inv = lab.write_inventory(tmp_path / "inventory.yaml", GROUPS["two_dc"])
+    exp = load_experiment().with_overrides(topology="two_dc", stages=2, iterations=3, policy="atlas")
+    lines: list[str] = []
+
+    def kill_controller():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any("iteration 1/" in line for line in lines):
+            time.sleep(0.1)
+        rec = next(r for r in list_runs() if r.owner_pid == os.getpid() and r.kind == "remote")  # not the lab
+        os.kill(next(p.pid for p in rec.processes if p.what == "atlas controller"), signal.SIGKILL)
+
+    t = threading.Thread(target=kill_controller)
+    t.start()
+    summary = run_experiment(exp, tmp_path / "run", progress=lines.append, backend="remote", inventory=inv)
+    t.join()
+    assert summary["completed_iterations"] == 3 and not summary["aborted"]
+    assert any("fell back to fair sharing" in line for line in lines)
+    rows = sorted(read_jsonl(tmp_path / "run" / "shaping.jsonl"), key=lambda r: r["t_ns"])
+    last = {(r["netns"], r["classid"]): r["rate_bps"] for r in rows if r.get("classid") in ("1:20", "1:21")}
+    assert {ns.split("-", 1)[1] for ns, _ in last} == {"east-r", "west-r"}
+    assert all(v == 100_000_000 for v in last.values()), last  # all open again, on both machines
+    falls = [r for r in read_jsonl(tmp_path / "run" / "controller.jsonl") if r.get("event") == "fall_back"]
+    assert {r["machine"] for r in falls} == {"m0", "m1"}
     _assert_machines_clean(lab)
 
 

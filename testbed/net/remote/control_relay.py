@@ -15,12 +15,12 @@ priority and does two things:
   compiled netlink batch (a grant, compiled on this machine) in one system call on a plain
   rtnetlink socket in the link's router namespace and replies when the kernel has acknowledged it,
   with that time in the runner's clock; ``bytes`` reads one HTB class's byte counter and replies
-  with it and when it was read; ``ping`` replies with the time (the offset over the management
-  network, tighter than the SSH estimate). Requests carry ids: the client resends a request
-  unanswered after ``RETRY_S`` (doubling), and the relay answers a repeated id from its memory
-  without applying it again. An ``apply`` older than the last one applied on its link (by id: the
-  client's CLOCK_MONOTONIC at its first send, one clock for every process of the runner's
-  machine) is not applied: a late duplicate never undoes a newer grant.
+  with it and when it was read; ``ping`` replies with the time (a liveness check). Requests
+  carry ids: the client resends a request unanswered after ``RETRY_S`` (doubling), and the relay
+  answers a repeated ``apply`` from its memory without applying it again (a read is answered
+  afresh). An ``apply`` older than the last one applied on its link (by id: the client's
+  CLOCK_MONOTONIC at its first send, one clock for every process of the runner's machine) is not
+  applied: a late duplicate never undoes a newer grant.
 
 Every datagram either way starts with the run's token (``TOKEN_BYTES`` random bytes, handed to the
 relay over SSH and to the controller in its plan file); one without it is dropped and counted.
@@ -215,7 +215,7 @@ class Relay:
             return
         req = json.loads(payload)
         rid = req["id"]
-        if rid in self._replies:  # asked again: answered from memory, never applied twice
+        if rid in self._replies:  # a grant asked again: answered from memory, never applied twice
             self.counts["repeated"] += 1
             self._send(self.requests, self._replies[rid], addr, "replies")
             return
@@ -224,9 +224,10 @@ class Relay:
         except (OSError, KeyError, ValueError) as e:
             reply = {"id": rid, "error": f"{type(e).__name__}: {e}"}
         out = framed(self.token, reply)
-        self._replies[rid] = out
-        if len(self._replies) > REPLY_MEMORY:
-            self._replies.popitem(last=False)
+        if req["op"] == "apply":  # reads are answered afresh when asked again
+            self._replies[rid] = out
+            if len(self._replies) > REPLY_MEMORY:
+                self._replies.popitem(last=False)
         self._send(self.requests, out, addr, "replies")
 
     def _sock(self, netns: str) -> socket.socket:
