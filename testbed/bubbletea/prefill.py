@@ -96,14 +96,18 @@ class PrefillServer:
     def for_worker(
         cls, bt: BubbleTeaConfig, seed: int, rank: int, dc: str, ev: EventWriter, padded: bool, corpus: torch.Tensor
     ) -> PrefillServer:
-        """Worker ``rank``'s server (in DC ``dc``) under ``bt``; prompts from ``corpus``. With a prior
-        it tells the dispatcher at once, so the stream may start before the first iteration."""
+        """Worker ``rank``'s server (in DC ``dc``) under ``bt``; prompts from ``corpus``. The worker
+        calls ``announce`` once it has joined the process group."""
         budget = KVBudget(bt.device_bytes_of(rank), bt.gpu_memory_bytes)
         args = (bt.inbox_of(rank), bt.dispatcher, bt.decode_hosts.get(dc), padded, bt.prior_of(rank), budget, corpus)
-        server = cls(bt.spec, bt.s_per_flop, seed, rank, ev, *args)
-        if server.predictor.ready:
-            server.report(-1, bt.prior_iteration_s)
-        return server
+        return cls(bt.spec, bt.s_per_flop, seed, rank, ev, *args)
+
+    def announce(self, prior_iteration_s: float) -> None:
+        """With a prior, tell the dispatcher at once, so that the stream may start before the first
+        iteration; called once the worker has joined the process group, so that no request arrives
+        while the group is still forming (seconds across machines: ``--backend remote``)."""
+        if self.predictor.ready:
+            self.report(-1, prior_iteration_s)
 
     # --------------------------------------------------------------- requests in
     def poll_inbox(self) -> None:

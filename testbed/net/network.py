@@ -89,12 +89,15 @@ class LiveShaping(Protocol):
 
 @runtime_checkable
 class RelayedControl(Protocol):
-    """Live shaping whose links are on other machines (the remote backend): the controller's
-    control channel is a UDP socket here, which each machine's relay feeds with its workers'
-    datagrams, and a grant goes to the relay of the machine that holds its link
-    (``net/remote/control_relay.py``)."""
+    """Live shaping whose links are on other machines (the remote backend), with the run's control
+    sockets bridged across them (``net/remote/control_relay.py``): Atlas's controller reads a UDP
+    socket here that each machine's relay feeds with its workers' datagrams, and sends each grant
+    to the relay of the machine that holds its link (``open_control``); BubbleTea's Unix paths
+    are bridged both ways (``open_bridge``)."""
 
-    def open_control(self, faults: str | None = None) -> tuple[socket.socket, dict[str, Any]]: ...
+    def open_control(self) -> tuple[socket.socket, dict[str, Any]]: ...
+
+    def open_bridge(self, here: list[str], there: dict[str, list[str]]) -> None: ...
 
 
 @runtime_checkable

@@ -14,7 +14,7 @@ from testbed.bubbletea.dispatcher import Dispatcher
 from testbed.bubbletea.dispatcher_link import PRIOR
 from testbed.bubbletea.request_table import requests_to_frame
 from testbed.bubbletea.stream import request_stream
-from testbed.net.network import Network
+from testbed.net.network import Network, RelayedControl
 from testbed.net.registry import control_dir
 from testbed.plan.bubble_timeline import END
 from testbed.plan.cost_model import optimizer_s
@@ -59,6 +59,11 @@ def prepare_bubbletea(net: Network, plan: RunPlan, out_dir: Path) -> tuple[Bubbl
         alone=not exp.policy.training,
     )
     ranks = [w.rank for w in workers]
+    if isinstance(net.shaping, RelayedControl):  # workers on other machines: their paths bridged
+        inboxes: dict[str, list[str]] = {}
+        for w in workers:
+            inboxes.setdefault(net.host_machine(w.host) or "", []).append(cfg.inbox_of(w.rank))
+        net.shaping.open_bridge([cfg.dispatcher], inboxes)
     d = Dispatcher(bt, reqs, ranks, s_per_flop, Path(cfg.dispatcher), cfg.inbox, out_dir, tuple(hosts))
     return cfg, d, hosts
 

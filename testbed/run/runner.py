@@ -99,16 +99,6 @@ def check_runnable(exp: Experiment, backend: str = "netns", force: bool = False)
             f"needs live shaping, which --backend {backend} does not offer",
             f"use --policy pp-fair or dp-wan with --backend {backend}, or another backend",
         )
-    if exp.policy.bubbletea and not runs_here(backend):
-        raise SpecError(
-            "--policy",
-            "(option)",
-            exp.policy.name,
-            f"needs BubbleTea's dispatcher to reach every worker, which --backend {backend} does not do across "
-            "machines yet (Atlas does: its control relays)",
-            f"use --policy {exp.policy.name.split('+')[0]} with --backend {backend}, or run BubbleTea on the netns "
-            "or mininet backend",
-        )
     plan = make_plan(exp)
     if exp.policy.bubbletea:
         decode_hosts(exp.topology_spec, list(plan.workers))

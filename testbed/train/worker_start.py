@@ -60,6 +60,8 @@ def start(cfg: WorkerConfig, rank: int, pre: Preloaded) -> Started:
     corpus = pre.train_tokens  # prompts are real text of it
     server = None if bt is None else PrefillServer.for_worker(bt, exp.seed, rank, me.dc, ev, exp.padded, corpus)
     dp_group = join(cfg, rank)
+    if server is not None and bt is not None:
+        server.announce(bt.prior_iteration_s)  # the stream starts once every worker can fill its bubbles
     waits = {WAIT_RT_PRIORITY: switch.granted_rt_priority, WAIT_NICE: switch.granted_nice}
     nices = {} if server is None else {FILL_NICE: server.filler.nice}
     switch_interval_us = round(sys.getswitchinterval() * 1e6)

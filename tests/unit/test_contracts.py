@@ -55,12 +55,7 @@ def test_what_a_backend_can_do_is_known_before_it_is_built():
     with pytest.raises(SpecError, match="is not a backend"):
         offers_live_shaping("docker")
     exp = load_experiment()
-    for policy in ("pp-fair+bubbletea", "atlas+bubbletea"):  # the dispatcher does not reach other machines yet
-        with pytest.raises(SpecError, match="BubbleTea's dispatcher") as e:
-            check_runnable(exp.with_overrides(policy=policy), "remote")
-        assert e.value.value == policy and "--backend remote" in e.value.problem
-        assert f"use --policy {policy.split('+')[0]} with --backend remote" in e.value.fix
-    for policy in ("pp-fair", "dp-wan", "atlas", "atlas/sharing=fifo"):
+    for policy in ("pp-fair", "dp-wan", "atlas", "atlas/sharing=fifo", "atlas+bubbletea", "pp-fair+bubbletea"):
         assert len(check_runnable(exp.with_overrides(policy=policy), "remote").workers) == 6
     assert len(check_runnable(exp.with_overrides(policy="atlas"), "mininet").workers) == 6
 

@@ -37,14 +37,14 @@ def relay(tmp_path):
     r = CR.Relay(
         {
             "token": TOKEN.hex(),
-            "controller": ["127.0.0.1", controller.getsockname()[1]],
             "offset_ns": 5_000,
-            "control_path": str(tmp_path / "run.sock"),
             "log": str(tmp_path / "relay.jsonl"),
             "machine": "m1",
+            "forward": [{"path": str(tmp_path / "run.sock"), "to": ["127.0.0.1", controller.getsockname()[1]]}],
         }
     )
     r.controller_sock = controller  # type: ignore[attr-defined]
+    r.run_sock = next(iter(r.forwards))  # type: ignore[attr-defined]
     yield r
     r.close()
     controller.close()
@@ -66,13 +66,13 @@ def test_a_datagram_without_the_token_is_not_read():
 
 def test_a_workers_message_is_forwarded_as_it_came_with_the_token(relay):
     msg = b'{"ev": "ready", "src": 0, "dst": 1, "it": 0, "mb": 0, "t": 123}'
-    relay.on_worker(msg)
+    relay.on_local(relay.run_sock, msg)
     assert relay.controller_sock.recv(1000) == TOKEN + msg
     assert relay.counts["forwarded"] == 1
 
 
 def _ask(relay, client: socket.socket, req: dict) -> dict:
-    relay.on_request(CR.framed(TOKEN, req), client.getsockname())
+    relay.on_udp(CR.framed(TOKEN, req), client.getsockname())
     return json.loads(CR.unframed(TOKEN, client.recv(65536)))
 
 
@@ -95,7 +95,7 @@ def test_a_repeated_request_is_answered_from_memory_and_an_older_grant_never_app
     assert [r["event"] for r in log] == ["applied", "stale", "applied"]
     # times in the runner's clock: this machine's minus its offset
     assert all(r["t_applied_ns"] >= r["t_received_ns"] for r in log if r["event"] == "applied")
-    relay.on_request(b"not the token" + b"x" * 10, client.getsockname())
+    relay.on_udp(b"not the token" + b"x" * 10, client.getsockname())
     assert relay.counts["foreign"] == 1
     error = _ask(relay, client, {"op": "reboot", "id": 300})
     assert "unknown request 'reboot'" in error["error"]
@@ -104,12 +104,44 @@ def test_a_repeated_request_is_answered_from_memory_and_an_older_grant_never_app
 
 def test_deliberate_faults_drop_or_double_what_the_relay_sends(relay):
     relay.faults = {"drop": 1.0}
-    relay.on_worker(b"{}")
+    relay.on_local(relay.run_sock, b"{}")
     assert relay.counts["forwards_dropped"] == 1
     relay.faults = {"duplicate": 1.0}
-    relay.on_worker(b"{}")
+    relay.on_local(relay.run_sock, b"{}")
     assert relay.controller_sock.recv(100) == relay.controller_sock.recv(100) == TOKEN + b"{}"
     assert relay.counts["forwards_duplicated"] == 1
+
+
+def test_a_path_is_bridged_to_the_same_path_on_the_other_side_and_only_to_paths_named(tmp_path):
+    """A hub here binds a worker's inbox path and forwards to the relay there, which delivers to the
+    same path (its worker's socket); a delivery to a path not named is dropped and counted."""
+    (tmp_path / "there").mkdir()  # one machine here: "the same path" there is another folder
+    inbox = str(tmp_path / "there" / "w3.sock")
+    there = CR.Relay({"token": TOKEN.hex(), "log": str(tmp_path / "there.jsonl"), "deliver_to": [inbox]})
+    (tmp_path / "here").mkdir()
+    mirror = str(tmp_path / "here" / "w3.sock")
+    hub = CR.Relay(
+        {
+            "token": TOKEN.hex(),
+            "log": str(tmp_path / "hub.jsonl"),
+            "forward": [{"path": mirror, "to": ["127.0.0.1", there.port], "deliver": True}],
+        }
+    )
+    worker = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    worker.bind(inbox)  # the worker's own inbox, on its machine
+    worker.settimeout(2)
+    # the hub's forward carries the path it came in on; the relay there delivers it at the same path
+    hub.on_local(next(iter(hub.forwards)), b'{"rid": 1}')
+    data, addr = there.requests.recvfrom(65536)
+    assert data == TOKEN + CR.DELIVER + mirror.encode() + b"\0" + b'{"rid": 1}'
+    there.on_udp(TOKEN + CR.DELIVER + inbox.encode() + b"\0" + b'{"rid": 1}', addr)
+    assert worker.recv(100) == b'{"rid": 1}' and there.counts["delivered"] == 1
+    there.on_udp(TOKEN + CR.DELIVER + b"/etc/elsewhere.sock\0x", addr)
+    assert there.counts["foreign"] == 1
+    worker.close()
+    for r in (hub, there):
+        r.close()
+    assert not (tmp_path / "here" / "w3.sock").exists()  # the hub's bound path removed at its end
 
 
 def _responder(sock: socket.socket, ignore: int, answered: list) -> None:

@@ -153,44 +153,35 @@ class Agent:
         return {"result": result}
 
     def op_relay(self, req: dict) -> dict:
-        """Start this machine's control relay (``control_relay.py``) for the run's controller at
-        ``controller`` ([address, port]); returns its UDP port. Stopped at teardown like every
-        helper of the run."""
-        from testbed.net.registry import control_dir
+        """Start this machine's control relay (``control_relay.py``), with no path bound yet (the
+        runner asks it for those); returns its UDP port. Stopped at teardown like every helper of
+        the run."""
+        from testbed.net.remote.control_relay import start_relay
         from testbed.trace.shaping_log import RELAY_LOG
 
         assert self.run_dir is not None and self.net is not None
         config = Path("relay.json").absolute()  # beside the run folder: its token is not a trace
-        port_file = Path(f"{config}.port")
-        port_file.unlink(missing_ok=True)
+        config.touch(mode=0o600)
         config.write_text(
             json.dumps(
                 {
                     "token": req["token"],
-                    "controller": req["controller"],
                     "offset_ns": req["offset_ns"],
-                    "control_path": str(control_dir() / f"{self.net.prefix}.sock"),
                     "log": str((self.run_dir / RELAY_LOG).absolute()),
                     "faults": req.get("faults"),
                     "machine": req.get("machine", ""),
                 }
             )
         )
-        os.chmod(config, 0o600)
         log = open(self.run_dir / "logs" / f"relay-{req.get('machine', 'here')}.log", "ab")
-        proc = self.net.shaping.start_helper(
-            [sys.executable, "-m", "testbed.net.remote.control_relay", str(config)],
-            "control relay",
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-        deadline = time.monotonic() + 20
-        while not port_file.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise OSError(f"the control relay did not start (see logs/relay-{req.get('machine', 'here')}.log)")
-            time.sleep(0.02)
-        return {"port": int(port_file.read_text())}
+        try:
+            port = start_relay(
+                config,
+                lambda argv: self.net.shaping.start_helper(argv, "control relay", stdout=log, stderr=subprocess.STDOUT),
+            )
+        finally:
+            log.close()
+        return {"port": port}
 
     def op_read(self, req: dict) -> dict:
         """What the run's processes appended to the files of the run folder since the last read:

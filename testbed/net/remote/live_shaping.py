@@ -5,8 +5,9 @@ Each WAN link direction is shaped where its egress is: on the machine holding it
 Installing, compiling and reading a class is one request to that machine's agent over SSH
 (``agent.py``'s ``shape``); a compiled grant comes back with the machine's name, and Atlas's
 controller applies it through that machine's control relay (``control_relay.py``) in one UDP
-round trip, not over SSH. Helpers of the run started here (Atlas's controller) are registered in
-this machine's run record and stopped at teardown.
+round trip, not over SSH. The relays also bridge the run's control sockets (``open_control``
+for Atlas, ``open_bridge`` for BubbleTea). Helpers of the run started here (Atlas's controller,
+the bridge's hub) are registered in this machine's run record and stopped at teardown.
 
 A link's rate (``set_link_rate``) is changed at each end by its own machine: two requests, one per
 direction, so the two directions change a round trip apart rather than within one system call
@@ -15,6 +16,8 @@ as on one machine.
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
 import socket
 import subprocess
@@ -23,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from testbed.net.hostproc import HostProcesses
-from testbed.net.remote.control_relay import FAULTS_ENV, TOKEN_BYTES, parse_faults
+from testbed.net.registry import control_dir
+from testbed.net.remote.control_relay import FAULTS_ENV, TOKEN_BYTES, RelayClient, parse_faults, start_relay
 from testbed.net.shaping import DEFAULT_CLASS_MINOR, LINK_CLASS_MINOR
-from testbed.trace.shaping_log import SHAPING_LOG
+from testbed.trace.shaping_log import RELAY_LOG, SHAPING_LOG
 
 
 def _no_hosts(host: str) -> str:
@@ -41,6 +45,7 @@ class RemoteShaping:
         self.shaping_log_path: Path = net.out_dir / SHAPING_LOG
         self.processes = HostProcesses(_no_hosts, net.out_dir / "logs")
         self.processes.record = net.record
+        self._relays: dict[str, Any] | None = None
 
     def machine_of_egress(self, src_dc: str) -> str:
         """The machine holding the WAN egresses of ``src_dc``."""
@@ -99,43 +104,103 @@ class RemoteShaping:
         ``testbed clean`` and stopped at teardown."""
         return self.processes.popen_root(argv, what, **kwargs)
 
-    def open_control(self, faults: str | None = None) -> tuple[socket.socket, dict[str, Any]]:
-        """The controller's control channel across machines: a UDP socket bound here, and a relay
-        started on every machine that forwards its workers' datagrams to it and applies grants
-        there. Returns the socket and ``{"token": hex, "relays": {machine: {"addr", "port",
-        "offset_ns", "uncertainty_ns"}}}``. ``faults`` (default: ``$TESTBED_CONTROL_FAULTS``):
-        deliberate drops and duplicates (``control_relay.parse_faults``; tests). Raises RemoteError
-        when a machine cannot start its relay, ValueError for faults it cannot read."""
-        import os
-
-        fault_spec = parse_faults(faults if faults is not None else os.environ.get(FAULTS_ENV))
+    def relays(self) -> dict[str, Any]:
+        """The machines' control relays, started on the first call: ``{"token": hex, "relays":
+        {machine: {"addr", "port", "offset_ns", "uncertainty_ns"}}}``. Deliberate faults come from
+        ``$TESTBED_CONTROL_FAULTS`` (``control_relay.parse_faults``; tests). Raises RemoteError when
+        a machine cannot start its relay, ValueError for faults it cannot read."""
+        if self._relays is not None:
+            return self._relays
+        faults = parse_faults(os.environ.get(FAULTS_ENV))
         token = secrets.token_bytes(TOKEN_BYTES)
+        relays = {}
+        for m in self.net.inventory.machines:
+            _, there = self.net.conns[m.name].addresses()
+            clock = self.net.clock[m.name]["before"]
+            port = self.net.agents[m.name].call(
+                "relay",
+                token=token.hex(),
+                offset_ns=clock["offset_ns"],
+                faults=faults if any(faults[k] for k in ("drop", "duplicate")) else None,
+                machine=m.name,
+            )["port"]
+            relays[m.name] = {
+                "addr": there,
+                "port": port,
+                "offset_ns": clock["offset_ns"],
+                "uncertainty_ns": clock["uncertainty_ns"],
+            }
+        self._relays = {"token": token.hex(), "relays": relays}
+        return self._relays
+
+    def _ask(self, machine: str, op: str, **fields: Any) -> dict[str, Any]:
+        """A request to ``machine``'s relay (``control_relay.RelayClient``)."""
+        r = self.relays()
+        client = RelayClient(
+            machine, (r["relays"][machine]["addr"], r["relays"][machine]["port"]), bytes.fromhex(r["token"])
+        )
+        try:
+            return client.request(op, **fields)
+        finally:
+            client.close()
+
+    def open_control(self) -> tuple[socket.socket, dict[str, Any]]:
+        """Atlas's control channel across machines: a UDP socket bound here, to which every
+        machine's relay forwards what its workers send to the controller's path
+        (``registry.control_dir()/<prefix>.sock``) there. Returns the socket and ``relays()``."""
+        relays = self.relays()
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         sock.bind(("0.0.0.0", 0))
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-        relays = {}
         try:
             for m in self.net.inventory.machines:
-                here, there = self.net.conns[m.name].addresses()
-                clock = self.net.clock[m.name]["before"]
-                port = self.net.agents[m.name].call(
-                    "relay",
-                    token=token.hex(),
-                    controller=[here, sock.getsockname()[1]],
-                    offset_ns=clock["offset_ns"],
-                    faults=fault_spec if any(fault_spec[k] for k in ("drop", "duplicate")) else None,
-                    machine=m.name,
-                )["port"]
-                relays[m.name] = {
-                    "addr": there,
-                    "port": port,
-                    "offset_ns": clock["offset_ns"],
-                    "uncertainty_ns": clock["uncertainty_ns"],
-                }
+                here, _ = self.net.conns[m.name].addresses()
+                self._ask(m.name, "forward", path=self.control_path(), to=[here, sock.getsockname()[1]])
         except BaseException:
             sock.close()
             raise
-        return sock, {"token": token.hex(), "relays": relays}
+        return sock, relays
+
+    def control_path(self, suffix: str = "") -> str:
+        """The run's control socket ``<prefix><suffix>.sock``: the same path on every machine."""
+        return str(control_dir() / f"{self.net.prefix}{suffix}.sock")
+
+    def open_bridge(self, here: list[str], there: dict[str, list[str]]) -> None:
+        """Bridge Unix datagram paths between this machine and the others (BubbleTea's dispatcher
+        and the workers' inboxes): what is sent on a machine to a path of ``here`` is delivered to
+        it here; what is sent here to a path of ``there[machine]`` is delivered to it on that machine.
+        A hub here (the relay's program, registered like every helper) binds the ``there`` paths;
+        each machine's relay binds the ``here`` paths. Raises RemoteError or OSError when a relay
+        or the hub cannot start."""
+        relays = self.relays()
+        forward = [
+            {"path": path, "to": [relays["relays"][m]["addr"], relays["relays"][m]["port"]], "deliver": True}
+            for m, paths in there.items()
+            for path in paths
+        ]
+        config = self.net.out_dir / "logs" / "hub.json"
+        config.touch(mode=0o600)
+        config.write_text(
+            json.dumps(
+                {
+                    "token": relays["token"],
+                    "log": str(self.net.out_dir / RELAY_LOG),
+                    "machine": "runner",
+                    "forward": forward,
+                    "deliver_to": here,
+                }
+            )
+        )
+        with open(self.net.out_dir / "logs" / "hub.log", "ab") as log:
+            port = start_relay(
+                config,
+                lambda argv: self.start_helper(argv, "control hub", stdout=log, stderr=subprocess.STDOUT),
+            )
+        for m in self.net.inventory.machines:
+            addr, _ = self.net.conns[m.name].addresses()
+            self._ask(m.name, "deliver_to", paths=there.get(m.name, []))
+            for path in here:
+                self._ask(m.name, "forward", path=path, to=[addr, port], deliver=True)
 
     def stop(self) -> None:
         """Stop the helpers started here."""
