@@ -102,23 +102,34 @@ def test_fidelity_across_machines(name, lab, tmp_path, clean_machine):
     _assert_machines_clean(lab)
 
 
-def test_atlas_across_machines_with_control_messages_lost_and_repeated(lab, tmp_path, clean_machine, monkeypatch):
-    """Atlas on two machines (the controller here, a relay on each), a tenth of the relays'
-    forwards and answers dropped and another tenth sent twice on purpose: training finishes with
-    the netns backend's losses, in one clock; each machine applied the grants of its own links,
-    which its kernel's classes show; every lost message cost at most one deadline."""
+def test_atlas_and_bubbletea_across_machines_with_control_messages_lost_and_repeated(
+    lab, tmp_path, clean_machine, monkeypatch
+):
+    """Atlas and BubbleTea on two machines (the controller and the dispatcher here, a relay on each
+    machine), a tenth of the relays' forwards and answers dropped and another tenth sent twice on
+    purpose: training finishes with the netns backend's losses, in one clock; each machine applied
+    the grants of its own links, as its kernel's counters show; every lost message cost at most one
+    deadline; requests were prefilled on both machines and their times line up in one clock."""
     monkeypatch.setenv(FAULTS_ENV, "drop=0.1,duplicate=0.1,seed=1")
     inv = lab.write_inventory(tmp_path / "inventory.yaml", GROUPS["two_dc"])
+    topo = tmp_path / "two_dc_decode.yaml"  # two_dc with a decode host in each DC
+    topo.write_text(Path(load_topology("two_dc").source).read_text().replace("hosts: 2}", "hosts: 3, decode_hosts: 1}"))
     exp = load_experiment().with_overrides(
-        topology="two_dc", stages=2, replicas=2, iterations=3, warmup_iterations=1, schedule="gpipe", policy="atlas"
+        topology=str(topo),
+        stages=2,
+        replicas=2,
+        iterations=4,
+        warmup_iterations=1,
+        schedule="gpipe",
+        policy="atlas+bubbletea",
     )
     t0 = time.monotonic_ns()
     summary = run_experiment(exp, tmp_path / "run", progress=lambda line: None, backend="remote", inventory=inv)
     t1 = time.monotonic_ns()
-    assert summary["backend"] == "remote" and summary["completed_iterations"] == 3
+    assert summary["backend"] == "remote" and summary["completed_iterations"] == 4
     assert summary[M.MACHINES] == {"m0": ["east"], "m1": ["west"]}
     run = tmp_path / "run"
-    assert losses(read_events(run)).tolist() == pytest.approx(reference_losses(exp, 3), rel=1e-4)
+    assert losses(read_events(run)).tolist() == pytest.approx(reference_losses(exp, 4), rel=1e-4)
     clock = json.loads((run / "clock_offsets.json").read_text())["machines"]
     _assert_offsets(clock)
     assert all("after" in c for c in clock.values())
@@ -154,9 +165,22 @@ def test_atlas_across_machines_with_control_messages_lost_and_repeated(lab, tmp_
     ages = [r["counter_age_ns"] for r in releases if "counter_age_ns" in r]
     assert ages and all(-slack <= a < 20_000_000 + slack for a in ages), sorted(ages)[-3:]  # a read's round trip
 
+    # BubbleTea: requests dispatched from here to workers on both machines were prefilled, and each
+    # request's times (the dispatcher's arrival, the worker's prefill, the decode host's first token) line up
+    firsts = [
+        r for f in (run / "requests").glob("decode-*.jsonl") for r in read_jsonl(f) if r["event"] == "first_token"
+    ]
+    assert summary[M.REQUESTS_COMPLETED] == len(firsts) > 0
+    assigned = [r for r in read_jsonl(run / "requests" / "dispatch.jsonl") if r["event"] == "assign"]
+    assert {"east" if r["worker"] < 2 else "west" for r in assigned} == {"east", "west"}  # ranks 0-1: stage 0, east
+    for r in firsts:
+        assert r["arrival_ns"] - slack <= r["prefill_start_ns"] <= r["prefill_end_ns"] <= r["first_token_ns"] + slack, r
+
     # the faults happened, and each lost message cost at most one deadline
     relays = summary[M.CONTROL_RELAYS]
-    assert set(relays) == {"m0", "m1"} and all(r["stale"] == 0 for r in relays.values())
+    assert set(relays) == {"m0", "m1", "runner"} and all(r["stale"] == 0 for r in relays.values())
+    # the hub here delivered the workers' profiles to the dispatcher, the relays its requests to the workers
+    assert all(relays[m]["delivered"] > 0 for m in ("runner", "m0", "m1"))
     dropped = sum(r["forwards_dropped"] for r in relays.values())
     assert dropped > 0 and sum(r["forwards_duplicated"] for r in relays.values()) > 0
     assert sum(r["replies_dropped"] for r in relays.values()) > 0
