@@ -344,17 +344,9 @@ def test_unreachable_machine_and_missing_modules_are_refused_before_building(lab
 def test_cli_refuses_what_the_remote_backend_cannot_do(lab, tmp_path):
     inv = lab.write_inventory(tmp_path / "a.yaml", GROUPS["three_dc"])
     proc = run_cli(
-        "run",
-        "--backend",
-        "remote",
-        "--inventory",
-        str(inv),
-        "--policy",
-        "atlas+bubbletea",
-        "--out",
-        str(tmp_path / "run"),
+        "run", "--backend", "remote", "--inventory", str(inv), "--sched-trace", "--out", str(tmp_path / "run")
     )
-    assert proc.returncode == 2 and "does not do across machines yet" in proc.stderr
+    assert proc.returncode == 2 and "traces this machine's scheduler" in proc.stderr
     proc = run_cli("topo", "up", "two_dc", "--backend", "remote")
     assert proc.returncode == 2 and "--inventory" in proc.stderr
     proc = run_cli("topo", "up", "two_dc", "--backend", "remote", "--inventory", str(inv))
