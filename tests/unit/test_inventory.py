@@ -135,6 +135,21 @@ def test_inventory_must_fit_the_topology(tmp_path):
         check_against(inv, load_topology("three_dc"))
 
 
+def test_profiles_and_failover_over_several_machines_are_refused_before_building(tmp_path):
+    """Each machine builds its own DCs on its own clock: a link's profile or failover is not
+    replayed across them yet, and the refusal names the link and the field."""
+    inv = parse_inventory(_inv(tmp_path), "inv.yaml")
+    with pytest.raises(SpecError, match=r"links\[0\]\.profile.*east:west.*several machines") as e:
+        check_against(inv, load_topology("two_dc_shared_burst"))
+    assert "remove the links' profile and failover fields" in e.value.fix
+    three = _inv(tmp_path)
+    three["machines"][1]["dcs"] = ["west", "central"]
+    with pytest.raises(SpecError, match=r"\.(profile|failover)"):
+        check_against(parse_inventory(three, "inv.yaml"), load_topology("three_dc_day"))
+    one = {**three, "machines": [{**three["machines"][0], "dcs": ["east", "west", "central"]}]}
+    check_against(parse_inventory(one, "inv.yaml"), load_topology("three_dc_day"))  # one machine builds it all
+
+
 def test_a_missing_or_broken_file_is_a_spec_error(tmp_path):
     with pytest.raises(SpecError, match="is not a file.*Several machines"):
         load_inventory(tmp_path / "nope.yaml")

@@ -182,8 +182,9 @@ def load_inventory(path: str | Path) -> Inventory:
 
 
 def check_against(inv: Inventory, topo: TopologySpec) -> None:
-    """Every DC of ``topo`` on exactly one machine, and no machine naming a DC ``topo`` lacks.
-    Raises SpecError."""
+    """Every DC of ``topo`` on exactly one machine, and no machine naming a DC ``topo`` lacks; no
+    link with a profile or route failover on more than one machine (each machine builds its own
+    DCs on its own clock: not supported yet). Raises SpecError."""
     names = [dc.name for dc in topo.dcs]
     for i, m in enumerate(inv.machines):
         for dc in m.dcs:
@@ -196,6 +197,17 @@ def check_against(inv: Inventory, topo: TopologySpec) -> None:
                     f"is not a DC of topology {topo.name}",
                     f"did you mean {close[0]!r}?" if close else f"its DCs are {', '.join(names)}",
                 )
+    for i, link in enumerate(topo.links):
+        field = "profile" if link.profile else "failover" if link.failover else None
+        if field and len(inv.machines) > 1:
+            raise SpecError(
+                topo.source,
+                f"links[{i}].{field}",
+                f"{link.a}:{link.b}",
+                "is not replayed on a topology spread over several machines yet (each machine builds its own "
+                "DCs, on its own clock, and moves only its own routes)",
+                "remove the links' profile and failover fields for a run over several machines, or run on one",
+            )
     placed = {dc for m in inv.machines for dc in m.dcs}
     missing = [n for n in names if n not in placed]
     if missing:
