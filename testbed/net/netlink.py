@@ -127,15 +127,20 @@ def add_veth(ipr: IPRoute, ifname: str, peer_ifname: str, peer_netns: str, mtu: 
     return _one(ipr, ifname)
 
 
-def add_vxlan(ifname: str, netns: str, vni: int, local: str, remote: str, port: int, mtu: int) -> None:
+def add_vxlan(
+    ifname: str, netns: str, vni: int, local: str, remote: str, port: int, mtu: int, mac: str | None = None
+) -> None:
     """A VXLAN interface ``ifname`` created directly inside ``netns`` whose UDP underlay stays in the
     caller's namespace (the device's link namespace): the calling thread's namespace carries the
     tunnel between ``local`` and ``remote`` (unicast, UDP ``port``), ``netns`` sees one Ethernet
-    link. Never exists outside ``netns``, so a crash cannot leave it behind (ip-link(8), VXLAN)."""
+    link with link-layer address ``mac`` (default: a random one). Never exists outside ``netns``,
+    so a crash cannot leave it behind (ip-link(8), VXLAN)."""
+    extra = {"address": mac} if mac else {}
     with IPRoute() as ipr:
         ipr.link(
             "add",
             ifname=ifname,
+            **extra,
             kind="vxlan",
             vxlan_id=vni,
             vxlan_local=local,

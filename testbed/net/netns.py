@@ -122,12 +122,15 @@ def build_wan(
                 t["remote"],
                 t["port"],
                 mtu or 1450,
+                t.get("mac"),
             )
         for end in ends:
             ipr = handles.ipr(plan.routers[end.dc].netns)
             idx = netlink.ifindex(ipr, end.ifname)
             netlink.add_address(ipr, idx, str(end.ip.ip), 30)
             netlink.up(ipr, idx)
+            if len(ends) == 1 and tunnels[(end.dc, end.peer)].get("peer_mac"):  # the far end's address is known
+                netlink.add_permanent_neighbour(ipr, idx, str(end.peer_ip), tunnels[(end.dc, end.peer)]["peer_mac"])
 
 
 def add_routes(
@@ -148,7 +151,8 @@ def pin_wan_neighbours(handles: NamespaceHandles, plan: AddressPlan, dcs_here: s
     """Give each router a permanent neighbour entry for its WAN peers on this machine, as the
     address plan knows them: a router would otherwise resolve its peer by ARP across the delayed
     link when the first packet goes out (with netem, whose delay covers ARP too, the first transfer
-    over each link waited one extra round trip). Peers on another machine (VXLAN) are left to ARP."""
+    over each link waited one extra round trip). Peers on another machine (VXLAN) are pinned where
+    the tunnel is made, to the address the tunnel plan gives their end (``remote/tunnels.py``)."""
     for (dc, peer), end in plan.wan_ends.items():
         if dc not in dcs_here or peer not in dcs_here:
             continue

@@ -85,6 +85,11 @@ def test_tunnels_only_between_machines_with_matching_ends():
         assert (peer["here"], peer["there"]) == (t["there"], t["here"])
         assert (t["local"], t["remote"]) == (peer["remote"], peer["local"]) == ("192.0.2.10", "192.0.2.11")
         assert 0 < t["vni"] < 2**24 and t["port"] == 4789
+        # each end knows the other's link-layer address (pinned: no ARP across the link)
+        assert (t["mac"], t["peer_mac"]) == (peer["peer_mac"], peer["mac"]) and t["mac"] != t["peer_mac"]
+        assert int(t["mac"].split(":")[0], 16) & 0b11 == 0b10  # locally administered, unicast
+    macs = [t["mac"] for m in plan.values() for t in m]
+    assert len(set(macs)) == len(macs)
     assert tunnel_plan(spec, _inventory([["east", "central", "west"]]), "tb3f9a") == {"m0": []}
     other = tunnel_plan(spec, inv, "tb0001")  # another run on the same machines: other VNIs
     assert {t["vni"] for t in other["m0"]}.isdisjoint({t["vni"] for t in plan["m0"]})

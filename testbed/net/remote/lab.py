@@ -241,14 +241,18 @@ class SshLab:
             clean_run(self._record)  # also ends sshd sessions still open in the machines
             self._record = None
 
+    def run_in(self, m: LabMachine, argv: list[str]) -> str:
+        """``argv``'s output, run inside machine ``m`` (its network and mount namespaces: its own
+        /run/netns), as its sshd's sessions see it."""
+        enter = ["nsenter", "-t", str(_sshd_pid(m.proc.pid)), "-m", "-n", "--"]
+        return subprocess.run([*enter, *argv], capture_output=True, text=True).stdout
+
     def machine_state(self, m: LabMachine) -> dict:
         """What a machine holds of the testbed's: its namespaces, registered runs, work folder
         entries and processes (seen from inside its namespaces)."""
-        pid = _sshd_pid(m.proc.pid)
-        enter = ["nsenter", "-t", str(pid), "-m", "-n", "--"]
 
         def out(*argv: str) -> list[str]:
-            lines = subprocess.run([*enter, *argv], capture_output=True, text=True).stdout.splitlines()
+            lines = self.run_in(m, list(argv)).splitlines()
             return sorted(line.split()[0].split("@")[0] for line in lines if line.strip())
 
         return {

@@ -11,10 +11,18 @@ VXLAN_PORT = 4789
 TUNNEL_MTU = 1450
 
 
+def tunnel_mac(vni: int, side: int) -> str:
+    """The link-layer address of one end of the tunnel with ``vni`` (``side`` 0: the link's first
+    DC, 1: its second): locally administered, unique per run and link, so that each end knows its
+    peer's without asking and pins it (no ARP round trip across the delayed link: ``netns.py``)."""
+    return f"02:{(vni >> 16) & 0xFF:02x}:{(vni >> 8) & 0xFF:02x}:{vni & 0xFF:02x}:{side:02x}:01"
+
+
 def tunnel_plan(spec: TopologySpec, inv: Inventory, prefix: str) -> dict[str, list[dict]]:
     """For every machine, the VXLAN tunnels of its WAN links to DCs on other machines:
-    ``{"here", "there", "vni", "local", "remote", "port"}``. A link's VNI is derived from the run
-    prefix and the link's index (so concurrent runs on the same machines differ); both ends use it.
+    ``{"here", "there", "vni", "local", "remote", "port", "mac", "peer_mac"}``. A link's VNI is
+    derived from the run prefix and the link's index (so concurrent runs on the same machines
+    differ); both ends use it, and each end's link-layer address from it (``tunnel_mac``).
     Pure: unit-tested."""
     out: dict[str, list[dict]] = {m.name: [] for m in inv.machines}
     base = (int(prefix[2:], 16) & 0xFFFF) << 8
@@ -31,6 +39,8 @@ def tunnel_plan(spec: TopologySpec, inv: Inventory, prefix: str) -> dict[str, li
                 "local": ma.tunnel_address,
                 "remote": mb.tunnel_address,
                 "port": VXLAN_PORT,
+                "mac": tunnel_mac(vni, 0),
+                "peer_mac": tunnel_mac(vni, 1),
             }
         )
         out[mb.name].append(
@@ -41,6 +51,8 @@ def tunnel_plan(spec: TopologySpec, inv: Inventory, prefix: str) -> dict[str, li
                 "local": mb.tunnel_address,
                 "remote": ma.tunnel_address,
                 "port": VXLAN_PORT,
+                "mac": tunnel_mac(vni, 1),
+                "peer_mac": tunnel_mac(vni, 0),
             }
         )
     return out
