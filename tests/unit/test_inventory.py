@@ -150,6 +150,19 @@ def test_profiles_and_failover_over_several_machines_are_refused_before_building
     check_against(parse_inventory(one, "inv.yaml"), load_topology("three_dc_day"))  # one machine builds it all
 
 
+def test_hosts_placed_apart_from_their_dc_are_refused_not_moved(tmp_path):
+    """MaxiNet#45 moved hosts silently: here a host runs with its DC's router, and an inventory
+    that places hosts is refused, saying how to spread them."""
+    data = _inv(tmp_path)
+    data["machines"][1]["hosts"] = ["east-h1"]
+    with pytest.raises(SpecError, match=r"machines\[1\]\.hosts.*runs on the machine of its DC") as e:
+        parse_inventory(data, "inv.yaml")
+    assert "split the DC into several DCs" in e.value.fix
+    data = _inv(tmp_path, dcs=["east-h1"])
+    with pytest.raises(SpecError, match="is not a DC of topology two_dc"):
+        check_against(parse_inventory(data, "inv.yaml"), load_topology("two_dc"))
+
+
 def test_a_missing_or_broken_file_is_a_spec_error(tmp_path):
     with pytest.raises(SpecError, match="is not a file.*Several machines"):
         load_inventory(tmp_path / "nope.yaml")

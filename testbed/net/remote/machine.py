@@ -146,6 +146,15 @@ def _tunnel_ok(text: str) -> bool:
 
 
 def read_machine(source: str, data: Any, i: int, base: Path | None = None) -> Machine:
+    if isinstance(data, dict) and "hosts" in data:  # MaxiNet#45: hosts moved silently off their DC's machine
+        raise SpecError(
+            source,
+            f"machines[{i}].hosts",
+            data["hosts"],
+            "places hosts, but a host runs on the machine of its DC, with its DC's router (a DC's hosts and "
+            "router share one bridge, which does not span machines)",
+            "list whole DCs under dcs; to spread hosts over machines, split the DC into several DCs in the topology",
+        )
     r = FieldReader(source, data, f"machines[{i}]", MACHINE_FIELDS)
     name = text_field(r, "name")
     if not _NAME.match(name):
