@@ -13,7 +13,7 @@ import pytest
 from testbed.net.remote.clock import estimate_offset
 from testbed.net.remote.deploy import package_files
 from testbed.net.remote.inventory import parse_inventory
-from testbed.net.remote.preflight import check_machine
+from testbed.net.remote.preflight import check_congestion_defaults, check_machine
 from testbed.net.remote.ssh import remote_command
 from testbed.net.remote.tunnels import tunnel_plan
 from testbed.spec.topology_file import TOPOLOGY_DIR, load_topology, parse_topology
@@ -118,9 +118,29 @@ def _report(**changes):
         "nfq_header": True,
         "vxlan": True,
         "vxlan_error": "",
+        "congestion": {"available": ["reno", "cubic"], "allowed": ["reno", "cubic"], "default": "cubic"},
     }
     r.update(changes)
     return r
+
+
+def test_congestion_control_is_checked_on_every_machine():
+    """The topology's tcp_congestion available and allowed on each machine; without one, each end
+    runs its machine's default, so the defaults must agree."""
+    assert check_machine("m0", _report(), "2.13.0+cpu", "0.9.7", "reno") == []
+    missing = check_machine("m0", _report(), "2.13.0+cpu", "0.9.7", "bbr")
+    assert missing == [
+        "m0: the kernel has no TCP congestion control 'bbr' (available: reno, cubic; modprobe tcp_bbr loaded none): "
+        "set the topology's tcp_congestion to one every machine has"
+    ]
+    cc = {"available": ["reno", "cubic", "bbr"], "allowed": ["reno", "cubic"], "default": "cubic"}
+    (not_allowed,) = check_machine("m1", _report(congestion=cc), "2.13.0+cpu", "0.9.7", "bbr")
+    assert "tcp_allowed_congestion_control='reno cubic bbr'" in not_allowed
+    same = {"m0": _report(), "m1": _report()}
+    assert check_congestion_defaults(same) == []
+    other = {"m0": _report(), "m1": _report(congestion={**cc, "default": "bbr"})}
+    (differ,) = check_congestion_defaults(other)
+    assert "differ (m0 cubic, m1 bbr)" in differ and "set the topology's tcp_congestion" in differ
 
 
 def test_preflight_verdicts_name_the_machine_and_the_fix():

@@ -118,7 +118,8 @@ class RemoteNetwork(ManagedNetwork):
             "roots": {m.name: self.root_of(m) for m in self.inventory.machines},
         }
         self.record.save()
-        connect_and_check(self.inventory, self.conns, self.preflight)  # before anything is built
+        # before anything is built
+        connect_and_check(self.inventory, self.conns, self.preflight, self.spec.tcp_congestion)
         for m in self.inventory.machines:
             deploy(self.conns[m.name], self.root_of(m))
             self.agents[m.name] = AgentClient(

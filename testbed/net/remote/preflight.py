@@ -1,7 +1,9 @@
 """Before anything is built on any machine of ``--backend remote``: every machine is checked for
 root, the tools and Python modules the run needs (with the same torch and pyroute2 versions as
-here), libnetfilter_queue's header (to build the delay element) and VXLAN in its kernel. All
-problems, on all machines, come back as one list.
+here), libnetfilter_queue's header (to build the delay element), VXLAN in its kernel, and TCP's
+congestion control: the topology's ``tcp_congestion`` available and allowed in namespaces, or,
+without one, the same default on every machine. All problems, on all machines, come back as one
+list.
 """
 
 from __future__ import annotations
@@ -43,6 +45,12 @@ p = subprocess.run(["unshare", "--net", "ip", "link", "add", "tbprobe", "type", 
                     "4789"], capture_output=True, text=True)
 out["vxlan"] = p.returncode == 0
 out["vxlan_error"] = p.stderr.strip()
+cc = "/proc/sys/net/ipv4/tcp_%%s_congestion_control"
+want = %(congestion)r
+if want and want not in open(cc %% "available").read().split() and shutil.which("modprobe"):
+    subprocess.run(["modprobe", "tcp_" + want], capture_output=True)
+out["congestion"] = {k: open(cc %% k).read().split() for k in ("available", "allowed")}
+out["congestion"]["default"] = open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
 print(json.dumps(out))
 """
 
@@ -58,8 +66,12 @@ def last_json_line(text: str) -> dict | None:
     return None
 
 
-def check_machine(name: str, report: dict, torch_version: str, pyroute2_version: str) -> list[str]:
-    """Problems of one machine's preflight report (empty: ready). Pure: unit-tested."""
+def check_machine(
+    name: str, report: dict, torch_version: str, pyroute2_version: str, congestion: str | None = None
+) -> list[str]:
+    """Problems of one machine's preflight report (empty: ready); ``congestion``: the topology's
+    ``tcp_congestion`` (None: the machines' defaults, compared by ``check_congestion_defaults``).
+    Pure: unit-tested."""
     if not isinstance(report.get("modules"), dict) or not isinstance(report.get("tools"), dict):
         return [
             f"{name}: its python printed something other than the preflight report: give the inventory's "
@@ -100,7 +112,33 @@ def check_machine(name: str, report: dict, torch_version: str, pyroute2_version:
             f"the kernel cannot create VXLAN interfaces ({report.get('vxlan_error') or 'no reason given'}): "
             "load the vxlan module (modprobe vxlan)"
         )
+    cc = report.get("congestion") or {}
+    if congestion and cc and congestion not in cc.get("available", []):
+        problems.append(
+            f"the kernel has no TCP congestion control {congestion!r} (available: {', '.join(cc['available'])}; "
+            f"modprobe tcp_{congestion} loaded none): set the topology's tcp_congestion to one every machine has"
+        )
+    elif congestion and cc and congestion not in cc.get("allowed", []):
+        problems.append(
+            f"namespaces may choose only the allowed TCP congestion controls ({' '.join(cc['allowed'])}), not "
+            f"{congestion!r}: allow it there with sysctl -w net.ipv4.tcp_allowed_congestion_control="
+            f"'{' '.join([*cc['allowed'], congestion])}'"
+        )
     return [f"{name}: {p}" for p in problems]
+
+
+def check_congestion_defaults(reports: dict[str, dict]) -> list[str]:
+    """With no ``tcp_congestion`` in the topology each end of a link runs its machine's default: a
+    problem where the machines' defaults differ (the two directions of a link would share it unlike
+    each other, silently). Pure: unit-tested."""
+    defaults = {name: (r.get("congestion") or {}).get("default") for name, r in reports.items()}
+    if len({d for d in defaults.values() if d}) > 1:
+        listed = ", ".join(f"{name} {d}" for name, d in sorted(defaults.items()))
+        return [
+            f"the machines' default TCP congestion controls differ ({listed}): set the topology's "
+            "tcp_congestion so that every end runs the same one"
+        ]
+    return []
 
 
 def local_versions() -> dict[str, str]:
@@ -114,15 +152,18 @@ def local_versions() -> dict[str, str]:
     return out
 
 
-def preflight(conn: Connection, m: Machine, want: dict[str, str]) -> tuple[dict[str, Any] | None, list[str]]:
-    """(the machine's preflight report or None, its problems) over an open connection."""
+def preflight(
+    conn: Connection, m: Machine, want: dict[str, str], congestion: str | None = None
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """(the machine's preflight report or None, its problems) over an open connection;
+    ``congestion``: the topology's ``tcp_congestion``."""
     code, out, err = conn.run(["id", "-u"], timeout_s=30)
     if code != 0 or out.strip().splitlines()[-1:] != ["0"]:
         return None, [
             f"{m.name}: the login {m.user} is not root (id -u: {(out or err).strip()[-80:]!r}): the "
             "testbed builds network namespaces there; log in as root with a key"
         ]
-    script = PREFLIGHT % {"modules": MODULES, "tools": tuple({**TOOLS, **BUILD_TOOLS})}
+    script = PREFLIGHT % {"modules": MODULES, "tools": tuple({**TOOLS, **BUILD_TOOLS}), "congestion": congestion}
     code, out, err = conn.run([m.python, "-c", script], timeout_s=60)
     report = last_json_line(out)
     if code != 0 or report is None:
@@ -131,7 +172,7 @@ def preflight(conn: Connection, m: Machine, want: dict[str, str]) -> tuple[dict[
             "give the inventory's python as a Python 3 interpreter there, and make sure the login "
             "prints nothing else"
         ]
-    return report, check_machine(m.name, report, want["torch"], want["pyroute2"])
+    return report, check_machine(m.name, report, want["torch"], want["pyroute2"], congestion)
 
 
 def require_ready(problems: list[str], what: str) -> None:
@@ -140,9 +181,15 @@ def require_ready(problems: list[str], what: str) -> None:
         raise RemoteError(f"{what}; nothing was built:\n  " + "\n  ".join(problems))
 
 
-def connect_and_check(inventory: Inventory, conns: dict[str, Connection], reports: dict[str, dict[str, Any]]) -> None:
+def connect_and_check(
+    inventory: Inventory,
+    conns: dict[str, Connection],
+    reports: dict[str, dict[str, Any]],
+    congestion: str | None = None,
+) -> None:
     """Open a connection to every machine of ``inventory`` into ``conns`` (by machine name) and
-    check each (``preflight``, its report into ``reports``), before anything is built anywhere.
+    check each (``preflight``, its report into ``reports``; ``congestion``: the topology's
+    ``tcp_congestion``, or the machines' defaults compared), before anything is built anywhere.
     Raises RemoteError listing every machine's problems: first those reaching them, then those
     of the machines reached. Connections opened stay in ``conns``, for the caller to close."""
     problems = []
@@ -155,8 +202,10 @@ def connect_and_check(inventory: Inventory, conns: dict[str, Connection], report
     require_ready(problems, "cannot use the inventory's machines")
     want = local_versions()
     for m in inventory.machines:
-        report, found = preflight(conns[m.name], m, want)
+        report, found = preflight(conns[m.name], m, want, congestion)
         if report is not None:
             reports[m.name] = report
         problems += found
+    if congestion is None:
+        problems += check_congestion_defaults(reports)
     require_ready(problems, "machines are not ready")
