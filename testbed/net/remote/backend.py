@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from testbed.errors import BuildError, CheckError, DelayElementError, RemoteError
 from testbed.invocation import sudo_testbed
@@ -54,6 +55,8 @@ from testbed.net.topology_record import default_out_dir, write_topology_record
 from testbed.spec.addressing import AddressPlan, HostAddr
 from testbed.spec.routing import RoutingTable
 from testbed.spec.topology import TopologySpec
+
+T = TypeVar("T")
 
 
 class RemoteNetwork(ManagedNetwork):
@@ -120,17 +123,14 @@ class RemoteNetwork(ManagedNetwork):
         self.record.save()
         # before anything is built
         connect_and_check(self.inventory, self.conns, self.preflight, self.spec.tcp_congestion)
-        for m in self.inventory.machines:
-            deploy(self.conns[m.name], self.root_of(m))
-            self.agents[m.name] = AgentClient(
-                self.conns[m.name], self.root_of(m), self.out_dir / "logs" / f"agent-{m.name}.log", self.agent_idle_s
-            )
-            self.agent_pids[m.name] = self.agents[m.name].call("hello")["pid"]
+        for m, pid in self._on_every_machine(self._start_agent).items():
+            self.agent_pids[m] = pid
+        # one machine at a time: a measurement that shares the cores with another is less certain
         self.clock = {m.name: {"before": measure_offset(self.agents[m.name])} for m in self.inventory.machines}
         self.sync.start()  # the heartbeat runs while the other machines build
         tunnels = tunnel_plan(self.spec, self.inventory, self.prefix)
-        mechanisms = {}
-        for m in self.inventory.machines:
+
+        def build_there(m: Machine) -> str:
             reply = self.agents[m.name].call(
                 "build",
                 timeout_s=300,
@@ -146,7 +146,9 @@ class RemoteNetwork(ManagedNetwork):
                 out_dir="run",
                 clock_offset_ns=self.clock[m.name]["before"]["offset_ns"],
             )
-            mechanisms[m.name] = reply["mechanism"]
+            return reply["mechanism"]
+
+        mechanisms = self._on_every_machine(build_there)
         if len(set(mechanisms.values())) > 1:
             raise BuildError(
                 f"the machines chose different delay mechanisms ({mechanisms}): pass "
@@ -164,6 +166,26 @@ class RemoteNetwork(ManagedNetwork):
             tunnels=tunnels,
             host_extra={h.name: {"machine": self.inventory.machine_of(h.dc).name} for h in self.plan.hosts.values()},
         )
+
+    def _start_agent(self, m: Machine) -> int:
+        """Deploy the package on ``m`` and start its agent; returns the agent's PID there."""
+        deploy(self.conns[m.name], self.root_of(m))
+        self.agents[m.name] = AgentClient(
+            self.conns[m.name], self.root_of(m), self.out_dir / "logs" / f"agent-{m.name}.log", self.agent_idle_s
+        )
+        return self.agents[m.name].call("hello")["pid"]
+
+    def _on_every_machine(self, step: Callable[[Machine], T]) -> dict[str, T]:
+        """``step`` on every machine at once (one thread each: the machines work in parallel, this
+        process mostly waits on their SSH channels); every step ends before the first error, if
+        any, is raised. Returns each machine's result by name."""
+        machines = self.inventory.machines
+        with ThreadPoolExecutor(max_workers=len(machines), thread_name_prefix="remote-build") as pool:
+            futures = {m.name: pool.submit(step, m) for m in machines}
+        errors = [f.exception() for f in futures.values() if f.exception() is not None]
+        if errors:
+            raise errors[0]  # type: ignore[misc]
+        return {name: f.result() for name, f in futures.items()}
 
     def teardown(self) -> None:
         """Every agent tears its part down; a machine whose agent is gone is cleaned from its own

@@ -9,6 +9,7 @@ list.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from typing import Any
 
@@ -192,17 +193,21 @@ def connect_and_check(
     ``tcp_congestion``, or the machines' defaults compared), before anything is built anywhere.
     Raises RemoteError listing every machine's problems: first those reaching them, then those
     of the machines reached. Connections opened stay in ``conns``, for the caller to close."""
-    problems = []
-    for m in inventory.machines:
-        conn = Connection(m, inventory.known_hosts, inventory.accept_unknown_host_keys)
+    def reach(m: Machine) -> str | None:
         try:
-            conns[m.name] = conn.open()
+            conns[m.name] = Connection(m, inventory.known_hosts, inventory.accept_unknown_host_keys).open()
         except RemoteError as e:
-            problems.append(str(e))
+            return str(e)
+        return None
+
+    with ThreadPoolExecutor(max_workers=len(inventory.machines), thread_name_prefix="connect") as pool:
+        problems = [p for p in pool.map(reach, inventory.machines) if p is not None]
     require_ready(problems, "cannot use the inventory's machines")
     want = local_versions()
-    for m in inventory.machines:
-        report, found = preflight(conns[m.name], m, want, congestion)
+    # every machine at once: each runs a Python that imports torch, seconds of its own CPU
+    with ThreadPoolExecutor(max_workers=len(inventory.machines), thread_name_prefix="preflight") as pool:
+        checked = list(pool.map(lambda m: preflight(conns[m.name], m, want, congestion), inventory.machines))
+    for m, (report, found) in zip(inventory.machines, checked):
         if report is not None:
             reports[m.name] = report
         problems += found
