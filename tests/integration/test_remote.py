@@ -259,6 +259,34 @@ def test_a_dead_controller_leaves_every_link_across_machines_at_fair_sharing(lab
     _assert_machines_clean(lab)
 
 
+def test_twelve_machines_every_host_pair_reachable(tmp_path, clean_machine):
+    """More than ten machines (Mininet Cluster Edition lost reachability past ten, mininet#1078):
+    12 stand-in machines, one DC of two hosts each, the DCs in a chain, so that paths cross up to
+    twelve machines (each DC's router forwarding between two tunnels); every pair of the 24 hosts
+    answers a ping, and every machine is left clean."""
+    names = [f"dc{i:02d}" for i in range(12)]
+    topo = tmp_path / "chain12.yaml"
+    topo.write_text(
+        "name: chain12\ndescription: twelve DCs in a chain\ndcs:\n"
+        + "".join(f"  - {{name: {d}, hosts: 2}}\n" for d in names)
+        + "links:\n"
+        + "".join(f"  - {{between: [{a}, {b}], rate: 10mbit, delay: 1ms}}\n" for a, b in zip(names, names[1:]))
+    )
+    with SshLab([[d] for d in names], tmp_path / "lab") as lab:
+        inv = lab.write_inventory(tmp_path / "inventory.yaml", [[d] for d in names])
+        with RemoteNetwork(load_topology(str(topo)), inventory=inv, out_dir=tmp_path / "run") as net:
+            hosts = sorted(net.hosts)
+            assert len(hosts) == 24 and len({net.host_machine(h) for h in hosts}) == 12
+            unreachable = []
+            for h in hosts:  # each host pings all the others at once
+                ips = " ".join(str(net.host(o).ip) for o in hosts if o != h)
+                script = f"for ip in {ips}; do (ping -c 1 -W 3 $ip >/dev/null || echo $ip) & done; wait"
+                out = net.run(h, ["sh", "-c", script], timeout_s=30).stdout.split()
+                unreachable += [(h, ip) for ip in out]
+        assert unreachable == []
+        assert _empty(lab) == {m.name: EMPTY for m in lab.machines}
+
+
 def test_kill_9_then_clean(lab, tmp_path, clean_machine):
     inv = lab.write_inventory(tmp_path / "inventory.yaml", GROUPS["two_dc"])
     proc = start_topo_up(tmp_path / "run", "--backend", "remote", "--inventory", str(inv))
