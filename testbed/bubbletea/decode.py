@@ -210,19 +210,33 @@ def main(config_path: str, dc: str) -> None:
     host.serve(srv)
 
 
+#: how often a decode host says again that it listens (s)
+ANNOUNCE_EVERY_S = 0.2
+
+
 def announce_ready(dispatcher: str, dc: str) -> None:
     """Tell the dispatcher (its Unix datagram socket) that DC ``dc``'s decode host listens: the
     request stream starts only once every decode host does, so no finished KV cache finds a
-    closed port. The dispatcher may not be listening yet: retried for up to a minute."""
+    closed port. Said again every ``ANNOUNCE_EVERY_S`` for the host's life, from a thread of its
+    own: the dispatcher may not be listening yet, and across machines a datagram may be lost on its
+    way (``net/remote/control_relay.py``); the dispatcher takes each DC once. A dispatcher that
+    was never there for a minute is reported."""
     msg = json.dumps({"ev": "decode_ready", "dc": dc}).encode()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        for _ in range(600):
-            try:
-                s.sendto(msg, dispatcher)
-                return
-            except OSError:
-                time.sleep(0.1)
-    print(f"decode host of {dc}: the dispatcher at {dispatcher} never answered", file=sys.stderr)
+
+    def repeat() -> None:
+        failed_since = time.monotonic()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            while True:
+                try:
+                    s.sendto(msg, dispatcher)
+                    failed_since = time.monotonic()
+                except OSError:
+                    if time.monotonic() - failed_since > 60:
+                        print(f"decode host of {dc}: the dispatcher at {dispatcher} never answered", file=sys.stderr)
+                        return
+                time.sleep(ANNOUNCE_EVERY_S)
+
+    threading.Thread(target=repeat, name="decode-announce", daemon=True).start()
 
 
 if __name__ == "__main__":

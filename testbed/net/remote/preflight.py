@@ -193,6 +193,7 @@ def connect_and_check(
     ``tcp_congestion``, or the machines' defaults compared), before anything is built anywhere.
     Raises RemoteError listing every machine's problems: first those reaching them, then those
     of the machines reached. Connections opened stay in ``conns``, for the caller to close."""
+
     def reach(m: Machine) -> str | None:
         try:
             conns[m.name] = Connection(m, inventory.known_hosts, inventory.accept_unknown_host_keys).open()
