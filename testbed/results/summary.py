@@ -194,9 +194,10 @@ def grant_stats(run_dir: Path) -> dict:
     out = {**A.grant_figures(read_jsonl(path)), M.CONTROLLER_FAILED: (run_dir / "controller_failed").exists()}
     relays = run_dir / RELAY_LOG
     if relays.exists():
-        ends = [r for r in read_jsonl(relays) if r.get("event") == "relay_end"]
+        counts = [r for r in read_jsonl(relays) if r.get("event") in ("relay_counts", "relay_end")]
         skip = ("event", "machine", "t_ns")
-        out[M.CONTROL_RELAYS] = {r["machine"]: {k: v for k, v in r.items() if k not in skip} for r in ends}
+        last = {r["machine"]: r for r in sorted(counts, key=lambda r: r["t_ns"])}  # each relay's latest
+        out[M.CONTROL_RELAYS] = {m: {k: v for k, v in r.items() if k not in skip} for m, r in sorted(last.items())}
     return out
 
 

@@ -224,3 +224,21 @@ def test_machine_stats_name_the_machines_and_the_worst_offset_uncertainty(tmp_pa
         M.MACHINES: {"m0": ["east"], "m1": ["west", "central"]},
         M.CLOCK_OFFSET_UNCERTAINTY_MS: 0.08,
     }
+
+
+def test_a_relay_whose_last_line_was_lost_still_reports_its_latest_counts(tmp_path):
+    """The relays log their counts every second and at their end; the summary takes each relay's
+    latest line, so one cut short (killed, its teardown interrupted) still reports."""
+    from testbed.results.summary import grant_stats
+
+    (tmp_path / "controller.jsonl").write_text(
+        json.dumps({"event": "grant", "link": "a->b", "replica": 0, "t_ready_ns": 0, "t_applied_ns": 1}) + "\n"
+    )
+    rows = [
+        {"event": "relay_counts", "machine": "m0", "t_ns": 1, "forwarded": 3},
+        {"event": "relay_counts", "machine": "m0", "t_ns": 2, "forwarded": 7},
+        {"event": "applied", "machine": "m1", "t_ns": 3},
+        {"event": "relay_end", "machine": "m1", "t_ns": 4, "forwarded": 9},
+    ]
+    (tmp_path / "relay.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert grant_stats(tmp_path)[M.CONTROL_RELAYS] == {"m0": {"forwarded": 7}, "m1": {"forwarded": 9}}

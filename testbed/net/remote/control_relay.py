@@ -36,7 +36,7 @@ counted.
 For tests, ``faults`` (``{"drop": p, "duplicate": p, "seed": s}``, from ``TESTBED_CONTROL_FAULTS``
 on the runner's side) drops or doubles that share of the relays' forwards and replies on purpose.
 Each relay logs the grants it applied (``relay.jsonl``, merged into the run folder with the other
-traces) and, at its end, its counts.
+traces) and its counts, every second and at its end.
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ REPLY_MEMORY = 256
 RT_PRIORITY = 5
 #: the largest datagram read (a grant's batch as hex, a worker's message)
 MAX_DATAGRAM = 65507
+#: how often a relay logs its counts (s)
+COUNTS_EVERY_S = 1.0
 #: the first byte of a datagram's payload (after the token) that is a delivery: path, NUL, the datagram
 DELIVER = b"\x00"
 #: the environment variable that asks the relays for deliberate faults (tests): "drop=P,duplicate=P,seed=S"
@@ -319,17 +321,26 @@ class Relay:
         raise ValueError(f"unknown request {op!r}")
 
     def serve(self) -> None:
-        """Forward, deliver and answer until SIGTERM (its owner's teardown) or the parent's death."""
+        """Forward, deliver and answer until SIGTERM (its owner's teardown) or the parent's death;
+        the counts are logged every ``COUNTS_EVERY_S`` (a ``relay_counts`` line), so that a relay
+        whose last line is lost (killed, or its machine's teardown cut short) still reports them."""
+        logged = time.monotonic()
         while True:
-            for sock in select.select([self.requests, *self.forwards], [], [])[0]:
+            if time.monotonic() - logged >= COUNTS_EVERY_S:
+                self._log_counts("relay_counts")
+                logged = time.monotonic()
+            for sock in select.select([self.requests, *self.forwards], [], [], COUNTS_EVERY_S)[0]:
                 if sock is self.requests:
                     data, addr = sock.recvfrom(MAX_DATAGRAM)
                     self.on_udp(data, addr)
                 else:
                     self.on_local(sock, sock.recv(MAX_DATAGRAM))
 
+    def _log_counts(self, event: str) -> None:
+        write_row(self.log, {"event": event, "machine": self.machine, "t_ns": self.now_ns(), **self.counts})
+
     def close(self) -> None:
-        write_row(self.log, {"event": "relay_end", "machine": self.machine, "t_ns": self.now_ns(), **self.counts})
+        self._log_counts("relay_end")
         self.log.close()
         for s in (*self._rtnl.values(), self.requests, self.out, self.local_out):
             s.close()
