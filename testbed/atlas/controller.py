@@ -201,6 +201,8 @@ class Controller:
         }
         plan_path = self.log_path.with_name("controller_plan.json")
         write_json_atomic(plan_path, plan)  # readers (tools, tests) may open it while it is written
+        if self.relays:
+            plan_path.chmod(0o600)  # the run's token: whoever has it may send the machines' relays grants
         with open(self.log_path.with_name("controller.log"), "a") as out:
             self.proc = self.shaping.start_helper(
                 [sys.executable, "-m", "testbed.atlas.controller_process", str(plan_path)],
