@@ -327,6 +327,31 @@ def test_a_killed_agent_is_reported_and_its_machine_cleaned(lab, tmp_path, clean
     assert not [r for r in list_runs() if r.kind == "remote"]
 
 
+def test_an_agent_killed_mid_run_aborts_it_with_its_traces_kept(lab, tmp_path, clean_machine):
+    """Atlas training across two machines, m1's agent killed with SIGKILL after the first
+    iteration (its relay and workers die with it): the run aborts within seconds, naming the
+    machine, with its summary and the traces copied so far kept, and both machines clean."""
+    inv = lab.write_inventory(tmp_path / "inventory.yaml", GROUPS["two_dc"])
+    exp = load_experiment().with_overrides(topology="two_dc", stages=2, iterations=20, policy="atlas")
+    lines: list[str] = []
+    killed: list[float] = []
+
+    def progress(line: str) -> None:
+        lines.append(line)
+        if "iteration 1/" in line and not killed:  # the lab's machines share this PID namespace
+            os.kill(json.loads((tmp_path / "run" / "topology.json").read_text())["agent_pids"]["m1"], signal.SIGKILL)
+            killed.append(time.monotonic())
+
+    with pytest.raises(RemoteError, match="m1") as e:
+        run_experiment(exp, tmp_path / "run", progress=progress, backend="remote", inventory=inv)
+    assert killed and time.monotonic() - killed[0] < 20, e.value  # bounded: the agent's end is seen at once
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["aborted"] and summary["completed_iterations"] >= 1
+    assert (tmp_path / "run" / "controller.jsonl").exists() and list((tmp_path / "run" / "events").glob("*.jsonl"))
+    _assert_machines_clean(lab)
+    assert not [r for r in list_runs() if r.kind == "remote"]
+
+
 def test_agents_tear_down_when_the_runner_falls_silent(lab, tmp_path, clean_machine):
     """No request for agent_idle_s (a runner whose machine or network vanished without a TCP close)."""
     inv = lab.write_inventory(tmp_path / "inventory.yaml", GROUPS["two_dc"])

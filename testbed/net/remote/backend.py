@@ -164,6 +164,7 @@ class RemoteNetwork(ManagedNetwork):
             preflight=self.preflight,
             tunnel_mtu=TUNNEL_MTU,
             tunnels=tunnels,
+            agent_pids=self.agent_pids,  # each machine's agent, by its PID there
             host_extra={h.name: {"machine": self.inventory.machine_of(h.dc).name} for h in self.plan.hosts.values()},
         )
 
