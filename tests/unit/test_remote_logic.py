@@ -13,7 +13,7 @@ import pytest
 from testbed.net.remote.clock import estimate_offset
 from testbed.net.remote.deploy import package_files
 from testbed.net.remote.inventory import parse_inventory
-from testbed.net.remote.preflight import check_congestion_defaults, check_machine
+from testbed.net.remote.preflight import check_congestion_defaults, check_machine, check_not_here, state_dir_id
 from testbed.net.remote.ssh import remote_command
 from testbed.net.remote.tunnels import tunnel_plan
 from testbed.spec.topology_file import TOPOLOGY_DIR, load_topology, parse_topology
@@ -235,3 +235,14 @@ def test_preflight_output_after_a_login_banner():
     assert last_json_line('Welcome to m0!\n{"uid": 0}\n') == {"uid": 0}
     assert last_json_line("") is None and last_json_line("[1, 2]") is None
     assert "preflight report" in check_machine("m0", {"uid": 0}, "2.13.0", "0.9.7")[0]
+
+
+def test_the_runners_own_machine_in_the_inventory_is_refused(tmp_path):
+    """The same kernel and state folder as the runner's: the agent there would share the run's
+    registry entry and control sockets; stand-in machines (their own /run/testbed) are not this one."""
+    here = state_dir_id(tmp_path)
+    assert here is not None and state_dir_id(tmp_path / "nope") is None
+    (problem,) = check_not_here("m0", _report(state_dir=here), here)
+    assert problem.startswith("m0: is this machine") and "outside the inventory" in problem
+    assert check_not_here("m1", _report(state_dir=[here[0], here[1], here[2] + 1]), here) == []
+    assert check_not_here("m1", _report(state_dir=None), here) == []

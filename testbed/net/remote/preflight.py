@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from testbed.errors import RemoteError
+from testbed.net.registry import RUN_DIR
 from testbed.net.remote.inventory import Inventory, Machine
 from testbed.net.remote.ssh import Connection
 
@@ -52,6 +54,9 @@ if want and want not in open(cc %% "available").read().split() and shutil.which(
     subprocess.run(["modprobe", "tcp_" + want], capture_output=True)
 out["congestion"] = {k: open(cc %% k).read().split() for k in ("available", "allowed")}
 out["congestion"]["default"] = open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
+boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+state = os.stat("/run/testbed") if os.path.isdir("/run/testbed") else None
+out["state_dir"] = [boot, state.st_dev, state.st_ino] if state else None
 print(json.dumps(out))
 """
 
@@ -126,6 +131,28 @@ def check_machine(
             f"'{' '.join([*cc['allowed'], congestion])}'"
         )
     return [f"{name}: {p}" for p in problems]
+
+
+def state_dir_id(path: Path) -> list | None:
+    """(boot id, device, inode) of a testbed state folder (``registry.RUN_DIR``): two machines with
+    the same are one machine, as the preflight script reports it there."""
+    if not path.is_dir():
+        return None
+    st = path.stat()
+    return [Path("/proc/sys/kernel/random/boot_id").read_text().strip(), st.st_dev, st.st_ino]
+
+
+def check_not_here(name: str, report: dict, here: list | None) -> list[str]:
+    """A problem where machine ``name`` is this one (the same kernel and state folder): its agent
+    would register the run under the runner's own name and bind the runner's control sockets.
+    Pure: unit-tested."""
+    if here is not None and report.get("state_dir") == here:
+        return [
+            f"{name}: is this machine (the same kernel and {RUN_DIR}): the runner and that machine's agent would "
+            "share the run's registry entry and control sockets; run the command from a machine outside the "
+            "inventory"
+        ]
+    return []
 
 
 def check_congestion_defaults(reports: dict[str, dict]) -> list[str]:
@@ -208,9 +235,11 @@ def connect_and_check(
     # every machine at once: each runs a Python that imports torch, seconds of its own CPU
     with ThreadPoolExecutor(max_workers=len(inventory.machines), thread_name_prefix="preflight") as pool:
         checked = list(pool.map(lambda m: preflight(conns[m.name], m, want, congestion), inventory.machines))
+    here = state_dir_id(RUN_DIR)
     for m, (report, found) in zip(inventory.machines, checked):
         if report is not None:
             reports[m.name] = report
+            found += check_not_here(m.name, report, here)
         problems += found
     if congestion is None:
         problems += check_congestion_defaults(reports)
