@@ -153,7 +153,8 @@ def test_a_lost_done_is_released_at_its_deadline(tmp_path, clean_machine):
         assert classes() == {CLASS_BASE: floor, CLASS_BASE + 1: full}
         assert deadline_s * 0.9 <= waited <= deadline_s + 0.5, (waited, deadline_s)
         ctl.stop()
-    log = [json.loads(x) for x in (tmp_path / "controller.jsonl").read_text().splitlines()]
+    *log, end = [json.loads(x) for x in (tmp_path / "controller.jsonl").read_text().splitlines()]
+    assert end["event"] == "loop_end" and end["deadline_releases"] >= 1  # the loop counted what it released
     assert [(r["event"], r["replica"], r.get("reason")) for r in log][:3] == [
         ("grant", 0, None),
         ("release", 0, "deadline"),

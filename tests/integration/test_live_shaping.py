@@ -168,9 +168,11 @@ def test_the_controller_process_grants_from_workers_messages(tmp_path, clean_mac
         assert net.shaping.wan_classes("west", "east")[CLASS_BASE]["rate_bps"] == rate  # the other way: open
         ctl.stop()
         assert ctl.proc.returncode == 0 and ctl.poll_failure() is None
-    log = [json.loads(line) for line in (tmp_path / "controller.jsonl").read_text().splitlines()]
+    *log, end = [json.loads(line) for line in (tmp_path / "controller.jsonl").read_text().splitlines()]
     assert [(r["event"], r["replica"]) for r in log] == [("grant", 0), ("release", 0), ("grant", 1)]
     assert log[1]["handover"] is True and all(r["link"] == "east->west" for r in log)
+    # the loop's counts at its end: no deadline passed, no report lost or repeated
+    assert end["event"] == "loop_end" and (end["deadline_releases"], end["expired"], end["repeated"]) == (0, 0, 0)
 
 
 def test_a_link_rate_change_is_one_batch_per_router(tmp_path, clean_machine):
