@@ -56,7 +56,7 @@ TRAINING_SLICE_NS = 100_000
 #: ``request_slice``'s argument for the kernel's own base slice
 DEFAULT_SLICE_NS = 0
 #: the real-time priority (``SCHED_FIFO``) a training thread waits for its input at
-#: (``WaitSwitch``): the lowest, below Atlas's grant loop (``atlas/controller_process.RT_PRIORITY``)
+#: (``WaitSwitch``): the lowest, below Atlas's grant loop (``CONTROL_RT_PRIORITY``)
 #: and the NFQUEUE delay element (``net/nfq_delay.c``), whose work feeds the wait. Needs
 #: ``CAP_SYS_NICE`` (root) or an ``RLIMIT_RTPRIO`` of at least this, else the thread waits in the
 #: fair class (``TRAINING_WAIT_NICE``)
@@ -239,3 +239,22 @@ def slice_or_report(slice_ns: int, nice: int | None = None, what: str = "this th
     except OSError as e:
         print(f"{what}: the CPU slice stays {thread_slice_ns()} ns: {e}", file=sys.stderr, flush=True)
         return None
+
+
+#: the real-time priority of the run's control processes: Atlas's grant loop
+#: (``atlas/controller_process.py``) and, across machines, the control relays
+#: (``net/remote/control_relay.py``); below the NFQUEUE delay element's 10 (delay first, grants next)
+CONTROL_RT_PRIORITY = 5
+
+
+def control_priority(nice: int = -10) -> None:
+    """This process, one of the run's control processes, must not wait behind the workers on a busy
+    machine: ``SCHED_FIFO`` at ``CONTROL_RT_PRIORITY`` (a control process blocks between messages
+    and timers, so it cannot starve the machine), else ``nice``, else as it is."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(CONTROL_RT_PRIORITY))
+    except (OSError, AttributeError):
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+        except OSError:
+            pass

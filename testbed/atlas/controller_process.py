@@ -9,7 +9,6 @@ interpreter (no GIL shared with the runner's threads) at a real-time priority, s
 from __future__ import annotations
 
 import json
-import os
 import select
 import signal
 import socket
@@ -23,6 +22,7 @@ from testbed.atlas.grants import NEVER, GrantLoop, Hop
 from testbed.atlas.switch import GrantSwitch
 from testbed.atlas.timing import timing_from_json
 from testbed.lifetime import die_with_parent
+from testbed.thread_slice import control_priority
 from testbed.trace import task_names
 from testbed.trace.task_names import name_this_thread
 
@@ -91,7 +91,7 @@ def serve(plan_path: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner handles Ctrl-C and stops us
     die_with_parent()
     name_this_thread(task_names.CONTROLLER)
-    _raise_priority()
+    control_priority()
     relays = plan.get("relays")
     switch = GrantSwitch(
         GrantSwitch.batches_from_json(plan["switch"]), Path(plan["log"]), Path(plan["shaping_log"]), relays
@@ -147,23 +147,6 @@ def _hops_from_json(rows: list[dict]) -> dict[tuple[int, int], list[Hop]]:
 def _notice_from_json(rows: list[dict]) -> dict[tuple[int, int], int]:
     """``Controller.hops_json``'s notice rows: each pair's receiver-to-sender one-way delay (ns)."""
     return {(n["src"], n["dst"]): n["ns"] for n in rows}
-
-
-#: the grant loop's real-time priority (below the NFQUEUE delay element's 10: delay first, grants next)
-RT_PRIORITY = 5
-
-
-def _raise_priority() -> None:
-    """Grants must not wait behind the workers on a busy machine: SCHED_FIFO at ``RT_PRIORITY``
-    (the loop blocks in recv between messages and timers, so it cannot starve the machine), else
-    nice -10."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RT_PRIORITY))
-    except (OSError, AttributeError):
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, -10)
-        except OSError:
-            pass
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ from typing import Any
 from testbed.errors import RemoteError
 from testbed.lifetime import die_with_parent
 from testbed.net import rtnl_raw
+from testbed.thread_slice import control_priority
 from testbed.trace.jsonl import open_jsonl, write_row
 
 #: length of the run's token at the start of every control datagram across machines
@@ -67,8 +68,6 @@ RETRY_S = 0.01
 ATTEMPTS = 6
 #: replies remembered by id, for requests that come again
 REPLY_MEMORY = 256
-#: the relay's real-time priority: the controller's (atlas/controller_process.py), below the delay element's
-RT_PRIORITY = 5
 #: the largest datagram read (a grant's batch as hex, a worker's message)
 MAX_DATAGRAM = 65507
 #: how often a relay logs its counts (s)
@@ -364,16 +363,6 @@ def start_relay(config: Path, popen: Callable[[list[str]], subprocess.Popen], ti
     return int(port_file.read_text())
 
 
-def _raise_priority() -> None:
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RT_PRIORITY))
-    except (OSError, AttributeError):
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, -10)
-        except OSError:
-            pass
-
-
 def _on_signal(signum, frame) -> None:
     raise SystemExit(0)
 
@@ -384,7 +373,7 @@ def main(config_path: str) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
-    _raise_priority()
+    control_priority()
     relay = Relay(json.loads(Path(config_path).read_text()))
     port_file = Path(config_path + ".port")
     Path(f"{port_file}.tmp").write_text(str(relay.port))
