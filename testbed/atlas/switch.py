@@ -3,7 +3,7 @@ sent in one system call on a plain rtnetlink socket in the link's router namespa
 (``controller.jsonl``, and one ``shaping.jsonl`` line per changed class). A grant compiled on
 another machine (``--backend remote``: its batch names its ``machine``) is sent to that machine's
 control relay, which sends it there in one system call and answers
-(``net/remote/control_relay.py``)."""
+(``net/remote/control_relay.py``, ``relay_client.py``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from testbed.atlas.classes import CLASS_BASE
 from testbed.net import rtnl_raw
-from testbed.net.remote.control_relay import RelayClient
+from testbed.net.remote.relay_client import RelayClient
 from testbed.net.shaping import ROOT_HANDLE
 from testbed.plan.grant_plan import Hop
 from testbed.trace.jsonl import open_jsonl, write_row

@@ -19,8 +19,8 @@ from testbed.errors import RemoteError
 from testbed.net.fidelity import check_fidelity, parse_ping_ms
 from testbed.net.registry import list_runs
 from testbed.net.remote.backend import RemoteNetwork
-from testbed.net.remote.control_relay import FAULTS_ENV
 from testbed.net.remote.lab import SshLab
+from testbed.net.remote.relay_client import FAULTS_ENV
 from testbed.results.analysis import iteration_times, losses
 from testbed.run.runner import run_experiment
 from testbed.spec.experiment_file import load_experiment

@@ -16,12 +16,13 @@ import pytest
 from testbed.atlas.rendezvous import Rendezvous
 from testbed.errors import RemoteError
 from testbed.net.remote import control_relay as CR
+from testbed.net.remote import relay_client as RC
 from testbed.results.analysis import grant_figures
 from testbed.results.summary import machine_stats
 from testbed.trace import metrics as M
 from testbed.trace.jsonl import read_jsonl
 
-TOKEN = bytes(range(CR.TOKEN_BYTES))
+TOKEN = bytes(range(RC.TOKEN_BYTES))
 
 
 def _udp() -> socket.socket:
@@ -51,17 +52,17 @@ def relay(tmp_path):
 
 
 def test_faults_are_read_with_their_errors_named():
-    assert CR.parse_faults(None) == {"drop": 0.0, "duplicate": 0.0, "seed": 0.0}
-    assert CR.parse_faults("drop=0.1, duplicate=0.2,seed=3") == {"drop": 0.1, "duplicate": 0.2, "seed": 3.0}
+    assert RC.parse_faults(None) == {"drop": 0.0, "duplicate": 0.0, "seed": 0.0}
+    assert RC.parse_faults("drop=0.1, duplicate=0.2,seed=3") == {"drop": 0.1, "duplicate": 0.2, "seed": 3.0}
     with pytest.raises(ValueError, match="unknown part 'loss'"):
-        CR.parse_faults("loss=0.1")
+        RC.parse_faults("loss=0.1")
     with pytest.raises(ValueError, match="drop=2 is not a share"):
-        CR.parse_faults("drop=2")
+        RC.parse_faults("drop=2")
 
 
 def test_a_datagram_without_the_token_is_not_read():
-    assert CR.unframed(TOKEN, CR.framed(TOKEN, {"a": 1})) == b'{"a": 1}'
-    assert CR.unframed(TOKEN, b"x" * 40) is None
+    assert RC.unframed(TOKEN, RC.framed(TOKEN, {"a": 1})) == b'{"a": 1}'
+    assert RC.unframed(TOKEN, b"x" * 40) is None
 
 
 def test_a_workers_message_is_forwarded_as_it_came_with_the_token(relay):
@@ -72,8 +73,8 @@ def test_a_workers_message_is_forwarded_as_it_came_with_the_token(relay):
 
 
 def _ask(relay, client: socket.socket, req: dict) -> dict:
-    relay.on_udp(CR.framed(TOKEN, req), client.getsockname())
-    return json.loads(CR.unframed(TOKEN, client.recv(65536)))
+    relay.on_udp(RC.framed(TOKEN, req), client.getsockname())
+    return json.loads(RC.unframed(TOKEN, client.recv(65536)))
 
 
 def test_a_repeated_request_is_answered_from_memory_and_an_older_grant_never_applied(relay, monkeypatch):
@@ -133,10 +134,10 @@ def test_a_path_is_bridged_to_the_same_path_on_the_other_side_and_only_to_paths_
     # the hub's forward carries the path it came in on; the relay there delivers it at the same path
     hub.on_local(next(iter(hub.forwards)), b'{"rid": 1}')
     data, addr = there.requests.recvfrom(65536)
-    assert data == TOKEN + CR.DELIVER + mirror.encode() + b"\0" + b'{"rid": 1}'
-    there.on_udp(TOKEN + CR.DELIVER + inbox.encode() + b"\0" + b'{"rid": 1}', addr)
+    assert data == TOKEN + RC.DELIVER + mirror.encode() + b"\0" + b'{"rid": 1}'
+    there.on_udp(TOKEN + RC.DELIVER + inbox.encode() + b"\0" + b'{"rid": 1}', addr)
     assert worker.recv(100) == b'{"rid": 1}' and there.counts["delivered"] == 1
-    there.on_udp(TOKEN + CR.DELIVER + b"/etc/elsewhere.sock\0x", addr)
+    there.on_udp(TOKEN + RC.DELIVER + b"/etc/elsewhere.sock\0x", addr)
     assert there.counts["foreign"] == 1
     worker.close()
     for r in (hub, there):
@@ -155,9 +156,9 @@ def _responder(sock: socket.socket, ignore: int, answered: list) -> None:
         seen += 1
         if seen <= ignore:
             continue
-        req = json.loads(CR.unframed(TOKEN, data))
+        req = json.loads(RC.unframed(TOKEN, data))
         answered.append(req["id"])
-        sock.sendto(CR.framed(TOKEN, {"id": req["id"], "t_ns": 7}), addr)
+        sock.sendto(RC.framed(TOKEN, {"id": req["id"], "t_ns": 7}), addr)
         return
 
 
@@ -166,7 +167,7 @@ def test_the_client_sends_again_with_the_same_id_until_answered():
     answered: list[int] = []
     t = threading.Thread(target=_responder, args=(server, 2, answered))
     t.start()
-    client = CR.RelayClient("m1", server.getsockname(), TOKEN)
+    client = RC.RelayClient("m1", server.getsockname(), TOKEN)
     reply = client.request("ping")
     t.join()
     assert reply["t_ns"] == 7 and reply["id"] == answered[0] and client.resent == 2
@@ -175,12 +176,12 @@ def test_the_client_sends_again_with_the_same_id_until_answered():
 
 
 def test_a_relay_that_never_answers_is_named(monkeypatch):
-    monkeypatch.setattr(CR, "RETRY_S", 0.001)
+    monkeypatch.setattr(RC, "RETRY_S", 0.001)
     server = _udp()
-    client = CR.RelayClient("m7", server.getsockname(), TOKEN)
+    client = RC.RelayClient("m7", server.getsockname(), TOKEN)
     with pytest.raises(RemoteError, match="machine m7: the control relay at 127.0.0.1:.* did not answer 'ping'"):
         client.request("ping")
-    assert client.resent == CR.ATTEMPTS - 1
+    assert client.resent == RC.ATTEMPTS - 1
     client.close()
     server.close()
 

@@ -27,7 +27,8 @@ from typing import Any
 
 from testbed.net.hostproc import HostProcesses
 from testbed.net.registry import control_dir
-from testbed.net.remote.control_relay import FAULTS_ENV, TOKEN_BYTES, RelayClient, parse_faults, start_relay
+from testbed.net.remote.control_relay import start_relay
+from testbed.net.remote.relay_client import FAULTS_ENV, TOKEN_BYTES, RelayClient, parse_faults
 from testbed.net.shaping import DEFAULT_CLASS_MINOR, LINK_CLASS_MINOR
 from testbed.trace.shaping_log import RELAY_LOG, SHAPING_LOG
 
@@ -107,7 +108,7 @@ class RemoteShaping:
     def relays(self) -> dict[str, Any]:
         """The machines' control relays, started on the first call: ``{"token": hex, "relays":
         {machine: {"addr", "port", "offset_ns", "uncertainty_ns"}}}``. Deliberate faults come from
-        ``$TESTBED_CONTROL_FAULTS`` (``control_relay.parse_faults``; tests). Raises RemoteError when
+        ``$TESTBED_CONTROL_FAULTS`` (``relay_client.parse_faults``; tests). Raises RemoteError when
         a machine cannot start its relay, ValueError for faults it cannot read."""
         if self._relays is not None:
             return self._relays
@@ -134,7 +135,7 @@ class RemoteShaping:
         return self._relays
 
     def _ask(self, machine: str, op: str, **fields: Any) -> dict[str, Any]:
-        """A request to ``machine``'s relay (``control_relay.RelayClient``)."""
+        """A request to ``machine``'s relay (``relay_client.RelayClient``)."""
         r = self.relays()
         client = RelayClient(
             machine, (r["relays"][machine]["addr"], r["relays"][machine]["port"]), bytes.fromhex(r["token"])
