@@ -25,6 +25,7 @@ from testbed.cli.examples import add_examples
 from testbed.errors import SpecError, TestbedError, TestbedWarning
 from testbed.invocation import testbed_command
 from testbed.net.features import DELAY_MECHANISMS
+from testbed.net.network import BACKENDS
 from testbed.run.interrupts import tears_down_on_signals
 from testbed.spec.pipeline_schedules import DEFAULT_VIRTUAL_STAGES, MAX_VIRTUAL_STAGES, SCHEDULES
 from testbed.spec.policy import ABLATION, POLICIES
@@ -280,6 +281,13 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
         help="iterations left out of the job's figures, where it marks them (default 1)",
     )
     sp.add_argument("--out", type=Path, help="the job's folder (default: results/job-<script>-<time>)")
+    sp.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="netns",
+        help="what builds the network: netns only so far (each node in its own mount and UTS namespaces on this "
+        "machine); mininet and remote are refused, saying why",
+    )
     sp.add_argument("--stream", action="store_true", help="also print every rank's output, prefixed [rank R]")
     sp.add_argument(
         "--timeout",

@@ -45,6 +45,16 @@ def cmd_launch(args) -> int:
             "is missing",
             "give the job after --: testbed launch three_dc --mesh pp=3,dp=2 -- examples/NAME.py [ARGS]",
         )
+    if args.backend != "netns":
+        raise SpecError(
+            "--backend",
+            "(option)",
+            args.backend,
+            "cannot start a launched job yet: each node runs in its own mount and UTS namespaces beside its host's "
+            "network namespace on this machine, with its own /etc/hosts, which only the netns backend builds",
+            "leave --backend out (netns); for several machines, run the testbed's own workers: testbed run "
+            "--backend remote",
+        )
     topo, exp = job_target(args.target)
     mesh = parse_mesh(args.mesh) if args.mesh else None
     hosts = None

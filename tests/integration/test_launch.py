@@ -122,6 +122,9 @@ def test_bad_input_is_refused_before_anything_is_built(tmp_path, clean_machine):
     assert placed.returncode == 2 and "workers[0].host" in placed.stderr and "east-h7" in placed.stderr
     no_job = run_cli("launch", "two_dc", "--mesh", "pp=2", "--out", str(out))
     assert no_job.returncode == 2 and "give the job after --" in no_job.stderr
+    for other in ("mininet", "remote"):  # each node's namespaces and /etc/hosts: the netns backend's
+        refused = run_cli("launch", "two_dc", "--mesh", "pp=2", "--backend", other, "--out", str(out), "--", str(JOB))
+        assert refused.returncode == 2 and f"'{other}' cannot start a launched job yet" in refused.stderr
     assert not out.exists()
 
 
