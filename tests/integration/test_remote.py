@@ -334,20 +334,38 @@ def test_a_dead_controller_then_a_killed_agent_mid_run(lab, tmp_path, clean_mach
     assert not [r for r in list_runs() if r.kind == "remote"]
 
 
-def test_agents_tear_down_when_the_runner_falls_silent(lab, tmp_path, clean_machine):
-    """No request for agent_idle_s (a runner whose machine or network vanished without a TCP close)."""
+def test_a_cut_management_connection_ends_in_bounded_time_and_clean_restores_the_machine(lab, tmp_path, clean_machine):
+    """m1's management interface taken down while a process runs in one of its hosts (a run under
+    way): the runner hears nothing from m1's agent for ``agent_answer_s`` and says so, naming the
+    machine; m1's agent, hearing no request for ``agent_idle_s`` (the runner, or the network, gone
+    without a TCP close), tears its part down on its own; the teardown cannot reach m1 and keeps the
+    run in the registry, and ``testbed clean``, once the interface is back, finishes it."""
     inv = lab.write_inventory(tmp_path / "inventory.yaml", GROUPS["two_dc"])
     net = RemoteNetwork(load_topology("two_dc"), inventory=inv, out_dir=tmp_path / "run")
-    net.agent_idle_s = 3
-    with net:
-        net.sync.halt.set()  # the heartbeat stops
-        net.sync.thread.join()
-        deadline = time.monotonic() + 20
-        while any(_empty(lab)[m.name]["netns"] for m in lab.machines) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not any(_empty(lab)[m.name]["netns"] for m in lab.machines)
+    net.agent_idle_s = net.agent_answer_s = 3
+    m1 = next(m for m in lab.machines if m.name == "m1")
+    with pytest.raises(RemoteError, match=r"m1.*did not answer") as e:
+        with net:
+            proc = net.popen("west-h0", ["sleep", "120"])
+            subprocess.run(["ip", "-n", m1.netns, "link", "set", "eth0", "down"], check=True)
+            t_cut = time.monotonic()
+            while time.monotonic() - t_cut < 30:  # what the runner's watch does
+                proc.poll()
+                net.check_alive()
+                time.sleep(0.2)
+    t_end = time.monotonic()
+    assert t_end - t_cut < 3 + 15, (t_end - t_cut, e.value)  # the answer's wait, then the failed cleaning
+    while lab.machine_state(m1)["netns"] and time.monotonic() - t_end < 10:
+        time.sleep(0.2)
+    assert lab.machine_state(m1)["netns"] == []  # its agent tore down on its own, unreachable
+    assert [r.kind for r in list_runs() if r.kind == "remote"] == ["remote"]  # kept for testbed clean
+    subprocess.run(["ip", "-n", m1.netns, "link", "set", "eth0", "up"], check=True)
+    # this test's process owns the run, as a runner that exited would not: named, and --all
+    cleaned = run_cli("clean", "--run", net.prefix, "--all")
+    assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
+    assert f"run {net.prefix}: m1: " in cleaned.stdout and f"removed run {net.prefix}" in cleaned.stdout
     _assert_machines_clean(lab)
-    assert "no request for 3 s" in (tmp_path / "run" / "logs" / "agent-m0.log").read_text()
+    assert not [r for r in list_runs() if r.kind == "remote"]
 
 
 def _refused(inv: Path, tmp_path: Path, lab, needle: str, topology: str = "two_dc") -> str:

@@ -16,8 +16,12 @@ from testbed.net.remote.ssh import Connection
 class AgentClient:
     """The request/reply channel to one machine's agent. Thread-safe (one request at a time)."""
 
-    def __init__(self, conn: Connection, root: str, log_path: Path, idle_s: float = 30.0) -> None:
+    def __init__(
+        self, conn: Connection, root: str, log_path: Path, idle_s: float = 30.0, answer_s: float = 30.0
+    ) -> None:
         self.conn = conn
+        #: how long a request waits for its answer unless it says otherwise (s)
+        self.answer_s = answer_s
         m = conn.machine
         self.chan = conn.start(
             [m.python, "-m", "testbed.net.remote.agent"],
@@ -49,11 +53,12 @@ class AgentClient:
     def busy(self) -> bool:
         return self._lock.locked()
 
-    def call(self, op: str, timeout_s: float = 30.0, **kwargs) -> dict:
+    def call(self, op: str, timeout_s: float | None = None, **kwargs) -> dict:
         """Send one request and return its reply. Raises RemoteError when the agent reports a
         failure, and (marking the agent gone: later calls fail at once) when it does not answer
-        in ``timeout_s``, exits, or the connection breaks."""
+        in ``timeout_s`` (default ``answer_s``), exits, or the connection breaks."""
         where = self.conn.where
+        timeout_s = self.answer_s if timeout_s is None else timeout_s
         with self._lock:
             if self.gone:
                 raise RemoteError(self.gone)
@@ -94,9 +99,12 @@ class AgentClient:
         return RemoteError(message)
 
     def close(self, timeout_s: float = 30.0) -> None:
+        """Close the channel: EOF to the agent, which tears down and exits, waited for up to
+        ``timeout_s``; not waited for where the agent is gone (it exited, or its machine or the
+        network stopped answering: nothing would come)."""
         try:
             self.chan.shutdown_write()  # EOF: the agent tears down and exits
-            deadline = time.monotonic() + timeout_s
+            deadline = time.monotonic() + (0 if self.gone else timeout_s)
             while not self.chan.exit_status_ready() and time.monotonic() < deadline:
                 time.sleep(0.05)
         except (OSError, EOFError):

@@ -100,6 +100,8 @@ class RemoteNetwork(ManagedNetwork):
         self.sync = TraceSync(self.agents, self.out_dir)
         #: an agent tears down after this long without a request (agent.py's watchdog)
         self.agent_idle_s = 30.0
+        #: a request to an agent unanswered this long means its machine or the network is gone (s)
+        self.agent_answer_s = 30.0
         #: each machine's agent process (its PID there)
         self.agent_pids: dict[str, int] = {}
         self.record: RunRecord | None = None
@@ -172,7 +174,11 @@ class RemoteNetwork(ManagedNetwork):
         """Deploy the package on ``m`` and start its agent; returns the agent's PID there."""
         deploy(self.conns[m.name], self.root_of(m))
         self.agents[m.name] = AgentClient(
-            self.conns[m.name], self.root_of(m), self.out_dir / "logs" / f"agent-{m.name}.log", self.agent_idle_s
+            self.conns[m.name],
+            self.root_of(m),
+            self.out_dir / "logs" / f"agent-{m.name}.log",
+            self.agent_idle_s,
+            self.agent_answer_s,
         )
         return self.agents[m.name].call("hello")["pid"]
 
