@@ -35,8 +35,8 @@ from testbed.trace import metrics as M  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 #: (experiment file, its policies, the DCs of each stand-in machine)
 CASES = (
-    ("workloads/default.yaml", ("pp-fair", "atlas"), [["east", "central"], ["west"]]),
-    ("workloads/sharing.yaml", ("pp-fair", "atlas", "atlas+bubbletea"), [["east"], ["west"]]),
+    ("workloads/default.yaml", ("pp-fair", "dp-wan", "atlas"), [["east", "central"], ["west"]]),
+    ("workloads/sharing.yaml", ("pp-fair", "dp-wan", "atlas", "atlas+bubbletea"), [["east"], ["west"]]),
 )
 FIGURES = {
     "iteration_s": M.ITERATION_TIME_S,

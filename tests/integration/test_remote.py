@@ -329,6 +329,9 @@ def test_a_dead_controller_then_a_killed_agent_mid_run(lab, tmp_path, clean_mach
     assert {r["machine"] for r in falls} == {"m0", "m1"}
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["aborted"] and summary["completed_iterations"] >= 3 and summary[M.CONTROLLER_FAILED]
+    # the iterations it completed, under grants and then fair sharing, learned as one process does
+    done = losses(read_events(tmp_path / "run")).tolist()
+    assert len(done) >= 3 and done == pytest.approx(reference_losses(exp, len(done)), rel=1e-4)
     assert list((tmp_path / "run" / "events").glob("*.jsonl"))
     _assert_machines_clean(lab)
     assert not [r for r in list_runs() if r.kind == "remote"]
