@@ -107,7 +107,7 @@ class Controller:
         oversubscribed; with ``borrow`` every class may also use what the link has idle (HTB ceil
         at the link rate; the granted class, within its rate, is served first)."""
         if isinstance(self.shaping, RelayedControl):  # the relays first: the switch sends grants through them
-            self._sock, self.relays = self.shaping.open_control()
+            self._sock, self.relays = self.shaping.open_control(str(self.sock_path))
         pairs: dict[tuple[Hop, int], list[tuple[str, str]]] = {}
         for routes in self._route_sets():
             for (s, d), hops in self._paths(routes).items():

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from testbed.net.hostproc import HostProcesses
-from testbed.net.registry import control_dir
 from testbed.net.remote.control_relay import start_relay
 from testbed.net.remote.relay_client import FAULTS_ENV, TOKEN_BYTES, RelayClient, parse_faults
 from testbed.net.shaping import DEFAULT_CLASS_MINOR, LINK_CLASS_MINOR
@@ -145,10 +144,10 @@ class RemoteShaping:
         finally:
             client.close()
 
-    def open_control(self) -> tuple[socket.socket, dict[str, Any]]:
+    def open_control(self, path: str) -> tuple[socket.socket, dict[str, Any]]:
         """Atlas's control channel across machines: a UDP socket bound here, to which every
-        machine's relay forwards what its workers send to the controller's path
-        (``registry.control_dir()/<prefix>.sock``) there. Returns the socket and ``relays()``."""
+        machine's relay forwards what its workers send to the controller's ``path`` there (the
+        path the workers are given on every backend). Returns the socket and ``relays()``."""
         relays = self.relays()
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         sock.bind(("0.0.0.0", 0))
@@ -156,15 +155,11 @@ class RemoteShaping:
         try:
             for m in self.net.inventory.machines:
                 here, _ = self.net.conns[m.name].addresses()
-                self._ask(m.name, "forward", path=self.control_path(), to=[here, sock.getsockname()[1]])
+                self._ask(m.name, "forward", path=path, to=[here, sock.getsockname()[1]])
         except BaseException:
             sock.close()
             raise
         return sock, relays
-
-    def control_path(self, suffix: str = "") -> str:
-        """The run's control socket ``<prefix><suffix>.sock``: the same path on every machine."""
-        return str(control_dir() / f"{self.net.prefix}{suffix}.sock")
 
     def open_bridge(self, here: list[str], there: dict[str, list[str]]) -> None:
         """Bridge Unix datagram paths between this machine and the others (BubbleTea's dispatcher
