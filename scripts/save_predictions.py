@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from testbed.plan.connections import machine_congestion
 from testbed.results.published import commit
 from testbed.sim.saved_predictions import KINDS, differences, predictions
 
@@ -43,7 +44,15 @@ def main() -> None:
     if args.check:
         sys.exit(1 if diff else 0)
     merged = {**{k: v for k, v in saved.items() if k.split(":")[0] not in kinds}, **now}
-    SAVED.write_text(json.dumps({"commit": commit(REPO), "predictions": dict(sorted(merged.items()))}, indent=1) + "\n")
+    # the hosts' congestion control the experiments were predicted under where they name none (this
+    # machine's default): the unit test predicts under the same on any machine
+    SAVED.write_text(
+        json.dumps(
+            {"commit": commit(REPO), "congestion": machine_congestion(), "predictions": dict(sorted(merged.items()))},
+            indent=1,
+        )
+        + "\n"
+    )
     print(f"saved in {SAVED.relative_to(REPO)}")
 
 

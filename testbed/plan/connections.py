@@ -2,15 +2,19 @@
 in flight, and the socket-buffer cap that holds it to that window: the per-connection share of a
 long WAN link (DESIGN.md section 2a, section 1 item 3).
 
-Pure functions of an experiment, its topology and its placement (and of the kernel's release,
-which decides how much of a receive buffer Linux advertises as window).
+Pure functions of an experiment, its topology and its placement (and of two facts of this
+machine's kernel: its release, which decides how much of a receive buffer Linux advertises as
+window, and its default TCP congestion control, which the emulated hosts inherit unless the
+topology names one).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import platform
 import re
+from pathlib import Path
 
 from testbed.plan.virtual_stages import experiment_boundaries
 from testbed.plan.workers import WorkerSpec
@@ -18,6 +22,7 @@ from testbed.spec.experiment import Experiment
 from testbed.spec.experiment_fields import MAX_WAN_CONNECTIONS
 from testbed.spec.routing import RoutingTable
 from testbed.spec.topology import TopologySpec
+from testbed.spec.wire import TCP_MSS_WITH_TIMESTAMPS
 
 #: the window (payload bytes) Linux advertises per byte of a socket's receive buffer. Before 6.6:
 #: half (tcp_adv_win_scale = 1, Documentation/networking/ip-sysctl.rst). From 6.6 ("tcp: get rid of
@@ -30,6 +35,56 @@ from testbed.spec.topology import TopologySpec
 WINDOW_PER_BUFFER_BYTE_HALF, WINDOW_PER_BUFFER_BYTE_SCALED = 0.5, 0.70
 #: the first release whose window follows the measured ratio
 SCALING_RATIO_RELEASE = (6, 6)
+
+
+#: BBR (v1, Linux's ``bbr``, net/ipv4/tcp_bbr.c): STARTUP's pacing gain, 2/ln 2
+#: (``bbr_high_gain`` = 2885/1000), and the margin taken off every pacing rate
+#: (``bbr_pacing_margin_percent`` = 1)
+BBR_HIGH_GAIN, BBR_PACING_MARGIN = 2.885, 0.01
+#: packets of a message sent after idle that leave before BBR's pacing spaces the rest: fitted to
+#: the WAN probe's messages of 26-208 packets at 40-173 ms RTT on 6.18 (within 3% there;
+#: ``scripts/bench_bbr_messages.py``, docs/results.md "BBR paces a message after idle")
+BBR_UNPACED_PACKETS = 3.5
+#: Linux's default congestion control where this machine's cannot be read
+LINUX_DEFAULT_CONGESTION = "cubic"
+DEFAULT_CONGESTION_FILE = Path("/proc/sys/net/ipv4/tcp_congestion_control")
+
+
+@functools.cache
+def machine_congestion() -> str:
+    """This machine's default TCP congestion control, which the emulated hosts inherit where the
+    topology names none (``LINUX_DEFAULT_CONGESTION`` where it cannot be read)."""
+    try:
+        return DEFAULT_CONGESTION_FILE.read_text().strip() or LINUX_DEFAULT_CONGESTION
+    except OSError:
+        return LINUX_DEFAULT_CONGESTION
+
+
+def hosts_congestion(topo: TopologySpec) -> str:
+    """The TCP congestion control the hosts of ``topo`` run: its ``tcp_congestion``, else this
+    machine's default (``machine_congestion``)."""
+    return topo.tcp_congestion or machine_congestion()
+
+
+def app_limited_message_s(nbytes: float, rtt_s: float) -> float:
+    """Seconds from the first to the last packet of a message of ``nbytes`` that one BBR connection
+    sends after idle, as a pipeline's connection sends each transfer (the next leaves only after
+    the receiver's ready notice, a round trip or more after the last): BBR paces it at its own
+    bandwidth estimate, not the link's. Every round of such a connection is app-limited, so BBR
+    never leaves STARTUP (``bbr_check_full_bw_reached`` skips app-limited rounds) and paces at
+    ``BBR_HIGH_GAIN`` x (1 - ``BBR_PACING_MARGIN``) = G times its estimate. The estimate is the
+    largest delivery-rate sample: for a message of n packets the last packet's, n over the time
+    from the first packet's send to the last one's ACK (the rate sample's clock restarts when
+    nothing is in flight, tcp_rate.c), D + RTT where D is the message's pacing. The estimate
+    settles where the pacing it sets gives it back: with the first k = ``BBR_UNPACED_PACKETS``
+    leaving at once and the rest at G x estimate, D = (n - k) RTT / ((G - 1) n + k), about RTT /
+    (G - 1) = 0.54 RTT for a long message, whatever the link's rate. Measured on the emulator
+    within 3% for 26-208 packets at 40-173 ms RTT; shorter at a few packets (6: 0.10 RTT, the
+    formula 0.17) or a short RTT (10 ms: 0.3-0.38 RTT)."""
+    n = max(1.0, math.ceil(nbytes / TCP_MSS_WITH_TIMESTAMPS))
+    k = min(n, BBR_UNPACED_PACKETS)
+    g = BBR_HIGH_GAIN * (1 - BBR_PACING_MARGIN)
+    return (n - k) * rtt_s / ((g - 1) * n + k)
 
 
 def window_per_buffer_byte(release: str | None = None) -> float:
@@ -146,14 +201,22 @@ def window_rate_bps(window_bytes: float | None, rtt_s: float) -> float | None:
 def one_connection_bps(
     exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec], a: str, b: str, nbytes: float
 ) -> float | None:
-    """What one TCP connection carries from DC ``a`` to DC ``b`` for a transfer of ``nbytes``
-    (payload bit/s), or None where it is not limited: measured, where the experiment carries a
-    profile of that path (``exp.wan_profile``, ``spec/wan_profile.py``), else one modelled window
-    per round trip (``connection_window_bytes``, ``window_rate_bps``)."""
+    """What one TCP connection carries from DC ``a`` to DC ``b`` when it carries ``nbytes`` of a
+    transfer (payload bit/s), or None where it is not limited: measured, where the experiment
+    carries a profile of that path (``exp.wan_profile``, ``spec/wan_profile.py``), else one
+    modelled window per round trip (``connection_window_bytes``, ``window_rate_bps``), and, where
+    the hosts run BBR (``hosts_congestion``), at most its bytes over BBR's pacing of a message
+    after idle (``app_limited_message_s``)."""
     measured = exp.wan_profile.path(a, b) if exp.wan_profile is not None else None
     if measured is not None:
         return measured.one_connection_bps(nbytes)
-    return window_rate_bps(connection_window_bytes(exp, topo, workers), RoutingTable(topo).rtt_us(a, b) / 1e6)
+    rtt_s = RoutingTable(topo).rtt_us(a, b) / 1e6
+    window_bps = window_rate_bps(connection_window_bytes(exp, topo, workers), rtt_s)
+    paced_s = app_limited_message_s(nbytes, rtt_s) if hosts_congestion(topo) == "bbr" else 0.0
+    if paced_s <= 0:
+        return window_bps
+    paced_bps = nbytes * 8 / paced_s
+    return paced_bps if window_bps is None else min(window_bps, paced_bps)
 
 
 def sent_at_once(

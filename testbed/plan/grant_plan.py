@@ -155,7 +155,7 @@ def wan_links(
         rtt_s = routes.rtt_us(dc[src], dc[dst]) / 1e6
         pair = (dc[src], dc[dst])
         if pair not in one:
-            one[pair] = one_connection_bps(exp, topo, workers, *pair, nbytes)
+            one[pair] = one_connection_bps(exp, topo, workers, *pair, nbytes / connections)
             burst[pair] = sent_at_once(exp, topo, workers, *pair, nbytes, connections)
         for h in path:
             link = topo.link_between(h.src, h.dst)

@@ -60,7 +60,7 @@ def boundary_loads(
         rate = routes.wan_rate_bps(a, b)
         share = path_connection_share(exp, topo, workers, a, b)
         bits = exp.activation_bytes * 8 / TCP_GOODPUT_FRACTION
-        one = one_connection_bps(exp, topo, workers, a, b, exp.activation_bytes)
+        one = one_connection_bps(exp, topo, workers, a, b, exp.activation_bytes / connections)
         alone = transfer_time_s(exp.activation_bytes, rate * TCP_GOODPUT_FRACTION, one, connections)
         # all at once: the link's rate shared R ways, or each still alone where its windows limit it
         together = max(alone, exp.replicas * bits / rate)

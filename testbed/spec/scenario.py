@@ -32,6 +32,11 @@ from testbed.spec.topology import DCSpec, LinkSpec, TopologySpec
 #: only satisfy the topology's checks)
 SCENARIO_DC_POOL = "172.16.0.0/12"
 SCENARIO_DC_PREFIX = 16
+#: the TCP congestion control of a scenario's hosts: one whose connections send a window per round
+#: trip (the scenario's ``tcp_window_bytes``), as the paper's model has them; not this machine's
+#: default, which the emulated hosts inherit (under BBR a pipeline's connection paces each
+#: message at its own estimate: ``plan/connections.app_limited_message_s``)
+SCENARIO_CONGESTION = "cubic"
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,7 @@ class Scenario:
             dc_pool=ipaddress.IPv4Network(SCENARIO_DC_POOL),
             dc_prefix_len=SCENARIO_DC_PREFIX,
             description=self.description,
+            tcp_congestion=SCENARIO_CONGESTION,
         )
 
     def experiment(self, policy: str = DEFAULT_POLICY) -> Experiment:
