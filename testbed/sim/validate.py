@@ -8,7 +8,9 @@ measured one, not the modelled window's (``plan/connections.one_connection_bps``
 in the run's measured iterations (``pipeline_start_offsets_s``), unless
 ``measured_starts`` is False: the simulator has no model of what sets them apart (the end of the
 all-reduce inside a DC, 0-6 ms apart on the emulator's two cores), and pipelines that start
-together and share a link stay together. Pure (reads the run's files)."""
+together and share a link stay together. The hosts' congestion control is the one the run
+recorded (``topology.json``), so that a run is predicted under what its hosts ran, not under
+this machine's default. Pure (reads the run's files)."""
 
 from __future__ import annotations
 
@@ -38,6 +40,8 @@ ABSOLUTE = (M.GPU_UTILIZATION, M.BUBBLE_FRACTION, M.WAN_UTILIZATION_MEAN)
 
 #: how the simulator took one connection's rate on the WAN paths
 MEASURED_LINKS, MODELLED_WINDOW = "measured (wan_profile.json)", "modelled window"
+#: a built network's record in its run folder (``net/topology_record.py``), and its congestion control
+TOPOLOGY_RECORD, RECORDED_CONGESTION = "topology.json", "tcp_congestion"
 #: how the simulator started the pipelines
 MEASURED_STARTS, IN_STEP = "as measured", "in step"
 
@@ -83,7 +87,20 @@ def load_run(run_dir: Path, measured_links: bool = True) -> MeasuredRun:
                 "rerun with --profile-wan, or delete the file to use the modelled window",
             ) from e
         links = MEASURED_LINKS
+    ran = _recorded_congestion(run_dir)
+    if ran is not None and exp.topology_spec.tcp_congestion is None:
+        exp = replace(exp, topology_spec=replace(exp.topology_spec, tcp_congestion=ran))
     return MeasuredRun(exp, workers, summary, links)
+
+
+def _recorded_congestion(run_dir: Path) -> str | None:
+    """The TCP congestion control ``run_dir``'s hosts ran (its ``topology.json``), or None where
+    the folder has no readable record of it (the run then counts as this machine's)."""
+    try:
+        ran = json.loads((run_dir / TOPOLOGY_RECORD).read_text()).get(RECORDED_CONGESTION)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return ran if isinstance(ran, str) and ran else None
 
 
 def pipeline_start_offsets_s(ev: pd.DataFrame, warmup: int = 0) -> tuple[float, ...] | None:
