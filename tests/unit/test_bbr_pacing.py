@@ -23,9 +23,9 @@ from testbed.plan.placement import place
 from testbed.sim.validate import TOPOLOGY_RECORD, load_run
 from testbed.spec.wire import TCP_MSS_WITH_TIMESTAMPS
 
-#: the WAN probe's medians on the emulator (Linux 6.18, bbr, NFQUEUE delay), 2026-12-06, as
-#: scripts/bench_bbr_messages.py prints them: (message bytes, RTT s, message s)
-PROBED = ((36864, 0.1727, 0.07409), (86016, 0.1727, 0.08549), (86016, 0.0407, 0.01970), (36864, 0.0807, 0.03437))
+#: the WAN probe's medians on the emulator (Linux 6.18, bbr, NFQUEUE delay) as
+#: scripts/bench_bbr_messages.py printed them at fea29b8: (message bytes, RTT s, message s)
+PROBED = ((36864, 0.1727, 0.07408), (86016, 0.1727, 0.08554), (86016, 0.0406, 0.01978), (36864, 0.0806, 0.03436))
 
 
 def test_a_long_message_takes_about_half_a_round_trip_whatever_its_size():
