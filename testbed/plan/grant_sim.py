@@ -118,7 +118,8 @@ def simulate(
     rank_at = [[rank[(home[v], r)] for r in range(R)] for v in range(V)]
     actions = experiment_tables(exp)
     env = simpy.Environment()
-    pos = {(s, r): 0 for s in range(S) for r in range(R)}
+    copies = symmetric_copies(exp, rank_at, links, paths, one_way_s, stagger_s, fair) if timeline is None else 1
+    pos = {(s, r): 0 for s in range(S) for r in range(R // copies)}
     arrived: dict[Transfer, float] = {}
     waiting: dict[Transfer, tuple[int, int]] = {}  # the worker (stage, replica) each awaited input holds
     posted: dict[Transfer, float] = {}
@@ -137,7 +138,7 @@ def simulate(
     end = 0.0
     # tcp: the transfers under way, shared max-min fairly (capacities in transfers per second), and a
     # version that outdates the completion scheduled before the last change
-    fluid = FairShare({h: x.concurrency / x.transfer_s for h, x in links.items()})
+    fluid = FairShare({h: x.concurrency / x.transfer_s / copies for h, x in links.items()})
     version = 0
 
     def at(t: float, act: Callable[..., None], *args: Any) -> None:
@@ -313,7 +314,40 @@ def simulate(
     if stuck:
         s, r = stuck[0]
         raise ValueError(f"the schedule does not complete: stage {s} replica {r} waits at {actions[s][pos[(s, r)]]}")
+    if copies > 1:  # every pipeline took each link when the first did, in replica order
+        order = {h: [t._replace(replica=r) for t in ts for r in range(copies)] for h, ts in order.items()}
     return end, order
+
+
+def symmetric_copies(
+    exp: Experiment,
+    rank_at: list[list[int]],
+    links: dict[Hop, LinkTiming],
+    paths: dict[tuple[int, int], list[Hop]],
+    one_way_s: dict[tuple[int, int], float],
+    stagger_s: tuple[float, ...],
+    fair: bool,
+) -> int:
+    """How many identical copies of the first pipeline ``simulate`` may stand the pipelines for:
+    ``exp.replicas`` where every pipeline runs the same timeline, else 1. They do where they start
+    together, each boundary of every pipeline crosses the same hops with the same one-way delay as
+    the first's, and the links are shared as TCP's flows share them (``fair``) or not crossed at
+    all. Sharing then scales: R copies of a set of flows on links of capacity C get what one set
+    gets on C / R (max-min fairness, by the allocation's uniqueness; a fluid FIFO queue, whose
+    bursts that start together go in side by side and end together, by its virtual time's speed,
+    capacity over input rate), so one pipeline simulated on each link's R-th is every pipeline's
+    timeline (for issue 39's speed goals: ``scripts/bench_sim.py``). Pure."""
+    R = exp.replicas
+    if R == 1 or len(set(stagger_s)) > 1 or (links and not fair):
+        return 1
+    for v in range(len(rank_at) - 1):
+        first = (rank_at[v][0], rank_at[v + 1][0])
+        for r in range(1, R):
+            pair = (rank_at[v][r], rank_at[v + 1][r])
+            for a, b in ((pair, first), (pair[::-1], first[::-1])):
+                if paths.get(a) != paths.get(b) or one_way_s.get(a) != one_way_s.get(b):
+                    return 1
+    return R
 
 
 def action_seconds(
