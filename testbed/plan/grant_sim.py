@@ -50,11 +50,12 @@ class _Call(simpy.events.Event):
     with its callback, made in one step (the simulation makes about a million of them an iteration
     at the paper's scale: ``scripts/bench_sim.py``)."""
 
+    _ok = True  # what SimPy reads of a processed event, the same for every one
+    _value = None
+
     def __init__(self, env: simpy.Environment, delay: float, act: Callable[..., None], *args: Any):
         self.env = env
         self.callbacks = [_call]
-        self._value = None
-        self._ok = True
         self.act, self.args = act, args
         env.schedule(self, simpy.events.NORMAL, delay)
 
@@ -109,6 +110,10 @@ def simulate(
         raise ValueError("a link order needs grants (planned or fifo sharing), not tcp")
     # with borrowing, held classes fill what a FIFO rendezvous leaves idle (its notice, its flight)
     rendezvous_hold, fair = sharing == "fifo" and not exp.atlas_borrow, sharing == "tcp"
+    # the paths' hops as the very objects that key ``links``: a dict finds its own key by identity,
+    # where an equal hop would be compared field by field (a Hop is a dataclass)
+    own = {h: h for h in links}
+    paths = {k: [own.get(h, h) for h in v] for k, v in paths.items()}
     S, R = exp.stages, exp.replicas
     home = stage_homes(exp.schedule, S, exp.chunks)
     V = len(home)  # virtual stages
@@ -116,7 +121,16 @@ def simulate(
     rank = {(w.stage, w.replica): w.rank for w in workers}
     # each virtual stage's worker rank per replica
     rank_at = [[rank[(home[v], r)] for r in range(R)] for v in range(V)]
+    # each boundary's (sender, receiver) per replica: activations forward, gradients back
+    forward_pair = [[(rank_at[v][r], rank_at[v + 1][r]) for r in range(R)] for v in range(V - 1)]
+    backward_pair = [[(b, a) for a, b in row] for row in forward_pair]
     actions = experiment_tables(exp)
+    # per stage and place in its table: (the action, its seconds, its input and output transfers
+    # as (kind, virtual stage, microbatch) or None: ``input_of``, ``output_of`` with the replica)
+    steps = [
+        [(a, took_s[a.kind][a.stage], _spec(input_of(a, 0, V)), _spec(output_of(a, 0, V))) for a in table]
+        for table in actions
+    ]
     env = simpy.Environment()
     copies = symmetric_copies(exp, rank_at, links, paths, one_way_s, stagger_s, fair) if timeline is None else 1
     pos = {(s, r): 0 for s in range(S) for r in range(R // copies)}
@@ -143,11 +157,11 @@ def simulate(
 
     def at(t: float, act: Callable[..., None], *args: Any) -> None:
         """``act(*args)`` at time ``t`` (SimPy orders events by time, then by when they were made)."""
-        _Call(env, max(0.0, t - env.now), act, *args)
+        delay = t - env.now
+        _Call(env, delay if delay > 0.0 else 0.0, act, *args)
 
     def pair(t: Transfer) -> tuple[int, int]:
-        src, dst = (t.stage, t.stage + 1) if t.kind == "F" else (t.stage + 1, t.stage)
-        return rank_at[src][t.replica], rank_at[dst][t.replica]
+        return (forward_pair if t[0] == "F" else backward_pair)[t[1]][t[3]]
 
     def post(t: Transfer) -> None:
         """The receiver posts the receive of ``t``: its ready notice leaves now, or behind the bytes
@@ -274,22 +288,24 @@ def simulate(
         """Worker (s, r) goes on with its schedule table: it starts its next action, or waits for
         that action's input (``arrive`` resumes it); its compute's end resumes it."""
         nonlocal end
-        if pos[(s, r)] >= len(actions[s]):
+        i = pos[(s, r)]
+        if i >= len(steps[s]):
             return
-        a = actions[s][pos[(s, r)]]
-        need = input_of(a, r, V)
-        if need is not None:
+        a, took, need_spec, out_spec = steps[s][i]
+        if need_spec is not None:
+            need = _transfer(Transfer, (*need_spec, r))
             if need not in posted:
                 post(need)
             if need not in arrived:
                 waiting[need] = (s, r)
                 return
         start = env.now
-        done = start + took_s[a.kind][a.stage]
+        done = start + took
         if timeline is not None:
             timeline.append((s, r, a, start, done))
         end = max(end, done)
-        _Call(env, done - start, computed, s, r, output_of(a, r, V), done)
+        out = None if out_spec is None else _transfer(Transfer, (*out_spec, r))
+        _Call(env, done - start, computed, s, r, out, done)
 
     def computed(s: int, r: int, out: Transfer | None, done: float) -> None:
         """Worker (s, r)'s action has ended at ``done``: it hands its output ``out`` to gloo, then
@@ -317,6 +333,16 @@ def simulate(
     if copies > 1:  # every pipeline took each link when the first did, in replica order
         order = {h: [t._replace(replica=r) for t in ts for r in range(copies)] for h, ts in order.items()}
     return end, order
+
+
+#: a Transfer made from its fields' tuple in C (the named tuple's own constructor is Python: the
+#: simulation makes one for every action's input and output)
+_transfer = tuple.__new__
+
+
+def _spec(t: Transfer | None) -> tuple[str, int, int] | None:
+    """A transfer without its replica: (kind, virtual stage, microbatch)."""
+    return None if t is None else (t.kind, t.stage, t.microbatch)
 
 
 def symmetric_copies(
