@@ -11,10 +11,11 @@ goodput of 1 and of n parallel iperf3 streams, and the window one connection kep
 median from 6.6 on (``--one``: one stream only, over several rates). A path whose window would
 hold fewer than ``fit.MIN_WINDOW_SEGMENTS`` segments is skipped (the testbed refuses it). Figures
 printed, nothing asserted; the table is recorded in ``docs/results/connection_window.json``
-(``results/published.py``; ``--no-record`` leaves it alone).
+(``results/published.py``; ``--no-record`` leaves it alone); ``--caps`` sets the caps themselves
+and records ``connection_window_caps.json``.
 
 Run as root: .venv/bin/python scripts/bench_connections.py [--rates 100mbit] [--delays 10ms,40ms]
-[--shares 0.1,0.25,0.5] [--seconds 4] [--one] [--no-record]
+[--shares 0.1,0.25,0.5 | --caps 6000,9000] [--seconds 4] [--one] [--no-record]
 """
 
 from __future__ import annotations
@@ -61,8 +62,14 @@ def main() -> None:
     ap.add_argument("--shares", default="0.1,0.25,0.5")
     ap.add_argument("--seconds", type=float, default=4)
     ap.add_argument("--one", action="store_true", help="one stream only")
+    ap.add_argument(
+        "--caps",
+        help="socket-buffer caps in bytes (e.g. 6000,9000,14000) instead of --shares: the window kept per cap "
+        "byte against the cap, one stream each (implies --one)",
+    )
     ap.add_argument("--no-record", action="store_true", help="leave docs/results/connection_window.json alone")
     args = ap.parse_args()
+    args.one = args.one or args.caps is not None
     rows: list[dict] = []
     print(
         f"{'rate':>8} {'one-way':>8} {'share':>6} {'buffer':>9} {'n':>3} {'1 conn Mbit/s':>14} {'(share)':>8} "
@@ -79,10 +86,15 @@ def main() -> None:
             "<bench>",
         )
         rtt = 2 * topo.links[0].delay_us / 1e6
-        for share in (float(x) for x in args.shares.split(",")):
-            buf = buffer_for_share(rate, rtt, share)
+        bdp = rate / 8 * rtt
+        if args.caps:  # each cap's share: what the measured median ratio would keep of the BDP
+            caps = [int(x) for x in args.caps.split(",")]
+            points = [(round(c * window_per_buffer_byte() / bdp, 4), c) for c in caps]
+        else:
+            points = [(s, buffer_for_share(rate, rtt, s)) for s in (float(x) for x in args.shares.split(","))]
+        for share, buf in points:
             row = {"rate": rate_text, "delay": delay, "share": share}
-            if window_for_share(rate, rtt, share) < MIN_WINDOW_SEGMENTS * TCP_MSS_WITH_TIMESTAMPS:
+            if not args.caps and window_for_share(rate, rtt, share) < MIN_WINDOW_SEGMENTS * TCP_MSS_WITH_TIMESTAMPS:
                 rows.append({**row, "skipped": f"a window under {MIN_WINDOW_SEGMENTS} segments"})
                 print(f"{rate_text:>8} {delay:>8} {share:>6.2f}  skipped: {rows[-1]['skipped']}")
                 continue
@@ -118,7 +130,8 @@ def main() -> None:
     )
     if not args.no_record:
         command = ("scripts/bench_connections.py " + " ".join(sys.argv[1:])).strip()
-        path = record_result(REPO, "connection_window", COLUMNS, rows, "scripts/bench_connections.py", command)
+        name = "connection_window_caps" if args.caps else "connection_window"
+        path = record_result(REPO, name, COLUMNS, rows, "scripts/bench_connections.py", command)
         print(f"recorded in {path}")
 
 

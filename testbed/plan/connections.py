@@ -33,6 +33,12 @@ from testbed.spec.wire import TCP_MSS_WITH_TIMESTAMPS
 #: 0.41-0.75, under 0.62 only where a 10-100 Mbit/s path's window holds under 10 segments:
 #: docs/results.md)
 WINDOW_PER_BUFFER_BYTE_HALF, WINDOW_PER_BUFFER_BYTE_SCALED = 0.5, 0.70
+#: what one connection keeps in flight falls short of that window by about this many bytes,
+#: whatever the buffer (1.4 segments): 12 caps of 6-72 kB on a 100 Mbit/s path of 40 ms RTT kept
+#: 0.705 x cap - 2,005 bytes (a least-squares line, each within 15%; the ratio alone was 8-92% over
+#: under 18 kB), ``scripts/bench_connections.py --caps`` on 6.18 (docs/results.md, "One
+#: connection's window"). It decided the random draws whose windows held 4-10 segments.
+WINDOW_SHORTFALL_BYTES = 2000
 #: the first release whose window follows the measured ratio
 SCALING_RATIO_RELEASE = (6, 6)
 
@@ -98,8 +104,9 @@ def window_per_buffer_byte(release: str | None = None) -> float:
 
 def buffer_for_window(window_bytes: float) -> int:
     """Socket buffer cap (bytes) under which one connection keeps ``window_bytes`` in flight on this
-    machine's kernel (``window_per_buffer_byte``), rounded up."""
-    return math.ceil(window_bytes / window_per_buffer_byte() - 1e-9)
+    machine's kernel: the window plus ``WINDOW_SHORTFALL_BYTES`` over ``window_per_buffer_byte``,
+    rounded up."""
+    return math.ceil((window_bytes + WINDOW_SHORTFALL_BYTES) / window_per_buffer_byte() - 1e-9)
 
 
 def connections_for(rate_bps: float, rtt_s: float, window_bytes: float, most: int = MAX_WAN_CONNECTIONS) -> int:

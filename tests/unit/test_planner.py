@@ -124,7 +124,13 @@ def test_what_if_weighs_the_best_plan_with_one_more_dc():
 
 
 def test_connections_from_the_bandwidth_delay_product():
-    from testbed.plan.connections import buffer_for_share, connections_for, window_for_share, window_per_buffer_byte
+    from testbed.plan.connections import (
+        WINDOW_SHORTFALL_BYTES,
+        buffer_for_share,
+        connections_for,
+        window_for_share,
+        window_per_buffer_byte,
+    )
 
     # 100 Mbit/s x 80 ms = 1 MB in flight; a 250 kB window carries a quarter: 4 connections
     assert connections_for(100e6, 0.080, 250_000) == 4
@@ -133,8 +139,10 @@ def test_connections_from_the_bandwidth_delay_product():
     assert connections_for(100e6, 0.080, 300_000) == 4  # ceil(1e6 / 3e5) = 4
     window = window_for_share(100e6, 0.080, 0.25)
     assert window == 0.25 * 1_000_000
-    # the cap this kernel needs to advertise that window, rounded up
-    assert buffer_for_share(100e6, 0.080, 0.25) == math.ceil(window / window_per_buffer_byte())
+    # the cap this kernel needs to keep that window in flight (the shortfall added), rounded up
+    assert buffer_for_share(100e6, 0.080, 0.25) == math.ceil(
+        (window + WINDOW_SHORTFALL_BYTES) / window_per_buffer_byte()
+    )
     assert connections_for(100e6, 0.080, window) == 4
 
 
