@@ -123,12 +123,21 @@ class WanShaper:
 
     # ----------------------------------------------------------------- live changes (LiveShaping)
     def _wan(self, src_dc: str, dst_dc: str) -> tuple[IPRoute, EgressPlan]:
-        """The egress plan of the WAN link from ``src_dc`` towards its neighbour ``dst_dc``."""
+        """The pyroute2 handle of the router's namespace (usable from the calling thread) and the
+        egress plan of the WAN link from ``src_dc`` towards its neighbour ``dst_dc``."""
+        egress = self._wan_egress(src_dc, dst_dc)
+        return self.handles.ipr(egress.netns), egress
+
+    def _wan_egress(self, src_dc: str, dst_dc: str) -> EgressPlan:
+        """The egress plan of the WAN link from ``src_dc`` towards its neighbour ``dst_dc``, without
+        the pyroute2 handle: a thread's first use of that enters the namespace (``handles.ipr``),
+        which live changes on their own sockets do not need (it made a link profile's first step,
+        the first change from its thread, 7-25 ms late)."""
         end = self.plan.wan_ends.get((src_dc, dst_dc))
         if end is None:
             raise KeyError(f"no WAN link between {src_dc} and {dst_dc}")
         ns = self.plan.routers[src_dc].netns
-        return self.handles.ipr(ns), self._egress[(ns, end.ifname)]
+        return self._egress[(ns, end.ifname)]
 
     def _write(self, t_ns: int, event: str, netns: str, ifname: str, cls: HtbClass, duration_ns: int) -> None:
         write_row(
@@ -173,7 +182,7 @@ class WanShaper:
         """Change class ``1:minor`` on the WAN egress ``src_dc`` -> ``dst_dc`` in place, in one
         netlink message on the router's own socket. Logged with its CLOCK_MONOTONIC time; returns
         that time (ns). Raises KeyError for an unknown class, BuildError if the kernel refuses."""
-        _, egress = self._wan(src_dc, dst_dc)
+        egress = self._wan_egress(src_dc, dst_dc)
         old = next((c for c in egress.classes if c.minor == minor), None)
         if old is None:
             raise KeyError(f"no class 1:{minor:x} on {src_dc}->{dst_dc}")
@@ -198,7 +207,7 @@ class WanShaper:
         given order, without applying them. Returns ``{"netns", "ifname", "ifindex", "data" (bytes,
         for rtnl_raw.send_batch), "classes": [[classid, rate_bps, ceil_bps], ...]}``; whoever applies
         it logs it (``shaping.jsonl`` lines). Raises KeyError for an unknown class."""
-        _, egress = self._wan(src_dc, dst_dc)
+        egress = self._wan_egress(src_dc, dst_dc)
         idx = self.handles.ifindex(egress.netns, egress.ifname)
         by_minor = {c.minor: c for c in egress.classes}
         wanted = [(c[0], c[1], c[2] if len(c) == 3 else c[1]) for c in rates_bps]
@@ -231,7 +240,7 @@ class WanShaper:
                 rtnl_raw.await_acks(sock, len(batch["classes"]))
             dt = self.now_ns() - t0
             for src, dst in ((a, b), (b, a)):
-                egress = self._wan(src, dst)[1]
+                egress = self._wan_egress(src, dst)
                 changed = tuple(
                     replace(c, rate_bps=rate_bps, ceil_bps=rate_bps) if c.minor in minors else c for c in egress.classes
                 )
@@ -243,7 +252,7 @@ class WanShaper:
     def netem_leaves(self, src_dc: str, dst_dc: str) -> list[tuple[int, Netem]]:
         """The netem leaves of the WAN egress ``src_dc`` -> ``dst_dc`` as installed or last changed:
         ``(class minor, leaf)`` each (none under the nfqueue mechanism)."""
-        return [(c.minor, c.leaf) for c in self._wan(src_dc, dst_dc)[1].classes if isinstance(c.leaf, Netem)]
+        return [(c.minor, c.leaf) for c in self._wan_egress(src_dc, dst_dc).classes if isinstance(c.leaf, Netem)]
 
     def wan_classes(self, src_dc: str, dst_dc: str) -> dict[int, dict[str, int]]:
         """HTB classes on the WAN egress ``src_dc`` -> ``dst_dc`` as read back from the kernel."""
@@ -252,7 +261,7 @@ class WanShaper:
 
     def wan_tc_argv(self, src_dc: str, dst_dc: str) -> list[list[str]]:
         """The tc(8) commands equivalent to the current shaping of one WAN egress."""
-        return tc_argv(self._wan(src_dc, dst_dc)[1])
+        return tc_argv(self._wan_egress(src_dc, dst_dc))
 
     def start_helper(self, argv: Sequence[str], what: str, **kwargs: Any) -> subprocess.Popen:
         """Start a helper of the run beside the shaping (Atlas's controller, which applies grants
