@@ -1,5 +1,5 @@
 """One pipeline simulated for all where every pipeline runs the same timeline
-(``grant_sim.symmetric_copies``): the same iteration time and link order as every pipeline
+(``symmetric_pipelines.symmetric_copies``): the same iteration time and link order as every pipeline
 simulated (a ``timeline`` asks for every pipeline's actions, so it turns the shortcut off), on the
 shipped experiments and random draws under TCP sharing, and the cases that must not take it."""
 
@@ -12,8 +12,9 @@ import pytest
 from testbed.plan.boundary_transfers import Hop, LinkTiming
 from testbed.plan.connections import wan_connections
 from testbed.plan.grant_plan import wan_links
-from testbed.plan.grant_sim import simulate, symmetric_copies
+from testbed.plan.grant_sim import simulate
 from testbed.plan.placement import place
+from testbed.plan.symmetric_pipelines import symmetric_copies
 from testbed.sim.random_experiments import random_experiments
 from testbed.spec.experiment_file import load_experiment, shipped_experiments
 from testbed.spec.scenario_file import load_scenario
