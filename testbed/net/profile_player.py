@@ -90,6 +90,8 @@ class ProfilePlayer(threading.Thread):
         self.ends = link_control.link_ends(spec, plan.prefix)
         self._halt = threading.Event()
         self.applied = 0
+        self._iprs: dict[str, IPRoute] = {}  # netns -> its socket, opened by run (netem only)
+        self._ifindex: dict[tuple[str, str], int] = {}  # (netns, WAN interface) -> index
 
     @property
     def links(self) -> list[LinkSpec]:
@@ -99,6 +101,24 @@ class ProfilePlayer(threading.Thread):
         self._halt.set()
 
     def run(self) -> None:
+        with ExitStack() as stack:
+            if self.shaping.mechanism != "nfqueue":
+                # netem's leaves are changed through these, opened once here (in this thread) rather
+                # than at a step: opening a namespace's socket costs milliseconds (tens under TCG),
+                # which a step would pay late
+                try:
+                    for link in self.links:
+                        for at, peer in ((link.a, link.b), (link.b, link.a)):
+                            netns, ifname = self.plan.routers[at].netns, self.plan.wan_ends[(at, peer)].ifname
+                            if netns not in self._iprs:
+                                self._iprs[netns] = stack.enter_context(IPRoute(netns=netns))
+                            self._ifindex[(netns, ifname)] = netlink.ifindex(self._iprs[netns], ifname)
+                except (TestbedError, OSError, KeyError) as e:
+                    self.on_failure(ProfileError(f"cannot reach the profiled links' netem leaves: {e}"))
+                    return
+            self._play()
+
+    def _play(self) -> None:
         streams = {link_control.link_name(x.a, x.b): (x, link_steps(x)) for x in self.links}
         state = {name: x.state for name, (x, _) in streams.items()}
         pending = {name: next(it, None) for name, (_, it) in streams.items()}
@@ -171,6 +191,8 @@ class ProfilePlayer(threading.Thread):
             delay_element.set_queue(netns, queue.queue_num, s.delay_us, s.jitter_us, s.loss_pct)
 
     def _set_netem(self, link: LinkSpec, before: LinkState, after: LinkState) -> None:
+        """Change every netem leaf of ``link``'s egress at both ends to ``after``'s figures, through
+        the sockets ``run`` opened; a delay decrease is ramped (module doc)."""
         delays = [after.delay_us]
         if after.delay_us < before.delay_us:  # ramp down (module doc)
             delays = list(range(before.delay_us - NETEM_RAMP_US, after.delay_us, -NETEM_RAMP_US)) + [after.delay_us]
@@ -178,16 +200,11 @@ class ProfilePlayer(threading.Thread):
             (self.plan.routers[s].netns, self.plan.wan_ends[(s, d)].ifname, s, d)
             for s, d in ((link.a, link.b), (link.b, link.a))
         ]
-        with ExitStack() as stack:
-            iprs = {ns: stack.enter_context(IPRoute(netns=ns)) for ns, _, _, _ in ends}
-            for k, delay in enumerate(delays):
-                if k:  # one step of delay per as long: release times (send + delay) never go back
-                    time.sleep(NETEM_RAMP_US / 1e6)
-                for netns, ifname, src, dst in ends:
-                    ipr = iprs[netns]
-                    index = netlink.ifindex(ipr, ifname)
-                    for minor, leaf in self.netem_leaves(src, dst):
-                        new = replace(
-                            leaf, delay_us=delay, jitter_us=min(after.jitter_us, delay), loss_pct=after.loss_pct
-                        )
-                        netlink_tc.change_netem(ipr, index, minor, new, f"{netns}/{ifname}")
+        for k, delay in enumerate(delays):
+            if k:  # one step of delay per as long: release times (send + delay) never go back
+                time.sleep(NETEM_RAMP_US / 1e6)
+            for netns, ifname, src, dst in ends:
+                index = self._ifindex[(netns, ifname)]
+                for minor, leaf in self.netem_leaves(src, dst):
+                    new = replace(leaf, delay_us=delay, jitter_us=min(after.jitter_us, delay), loss_pct=after.loss_pct)
+                    netlink_tc.change_netem(self._iprs[netns], index, minor, new, f"{netns}/{ifname}")

@@ -15,7 +15,7 @@ from testbed.plan.schedule import worker_tables
 from testbed.plan.virtual_stages import stage_homes
 from testbed.results.analysis import losses
 from testbed.run.runner import run_experiment
-from testbed.sim.validate import MEASURED_LINKS, validate_run
+from testbed.sim.validate import MEASURED_LINKS, MODELLED_WINDOW, validate_run
 from testbed.spec.compute import ComputeModel
 from testbed.spec.experiment_file import load_experiment
 from testbed.trace import schema as T
@@ -86,15 +86,17 @@ def test_each_schedule_trains_with_one_processs_losses(tmp_path, clean_machine, 
 @pytest.mark.parametrize("schedule", NEW)
 def test_each_schedule_on_two_dc_is_predicted(tmp_path, clean_machine, schedule):
     """Padded compute on two_dc under pp-fair (interleaving's boundary from the last worker back to
-    the first crosses the link again), its WAN profiled: one process's losses, and
-    ``sim --validate`` within 10%. Profiling three_dc's six path directions takes 34 s a run; under
-    Atlas on two_dc the simulator misses interleaving's by 13% (docs/results.md, "Schedules across
-    DCs")."""
+    the first crosses the link again): one process's losses, and ``sim --validate`` within 10%.
+    ZB-H1's run profiles its WAN first (``--profile-wan``: 11 s a run) and is predicted on the
+    measured paths; the others on the modelled window, as ``testbed plan`` predicts (-2.3% and
+    -2.9% at 7a7b80b). Profiling three_dc's six path directions takes 34 s a run; under Atlas on
+    two_dc the simulator misses interleaving's by 13% (docs/results.md, "Schedules across DCs")."""
+    profiled = schedule == "zb-h1"
     exp = experiment(schedule, "two_dc", "pp-fair", iterations=4)
-    run_experiment(exp, tmp_path, progress=_quiet, profile_wan=True)
+    run_experiment(exp, tmp_path, progress=_quiet, profile_wan=profiled)
     check_training(exp, tmp_path, 4)
     got = validate_run(tmp_path)
-    assert got["links"] == MEASURED_LINKS
+    assert got["links"] == (MEASURED_LINKS if profiled else MODELLED_WINDOW)
     figure = got["figures"]["iteration_time_s"]
     print(schedule, figure)
     assert abs(figure["error"]) <= 0.10, figure

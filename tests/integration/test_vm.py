@@ -14,8 +14,11 @@ from tests.support.vm import boot, build_box, pytest_command
 
 from .conftest import REPO
 
-#: how many tests tests/vm holds: one that silently went missing must fail this test
-EXPECTED_TESTS = 10
+#: how many tests tests/vm holds: one that silently went missing must fail this test. ``kill -9``
+#: then ``testbed clean`` ran in the box too until 7a7b80b (11-22 s under TCG): what clean removes
+#: is the same on both paths (the namespaces, and netem's qdiscs with them; the host tier's
+#: test_failures runs it with the delay element, the one path with processes of its own)
+EXPECTED_TESTS = 9
 
 
 @pytest.mark.timeout(1500)

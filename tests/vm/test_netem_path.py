@@ -17,9 +17,7 @@ the floor and why go to ``/job/rates.txt`` and to the test output.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import statistics
 import subprocess
 import time
@@ -32,9 +30,9 @@ from testbed.net.capacity_probe import machine_capacity_bps
 from testbed.net.fidelity import (
     RTT_TOLERANCE_FRACTION,
     RTT_TOLERANCE_MS,
-    check_direction,
     check_fidelity,
     jitter_rtt_sd_ms,
+    loss_within,
     measure_rtt_ms,
     parse_ping_ms,
     rtt_within,
@@ -45,7 +43,7 @@ from testbed.run.backends import make_network
 from testbed.spec.topology import TopologySpec
 from testbed.spec.topology_file import parse_topology
 from testbed.spec.wire import bdp_packets
-from tests.integration.conftest import REPO, machine_state, run_cli, start_topo_up
+from tests.integration.conftest import REPO, run_cli
 
 JOB = Path("/job")
 #: a second of warm-up is past slow start on these links (about 0.3 s to fill 50 Mbit/s x 60 ms)
@@ -234,10 +232,10 @@ def test_jitter_and_loss_measured_against_the_configuration(link_rate_bps, path_
     # the floor, taken minutes earlier on a 10 ms link, was 2.5 ms (2026-12-03)
     with make_network(shipped("two_dc", link_rate_bps), out_dir=tmp_path / "plain", delay_mechanism="netem") as net:
         plain, _ = _ping_train(net)
+    # the loss judged on the ping train, by the fidelity check's own rule (``loss_within``): the
+    # check's UDP and TCP measurement of it (``check_direction``, as the host tier's
+    # test_loss_jitter_and_access_links runs it through the delay element) took 15-45 s under TCG
     with make_network(spec, out_dir=tmp_path, delay_mechanism="netem") as net:
-        # one direction: netem's loss is the same leaf in both, and each costs a minute under TCG
-        link = check_direction(net, "east", "west", **MEASURE).to_dict()
-        assert link["loss_ok"] and link["measured_loss_pct"] is not None, link
         times, stdout = _ping_train(net)
     # netem's jitter without a distribution table is uniform on [d - j, d + j] in each direction:
     # the RTT is the sum of two, mean 2d, standard deviation 2j / sqrt(6). The mean is judged
@@ -258,22 +256,7 @@ def test_jitter_and_loss_measured_against_the_configuration(link_rate_bps, path_
     assert len(outside) <= 0.01 * len(times), (outside, low, high)
     # 2% each way: a ping round trip is lost with probability 1 - 0.98^2 = 3.96%
     loss = 1 - len(times) / 400
-    assert 0.0 < loss < 0.12, (loss, stdout)
-
-
-def test_kill_9_then_clean_inside_the_vm(tmp_path):
-    before = machine_state()
-    proc = start_topo_up(tmp_path, "--delay-mechanism", "netem")
-    runs = [json.loads(p.read_text()) for p in Path("/run/testbed/runs").glob("*.json")]
-    mine = [r for r in runs if r["owner_pid"] == proc.pid]
-    assert len(mine) == 1
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert set(mine[0]["namespaces"]) <= set(machine_state()["netns"])
-    cleaned = run_cli("clean")
-    assert cleaned.returncode == 0, cleaned.stderr
-    assert f"removed run {mine[0]['prefix']}" in cleaned.stdout
-    assert machine_state() == before
+    assert 0.0 < loss and loss_within(100 * loss, 100 * (1 - 0.98**2), 400), (loss, stdout)
 
 
 def test_a_profile_changes_netems_delay_in_place_without_reordering(
@@ -318,6 +301,10 @@ def test_a_profile_changes_netems_delay_in_place_without_reordering(
     seqs = [s for s, _, _ in replies]
     assert seqs == sorted(seqs), "replies out of order"
     floor_median, _ = path_floor_ms
-    for (a, b), expected in (((0.3, 0.95), 40.0), ((1.2, 2.45), 60.0), ((2.65, 3.8), 30.0)):
+    # the decrease's ramp takes 15 changes a ms apart, each a few ms under TCG: the last phase is
+    # judged from 0.15 s after the ramp ended as logged (a 2 x 30 ms round trip in flight, and slack)
+    ramp_end = (steps[2]["t_ns"] + steps[2]["duration_ns"]) / 1e9 - t0
+    print(f"the ramp from 30 to 15 ms ended {ramp_end - 2.5:.3f} s after it was due")
+    for (a, b), expected in (((0.3, 0.95), 40.0), ((1.2, 2.45), 60.0), ((max(2.65, ramp_end + 0.15), 3.8), 30.0)):
         phase = [rtt for _, t, rtt in replies if a <= t < b]
         assert phase and rtt_within(statistics.median(phase), expected, floor_median), (a, statistics.median(phase))
