@@ -398,8 +398,7 @@ def job_script(project: Path, command: str) -> str:
 mkdir -p {where}
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 project {where} || exit 90
 cd {where} || exit 91
-export HOME=/root PYTHONPYCACHEPREFIX=/tmp/pycache PYTHONUNBUFFERED=1 TESTBED_IN_VM=1
-unset PYTHONDONTWRITEBYTECODE
+export HOME=/root PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 TESTBED_IN_VM=1
 ( {command}
 )
 echo $? > /job/rc
