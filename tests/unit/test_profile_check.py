@@ -45,6 +45,19 @@ def test_a_perfect_link_is_within_the_bound_and_an_unshaped_window_is_not():
     assert worst > 0.5 and over[0]["t_s"] == pytest.approx(leaky[k - 1][0])
 
 
+def test_a_catch_up_counted_just_after_it_was_due_is_within_the_bound():
+    """The samples of a fresh clone's check (2026-12-07) around the step at 4 s (20 Mbit/s with
+    35 ms, then 100 Mbit/s with 20 ms): the catch-up of the 15 ms after the step, due at 4.035 s,
+    was counted in the interval from 4.0373 s. Within the bound; the same bytes 10 ms later
+    (from 4.047 s) are not: that would be a window the shaper left open."""
+    samples = [(3.9357, 0), (4.0373, 266_464), (4.1371, 266_464 + 1_433_758), (4.246, 3_053_738)]
+    worst, over, _ = goodput_bound_check(samples, ALTERNATING, 0.0)
+    assert worst == 0.0 and not over  # the interval from 4.0373 s: 0.1% under its bound of 115 Mbit/s
+    late = [(t + 0.010, b) for t, b in samples]
+    worst, over, _ = goodput_bound_check(late, ALTERNATING, 0.0)
+    assert worst > 0.05 and over
+
+
 def test_anything_delivered_while_the_link_is_down_is_over():
     down = LinkProfile((ProfileStep(0, LinkState(10_000_000, 5_000)), ProfileStep(1_000_000, LinkState(0, 5_000))))
     samples = [(1.2, 1000), (1.3, 1000), (1.4, 2500)]
