@@ -226,6 +226,7 @@ def test_compare_policies_same_losses_and_comparison_json(tmp_path, clean_machin
     b = losses(read_events(tmp_path / "dp-wan")).tolist()
     c = losses(read_events(tmp_path / "atlas")).tolist()
     assert len(a) == 3 and a == pytest.approx(b, rel=1e-5) and a == pytest.approx(c, rel=1e-5)
+    assert a == pytest.approx(reference_losses(exp, 3), rel=1e-4)  # one process's (test_atlas_grants' ablation too)
     assert (tmp_path / "atlas" / "controller.jsonl").read_text().strip()  # grants were made
     cfg = json.loads((tmp_path / "dp-wan" / "config.json").read_text())
     assert {w["dc"] for w in cfg["workers"] if w["replica"] == 0} == {"east"}  # a whole pipeline in one DC
