@@ -81,6 +81,8 @@ class ProfileCheck:
     rtt_ok: bool
     #: the measurements: (s after the profile's start, bytes received so far); (send time, RTT ms)
     samples: list[tuple[float, int]] = field(default_factory=list)
+    #: each sample's time's uncertainty: half its read's duration (s)
+    sample_uncertainty_s: list[float] = field(default_factory=list)
     pings: list[tuple[float, float]] = field(default_factory=list)
 
     @property
@@ -127,17 +129,23 @@ def _times_in(profile: LinkProfile, a_s: float, b_s: float) -> list[float]:
 
 
 def goodput_bound_check(
-    samples: list[tuple[float, int]], profile: LinkProfile, base_s: float
+    samples: list[tuple[float, int]],
+    profile: LinkProfile,
+    base_s: float,
+    uncertainty_s: list[float] | None = None,
 ) -> tuple[float, list[dict[str, float]], int]:
     """(the worst excess of a sample interval's delivered bits over its bound, as a share of the
     bound; the intervals over ``RATE_TOLERANCE``; how many intervals) from ``samples``: (s after the
     profile's start, bytes received so far). An interval's bound is what the shaper let through
-    over its ``delivery_window`` (``base_s``: the path's one-way delay besides the link's); while
-    the link is down it is 0, and any delivery is over."""
+    over its ``delivery_window`` (``base_s``: the path's one-way delay besides the link's), the
+    interval widened at each end by that sample's ``uncertainty_s`` (half its read's duration: the
+    counter was read somewhere inside it; none: exact); while the link is down it is 0, and any
+    delivery is over."""
     worst, over = 0.0, []
-    for (t0, b0), (t1, b1) in zip(samples, samples[1:]):
+    widen = uncertainty_s or [0.0] * len(samples)
+    for (t0, b0), (t1, b1), u0, u1 in zip(samples, samples[1:], widen, widen[1:]):
         bits = (b1 - b0) * 8
-        bound = sent_bits(profile, *delivery_window(profile, base_s, t0, t1))
+        bound = sent_bits(profile, *delivery_window(profile, base_s, t0 - u0, t1 + u1))
         excess = bits / bound - 1 if bound > 0 else (math.inf if bits > 0 else 0.0)
         worst = max(worst, excess)
         if excess > RATE_TOLERANCE:
@@ -231,7 +239,8 @@ def check_profile(net: LocalNetwork, duration_s: float, interval_s: float = 0.1)
         samples, pings = holder["samples"], holder["pings"]
         until = max([samples[-1][0]] if samples else [] + [p[0] for p in pings[-1:]] or [0.0])
         base_s = (routes.one_way_delay_us(link.a, link.b) - link.delay_us) / 1e6  # the access links
-        worst, over, n = goodput_bound_check(samples, link.profile, base_s)
+        uncertainty = holder["uncertainty_s"]
+        worst, over, n = goodput_bound_check(samples, link.profile, base_s, uncertainty)
         base_rtt_ms = 2 * base_s * 1000
         rtts = phase_rtts(pings, link.profile, base_rtt_ms, pings[-1][0] + 0.1 if pings else 0.0)
         results.append(
@@ -249,6 +258,7 @@ def check_profile(net: LocalNetwork, duration_s: float, interval_s: float = 0.1)
                 rtt_ok=all(r["ok"] for r in rtts),
                 samples=samples,
                 pings=pings,
+                sample_uncertainty_s=uncertainty,
             )
         )
     return results
@@ -278,15 +288,17 @@ def _bulk(
     port: int,
 ) -> None:
     """Bulk TCP from ``src`` to ``dst`` for ``duration_s``, the receiver's bytes sampled every
-    ``interval_s`` (each sample's time the middle of its read); into ``holder`` (``samples`` or
-    ``error``)."""
+    ``interval_s`` (each sample's time the middle of its read, half the read's duration its
+    uncertainty: a fresh clone's check on 2026-12-07 read 95.4 and 105.1 Mbit/s on either side of
+    one sample in a steady 100 Mbit/s phase, as if its counter were 4.7 ms older than its time);
+    into ``holder`` (``samples`` and ``uncertainty_s``, or ``error``)."""
     netns = net.host(dst).netns
     server = net.popen(dst, ["iperf3", "-s", "-1", "-p", str(port)], stdout=subprocess.DEVNULL)
     try:
         time.sleep(0.3)
         argv = ["iperf3", "-c", str(net.host(dst).ip), "-p", str(port), "-t", f"{duration_s:g}"]
         client = net.popen(src, [*argv, "--connect-timeout", "5000"], stdout=subprocess.DEVNULL)
-        samples = []
+        samples, uncertainty = [], []
         end = time.monotonic() + duration_s
         with IPRoute(netns=netns) as ipr:  # one socket in the receiver's namespace for every sample
             while time.monotonic() < end and client.poll() is None:
@@ -294,9 +306,10 @@ def _bulk(
                 count = _rx_bytes(ipr, "eth0")
                 after = time.monotonic_ns()
                 samples.append((((before + after) // 2 - t0_ns) / 1e9, count))
+                uncertainty.append((after - before) / 2e9)
                 time.sleep(max(0.0, interval_s - (time.monotonic_ns() - before) / 1e9))
         client.wait(timeout=duration_s + 30)
-        holder["samples"] = samples
+        holder["samples"], holder["uncertainty_s"] = samples, uncertainty
     except (OSError, subprocess.TimeoutExpired) as e:
         holder["error"] = str(e)
     finally:
