@@ -8,11 +8,10 @@ first DC to its second), between the first hosts of its two DCs, while the profi
   this machine's clock; the bytes each interval delivered must not exceed what the profile let
   through the shaper over that interval shifted back by the path's one-way delay (bytes already
   past the shaper when the rate drops arrive at the old rate; where the delay drops, the packets
-  on their way catch up, counted up to ``CATCH_UP_SLACK_S`` late), by more than ``RATE_TOLERANCE``
-  (5%): a change that opened an unshaped
-  window, or came late, would show here. The times are the
-  profile's (its time 0, the end of the build, plus each step's time), not the shaping log's
-  record of when each change was made;
+  on their way catch up, counted up to ``CATCH_UP_SLACK_S`` late; each sample's time uncertain by
+  half its read), by more than ``RATE_TOLERANCE`` (5%): a change that opened an unshaped window,
+  or came late, would show here. The times are the profile's (its time 0, the end of the build,
+  plus each step's time), not the shaping log's record of when each change was made;
 - for each step that lowers the rate by more than a fifth, when the delivered rate changed,
   read from the counters (the sample interval holding the step plus the one-way delay: its bytes
   are the old rate's before the change and the new one's after), against when it was due
