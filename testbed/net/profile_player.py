@@ -5,7 +5,9 @@ each link's steps at their times from the moment the network is up, in place, an
   (``WanShaper.set_link_rate``: ``change`` lines in ``shaping.jsonl``).
 - A rate of 0 takes the link down (``link_control.set_link``: iptables drops everything forwarded
   out of or in from it at both ends; ``link_down``/``link_up`` lines); the next step that is up
-  brings it back.
+  brings it back. The iptables-restore each of these steps writes to is started once the step
+  before it has been applied (``link_control.prepare_restores``), so that the step itself costs
+  the rules' commit rather than the program's start.
 - A delay, jitter or loss change goes to the delay mechanism: on the NFQUEUE element, one control
   datagram per receiving end (``delay_element.set_queue``; it never reorders: a shorter delay
   makes packets wait behind those already held); on netem, ``tc qdisc change`` of each leaf of the
@@ -24,6 +26,7 @@ it did.
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -92,6 +95,8 @@ class ProfilePlayer(threading.Thread):
         self.applied = 0
         self._iprs: dict[str, IPRoute] = {}  # netns -> its socket, opened by run (netem only)
         self._ifindex: dict[tuple[str, str], int] = {}  # (netns, WAN interface) -> index
+        # per link: iptables-restore processes started ahead of its next outage's start or end
+        self._prepared: dict[str, dict[link_control.LinkEnd, subprocess.Popen]] = {}
 
     @property
     def links(self) -> list[LinkSpec]:
@@ -102,6 +107,7 @@ class ProfilePlayer(threading.Thread):
 
     def run(self) -> None:
         with ExitStack() as stack:
+            stack.callback(self._close_prepared)
             if self.shaping.mechanism != "nfqueue":
                 # netem's leaves are changed through these, opened once here (in this thread) rather
                 # than at a step: opening a namespace's socket costs milliseconds (tens under TCG),
@@ -122,6 +128,8 @@ class ProfilePlayer(threading.Thread):
         streams = {link_control.link_name(x.a, x.b): (x, link_steps(x)) for x in self.links}
         state = {name: x.state for name, (x, _) in streams.items()}
         pending = {name: next(it, None) for name, (_, it) in streams.items()}
+        for name, step in pending.items():
+            self._prepare(name, state[name], step)
         while not self._halt.is_set():
             due = [(s.t_us, name) for name, s in pending.items() if s is not None]
             if not due:
@@ -140,6 +148,24 @@ class ProfilePlayer(threading.Thread):
                 return
             state[name] = step.state
             pending[name] = next(streams[name][1], None)
+            self._prepare(name, state[name], pending[name])
+
+    def _prepare(self, name: str, now: LinkState, step: ProfileStep | None) -> None:
+        """Where link ``name``'s next step takes it down or up, start the iptables-restore that
+        step will write to now (``link_control.prepare_restores``: the step then costs the rules'
+        commit, not the program's start). A start that fails is left to the step, which starts its
+        own and reports what fails."""
+        if step is None or step.state.up == now.up or self._prepared.get(name):
+            return
+        try:
+            self._prepared[name] = link_control.prepare_restores(self.ends[name])
+        except OSError:
+            pass
+
+    def _close_prepared(self) -> None:
+        for prepared in self._prepared.values():
+            link_control.close_restores(prepared)
+        self._prepared.clear()
 
     def apply(self, link: LinkSpec, before: LinkState, step: ProfileStep) -> None:
         """Take ``link`` from ``before`` to ``step``'s state (module doc) and log the step."""
@@ -149,7 +175,9 @@ class ProfilePlayer(threading.Thread):
         changed = after.differs(before)
         going_down, coming_up = before.up and not after.up, after.up and not before.up
         if going_down:
-            link_control.set_link(self.ends[name], name, True, self.out_dir, known_up=True)
+            link_control.set_link(
+                self.ends[name], name, True, self.out_dir, known_up=True, prepared=self._prepared.get(name)
+            )
         if "rate" in changed and after.up:
             self.set_link_rate(link.a, link.b, after.rate_bps)
         if "delay" in changed or "loss" in changed:
@@ -159,7 +187,9 @@ class ProfilePlayer(threading.Thread):
                 self._set_netem(link, before, after)
         done_ns = self.now_ns()
         if coming_up:  # last: what crosses from now on sees the step's figures
-            row = link_control.set_link(self.ends[name], name, False, self.out_dir, known_up=False)
+            row = link_control.set_link(
+                self.ends[name], name, False, self.out_dir, known_up=False, prepared=self._prepared.get(name)
+            )
             done_ns = row["t_ns"] + row["duration_ns"] if row else self.now_ns()
         self.applied += 1
         with open_jsonl(self.out_dir / SHAPING_LOG) as log:

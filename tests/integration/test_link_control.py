@@ -1,6 +1,7 @@
 """WAN link changes on command (``testbed link``, ``net/link_control.py``) while ``testbed topo up``
 holds two_dc: the link listed, brought down (nothing crosses either way, the routes and the shaping
-untouched), brought back, given another rate (read back from the kernel's classes at both ends)
+untouched), brought back (also through iptables-restore started ahead, as a profile's replay
+does), given another rate (read back from the kernel's classes at both ends)
 and its own again, each change logged; the topology torn down leaves nothing. That a class
 change in place holds traffic to the new rate is measured in ``test_live_shaping.py``."""
 
@@ -12,7 +13,9 @@ import subprocess
 
 from pyroute2 import IPRoute
 
+from testbed.net.link_control import close_restores, is_down, link_ends, prepare_restores, set_link
 from testbed.net.netlink_tc import read_classes
+from testbed.spec.topology_file import load_topology
 from tests.integration.conftest import machine_state, registered_prefixes, run_cli, start_topo_up
 
 
@@ -44,6 +47,16 @@ def test_a_link_goes_down_and_comes_back_on_command(tmp_path):
         up = run_cli("link", "up", "east:west")
         assert up.returncode == 0 and up.stdout.strip() == "east:west up"
         assert _ping(east["netns"], west["ip"]) and _ping(west["netns"], east["ip"])
+        # iptables-restore started ahead, as a profile's replay starts it (net/profile_player.py):
+        # the change takes it, and applies its rules; one not taken applies nothing when closed
+        ends = link_ends(load_topology("two_dc"), topo["prefix"])["east:west"]
+        prepared, spare = prepare_restores(ends), prepare_restores(ends)
+        assert set_link(ends, "east:west", True, None, known_up=True, prepared=prepared) and not prepared
+        assert is_down(ends) and not _ping(east["netns"], west["ip"])
+        close_restores(spare)
+        assert not spare and is_down(ends)
+        assert set_link(ends, "east:west", False, None, known_up=False)
+        assert not is_down(ends) and _ping(east["netns"], west["ip"])
         rate = run_cli("link", "rate", "west:east", "30mbit")
         assert rate.returncode == 0 and rate.stdout.strip() == "east:west 30 Mbit/s both ways", rate.stderr
         for end in ("east", "west"):
