@@ -15,12 +15,13 @@ import pytest
 from eventrows import event_row
 
 from testbed.plan.allreduce import allreduce_s
+from testbed.plan.boundary_transfers import Hop
 from testbed.plan.connections import wan_connections
 from testbed.plan.cost_model import optimizer_s
 from testbed.plan.grant_plan import granted_class_bps, held_floor_share, plan_grants, wan_links
 from testbed.plan.grant_sim import simulate
 from testbed.plan.placement import place
-from testbed.sim.plan_gap import CAUSES, CONTROLLER_FILE, format_plan_gap, grant_times, plan_gap
+from testbed.sim.plan_gap import CAUSES, CONTROLLER_FILE, delivery_s, format_plan_gap, grant_times, plan_gap
 from testbed.spec.experiment_file import load_experiment
 from testbed.trace import schema as T
 
@@ -139,6 +140,39 @@ def test_grant_times_pairs_each_grant_with_its_release_inside_the_window():
     ]
     g = grant_times(log, (0, 40))
     assert g[["replica", "ready_ns", "applied_ns", "released_ns", "reason"]].values.tolist() == [[0, 5, 6, 9, "bytes"]]
+
+
+def test_delivery_counts_each_transfer_from_its_own_grants_release():
+    """Two transfers of replica 0 over a->b (10 ms one way), worker 0 to worker 1: the first's grant
+    released once its bytes passed, at 100 ms, its bytes in at 112 ms (2 ms beyond the delay);
+    the second's grant released at the receiver's message that it was in (330 ms, after its
+    arrival at 320 ms), so it has no release to count from and is left out. Matched to the first
+    transfer's release instead, as the default experiment's atlas run was until 2026-12-07, it
+    would count 210 ms."""
+    ms = 1_000_000
+    ev = pd.DataFrame(
+        {
+            T.KIND: [T.RECV_WAIT, T.RECV_WAIT, T.FORWARD],
+            T.WORKER: [1, 1, 1],
+            T.PEER: [0, 0, None],
+            T.REPLICA: [0, 0, 0],
+            T.READY_NS: [112 * ms, 320 * ms, None],
+        }
+    )
+    grants = pd.DataFrame(
+        {
+            "link": ["a->b", "a->b"],
+            "replica": [0, 0],
+            "ready_ns": [80 * ms, 290 * ms],
+            "applied_ns": [81 * ms, 300 * ms],
+            "released_ns": [100 * ms, 330 * ms],
+            "reason": ["bytes", "done"],
+            "sent_bytes": [65536, 60000],
+        }
+    )
+    hop = Hop("a", "b")
+    got = delivery_s(ev, grants, {(0, 1): [hop]}, {(0, 1): 0.010})
+    assert list(got) == [("a->b", 0)] and got[("a->b", 0)] == pytest.approx(0.002)
 
 
 @pytest.mark.parametrize("policy", ["pp-fair", "pp-fair/placement=atlas/striping=on/sharing=fifo"])
