@@ -15,13 +15,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from testbed.plan.connections import connection_rate_bps, one_connection_bps
+from testbed.plan.connections import connection_rate_bps, connection_window_bytes, one_connection_bps
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import stage_param_bytes
 from testbed.spec.routing import RoutingTable
 from testbed.spec.topology import TopologySpec
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
+
+#: inside an emulated DC (unshaped access links) an all-reduce is paced by this machine: per
+#: process of the rings that run side by side (the critical ring and the one before it: at an
+#: iteration's end the stages' rings overlap), one round of a window (s; a connection there keeps
+#: the window the hosts' socket-buffer cap gives it, as across the WAN, ``connection_window_bytes``,
+#: round trip after round trip on the veths and bridge), and the cost per byte each member sends
+#: where the window does not limit it (s/byte: the copies and the sum). Measured on this project's
+#: two-core VM by ``scripts/bench_allreduce.py`` (2 MB, two rings of 4 side by side, 8 processes:
+#: 166 us a window round under a 12,000-byte cap, 5.33 ms per MB uncapped); a machine with more
+#: cores runs it faster, which the model does not know
+INTRA_DC_ROUND_S = 166e-6 / 8
+INTRA_DC_S_PER_BYTE = 5.33e-9 / 8
+#: how many rings the model takes side by side, as the benchmark runs them
+INTRA_DC_RINGS = 2
 
 
 @dataclass(frozen=True)
@@ -69,17 +83,30 @@ def wan_allreduce_bits(exp: Experiment, topo: TopologySpec, workers: list[Worker
     return out
 
 
+def intra_dc_machine_s(sent_bytes: float, window_bytes: float | None, processes: int) -> float:
+    """Seconds for each member of a ring to send ``sent_bytes`` to the next inside an emulated DC
+    whose access links are unshaped, on this machine, with ``processes`` all-reducing side by side:
+    a window (``window_bytes``; None: not capped) a round, or the bytes' own cost, whichever is
+    slower (``INTRA_DC_ROUND_S``, ``INTRA_DC_S_PER_BYTE``)."""
+    per_byte = (
+        INTRA_DC_S_PER_BYTE if window_bytes is None else max(INTRA_DC_S_PER_BYTE, INTRA_DC_ROUND_S / window_bytes)
+    )
+    return sent_bytes * per_byte * processes
+
+
 def allreduce_s(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> float:
     """The all-reduce's time (s; the workers start it once their last backward is done and do not
     overlap it): the slowest stage's ring, 2 (R - 1) steps of its slowest edge's one-way delay plus
     the time its edges need to move 2 (R - 1) / R of the gradients: on a WAN edge, at most what its
     one connection carries on the path for one step's chunk (``one_connection_bps``), and no
     faster than every link it crosses carries all the rings' bits on it (``wan_allreduce_bits``);
-    on an edge inside a DC, at the access link's payload rate (no time where access links are
-    unshaped, as the emulator's are), two access-link delays a step."""
+    on an edge inside a DC, at the access link's payload rate, two access-link delays a step, or,
+    where the access links are unshaped (the emulator's), at this machine's pace
+    (``intra_dc_machine_s``)."""
     rings = stage_rings(exp, workers)
     if not rings:
         return 0.0
+    window = connection_window_bytes(exp, topo, workers)
     routes = RoutingTable(topo)
     load = wan_allreduce_bits(exp, topo, workers)
     slowest = 0.0
@@ -92,6 +119,9 @@ def allreduce_s(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) 
                 if dc.intra_rate_bps:
                     delay_s = max(delay_s, 2 * dc.intra_delay_us / 1e6)
                     move_s = max(move_s, ring.sent_bits() / (dc.intra_rate_bps * TCP_GOODPUT_FRACTION))
+                else:
+                    processes = min(len(rings), INTRA_DC_RINGS) * len(ring.members)
+                    move_s = max(move_s, intra_dc_machine_s(ring.sent_bits() / 8, window, processes))
                 continue
             dcs = routes.route(a, b).dcs
             # each step sends one chunk (1 / R of the gradients) to the next member

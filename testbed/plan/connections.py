@@ -109,6 +109,12 @@ def buffer_for_window(window_bytes: float) -> int:
     return math.ceil((window_bytes + WINDOW_SHORTFALL_BYTES) / window_per_buffer_byte() - 1e-9)
 
 
+def window_for_buffer(buffer_bytes: int) -> float:
+    """The window (bytes) one connection keeps in flight under a socket-buffer cap of
+    ``buffer_bytes`` on this machine's kernel: ``buffer_for_window``'s inverse."""
+    return buffer_bytes * window_per_buffer_byte() - WINDOW_SHORTFALL_BYTES
+
+
 def connections_for(rate_bps: float, rtt_s: float, window_bytes: float, most: int = MAX_WAN_CONNECTIONS) -> int:
     """TCP connections needed to fill a link: its bandwidth-delay product over one connection's
     window (one connection carries at most window / RTT), at least 1, at most ``most``."""

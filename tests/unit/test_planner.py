@@ -8,8 +8,9 @@ import pytest
 from experiments import exp, topo
 
 from testbed.errors import SpecError
+from testbed.plan.allreduce import INTRA_DC_ROUND_S, INTRA_DC_S_PER_BYTE
 from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer
-from testbed.plan.connections import transfer_time_s, window_rate_bps
+from testbed.plan.connections import connection_window_bytes, transfer_time_s, window_rate_bps
 from testbed.plan.cost_model import optimizer_s, predict
 from testbed.plan.grant_sim import simulate
 from testbed.plan.placement import atlas_dc_order, place, place_dp_wan, place_pipeline
@@ -46,12 +47,15 @@ def test_prediction_single_dc_is_the_pipeline_formula():
     f, b = 0.040, 0.080  # 2 blocks per stage, the experiment's own targets
     assert p.fill_s == pytest.approx(2 * (f + b))  # S stages, no WAN
     assert p.steady_s == pytest.approx(3 * (f + b))  # (M - 1) x slowest step
-    assert p.allreduce_s == 0
-    assert p.iteration_s == pytest.approx(2 * (f + b) + 3 * (f + b) + f)  # + optimizer (one forward target)
+    # each stage's ring of 2 inside the unshaped DC at this machine's pace: half its gradients sent,
+    # by the 4 processes of the two rings side by side, no socket-buffer cap (no WAN)
+    sent = max(stage_param_bytes(e.model, 2, s) for s in range(2))
+    assert p.allreduce_s == pytest.approx(sent * INTRA_DC_S_PER_BYTE * 4)
+    assert p.iteration_s == pytest.approx(2 * (f + b) + 3 * (f + b) + p.allreduce_s + f)  # + optimizer
     # a given optimizer target is what the workers pad the step to, and what the prediction adds
     e = exp(compute=ComputeModel(forward_ms=40, backward_ms=80, optimizer_ms=15))
     p = predict(e, topo({"a": 4}), place(e, topo({"a": 4})))
-    assert p.iteration_s == pytest.approx(2 * (f + b) + 3 * (f + b) + 0.015)
+    assert p.iteration_s == pytest.approx(2 * (f + b) + 3 * (f + b) + p.allreduce_s + 0.015)
     # under a profiled compute speed (half the targets) the step scales with the forward
     assert optimizer_s(e, (f / 4, b / 4)) == pytest.approx(0.015 / 2)
 
@@ -68,7 +72,17 @@ def test_prediction_adds_transfers_across_a_wan_boundary():
     p = predict(e, t, place(e, t))
     w = e.activation_bytes * 8 / (100e6 * TCP_GOODPUT_FRACTION)
     assert p.fill_s == pytest.approx(0.740 + 16 * w)
-    assert p.steady_s == 0 and p.iteration_s == pytest.approx(p.fill_s + 0.040)  # + optimizer
+    # each stage's ring inside its DC (no socket-buffer cap: the experiment states no WAN share)
+    sent = max(stage_param_bytes(e.model, 2, s) for s in range(2))
+    assert connection_window_bytes(e, t, place(e, t)) is None
+    assert p.allreduce_s == pytest.approx(sent * INTRA_DC_S_PER_BYTE * 4)
+    # under a cap, a window a round where that is slower than the bytes' own cost
+    capped = e.with_overrides(wan_connection_share=0.01)
+    window = connection_window_bytes(capped, t, place(capped, t))
+    assert window is not None and INTRA_DC_ROUND_S / window > INTRA_DC_S_PER_BYTE
+    capped_p = predict(capped, t, place(capped, t))
+    assert capped_p.allreduce_s == pytest.approx(sent * INTRA_DC_ROUND_S / window * 4)
+    assert p.steady_s == 0 and p.iteration_s == pytest.approx(p.fill_s + p.allreduce_s + 0.040)  # + optimizer
 
 
 def test_a_long_iteration_is_extrapolated_from_two_short_ones(monkeypatch):
