@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -63,7 +64,7 @@ def ring_times(net, hosts: list[str], port: int, values: int, repeats: int) -> l
             h,
             [py, "-c", WORKER, ip0, str(port), str(r), str(len(hosts)), str(values), str(repeats)],
             env=net.process_env({"OMP_NUM_THREADS": "1"}),
-            stdout=-1,
+            stdout=subprocess.PIPE,
             text=True,
         )
         for r, h in enumerate(hosts)
