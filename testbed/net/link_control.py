@@ -122,8 +122,16 @@ def prepare_restores(ends: tuple[LinkEnd, ...]) -> dict[LinkEnd, subprocess.Pope
     in a namespace costs 3-20 ms on this project's two-core VM (more under load: a profile's
     link-up once took 10.3 ms, 8.9 of them the start). ``close_restores`` ends those not used,
     applying nothing; should this process die first, they read the end of their input and exit,
-    likewise applying nothing."""
-    return {end: _spawn_restore(end) for end in ends}
+    likewise applying nothing. Raises OSError where one cannot start, after ending those that
+    did."""
+    prepared: dict[LinkEnd, subprocess.Popen] = {}
+    try:
+        for end in ends:
+            prepared[end] = _spawn_restore(end)
+    except OSError:
+        close_restores(prepared)
+        raise
+    return prepared
 
 
 def close_restores(prepared: dict[LinkEnd, subprocess.Popen]) -> None:
