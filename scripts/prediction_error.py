@@ -255,7 +255,9 @@ def _pipeline_s(run_dir: Path, offsets_s: list[float]) -> list[float]:
     out = []
     for offset in (0.0, *offsets_s):
         stagger = tuple(r * offset for r in range(exp.replicas))
-        end, _ = simulate(exp, run.workers, wan.links, wan.paths, wan.one_way_s, stagger, sharing="tcp")
+        end, _ = simulate(
+            exp, run.workers, wan.links, wan.paths, wan.one_way_s, stagger, sharing="tcp", path_links=wan.path_links
+        )
         out.append(end)
     return out
 

@@ -23,6 +23,7 @@ def critical_path_s(
     paths: dict[tuple[int, int], list[Hop]],
     one_way_s: dict[tuple[int, int], float],
     block_s: tuple[float, float] | None = None,
+    path_links: dict[tuple[int, int], tuple[LinkTiming, ...]] | None = None,
 ) -> float:
     """A lower bound (s) of ``simulate``'s iteration under any sharing, with every pipeline starting
     at 0 or later: the longest path through the first pipeline's schedule tables, where an action
@@ -57,7 +58,8 @@ def critical_path_s(
                     key = (rank_of[home[src]], rank_of[home[dst]])
                     if key in paths:
                         leaves = max(ready[need], free[s] + one_way_s[key])
-                        alone = max(links[h].transfer_s for h in paths[key])
+                        own = (path_links or {}).get(key) or [links[h] for h in paths[key]]
+                        alone = max(x.transfer_s for x in own)
                         start = max(start, leaves + alone + one_way_s[key])
                     else:
                         start = max(start, ready[need])

@@ -119,14 +119,18 @@ def granted_class_bps(link_bps: int, replicas: int, floor_share: float) -> float
 @dataclass(frozen=True)
 class WanLinks:
     """What ``simulate`` needs of the WAN a placement's boundaries cross: each crossed link
-    direction's timing, the hops of each (sender, receiver) pair, each pair's one-way delay (s),
-    and per hop the link's line rate (bit/s) and the longest RTT of the paths through it (s)."""
+    direction's timing (the slowest path through it decides: a grant's deadline), the hops of each
+    (sender, receiver) pair, each pair's one-way delay (s), per hop the link's line rate (bit/s)
+    and the longest RTT of the paths through it (s), and each pair's own timing on each hop of its
+    path (``path_links``: a window-limited transfer's time follows its path's RTT, not the slowest
+    path's through the same link)."""
 
     links: dict[Hop, LinkTiming]
     paths: dict[tuple[int, int], list[Hop]]
     one_way_s: dict[tuple[int, int], float]
     rate_bps: dict[Hop, int]
     rtt_s: dict[Hop, float]
+    path_links: dict[tuple[int, int], tuple[LinkTiming, ...]]
 
 
 def wan_links(
@@ -139,9 +143,9 @@ def wan_links(
     """The WAN of ``workers`` on ``topo`` for ``simulate``: one boundary transfer's time alone on
     each crossed link (``connections.transfer_time_s`` at ``usable_bps(line rate)`` times TCP's
     payload share, over ``connections`` each carrying at most ``one_connection_bps`` on the path:
-    the modelled window per RTT, or as measured; the slowest path through a hop decides) and how
-    many such transfers the link carries at once before each slows down (that time over the bytes'
-    time at the line rate)."""
+    the modelled window per RTT, or as measured) and how many such transfers the link carries at
+    once before each slows down (that time over the bytes' time at the line rate): per pair on
+    each hop of its path (``WanLinks.path_links``), and per hop the slowest pair's."""
     routes = RoutingTable(topo)
     paths = boundary_paths(workers, routes, experiment_boundaries(exp))
     dc = {w.rank: w.dc for w in workers}
@@ -151,22 +155,26 @@ def wan_links(
     links: dict[Hop, LinkTiming] = {}
     rates: dict[Hop, int] = {}
     rtts: dict[Hop, float] = {}
+    path_links: dict[tuple[int, int], tuple[LinkTiming, ...]] = {}
     for (src, dst), path in paths.items():
         rtt_s = routes.rtt_us(dc[src], dc[dst]) / 1e6
         pair = (dc[src], dc[dst])
         if pair not in one:
             one[pair] = one_connection_bps(exp, topo, workers, *pair, nbytes / connections)
             burst[pair] = sent_at_once(exp, topo, workers, *pair, nbytes, connections)
+        own = []
         for h in path:
             link = topo.link_between(h.src, h.dst)
             assert link is not None  # a routed hop is a link
             line_s = nbytes * 8 / (link.rate_bps * TCP_GOODPUT_FRACTION)
             t = transfer_time_s(nbytes, usable_bps(link.rate_bps) * TCP_GOODPUT_FRACTION, one[pair], connections)
             rates[h], rtts[h] = link.rate_bps, max(rtts.get(h, 0.0), rtt_s)
+            own.append(LinkTiming(t, link.delay_us / 1e6, max(1.0, t / line_s), burst[pair]))
             if h not in links or links[h].transfer_s < t:
-                links[h] = LinkTiming(t, link.delay_us / 1e6, max(1.0, t / line_s), burst[pair])
+                links[h] = own[-1]
+        path_links[(src, dst)] = tuple(own)
     one_way = {k: routes.one_way_delay_us(dc[k[0]], dc[k[1]]) / 1e6 for k in paths}
-    return WanLinks(links, paths, one_way, rates, rtts)
+    return WanLinks(links, paths, one_way, rates, rtts, path_links)
 
 
 def plan_grants(
@@ -214,7 +222,17 @@ def _plan_grants(
     tried = []
     for k in range(STAGGER_STEPS + 1) if wan.links else [0]:
         stagger = tuple(r * k * longest / STAGGER_STEPS for r in range(exp.replicas))
-        sim = simulate(exp, workers, wan.links, wan.paths, wan.one_way_s, stagger, block_s, stage_s=stage_s)
+        sim = simulate(
+            exp,
+            workers,
+            wan.links,
+            wan.paths,
+            wan.one_way_s,
+            stagger,
+            block_s,
+            stage_s=stage_s,
+            path_links=wan.path_links,
+        )
         tried.append((*sim, stagger))
     best_t = min(t for t, _, _ in tried)
     # the largest offset that costs the simulated iteration nothing: pipelines then take the link in
@@ -267,7 +285,16 @@ def simulated_iteration(
                 return plan.iteration_s  # the plan's own simulation at its offsets
             stagger = plan.stagger_s
     sim = simulate(
-        exp, workers, wan.links, wan.paths, wan.one_way_s, stagger, block_s, sharing=sharing, timeline=timeline
+        exp,
+        workers,
+        wan.links,
+        wan.paths,
+        wan.one_way_s,
+        stagger,
+        block_s,
+        sharing=sharing,
+        timeline=timeline,
+        path_links=wan.path_links,
     )
     return sim[0]
 
@@ -284,7 +311,7 @@ def iteration_lower_bound(
     pipeline's schedule (``critical_path.critical_path_s``), each transfer at its speed alone. A
     thousandth of the simulation's cost or less (``placement.select_dcs`` prunes DC orders with it)."""
     wan = wan_links(exp, topo, workers, connections, float)
-    return critical_path_s(exp, workers, wan.links, wan.paths, wan.one_way_s, block_s)
+    return critical_path_s(exp, workers, wan.links, wan.paths, wan.one_way_s, block_s, wan.path_links)
 
 
 def format_grant_plan(plan: GrantPlan) -> str:

@@ -78,6 +78,7 @@ def simulate(
     timeline: list[tuple[int, int, RankAction, float, float]] | None = None,
     hop_order: dict[Hop, tuple[Transfer, ...]] | None = None,
     replica_links: dict[tuple[Hop, int], LinkTiming] | None = None,
+    path_links: dict[tuple[int, int], tuple[LinkTiming, ...]] | None = None,
 ) -> tuple[float, dict[Hop, list[Transfer]]]:
     """One iteration of every pipeline (see the module doc): ``links``, each crossed hop's transfer
     time and delay; ``paths``, the hops of each (sender, receiver) pair; ``one_way_s``, each pair's
@@ -99,7 +100,10 @@ def simulate(
     controller grants them: ``atlas/grants.py``), a transfer ready before its turn waiting for it;
     by default each link takes whichever transfer is ready first. ``replica_links``, under
     ``planned`` or ``fifo`` sharing: a (link direction, replica)'s own timing, for ``links``' (a
-    run's measured figures: ``sim/plan_gap.py``). A worker runs its schedule
+    run's measured figures: ``sim/plan_gap.py``). ``path_links``: each (sender, receiver) pair's
+    own timing on each hop of its path (``grant_plan.WanLinks.path_links``), where a pair's
+    transfer takes its own time on a link another pair's path also crosses; by default each hop's
+    ``links`` timing, which also gives each link's capacity under ``tcp``. A worker runs its schedule
     table (``schedule.worker_tables``) over its virtual stages; a split backward's parts take
     ``schedule.backward_parts`` of the backward. Returns (the iteration time: the last worker's
     last compute or byte on a link, in s; the order in which transfers took each link direction).
@@ -115,6 +119,7 @@ def simulate(
     # where an equal hop would be compared field by field (a Hop is a dataclass)
     own = {h: h for h in links}
     paths = {k: [own.get(h, h) for h in v] for k, v in paths.items()}
+    timing = {k: (path_links or {}).get(k) or tuple(links[h] for h in v) for k, v in paths.items()}
     S, R = exp.stages, exp.replicas
     home = stage_homes(exp.schedule, S, exp.chunks)
     V = len(home)  # virtual stages
@@ -133,7 +138,7 @@ def simulate(
         for table in actions
     ]
     env = simpy.Environment()
-    copies = symmetric_copies(exp, rank_at, links, paths, one_way_s, stagger_s, fair) if timeline is None else 1
+    copies = symmetric_copies(exp, rank_at, timing, paths, one_way_s, stagger_s, fair) if timeline is None else 1
     pos = {(s, r): 0 for s in range(S) for r in range(R // copies)}
     arrived: dict[Transfer, float] = {}
     waiting: dict[Transfer, tuple[int, int]] = {}  # the worker (stage, replica) each awaited input holds
@@ -226,13 +231,14 @@ def simulate(
 
     def flow_start(t: Transfer) -> None:
         """A flow starts on every link of its path at once."""
-        crossed = tuple(paths[pair(t)])
+        key = pair(t)
+        crossed, mine = tuple(paths[key]), timing[key]
         sending_starts(t)
         for h in crossed:
             order[h].append(t)
-        cap = min(1 / links[h].transfer_s for h in crossed)
+        cap = min(1 / x.transfer_s for x in mine)
         # a burst is paced at its own rate alone (what BBR paces at: its bandwidth estimate)
-        fluid.add(env.now, t, crossed, cap, pacing=cap if all(links[h].bursts for h in crossed) else None)
+        fluid.add(env.now, t, crossed, cap, pacing=cap if all(x.bursts for x in mine) else None)
         reshare()
 
     def flow_done(v: int, t: Transfer) -> None:
@@ -250,7 +256,8 @@ def simulate(
         arrives; ``notice``: FIFO's wait for the ready notice to cross back. Under ``hop_order``
         it waits for the transfers before it in its link's order to have taken the link."""
         nonlocal end
-        path = paths[pair(t)]
+        key = pair(t)
+        path = paths[key]
         h = path[i]
         if h in turn_of:
             mine = turn_of[h].get(t)
@@ -261,14 +268,16 @@ def simulate(
                 turn[h] += 1
                 if turn[h] in parked[h]:  # the next in order came early: it goes once this one has
                     at(env.now, hop, *parked[h].pop(turn[h]))
-        link = replica_links.get((h, t.replica), links[h]) if replica_links else links[h]
+        link = timing[key][i]
+        if replica_links:
+            link = replica_links.get((h, t.replica), link)
         start = max(env.now, link_free[path[i]])
         first = start + notice
         last = max(first + link.transfer_s, last_before if last_before is not None else 0.0)
         link_free[path[i]] = last + (link.delay_s if notice else 0.0)  # FIFO: until the data arrived
         order[path[i]].append(t)
         if i == 0:  # its bytes are in the sender's socket from the notice's arrival until they leave
-            begins = max(env.now, notice_sent[t] + one_way_s[pair(t)])
+            begins = max(env.now, notice_sent[t] + one_way_s[key])
             if begins > env.now:
                 at(begins, sending_starts, t)
             else:  # now, before a receive posted at this instant sends its notice

@@ -210,31 +210,39 @@ def plan_gap(run_dir: Path) -> PlanGap | None:
     planned_stagger = plan.stagger_s
 
     def simulated(
-        links: dict[Hop, LinkTiming],
+        latency: dict[Hop, float | None] | None,
         stagger: tuple[float, ...],
         measured_compute: bool,
         ordered: bool = False,
         per_replica: dict[tuple[Hop, int], LinkTiming] | None = None,
     ) -> float:
+        """The planned iteration with the measured causes given: ``latency``, each link's grant
+        latency added to its transfers' time (each pair's own on its path's hops)."""
+        links, own = wan.links, wan.path_links
+        if latency is not None:
+            links = {h: replace(x, transfer_s=x.transfer_s + (latency[h] or 0.0)) for h, x in links.items()}
+            own = {
+                k: tuple(replace(x, transfer_s=x.transfer_s + (latency[h] or 0.0)) for h, x in zip(wan.paths[k], v))
+                for k, v in own.items()
+            }
         compute = tuple(stage_s[v] for v in sorted(stage_s)) if measured_compute else None
         order = {h.hop: h.order for h in plan.hops} if ordered else None
-        paths, one_way = wan.paths, wan.one_way_s
         return simulate(
             exp,
             workers,
             links,
-            paths,
-            one_way,
+            wan.paths,
+            wan.one_way_s,
             stagger,
             sharing=sharing,
             stage_s=compute,
             hop_order=order,
             replica_links=per_replica,
+            path_links=own,
         )[0]
 
     done = grants[grants["reason"].isin(PASSED)]
     latency = {h: _mean_s(grants[grants["link"] == str(h)], "applied_ns", "ready_ns") for h in wan.links}
-    with_latency = {h: replace(x, transfer_s=x.transfer_s + (latency[h] or 0.0)) for h, x in wan.links.items()}
     # per (link, replica): pipelines differ (a held class borrows from the granted one's ramp)
     held, delivered = {}, delivery_s(measured_ev, grants, wan.paths, wan.one_way_s)
     for h, x in wan.links.items():
@@ -246,13 +254,13 @@ def plan_gap(run_dir: Path) -> PlanGap | None:
     with_delivery = {k: replace(x, delivery_s=delivered.get((str(k[0]), k[1]), 0.0)) for k, x in held.items()}
     offsets = pipeline_start_offsets_s(ev, exp.warmup_iterations) or planned_stagger
     steps = [
-        simulated(wan.links, planned_stagger, False),
-        simulated(wan.links, planned_stagger, True),
-        simulated(wan.links, offsets, True),
-        simulated(with_latency, offsets, True),
-        simulated(with_latency, offsets, True, per_replica=held),
-        simulated(with_latency, offsets, True, per_replica=with_delivery),
-        simulated(with_latency, offsets, True, True, with_delivery),
+        simulated(None, planned_stagger, False),
+        simulated(None, planned_stagger, True),
+        simulated(None, offsets, True),
+        simulated(latency, offsets, True),
+        simulated(latency, offsets, True, per_replica=held),
+        simulated(latency, offsets, True, per_replica=with_delivery),
+        simulated(latency, offsets, True, True, with_delivery),
     ]
     predicted_reduce_s = allreduce_s(exp, topo, workers) + optimizer_s(exp)
     planned = steps[0] + predicted_reduce_s

@@ -10,14 +10,22 @@ from experiments import exp, topo
 from testbed.errors import SpecError
 from testbed.plan.allreduce import INTRA_DC_ROUND_S, INTRA_DC_S_PER_BYTE
 from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer
-from testbed.plan.connections import connection_window_bytes, transfer_time_s, window_rate_bps
+from testbed.plan.connections import (
+    connection_window_bytes,
+    one_connection_bps,
+    transfer_time_s,
+    wan_connections,
+    window_rate_bps,
+)
 from testbed.plan.cost_model import optimizer_s, predict
+from testbed.plan.grant_plan import simulated_iteration, wan_links
 from testbed.plan.grant_sim import simulate
 from testbed.plan.placement import atlas_dc_order, place, place_dp_wan, place_pipeline
 from testbed.plan.what_if import alternatives, what_if
 from testbed.spec.compute import ComputeModel
 from testbed.spec.model import ModelConfig, stage_param_bytes
 from testbed.spec.policy import parse_policy
+from testbed.spec.topology_file import parse_topology
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
 
 
@@ -248,6 +256,46 @@ def test_fair_sharing_over_two_links_goes_at_the_slowest_links_pace():
     assert order[bc] == order[ab] == [Transfer("F", 0, 0, 0), Transfer("F", 0, 0, 1)]
     with pytest.raises(ValueError, match="unknown sharing"):
         simulate(e, workers, links, paths, one_way, (0.0, 0.0), sharing="fair")
+
+
+def test_a_transfer_takes_its_own_paths_time_on_a_link_a_longer_path_also_crosses():
+    """A triangle whose b-c link is slower in delay than the way through a (45 against 60 ms): stage
+    1 (in b) sends its gradients straight to a (40 ms RTT) and its activations to c through a (90
+    ms RTT), both over the link b->a. Under a window too small for either path, each transfer
+    goes at its own path's window per RTT: the gradients in their own time, not the activations'
+    (random-7-075's pp-fair was predicted 32.9% slow for it: the slowest path's time applied to
+    every transfer over a link)."""
+    t = parse_topology(
+        {
+            "dcs": [{"name": n, "hosts": 1} for n in "abc"],
+            "links": [
+                {"between": ["a", "b"], "rate": "100mbit", "delay": "20ms"},
+                {"between": ["a", "c"], "rate": "10mbit", "delay": "25ms"},
+                {"between": ["b", "c"], "rate": "100mbit", "delay": "60ms"},
+            ],
+        },
+        "t.yaml",
+    )
+    e = exp(topology_spec=t, stages=3, replicas=1, microbatches=1, schedule="gpipe", wan_connection_share=0.2)
+    workers = place(e)
+    rank = {w.stage: w.rank for w in workers}
+    n = wan_connections(e, t, workers)
+    wan = wan_links(e, t, workers, n, float)
+    ba, straight, through = Hop("b", "a"), (rank[1], rank[0]), (rank[1], rank[2])
+    assert wan.paths[straight] == [ba] and wan.paths[through] == [ba, Hop("a", "c")]
+    nbytes = e.activation_bytes
+    own = transfer_time_s(
+        nbytes, 100e6 * TCP_GOODPUT_FRACTION, one_connection_bps(e, t, workers, "b", "a", nbytes / n), n
+    )
+    assert wan.path_links[straight][0].transfer_s == pytest.approx(own)
+    # the link's own timing (a grant's deadline) is the slowest path's: twice the RTT, twice the time
+    assert wan.links[ba].transfer_s == wan.path_links[through][0].transfer_s == pytest.approx(own * 90 / 40)
+    timeline: list = []
+    simulated_iteration(e, t, workers, n, timeline=timeline)
+    (b1_end,) = [end for s, _, a, _, end in timeline if s == 1 and a.kind == "B"]
+    (b0_start,) = [start for s, _, a, start, _ in timeline if s == 0 and a.kind == "B"]
+    # stage 0 posted its receive long before: the gradients leave when ready, alone on their path
+    assert b0_start - b1_end == pytest.approx(own + wan.one_way_s[straight])
 
 
 def test_dp_wan_with_more_replicas_than_dcs_puts_consecutive_replicas_together():

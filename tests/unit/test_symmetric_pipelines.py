@@ -27,10 +27,11 @@ def _both(e, workers, stagger=None):
     wan = wan_links(e, e.topology_spec, workers, wan_connections(e, e.topology_spec, workers), float)
     stagger = stagger or (0.0,) * e.replicas
     args = (e, workers, wan.links, wan.paths, wan.one_way_s, stagger)
+    kw = {"path_links": wan.path_links}
     rank = {(w.stage, w.replica): w.rank for w in workers}
     rank_at = [[rank[(s, r)] for r in range(e.replicas)] for s in range(e.stages)]
-    copies = symmetric_copies(e, rank_at, wan.links, wan.paths, wan.one_way_s, stagger, True)
-    return simulate(*args, sharing="tcp"), simulate(*args, sharing="tcp", timeline=[]), copies
+    copies = symmetric_copies(e, rank_at, wan.path_links, wan.paths, wan.one_way_s, stagger, True)
+    return simulate(*args, sharing="tcp", **kw), simulate(*args, sharing="tcp", timeline=[], **kw), copies
 
 
 def _cases():
@@ -62,14 +63,17 @@ def test_pipelines_that_start_apart_or_cross_other_paths_are_each_simulated():
     hop, back = Hop("a", "b"), Hop("b", "a")
     paths = {(by[(0, r)], by[(1, r)]): [hop] for r in (0, 1)} | {(by[(1, r)], by[(0, r)]): [back] for r in (0, 1)}
     one_way = dict.fromkeys(paths, 0.010)
-    links = {hop: LinkTiming(0.020, 0.010), back: LinkTiming(0.020, 0.010)}
+    links = {k: (LinkTiming(0.020, 0.010),) for k in paths}  # each pair's timing on its one hop
     assert symmetric_copies(e, rank_at, links, paths, one_way, (0.0, 0.0), True) == 2
     assert symmetric_copies(e, rank_at, links, paths, one_way, (0.0, 0.010), True) == 1  # staggered
     assert symmetric_copies(e, rank_at, links, paths, one_way, (0.0, 0.0), False) == 1  # granted
-    bursts = {h: replace(x, bursts=True) for h, x in links.items()}  # a fluid queue: side by side
+    bursts = {k: (replace(x, bursts=True),) for k, (x,) in links.items()}  # a fluid queue: side by side
     assert symmetric_copies(e, rank_at, bursts, paths, one_way, (0.0, 0.0), True) == 2
     slower = dict(one_way) | {(by[(0, 1)], by[(1, 1)]): 0.020}
     assert symmetric_copies(e, rank_at, links, paths, slower, (0.0, 0.0), True) == 1  # another delay
+    # replica 1's activations slower on the same hop (a window over a longer RTT): its own timeline
+    other = links | {(by[(0, 1)], by[(1, 1)]): (LinkTiming(0.040, 0.010),)}
+    assert symmetric_copies(e, rank_at, other, paths, one_way, (0.0, 0.0), True) == 1
     # replica 1's boundary inside one DC: no hop where replica 0's crosses one
     inside = {k: v for k, v in paths.items() if k != (by[(0, 1)], by[(1, 1)])}
     assert symmetric_copies(e, rank_at, links, inside, one_way, (0.0, 0.0), True) == 1
