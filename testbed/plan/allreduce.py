@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from testbed.plan.connections import connection_rate_bps, connection_window_bytes, one_connection_bps
+from testbed.plan.virtual_stages import experiment_homes
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
 from testbed.spec.model import stage_param_bytes
@@ -142,3 +143,59 @@ def allreduce_s(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) 
             move_s = max(move_s, ring.sent_bits() / one, shared)
         slowest = max(slowest, steps * delay_s + move_s)
     return slowest
+
+
+def loss_allreduce_s(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> tuple[float, ...]:
+    """Per replica, the seconds from the optimizer step's end (every replica's at once, as the
+    model's pipelines leave the gradient all-reduce together) to when the worker that computes the
+    loss (the last virtual stage's) has the replicas' mean loss and starts its next iteration: the
+    workers average the loss over their stage's replicas after each step (``train/worker.py``, as
+    Megatron does for its log), a blocking all-reduce of one number, whose ring crosses the WAN
+    under dp-wan. Its time is latency alone, as gloo's ring runs it (gloo ``allreduce.cc``,
+    ``ring``): a member sends to the one before it once that one's ready notice has come; the one
+    segment that holds the number is reduced from the last member down to the first, then sent
+    from the first to the last and down to the second. Each hop takes the one-way delay between
+    the members' DCs, or two access-link delays inside one (none where unshaped, the emulator's).
+    In a run the members join one by one as the gradient ring lets them (not modelled), and the
+    chain holds from the last to join: on the shipped sharing experiment 41-83 ms after it, where
+    the chain with the members' measured joins gives 40-80 ms; on random-7-031 117-218 ms, where
+    members joining together would wait 184-276 ms (its early joiners' notices had come).
+    Returns () with one replica."""
+    R = exp.replicas
+    if R == 1:
+        return ()
+    routes = RoutingTable(topo)
+    loss_stage = _loss_stage(exp)
+    dc = {w.replica: w.dc for w in workers if w.stage == loss_stage}
+
+    def hop_s(a: int, b: int) -> float:
+        if dc[a] == dc[b]:
+            return 2 * topo.dc(dc[a]).intra_delay_us / 1e6
+        return routes.one_way_delay_us(dc[a], dc[b]) / 1e6
+
+    # reduce-scatter: from the last member down to the first, each send once its receiver's ready
+    # notice (posted as the all-reduce began) has come; a member's part is done once it has sent
+    done = [0.0] * R
+    t = 0.0
+    for r in range(R - 1, 0, -1):
+        t = max(t, hop_s(r - 1, r))
+        done[r] = t
+        t += hop_s(r, r - 1)
+    done[0] = t
+    # all-gather: the first sends to the last, then down to the second, each send once its
+    # receiver's notice (posted as that member left the reduce-scatter) has come; a member ends
+    # once it has sent on, the second once it has received
+    end = [0.0] * R
+    sender = 0
+    for receiver in (R - 1, *range(R - 2, 0, -1)):
+        t = max(t, done[receiver] + hop_s(receiver, sender))
+        end[sender] = t
+        t += hop_s(sender, receiver)
+        sender = receiver
+    end[sender] = t
+    return tuple(end)
+
+
+def _loss_stage(exp: Experiment) -> int:
+    """The worker (pipeline position) that computes the loss: the last virtual stage's."""
+    return experiment_homes(exp)[-1]

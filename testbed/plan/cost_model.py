@@ -19,7 +19,9 @@ of a pipeline schedule with ``microbatches`` microbatches:
   per connection where the hosts' socket-buffer cap holds them below it), and the link is shared
   as the policy shares it: as TCP does among the transfers on it (``tcp``), one transfer at a time
   for the whole rendezvous (``fifo``), or in the grant plan's order with its pipeline offsets
-  (``planned``). Above 2 x ``SIM_MICROBATCHES`` microbatches the simulation is extrapolated.
+  (``planned``). So too where the last stage starts later than its first input comes, having
+  averaged the loss over its replicas across the WAN (dp-wan: ``allreduce.loss_allreduce_s``). Above 2 x
+  ``SIM_MICROBATCHES`` microbatches the simulation is extrapolated.
 - A: the gradient all-reduce (``allreduce.allreduce_s``): each stage's ring in replica order, as
   the workers run it, its edges inside a DC over the access links (free where they are unshaped,
   as in the emulator) and across DCs (dp-wan) over the shared WAN path, one connection an edge;
@@ -32,7 +34,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from testbed.plan.allreduce import allreduce_s
+from testbed.plan.allreduce import allreduce_s, loss_allreduce_s
 from testbed.plan.connections import wan_connections
 from testbed.plan.grant_plan import iteration_lower_bound, simulated_iteration
 from testbed.plan.virtual_stages import experiment_boundaries
@@ -80,7 +82,7 @@ def predict(
     dc_of = {(w.stage, w.replica): w.dc for w in workers}
     fill, steady = sum(step), (M - 1) * max(step)
     crosses = any(dc_of[(a, 0)] != dc_of[(b, 0)] for a, b in experiment_boundaries(exp))
-    if crosses or exp.schedule not in ("gpipe", "1f1b"):
+    if crosses or _loss_late(exp, topo, workers, block_s) or exp.schedule not in ("gpipe", "1f1b"):
         # the list-schedule simulation of the schedule tables
         fill = _pipelined_s(
             exp, lambda e: simulated_iteration(e, topo, workers, connections, block_s, start_offsets_s=start_offsets_s)
@@ -102,12 +104,25 @@ def lower_bound_s(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]
         raise ValueError(f"a lower bound under TCP sharing, not under {exp.policy.sharing} grants")
     dc_of = {(w.stage, w.replica): w.dc for w in workers}
     crosses = any(dc_of[(a, 0)] != dc_of[(b, 0)] for a, b in experiment_boundaries(exp))
-    if not crosses and exp.schedule in ("gpipe", "1f1b"):
+    if not crosses and not _loss_late(exp, topo, workers) and exp.schedule in ("gpipe", "1f1b"):
         return predict(exp, topo, workers).iteration_s
     if _simulated_microbatches(exp) is not None:
         return None
     pipeline = iteration_lower_bound(exp, topo, workers, wan_connections(exp, topo, workers))
     return pipeline + allreduce_s(exp, topo, workers) + optimizer_s(exp)
+
+
+def _loss_late(
+    exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec], block_s: tuple[float, float] | None = None
+) -> bool:
+    """Whether the last stage, averaging the loss over its replicas first
+    (``allreduce.loss_allreduce_s``: across the WAN under dp-wan), starts an iteration later than
+    its first input comes (every stage before it done with its first forward, inside one DC), so
+    that the closed form of GPipe and 1F1B no longer holds."""
+    waits = loss_allreduce_s(exp, topo, workers)
+    per_f = (block_s or exp.block_s)[0]
+    first_input_s = sum(len(stage_layers(exp.model.n_layers, exp.stages, s)) * per_f for s in range(exp.stages - 1))
+    return max(waits, default=0.0) > first_input_s
 
 
 def stage_compute_s(exp: Experiment, block_s: tuple[float, float] | None = None) -> list[float]:

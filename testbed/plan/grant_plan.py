@@ -25,6 +25,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from testbed.plan.allreduce import loss_allreduce_s
 from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer, boundary_paths
 from testbed.plan.connections import one_connection_bps, sent_at_once, transfer_time_s
 from testbed.plan.critical_path import critical_path_s
@@ -232,6 +233,7 @@ def _plan_grants(
             block_s,
             stage_s=stage_s,
             path_links=wan.path_links,
+            loss_wait_s=loss_allreduce_s(exp, topo, workers),
         )
         tried.append((*sim, stagger))
     best_t = min(t for t, _, _ in tried)
@@ -295,6 +297,7 @@ def simulated_iteration(
         sharing=sharing,
         timeline=timeline,
         path_links=wan.path_links,
+        loss_wait_s=loss_allreduce_s(exp, topo, workers),
     )
     return sim[0]
 

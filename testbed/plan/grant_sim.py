@@ -79,6 +79,7 @@ def simulate(
     hop_order: dict[Hop, tuple[Transfer, ...]] | None = None,
     replica_links: dict[tuple[Hop, int], LinkTiming] | None = None,
     path_links: dict[tuple[int, int], tuple[LinkTiming, ...]] | None = None,
+    loss_wait_s: tuple[float, ...] | None = None,
 ) -> tuple[float, dict[Hop, list[Transfer]]]:
     """One iteration of every pipeline (see the module doc): ``links``, each crossed hop's transfer
     time and delay; ``paths``, the hops of each (sender, receiver) pair; ``one_way_s``, each pair's
@@ -103,7 +104,10 @@ def simulate(
     run's measured figures: ``sim/plan_gap.py``). ``path_links``: each (sender, receiver) pair's
     own timing on each hop of its path (``grant_plan.WanLinks.path_links``), where a pair's
     transfer takes its own time on a link another pair's path also crosses; by default each hop's
-    ``links`` timing, which also gives each link's capacity under ``tcp``. A worker runs its schedule
+    ``links`` timing, which also gives each link's capacity under ``tcp``. ``loss_wait_s``: per
+    replica, how long after the others the worker that computes the loss (the last virtual
+    stage's) begins, averaging the loss over the replicas first (``allreduce.loss_allreduce_s``;
+    before ``stagger_s`` where that worker is the first). A worker runs its schedule
     table (``schedule.worker_tables``) over its virtual stages; a split backward's parts take
     ``schedule.backward_parts`` of the backward. Returns (the iteration time: the last worker's
     last compute or byte on a link, in s; the order in which transfers took each link direction).
@@ -138,7 +142,10 @@ def simulate(
         for table in actions
     ]
     env = simpy.Environment()
-    copies = symmetric_copies(exp, rank_at, timing, paths, one_way_s, stagger_s, fair) if timeline is None else 1
+    loss_stage = home[-1]
+    waits = loss_wait_s or (0.0,) * R
+    same = timeline is None and len(set(waits)) == 1
+    copies = symmetric_copies(exp, rank_at, timing, paths, one_way_s, stagger_s, fair) if same else 1
     pos = {(s, r): 0 for s in range(S) for r in range(R // copies)}
     arrived: dict[Transfer, float] = {}
     waiting: dict[Transfer, tuple[int, int]] = {}  # the worker (stage, replica) each awaited input holds
@@ -327,8 +334,9 @@ def simulate(
         run(s, r)
 
     def begin(s: int, r: int) -> None:
-        if s == 0 and stagger_s[r] > 0:
-            _Call(env, stagger_s[r], run, s, r)
+        delay = (stagger_s[r] if s == 0 else 0.0) + (waits[r] if s == loss_stage else 0.0)
+        if delay > 0:
+            _Call(env, delay, run, s, r)
         else:
             run(s, r)
 

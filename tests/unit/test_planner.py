@@ -8,7 +8,7 @@ import pytest
 from experiments import exp, topo
 
 from testbed.errors import SpecError
-from testbed.plan.allreduce import INTRA_DC_ROUND_S, INTRA_DC_S_PER_BYTE
+from testbed.plan.allreduce import INTRA_DC_ROUND_S, INTRA_DC_S_PER_BYTE, loss_allreduce_s
 from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer
 from testbed.plan.connections import (
     connection_window_bytes,
@@ -112,7 +112,26 @@ def test_prediction_of_dp_wan_pays_the_all_reduce_over_the_wan():
     p = predict(e, t, place(e, t, parse_policy("dp-wan")))
     bits = sum(stage_param_bytes(e.model, 2, s) for s in range(2)) * 8  # both stages share the one link
     assert p.allreduce_s == pytest.approx(2 * 1 / 2 * bits / (100e6 * TCP_GOODPUT_FRACTION) + 2 * 0.010)
-    assert p.fill_s == pytest.approx(2 * 0.120)  # the pipeline itself stays inside a DC
+    # the pipeline itself stays inside a DC: 1F1B's fill and drain and 3 steps of 120 ms; the
+    # loss's average (20 and 30 ms: below) ends before stage 1's first input comes (40 ms)
+    assert p.fill_s + p.steady_s == pytest.approx(2 * 0.120 + 3 * 0.120)
+
+
+def test_the_loss_averaged_across_the_wan_holds_its_worker_back():
+    """dp-wan on two DCs 50 ms apart, stage 1 computing the loss: replica 1 sends it to replica 0
+    once replica 0's ready notice has come (50 ms), it arrives at 100 ms; replica 0 sends the mean
+    back once replica 1's notice (sent as replica 1 had sent, at 50 ms) has come, at 100 ms: it
+    arrives at 150 ms. Stage 1 of replica 1 then starts at 150 ms, not at its first input's arrival
+    (40 ms): the whole 1F1B pipeline, 600 ms on its own, ends 110 ms later."""
+    e = exp()
+    t = topo({"a": 2, "b": 2}, rate="100mbit", delay="50ms")
+    workers = place(e, t, parse_policy("dp-wan"))
+    assert loss_allreduce_s(e, t, workers) == pytest.approx((0.100, 0.150))
+    p = predict(e, t, workers)
+    assert p.fill_s + p.steady_s == pytest.approx(0.600 + 0.110)
+    # a pipeline policy averages it inside one DC, over unshaped access links: no wait
+    assert loss_allreduce_s(e, t, place(e, t)) == (0.0, 0.0)
+    assert loss_allreduce_s(exp(replicas=1), t, place(exp(replicas=1), t)) == ()
 
 
 def test_stage_param_bytes_add_up_to_the_model():
