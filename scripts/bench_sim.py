@@ -22,10 +22,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import simpy
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testbed.plan.connections import wan_connections
-from testbed.plan.grant_plan import _plan_grants, simulated_iteration
+from testbed.plan.grant_plan import STAGGER_STEPS, _plan_grants, simulated_iteration
+from testbed.plan.grant_sim import _Call
 from testbed.plan.placement import _select_dcs, place_pipeline
 from testbed.sim.scenario import simulate_scenario
 from testbed.spec.scenario_file import load_scenario
@@ -49,6 +52,43 @@ def best_of(repeats: int, fn) -> tuple[float, object]:
         out = fn()
         times.append(time.perf_counter() - t0)
     return min(times), out
+
+
+def events_of(fn) -> int:
+    """How many events SimPy schedules while ``fn`` runs (its environment's ``schedule`` counted)."""
+    count = 0
+    schedule = simpy.Environment.schedule
+
+    def counted(self, *args, **kwargs):
+        nonlocal count
+        count += 1
+        return schedule(self, *args, **kwargs)
+
+    simpy.Environment.schedule = counted
+    try:
+        fn()
+    finally:
+        simpy.Environment.schedule = schedule
+    return count
+
+
+def simpy_event_s(n: int = 1_000_000, chains: int = 512) -> float:
+    """SimPy's own cost (s) of one event that does nothing, as ``grant_sim`` makes them
+    (``_Call``): ``chains`` of them pending at once (one per worker of the 8,192-GPU iteration's
+    512), each making the next of its chain a few us later when processed, n in all."""
+    env = simpy.Environment()
+    left = [n]
+
+    def step(k: int) -> None:
+        left[0] -= 1
+        if left[0] >= chains:
+            _Call(env, 1e-6 * (1 + k % 7), step, k)
+
+    for k in range(chains):
+        _Call(env, 0.0, step, k)
+    t0 = time.perf_counter()
+    env.run()
+    return (time.perf_counter() - t0) / n
 
 
 def one_iteration_s(sc, policy: str, repeats: int) -> tuple[float, float]:
@@ -77,7 +117,7 @@ def main() -> None:
     for policy in ("pp-fair", "dp-wan", "atlas"):
         secs, _ = best_of(1, lambda p=policy: simulate_scenario(base, p))
         print(f"  {policy}: testbed sim's whole work (placement, DC selection, grant plan, figures) {secs:.2f} s")
-    largest_atlas_s = None
+    largest_atlas_s, largest = None, base
     print("cost against GPU count (one simulated iteration, placement given):")
     print(f"  {'GPUs':>6} {'replicas':>8} {'pp-fair s':>10} {'atlas s':>10}")
     per_dc = 32
@@ -89,6 +129,7 @@ def main() -> None:
         print(f"  {sc.gpus:>6} {replicas:>8} {row[0]:>10.2f} {row[1]:>10.2f}")
         if sc.gpus == LARGEST_GOAL_GPUS:
             largest_atlas_s = row[1]
+            largest = sc
         per_dc *= 2
     print("issue 39's goals on this machine (anchors: when the issue was filed, at b64ba4d):")
     cli = [sys.executable, "-m", "testbed.cli", "sim", SCENARIO, "--policies", "atlas"]
@@ -105,6 +146,13 @@ def main() -> None:
         print(
             f"  one atlas iteration at {LARGEST_GOAL_GPUS:,} GPUs: {largest_atlas_s:.2f} s (goal <= "
             f"{LARGEST_GOAL_S:g} s; anchor {LARGEST_ANCHOR_S:g} s)"
+        )
+        events = events_of(lambda: one_iteration_s(largest, "atlas", 1))
+        per_event_s = simpy_event_s()
+        print(
+            f"    its floor: {events:,} SimPy events (the grant plan's {STAGGER_STEPS + 1} simulations) x "
+            f"{per_event_s * 1e6:.2f} us, SimPy's own cost of an event that does nothing = "
+            f"{events * per_event_s:.2f} s before the model's own work"
         )
     print("  the paper-scale table: scripts/paper_scale.py prints its own time (goal <= 120 s; anchor about 18 min)")
 
