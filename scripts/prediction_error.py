@@ -51,8 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testbed.errors import SpecError
 from testbed.plan.connections import wan_connections
-from testbed.plan.grant_plan import wan_links
-from testbed.plan.grant_sim import simulate
+from testbed.plan.grant_plan import simulate_wan, wan_links
 from testbed.results.published import Column, commit, record_result
 from testbed.run.interrupts import tears_down_on_signals
 from testbed.run.random_validation import run_random
@@ -255,9 +254,7 @@ def _pipeline_s(run_dir: Path, offsets_s: list[float]) -> list[float]:
     out = []
     for offset in (0.0, *offsets_s):
         stagger = tuple(r * offset for r in range(exp.replicas))
-        end, _ = simulate(
-            exp, run.workers, wan.links, wan.paths, wan.one_way_s, stagger, sharing="tcp", path_links=wan.path_links
-        )
+        end, _ = simulate_wan(exp, topo, run.workers, wan, stagger, sharing="tcp")
         out.append(end)
     return out
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from testbed.plan.allreduce import loss_allreduce_s
 from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer, boundary_paths
@@ -51,6 +52,7 @@ __all__ = [
     "granted_class_bps",
     "held_floor_share",
     "plan_grants",
+    "simulate_wan",
     "simulated_iteration",
     "wan_links",
 ]
@@ -223,18 +225,7 @@ def _plan_grants(
     tried = []
     for k in range(STAGGER_STEPS + 1) if wan.links else [0]:
         stagger = tuple(r * k * longest / STAGGER_STEPS for r in range(exp.replicas))
-        sim = simulate(
-            exp,
-            workers,
-            wan.links,
-            wan.paths,
-            wan.one_way_s,
-            stagger,
-            block_s,
-            stage_s=stage_s,
-            path_links=wan.path_links,
-            loss_wait_s=loss_allreduce_s(exp, topo, workers),
-        )
+        sim = simulate_wan(exp, topo, workers, wan, stagger, block_s, stage_s=stage_s)
         tried.append((*sim, stagger))
     best_t = min(t for t, _, _ in tried)
     # the largest offset that costs the simulated iteration nothing: pipelines then take the link in
@@ -286,20 +277,33 @@ def simulated_iteration(
             if timeline is None:
                 return plan.iteration_s  # the plan's own simulation at its offsets
             stagger = plan.stagger_s
-    sim = simulate(
+    return simulate_wan(exp, topo, workers, wan, stagger, block_s, sharing=sharing, timeline=timeline)[0]
+
+
+def simulate_wan(
+    exp: Experiment,
+    topo: TopologySpec,
+    workers: list[WorkerSpec],
+    wan: WanLinks,
+    stagger_s: tuple[float, ...],
+    block_s: tuple[float, float] | None = None,
+    **kwargs: Any,
+) -> tuple[float, dict[Hop, list[Transfer]]]:
+    """``simulate`` of ``exp`` placed as ``workers`` on ``topo`` over ``wan`` (``wan_links``): each
+    pair's transfers at their own path's timing, the loss's worker starting once the loss has been
+    averaged (``allreduce.loss_allreduce_s``); ``kwargs`` as ``simulate``'s."""
+    return simulate(
         exp,
         workers,
         wan.links,
         wan.paths,
         wan.one_way_s,
-        stagger,
+        stagger_s,
         block_s,
-        sharing=sharing,
-        timeline=timeline,
         path_links=wan.path_links,
         loss_wait_s=loss_allreduce_s(exp, topo, workers),
+        **kwargs,
     )
-    return sim[0]
 
 
 def iteration_lower_bound(
