@@ -156,10 +156,12 @@ def loss_allreduce_s(exp: Experiment, topo: TopologySpec, workers: list[WorkerSp
     segment that holds the number is reduced from the last member down to the first, then sent
     from the first to the last and down to the second. Each hop takes the one-way delay between
     the members' DCs, or two access-link delays inside one (none where unshaped, the emulator's).
-    In a run the members join one by one as the gradient ring lets them (not modelled), and the
-    chain holds from the last to join: on the shipped sharing experiment 41-83 ms after it, where
-    the chain with the members' measured joins gives 40-80 ms; on random-7-031 117-218 ms, where
-    members joining together would wait 184-276 ms (its early joiners' notices had come).
+    In a run the members join one by one as the gradient ring lets them (not modelled); the same
+    chain started at the members' measured joins gives what five dp-wan runs measured within 1-5
+    ms (after the last to join: random-7-004 98-295 ms against 101-300, random-7-031 124-216
+    against 125-218, random-7-044 84-126 against 86-128, random-7-066 4-9 against 5-12, sharing
+    40-80 against 41-82). Joining together, the early joiners' notices come later, and the chain
+    is longer than a run's: random-7-031 184-276 ms.
     Returns () with one replica."""
     R = exp.replicas
     if R == 1:
