@@ -32,7 +32,7 @@ from typing import Any
 
 import pandas as pd
 
-from testbed.plan.allreduce import allreduce_s
+from testbed.plan.allreduce import allreduce_s, loss_allreduce_s
 from testbed.plan.boundary_transfers import Hop, LinkTiming
 from testbed.plan.connections import wan_connections
 from testbed.plan.cost_model import optimizer_s
@@ -209,6 +209,8 @@ def plan_gap(run_dir: Path) -> PlanGap | None:
     sharing = exp.policy.sharing
     planned_stagger = plan.stagger_s
 
+    loss_wait = loss_allreduce_s(exp, topo, workers)
+
     def simulated(
         latency: dict[Hop, float | None] | None,
         stagger: tuple[float, ...],
@@ -239,6 +241,7 @@ def plan_gap(run_dir: Path) -> PlanGap | None:
             hop_order=order,
             replica_links=per_replica,
             path_links=own,
+            loss_wait_s=loss_wait,
         )[0]
 
     done = grants[grants["reason"].isin(PASSED)]
