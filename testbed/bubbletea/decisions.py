@@ -8,6 +8,7 @@ mechanisms that use them: ``prefill.py`` (in the worker), ``dispatcher.py`` (in 
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
@@ -60,17 +61,33 @@ def chunk_that_fits(
     time grows with the chunk, so stepping from there with ``prefill_seconds`` gives the answer a
     bisection would, in a few evaluations instead of about ten (the simulator makes about a
     million such choices a scenario: ``scripts/bench_sim.py``)."""
+    return _chunk_and_seconds(cfg, start, remaining, max_chunk, room_s, s_per_flop)[0]
+
+
+def _chunk_and_seconds(
+    cfg: ModelConfig, start: int, remaining: int, max_chunk: int, room_s: float, s_per_flop: float
+) -> tuple[int, float]:
+    """``chunk_that_fits``'s chunk and its prefill seconds (0 for none), each prefill time
+    computed once."""
     lo, hi = min(MIN_CHUNK_TOKENS, remaining), min(remaining, max_chunk)
-    if hi <= 0 or lo > hi or prefill_seconds(cfg, start, lo, s_per_flop) > room_s:
-        return 0
+    if hi <= 0 or lo > hi:
+        return 0, 0.0
+    lo_s = prefill_seconds(cfg, start, lo, s_per_flop)
+    if lo_s > room_s:
+        return 0, 0.0
     # lo fits; the answer is the largest n in [lo, hi] that fits
     estimate = prefill_chunk_estimate(cfg, start, room_s / s_per_flop)
     n = max(lo, int(estimate)) if estimate < hi else hi  # an unbounded room: as much as the pass takes
-    while n > lo and prefill_seconds(cfg, start, n, s_per_flop) > room_s:
+    n_s = lo_s if n == lo else prefill_seconds(cfg, start, n, s_per_flop)
+    while n > lo and n_s > room_s:
         n -= 1
-    while n < hi and prefill_seconds(cfg, start, n + 1, s_per_flop) <= room_s:
-        n += 1
-    return n
+        n_s = lo_s if n == lo else prefill_seconds(cfg, start, n, s_per_flop)
+    while n < hi:
+        nxt_s = prefill_seconds(cfg, start, n + 1, s_per_flop)
+        if nxt_s > room_s:
+            break
+        n, n_s = n + 1, nxt_s
+    return n, n_s
 
 
 @dataclass
@@ -207,10 +224,10 @@ def _new_batch(
     budget, total = max_chunk, 0.0
     chunks: list[tuple[int, int]] = []
     for i, q in enumerate(queued):
-        n = chunk_that_fits(cfg, q.pos, q.left, budget, room - total, s_per_flop)
+        n, n_s = _chunk_and_seconds(cfg, q.pos, q.left, budget, room - total, s_per_flop)
         if n:
             chunks.append((i, n))
-            total += prefill_seconds(cfg, q.pos, n, s_per_flop)
+            total += n_s
             budget -= n
         if budget < MIN_CHUNK_TOKENS:
             break
@@ -282,17 +299,63 @@ class WorkerLoad:
     backlog_s: float = 0.0
 
 
+def can_take(w: WorkerLoad, smallest_chunk_s: float, guard_s: float) -> bool:
+    """Whether a worker may be given requests: its iteration is known and its largest predicted
+    bubble holds the smallest chunk plus the guard."""
+    return w.iteration_s > 0 and w.largest_bubble_s >= smallest_chunk_s + guard_s
+
+
+def prefill_finish_s(w: WorkerLoad) -> float:
+    """Seconds until a worker has prefilled what it has queued: its backlog over its bubble seconds
+    per second of training."""
+    return w.backlog_s / (w.bubble_per_iteration_s / w.iteration_s)
+
+
 def choose_worker(loads: dict[int, WorkerLoad], smallest_chunk_s: float, guard_s: float) -> int | None:
     """The worker a new request goes to (all its chunks stay there: its KV cache lives there): the
-    one that would finish its queued prefill soonest, backlog over bubble seconds per second of
-    training, among workers whose largest predicted bubble holds the smallest chunk plus the guard;
-    ties to the lowest rank. None when no worker has such a bubble."""
+    one that would finish its queued prefill soonest (``prefill_finish_s``), among workers that
+    may take requests (``can_take``); ties to the lowest rank. None when no worker may."""
     best, best_t = None, float("inf")
     for rank in sorted(loads):
         w = loads[rank]
-        if w.iteration_s <= 0 or w.largest_bubble_s < smallest_chunk_s + guard_s:
+        if not can_take(w, smallest_chunk_s, guard_s):
             continue
-        t = w.backlog_s / (w.bubble_per_iteration_s / w.iteration_s)
+        t = prefill_finish_s(w)
         if t < best_t:
             best, best_t = rank, t
     return best
+
+
+class SoonestWorker:
+    """``choose_worker``'s choice kept up to date as backlogs change, for a caller that changes one
+    worker's load at a time between choices (the simulator's dispatcher: thousands of workers and
+    of requests, ``sim/bubbletea.py``): the workers that may take requests (fixed from the start) in
+    a heap of (``prefill_finish_s``, rank), an entry outdated by a later change skipped when it
+    surfaces. The same worker as ``choose_worker`` on the same loads (a unit test holds them
+    together)."""
+
+    def __init__(self, loads: dict[int, WorkerLoad], smallest_chunk_s: float, guard_s: float) -> None:
+        self.loads = loads
+        self.finish_s = {r: prefill_finish_s(w) for r, w in loads.items() if can_take(w, smallest_chunk_s, guard_s)}
+        self.heap = sorted((t, r) for r, t in self.finish_s.items())
+        self.dirty: set[int] = set()  # changed since the last choice
+
+    def choose(self) -> int | None:
+        """``choose_worker``'s choice on the loads as they are now."""
+        for r in self.dirty:
+            t = prefill_finish_s(self.loads[r])
+            if t != self.finish_s[r]:
+                self.finish_s[r] = t
+                heapq.heappush(self.heap, (t, r))
+        self.dirty.clear()
+        while self.heap:
+            t, r = self.heap[0]
+            if self.finish_s[r] == t:
+                return r
+            heapq.heappop(self.heap)
+        return None
+
+    def changed(self, rank: int) -> None:
+        """Worker ``rank``'s load has changed (read again at the next choice)."""
+        if rank in self.finish_s:
+            self.dirty.add(rank)

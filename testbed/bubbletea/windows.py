@@ -105,7 +105,8 @@ def fits(predicted_bubble_s: float, elapsed_s: float, chunk_s: float, guard_s: f
     """Whether a prefill chunk of ``chunk_s`` seconds may start ``elapsed_s`` seconds into a bubble
     predicted to last ``predicted_bubble_s``, keeping ``guard_s`` spare: elapsed + chunk + guard <=
     predicted (with 1 ns of float tolerance). Raises ValueError for a negative or NaN argument."""
-    _non_negative(predicted_bubble_s=predicted_bubble_s, elapsed_s=elapsed_s, chunk_s=chunk_s, guard_s=guard_s)
+    if not (predicted_bubble_s >= 0 and elapsed_s >= 0 and chunk_s >= 0 and guard_s >= 0):  # NaN fails too
+        _non_negative(predicted_bubble_s=predicted_bubble_s, elapsed_s=elapsed_s, chunk_s=chunk_s, guard_s=guard_s)
     return elapsed_s + chunk_s + guard_s <= predicted_bubble_s + TOLERANCE_S
 
 

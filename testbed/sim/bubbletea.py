@@ -7,10 +7,10 @@ synthetic stream fitted to the Azure 2023 trace).
 The windows: each training worker's bubbles over the iteration (``plan/bubble_timeline.py``) and
 the gradient all-reduce after the pipeline (the GPU waits on the network then), the same every
 iteration. Requests arrive over ``iterations`` iterations; each goes, when it arrives, to the worker
-that would finish its queued prefill soonest (``choose_worker``), and its chunks fill that worker's
-windows in forward passes as the workers choose them (``choose_work``: chunks of several requests
-in one pass, within ``max_chunk_tokens``), a pass only where it ends ``guard_ms`` before the window
-does. Prefill starts
+that would finish its queued prefill soonest (``choose_worker``, kept up to date as
+``SoonestWorker``), and its chunks fill that worker's windows in forward passes as the workers
+choose them (``choose_work``: chunks of several requests in one pass, within
+``max_chunk_tokens``), a pass only where it ends ``guard_ms`` before the window does. Prefill starts
 only at a window's start or after the previous chunk (a request arriving inside a window waits
 for the next one: a small pessimism for TTFT). TTFT here: arrival to the end of the prompt's
 prefill (the hand-off and the first decode step are not modelled).
@@ -27,9 +27,9 @@ from testbed.bubbletea.decisions import (
     LOOKAHEAD,
     NewBatch,
     QueuedPrompt,
+    SoonestWorker,
     WorkerLoad,
     choose_work,
-    choose_worker,
     prefill_seconds,
     seconds_per_flop,
 )
@@ -109,16 +109,18 @@ def prefill_in_bubbles(
     ttft: list[float] = []
     prefilled, prefill_busy_s, next_req = 0, 0.0, 0
     by_rank = {i: k for k, i in rank.items()}
-    load_by_rank = {rank[x]: load[x] for x in keys}  # the same loads, as the dispatcher keys them
+    # the same loads, as the dispatcher keys them, and its choice kept as they change
+    soonest = SoonestWorker({rank[x]: load[x] for x in keys}, smallest, guard_s)
     for start, end, k in slots:
         while next_req < len(requests) and requests[next_req].arrival_s <= start:
             r = requests[next_req]
             next_req += 1
-            chosen = choose_worker(load_by_rank, smallest, guard_s)
+            chosen = soonest.choose()
             if chosen is None:
                 continue
             queue[by_rank[chosen]].append([r.arrival_s, r.prompt_tokens, 0])
             load[by_rank[chosen]].backlog_s += prefill_seconds(cfg, 0, r.prompt_tokens, spf)
+            soonest.changed(chosen)
         t = start
         while queue[k]:
             queued = [QueuedPrompt(done, tokens - done) for _, tokens, done in queue[k][:LOOKAHEAD]]
@@ -128,6 +130,7 @@ def prefill_in_bubbles(
             t += work.target_s
             prefill_busy_s += work.target_s
             load[k].backlog_s = max(0.0, load[k].backlog_s - work.target_s)
+            soonest.changed(rank[k])
             for i, n in work.chunks:
                 queue[k][i][2] += n
                 prefilled += n

@@ -8,6 +8,7 @@ simulator read these; ``testbed.model.gpt`` builds the network they describe.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ class ModelConfig:
     #: all-reduce: 4 (fp32) in the emulator's workers, 2 (bf16) in the simulator's scenarios
     value_bytes: int = FP32_BYTES
 
-    @property
+    @functools.cached_property  # read millions of times a scenario (BubbleTea's prefill model)
     def block_params(self) -> int:
         """Parameters of one transformer block: attention 4 d^2 + 4 d (qkv and projection), MLP
         8 d^2 + 5 d (d -> 4d -> d), two LayerNorms 4 d; 12 d^2 + 13 d in all."""
@@ -42,7 +43,7 @@ class ModelConfig:
         """Token and position embedding tables (stage 0): (vocab + seq_len) x d."""
         return (self.vocab + self.seq_len) * self.d_model
 
-    @property
+    @functools.cached_property  # read millions of times a scenario (BubbleTea's prefill model)
     def head_params(self) -> int:
         """Final LayerNorm and the linear head over the vocabulary (last stage): 2 d + d x vocab + vocab."""
         return 2 * self.d_model + self.d_model * self.vocab + self.vocab

@@ -11,6 +11,7 @@ import pytest
 from testbed.bubbletea.decisions import (
     MIN_CHUNK_TOKENS,
     SlotPredictor,
+    SoonestWorker,
     WorkerLoad,
     choose_worker,
     chunk_that_fits,
@@ -139,6 +140,30 @@ def test_requests_go_to_the_worker_that_drains_soonest():
     loads[1].backlog_s = 1.0
     assert choose_worker(loads, 0.005, 0.003) == 0  # tie at 2 s: lowest rank
     assert choose_worker({0: WorkerLoad()}, 0.005, 0.003) is None  # no profile yet
+
+
+def test_the_soonest_worker_kept_as_backlogs_change_is_choose_workers_choice():
+    """The simulator's dispatcher (``SoonestWorker``) against ``choose_worker`` on the same loads
+    after each of 2,000 changes: a request assigned or prefill done, ties made on purpose (equal
+    backlogs at equal rates), some workers never eligible."""
+    rng = random.Random(7)
+    loads = {
+        r: WorkerLoad(rng.choice([0.2, 0.4]), rng.choice([0.002, 0.05, 0.1]), 1.0, rng.choice([0.0, 0.5]))
+        for r in range(40)
+    }
+    soonest = SoonestWorker(loads, smallest_chunk_s=0.005, guard_s=0.003)
+    picked = set()
+    for _ in range(2000):
+        chosen = soonest.choose()
+        assert chosen == choose_worker(loads, 0.005, 0.003)
+        picked.add(chosen)
+        r = chosen if rng.random() < 0.6 else rng.randrange(40)
+        if r is None:
+            continue
+        loads[r].backlog_s = max(0.0, loads[r].backlog_s + rng.choice([0.25, 0.5, -0.25, -1.0]))
+        soonest.changed(r)
+    assert len(picked) > 10
+    assert SoonestWorker({0: WorkerLoad()}, 0.005, 0.003).choose() is None  # no profile yet
 
 
 def test_bubbletea_policies_and_section_are_validated():
