@@ -327,12 +327,12 @@ def choose_worker(loads: dict[int, WorkerLoad], smallest_chunk_s: float, guard_s
 
 
 class SoonestWorker:
-    """``choose_worker``'s choice kept up to date as backlogs change, for a caller that changes one
-    worker's load at a time between choices (the simulator's dispatcher: thousands of workers and
-    of requests, ``sim/bubbletea.py``): the workers that may take requests (fixed from the start) in
-    a heap of (``prefill_finish_s``, rank), an entry outdated by a later change skipped when it
-    surfaces. The same worker as ``choose_worker`` on the same loads (a unit test holds them
-    together)."""
+    """``choose_worker``'s choice kept up to date as backlogs change, for a caller that says which
+    workers' backlogs changed between choices (``changed``; the simulator's dispatcher: thousands
+    of workers and of requests, ``sim/bubbletea.py``): the workers that may take requests (fixed
+    from the start) in a heap of (``prefill_finish_s``, rank), those that changed read again at the
+    next choice, an entry outdated by a later change skipped when it surfaces. The same worker
+    as ``choose_worker`` on the same loads (a unit test holds them together)."""
 
     def __init__(self, loads: dict[int, WorkerLoad], smallest_chunk_s: float, guard_s: float) -> None:
         self.loads = loads
