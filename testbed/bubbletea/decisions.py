@@ -13,6 +13,7 @@ import threading
 from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from testbed.bubbletea.windows import fits
 from testbed.errors import InferenceError
@@ -72,18 +73,19 @@ def _chunk_and_seconds(
     lo, hi = min(MIN_CHUNK_TOKENS, remaining), min(remaining, max_chunk)
     if hi <= 0 or lo > hi:
         return 0, 0.0
-    lo_s = prefill_seconds(cfg, start, lo, s_per_flop)
-    if lo_s > room_s:
-        return 0, 0.0
-    # lo fits; the answer is the largest n in [lo, hi] that fits
+    # prefill_seconds written out (about a million calls a scenario at the paper's scale); from the
+    # estimate down while too long, then up while the next token fits: where even ``lo`` is too
+    # long, stepping down ends there, too long, and nothing fits
     estimate = prefill_chunk_estimate(cfg, start, room_s / s_per_flop)
     n = max(lo, int(estimate)) if estimate < hi else hi  # an unbounded room: as much as the pass takes
-    n_s = lo_s if n == lo else prefill_seconds(cfg, start, n, s_per_flop)
+    n_s = prefill_flops(cfg, start, n) * s_per_flop
     while n > lo and n_s > room_s:
         n -= 1
-        n_s = lo_s if n == lo else prefill_seconds(cfg, start, n, s_per_flop)
+        n_s = prefill_flops(cfg, start, n) * s_per_flop
+    if n_s > room_s:
+        return 0, 0.0
     while n < hi:
-        nxt_s = prefill_seconds(cfg, start, n + 1, s_per_flop)
+        nxt_s = prefill_flops(cfg, start, n + 1) * s_per_flop
         if nxt_s > room_s:
             break
         n, n_s = n + 1, nxt_s
@@ -148,6 +150,16 @@ class KVBudget:
 LOOKAHEAD = 64
 
 
+class Prompt(Protocol):
+    """What ``choose_work`` reads of a queued request: its next position and the tokens left."""
+
+    @property
+    def pos(self) -> int: ...
+
+    @property
+    def left(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class QueuedPrompt:
     """A request queued on a worker, for ``choose_work``: its next position and the tokens left."""
@@ -174,7 +186,7 @@ class NewBatch:
 
 def choose_work(
     stopped: list[float],
-    queued: list[QueuedPrompt],
+    queued: Sequence[Prompt],
     cfg: ModelConfig,
     predicted_s: float | None,
     elapsed_s: float,
@@ -186,7 +198,8 @@ def choose_work(
     """What a worker runs now, ``elapsed_s`` into a bubble predicted ``predicted_s`` long.
 
     ``stopped``: the padded seconds each pass stopped in an earlier bubble still needs (training's
-    data arrived first), oldest first; ``queued``: the requests in no stopped pass.
+    data arrived first), oldest first; ``queued``: the requests in no stopped pass (``QueuedPrompt``,
+    or any object with their ``pos`` and ``left``).
     A stopped batch goes first if its rest ends ``guard_s`` before the bubble does (``Resume``);
     else one forward pass (``NewBatch``) over chunks of several requests, taken in queue order
     (any request whose chunk fits, not only the head): each the largest that fits what is left of
@@ -216,14 +229,22 @@ def choose_work(
 
 
 def _new_batch(
-    queued: list[QueuedPrompt], cfg: ModelConfig, room: float, max_chunk: int, s_per_flop: float
+    queued: Sequence[Prompt], cfg: ModelConfig, room: float, max_chunk: int, s_per_flop: float
 ) -> NewBatch | None:
     """One pass over chunks of ``queued``, in queue order, each the largest that fits ``room``
     seconds less the chunks before it and the pass's ``max_chunk`` tokens less theirs; None when
-    none fits."""
+    none fits. Past the first request, the scan stops where the room left is shorter than any chunk
+    can be (one token at position 0: prefill time grows with the start and the chunk), an answer
+    the requests after it would give one by one."""
     budget, total = max_chunk, 0.0
     chunks: list[tuple[int, int]] = []
+    floor_s = -1.0  # the shortest chunk's seconds, once a second request is looked at
     for i, q in enumerate(queued):
+        if i:
+            if floor_s < 0:
+                floor_s = prefill_flops(cfg, 0, 1) * s_per_flop
+            if room - total < floor_s:
+                break
         n, n_s = _chunk_and_seconds(cfg, q.pos, q.left, budget, room - total, s_per_flop)
         if n:
             chunks.append((i, n))

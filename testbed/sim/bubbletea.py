@@ -26,7 +26,6 @@ from dataclasses import dataclass, replace
 from testbed.bubbletea.decisions import (
     LOOKAHEAD,
     NewBatch,
-    QueuedPrompt,
     SoonestWorker,
     WorkerLoad,
     choose_work,
@@ -42,6 +41,16 @@ from testbed.spec.bubbletea import MIN_CHUNK_TOKENS, longest_prompt, served_mode
 #: empty queues), fewer when they would bring more than ``REQUESTS`` requests, but never under
 #: ``MIN_ITERATIONS``
 ITERATIONS, MIN_ITERATIONS, REQUESTS = 20, 3, 20_000
+
+
+class _Queued:
+    """A request queued on a simulated worker: its arrival (s), next position and tokens left (a
+    ``decisions.Prompt``, updated in place as its chunks are prefilled)."""
+
+    __slots__ = ("arrival_s", "pos", "left")
+
+    def __init__(self, arrival_s: float, pos: int, left: int) -> None:
+        self.arrival_s, self.pos, self.left = arrival_s, pos, left
 
 
 @dataclass(frozen=True)
@@ -102,7 +111,7 @@ def prefill_in_bubbles(
         for r in request_stream(exp, iterations * iteration_s)
         if r.arrival_s < iterations * iteration_s
     ]
-    queue: dict[tuple[int, int], list[list]] = {k: [] for k in keys}  # [arrival s, tokens, done tokens]
+    queue: dict[tuple[int, int], list[_Queued]] = {k: [] for k in keys}
     slots = sorted(
         (i * iteration_s + a, i * iteration_s + b, k) for i in range(iterations) for k in keys for a, b in windows[k]
     )
@@ -118,25 +127,28 @@ def prefill_in_bubbles(
             chosen = soonest.choose()
             if chosen is None:
                 continue
-            queue[by_rank[chosen]].append([r.arrival_s, r.prompt_tokens, 0])
+            queue[by_rank[chosen]].append(_Queued(r.arrival_s, 0, r.prompt_tokens))
             load[by_rank[chosen]].backlog_s += prefill_seconds(cfg, 0, r.prompt_tokens, spf)
             soonest.changed(chosen)
         t = start
-        while queue[k]:
-            queued = [QueuedPrompt(done, tokens - done) for _, tokens, done in queue[k][:LOOKAHEAD]]
-            work = choose_work([], queued, cfg, end - start, t - start, guard_s, bt.max_chunk_tokens, spf)
+        waiting = queue[k]
+        while waiting:
+            work = choose_work([], waiting[:LOOKAHEAD], cfg, end - start, t - start, guard_s, bt.max_chunk_tokens, spf)
             if not isinstance(work, NewBatch):
                 break
             t += work.target_s
             prefill_busy_s += work.target_s
             load[k].backlog_s = max(0.0, load[k].backlog_s - work.target_s)
-            soonest.changed(rank[k])
-            for i, n in work.chunks:
-                queue[k][i][2] += n
+            for i, n in reversed(work.chunks):  # from the back, so that a removal keeps the others' indices
+                item = waiting[i]
+                item.pos += n
+                item.left -= n
                 prefilled += n
-            for item in [q for q in queue[k] if q[2] == q[1]]:
-                ttft.append(t - item[0])
-                queue[k].remove(item)
+                if not item.left:
+                    ttft.append(t - item.arrival_s)
+                    del waiting[i]
+        if t > start:  # its backlog changed (read at the next choice, after this window)
+            soonest.changed(rank[k])
     span = iterations * iteration_s
     # the same GPUs serving this stream's prompts alone, each in one pass: tokens over their seconds
     alone_s = sum(prefill_seconds(cfg, 0, r.prompt_tokens, spf) for r in requests)

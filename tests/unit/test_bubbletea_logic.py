@@ -355,6 +355,33 @@ def test_work_choice_resumes_a_stopped_pass_first_then_batches_any_requests_that
     assert choose_work([0.001], queue, CFG, None, 0.0, 0.001, 128, spf) is None
 
 
+def test_a_pass_is_what_trying_every_queued_request_in_turn_gives():
+    """The pass stops scanning the queue where the room left is below any chunk's time; on random
+    queues (leftovers shorter than the smallest chunk among them, late positions) and rooms it
+    holds the chunks that ``chunk_that_fits`` on every request in turn gives."""
+    from testbed.bubbletea.decisions import NewBatch, QueuedPrompt, choose_work
+
+    rng, spf = random.Random(11), 1e-9
+    one_token = prefill_seconds(CFG, 0, 1, spf)
+    for _ in range(2000):
+        queue = [
+            QueuedPrompt(rng.randrange(0, 1900), rng.choice([1, 2, 5, 20, 64, 300])) for _ in range(rng.randrange(1, 9))
+        ]
+        room = one_token * rng.uniform(0.5, 60)
+        most = rng.choice([16, 96, 256])
+        budget, total, chunks = most, 0.0, []
+        for i, q in enumerate(queue):
+            n = chunk_that_fits(CFG, q.pos, q.left, budget, room - total, spf)
+            if n:
+                chunks.append((i, n))
+                total += prefill_seconds(CFG, q.pos, n, spf)
+                budget -= n
+            if budget < MIN_CHUNK_TOKENS:
+                break
+        want = NewBatch(tuple(chunks), pytest.approx(total)) if chunks else None
+        assert choose_work([], queue, CFG, room, 0.0, 0.0, most, spf) == want
+
+
 def test_work_choice_fills_every_bubble_when_training_preempts_prefill():
     """``every_bubble``: where nothing fits what is left of the predicted bubble (or the bubble has
     outlasted its prediction) the oldest stopped pass is resumed, else a pass of the full token
