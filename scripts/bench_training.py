@@ -4,7 +4,13 @@
 - the harness's own overhead on a training step: the cost of writing the trace events of one
   step, and the padding's overshoot (sleep wake-up beyond the target), as shares of the step's
   padded compute time (target: under 2%);
-- the default run's wall time (target: under 3 minutes on the 2-core VM).
+- the default run's wall time (target: under 3 minutes on the 2-core VM);
+- a worker's hand-off between two operations, the figure the simulator takes
+  (``plan/handoff.ACTION_HANDOFF_S``): in a run of the default experiment's pipelines inside one
+  emulated DC (no WAN, no controller; as many workers as the default experiment has; GPipe, 8
+  microbatches), the time from the end of one of stage 0's forwards to the start of the next
+  forward right after it (nothing to wait for in between: its inputs are its own data), the
+  median over the measured iterations.
 
 Run as root: .venv/bin/python scripts/bench_training.py [--skip-run]
 """
@@ -17,11 +23,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import pandas as pd
+
+from testbed.plan.handoff import ACTION_HANDOFF_S
 from testbed.run.interrupts import tears_down_on_signals
 from testbed.spec.experiment_file import load_experiment
+from testbed.spec.topology_file import parse_topology
 from testbed.trace import schema as T
 from testbed.trace.clock import now_ns
-from testbed.trace.events import EventWriter
+from testbed.trace.events import EventWriter, read_events
 from testbed.train.worker import Padder
 
 
@@ -44,6 +54,44 @@ def padding_overshoot_ns(target_ms: float, n: int = 200) -> list[float]:
         p.finish(T.FORWARD, t0)
         out.append(now_ns() - t0 - target_ms * 1e6)
     return out
+
+
+def stage0_handoffs_s(ev: pd.DataFrame, warmup: int) -> list[float]:
+    """From the end of one of stage 0's forwards to the start of a forward right after it (s), per
+    replica and measured iteration: the worker's own time between two operations, where the second
+    waits for no transfer."""
+    ops = ev[ev[T.KIND].isin((T.FORWARD, T.BACKWARD)) & (ev[T.STAGE] == 0) & (ev[T.ITERATION] >= warmup)]
+    out: list[float] = []
+    for _, g in ops.sort_values(T.START_NS).groupby([T.REPLICA, T.ITERATION]):
+        kinds, starts, ends = g[T.KIND].to_numpy(), g[T.START_NS].to_numpy(), g[T.END_NS].to_numpy()
+        out += [
+            float(starts[i + 1] - ends[i]) / 1e9
+            for i in range(len(g) - 1)
+            if kinds[i] == T.FORWARD and kinds[i + 1] == T.FORWARD  # one forward right after another
+        ]
+    return out
+
+
+def handoff_run() -> tuple[list[float], str]:
+    """The default experiment's workers in one emulated DC (every stage and replica; pp-fair, so no
+    controller and no WAN): stage 0's hand-offs (``stage0_handoffs_s``) and what was run."""
+    from testbed.run.runner import run_experiment
+
+    exp = load_experiment()
+    hosts = exp.stages * exp.replicas
+    topo = parse_topology({"dcs": [{"name": "dc0", "hosts": hosts}], "links": []}, "<one DC>")
+    # GPipe: stage 0's forwards back to back, M - 1 hand-offs an iteration
+    exp = exp.with_overrides(
+        topology_spec=topo, policy="pp-fair", schedule="gpipe", microbatches=8, iterations=4, warmup_iterations=1
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        run_experiment(exp, Path(tmp), progress=lambda line: None)
+        gaps = stage0_handoffs_s(read_events(Path(tmp)), exp.warmup_iterations)
+    what = (
+        f"{exp.stages} stages x {exp.replicas} replicas in one DC, {exp.microbatches} microbatches, "
+        f"{exp.iterations - exp.warmup_iterations} measured iterations"
+    )
+    return gaps, what
 
 
 def main() -> None:
@@ -69,6 +117,12 @@ def main() -> None:
     print(f"  harness overhead: {100 * (trace_ns + pad_ns) / step_ns:.3f}% of a step (target < 2%)")
     if args.skip_run:
         return
+    gaps, what = handoff_run()
+    print(
+        f"hand-off between two operations ({what}): median {statistics.median(gaps) * 1e3:.3f} ms, "
+        f"quartiles {statistics.quantiles(gaps, n=4)[0] * 1e3:.3f}-{statistics.quantiles(gaps, n=4)[2] * 1e3:.3f} ms "
+        f"over {len(gaps)}; the simulator takes {ACTION_HANDOFF_S * 1e3:.3f} ms (plan/handoff.py)"
+    )
     from testbed.run.runner import run_experiment
 
     with tempfile.TemporaryDirectory() as tmp:

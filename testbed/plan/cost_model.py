@@ -9,7 +9,8 @@ of a pipeline schedule with ``microbatches`` microbatches:
   drain plus (M - 1) times the slowest step (Narayanan et al. 2021, section 2.2), sum_s (f_s + b_s)
   + (M - 1) max_s (f_s + b_s), with f_s, b_s the padded forward and backward time of stage s on one
   microbatch (its blocks times the emulated GPU's time per block, ``Experiment.block_s``, so that
-  plans with other stage counts scale). When one does, or under the schedules of several virtual
+  plans with other stage counts scale), each with the worker's hand-off after it
+  (``handoff.action_handoff_s``). When one does, or under the schedules of several virtual
   stages or a split backward (no such closed form), the list-schedule simulation of the schedule tables
   (``grant_sim.simulate``): every action starts when its worker is free and its input has arrived;
   a transfer moves once its receive is posted and the receiver's ready notice has crossed back
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from testbed.plan.allreduce import allreduce_s, loss_allreduce_s
 from testbed.plan.connections import wan_connections
 from testbed.plan.grant_plan import iteration_lower_bound, simulated_iteration
+from testbed.plan.handoff import action_handoff_s
 from testbed.plan.virtual_stages import experiment_boundaries
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
@@ -78,7 +80,8 @@ def predict(
     if connections is None:
         connections = wan_connections(exp, topo, workers)
     M = exp.microbatches
-    step = stage_compute_s(exp, block_s)
+    # a microbatch's forward and backward on a stage, each with the worker's hand-off after it
+    step = [c + 2 * action_handoff_s(exp) for c in stage_compute_s(exp, block_s)]
     dc_of = {(w.stage, w.replica): w.dc for w in workers}
     fill, steady = sum(step), (M - 1) * max(step)
     crosses = any(dc_of[(a, 0)] != dc_of[(b, 0)] for a, b in experiment_boundaries(exp))
@@ -120,8 +123,8 @@ def _loss_late(
     its first input comes (every stage before it done with its first forward, inside one DC), so
     that the closed form of GPipe and 1F1B no longer holds."""
     waits = loss_allreduce_s(exp, topo, workers)
-    per_f = (block_s or exp.block_s)[0]
-    first_input_s = sum(len(stage_layers(exp.model.n_layers, exp.stages, s)) * per_f for s in range(exp.stages - 1))
+    per_f, h = (block_s or exp.block_s)[0], action_handoff_s(exp)
+    first_input_s = sum(len(stage_layers(exp.model.n_layers, exp.stages, s)) * per_f + h for s in range(exp.stages - 1))
     return max(waits, default=0.0) > first_input_s
 
 

@@ -35,6 +35,7 @@ import simpy
 
 from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer
 from testbed.plan.fair_share import FairShare
+from testbed.plan.handoff import action_handoff_s
 from testbed.plan.schedule import RankAction, experiment_tables
 from testbed.plan.symmetric_pipelines import symmetric_copies
 from testbed.plan.virtual_stages import backward_parts, stage_homes
@@ -367,14 +368,22 @@ def action_seconds(
     exp: Experiment, V: int, block_s: tuple[float, float] | None, stage_s: tuple[tuple[float, float], ...] | None
 ) -> dict[str, list[float]]:
     """Each kind of action's seconds per virtual stage (``F``, ``B``, and a split backward's ``I``
-    and ``W``): its blocks times ``block_s`` (default the experiment's), or ``stage_s``'s profile."""
+    and ``W``): its blocks times ``block_s`` (default the experiment's), or ``stage_s``'s profile,
+    each with the worker's hand-off after it (``handoff.action_handoff_s``: its output is ready,
+    and its worker free, that much after its compute)."""
     per_f, per_b = block_s or exp.block_s
     f = [len(stage_layers(exp.model.n_layers, V, v)) * per_f for v in range(V)]
     b = [len(stage_layers(exp.model.n_layers, V, v)) * per_b for v in range(V)]
     if stage_s is not None:
         f, b = [x[0] for x in stage_s], [x[1] for x in stage_s]
     parts = [backward_parts(x) for x in b]
-    return {"F": f, "B": b, "I": [x for x, _ in parts], "W": [x for _, x in parts]}
+    h = action_handoff_s(exp)
+    return {
+        "F": [x + h for x in f],
+        "B": [x + h for x in b],
+        "I": [x + h for x, _ in parts],
+        "W": [x + h for _, x in parts],
+    }
 
 
 def input_of(a: RankAction, r: int, V: int) -> Transfer | None:

@@ -41,6 +41,9 @@ class ComputeModel:
     device: DeviceModel | None = None
     reference_forward_tflop: float | None = None  # FLOPs of one stage's forward on one microbatch
     optimizer_ms: float | None = None  # the optimizer step's target; None: one forward target
+    # run by this testbed's workers (the model adds their hand-off between two operations,
+    # ``plan/handoff.py``); False for a scenario's real devices. Not a file field.
+    emulated: bool = True
 
     @property
     def padded(self) -> bool:

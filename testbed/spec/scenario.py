@@ -143,7 +143,7 @@ class Scenario:
             microbatches=self.microbatches,
             microbatch_size=self.microbatch_size,
             model=self.model,
-            compute=ComputeModel(forward_ms=fwd_ms, backward_ms=fwd_ms * self.backward_factor()),
+            compute=ComputeModel(forward_ms=fwd_ms, backward_ms=fwd_ms * self.backward_factor(), emulated=False),
             policy=policy,  # type: ignore[arg-type]  # resolved in __post_init__
             wan_window_bytes=self.tcp_window_bytes,
             atlas_floor_share=self.atlas_floor_share,

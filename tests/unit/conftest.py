@@ -14,3 +14,11 @@ def _switch_interval_set_back():
     before = sys.getswitchinterval()
     yield
     sys.setswitchinterval(before)
+
+
+@pytest.fixture
+def without_handoff(monkeypatch):
+    """The model without the worker's hand-off between two operations (``plan/handoff.py``): for
+    the tests that work a schedule's timeline out by hand from its compute and transfer times
+    alone; the hand-off's own tests (``test_handoff.py``) and the saved predictions keep it."""
+    monkeypatch.setattr("testbed.plan.handoff.ACTION_HANDOFF_S", 0.0)

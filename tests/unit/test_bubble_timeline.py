@@ -12,6 +12,9 @@ from testbed.plan.workers import WorkerSpec
 from testbed.spec.compute import ComputeModel
 from testbed.spec.policy import parse_policy
 
+# the timelines worked out by hand leave the worker's hand-off out (tests/unit/test_handoff.py has it)
+pytestmark = pytest.mark.usefixtures("without_handoff")
+
 
 def _one_dc(stages: int, replicas: int = 1) -> list[WorkerSpec]:
     return [

@@ -18,6 +18,9 @@ from testbed.spec.routing import RoutingTable
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
 from tests.unit.experiments import exp, topo
 
+# the timelines worked out by hand leave the worker's hand-off out (tests/unit/test_handoff.py has it)
+pytestmark = pytest.mark.usefixtures("without_handoff")
+
 D_MS = 5.0
 
 

@@ -21,6 +21,9 @@ from testbed.spec.pipeline_schedules import SCHEDULES
 from testbed.spec.policy import parse_policy
 from testbed.spec.scenario_file import load_scenario
 
+# the timelines worked out by hand leave the worker's hand-off out (tests/unit/test_handoff.py has it)
+pytestmark = pytest.mark.usefixtures("without_handoff")
+
 #: a bound may exceed its prediction by float rounding only
 ROUNDING = 1e-12
 

@@ -25,6 +25,9 @@ from testbed.sim.plan_gap import CAUSES, CONTROLLER_FILE, delivery_s, format_pla
 from testbed.spec.experiment_file import load_experiment
 from testbed.trace import schema as T
 
+# the timelines worked out by hand leave the worker's hand-off out (tests/unit/test_handoff.py has it)
+pytestmark = pytest.mark.usefixtures("without_handoff")
+
 MS = 1e3
 
 

@@ -28,6 +28,9 @@ from testbed.spec.policy import parse_policy
 from testbed.spec.topology_file import parse_topology
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
 
+# the timelines worked out by hand leave the worker's hand-off out (tests/unit/test_handoff.py has it)
+pytestmark = pytest.mark.usefixtures("without_handoff")
+
 
 def test_dp_wan_puts_each_replica_pipeline_in_its_own_dc():
     w = place_dp_wan(exp(), topo({"a": 2, "b": 2}))

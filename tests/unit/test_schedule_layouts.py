@@ -40,6 +40,9 @@ from testbed.spec.scenario_file import load_scenario
 from testbed.trace import schema as T
 from tests.unit.experiments import exp, topo
 
+# the timelines worked out by hand leave the worker's hand-off out (tests/unit/test_handoff.py has it)
+pytestmark = pytest.mark.usefixtures("without_handoff")
+
 REPO = Path(__file__).resolve().parents[2]
 
 NEW = ("interleaved-1f1b", "zb-h1", "zbv")

@@ -25,6 +25,9 @@ from testbed.spec.model import stage_param_bytes
 from testbed.spec.wire import TCP_GOODPUT_FRACTION
 from testbed.trace import schema as T
 
+# the timelines worked out by hand leave the worker's hand-off out (tests/unit/test_handoff.py has it)
+pytestmark = pytest.mark.usefixtures("without_handoff")
+
 
 def test_inside_one_dc_by_hand():
     """2 stages x 2 replicas, 4 microbatches of 40 + 80 ms per stage, no WAN: the iteration is the
