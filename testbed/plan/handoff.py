@@ -3,7 +3,8 @@ ended, its worker traces it and hands its output to gloo (``train/worker.py``: `
 ``hand_on``) before it can start its next operation, whether or not that one waits for a
 transfer. The model adds it to every forward and backward (and each part of a split one) of an
 experiment run on this testbed's workers; a scenario's devices (``spec/scenario.py``) are real
-GPUs, whose hosts' hand-off this machine does not measure, and get none.
+GPUs, whose hosts' hand-off this machine does not measure, and a launched job (``job_plan.py``)
+runs its own processes, timed from its own measured operations: neither gets one.
 
 Pure.
 """

@@ -113,7 +113,8 @@ def job_experiment(
         microbatches=workload.microbatches,
         microbatch_size=1,
         model=model,
-        compute=ComputeModel(mode="real"),
+        # its own processes, not this testbed's workers: no hand-off of theirs (plan/handoff.py)
+        compute=ComputeModel(mode="real", emulated=False),
         policy=policy,
         wan_connections=connections if policy.striping else 0,
         wan_connection_share=base.wan_connection_share if base is not None else None,

@@ -42,7 +42,8 @@ class ComputeModel:
     reference_forward_tflop: float | None = None  # FLOPs of one stage's forward on one microbatch
     optimizer_ms: float | None = None  # the optimizer step's target; None: one forward target
     # run by this testbed's workers (the model adds their hand-off between two operations,
-    # ``plan/handoff.py``); False for a scenario's real devices. Not a file field.
+    # ``plan/handoff.py``); False for a scenario's real devices and a launched job's own processes.
+    # Not a file field.
     emulated: bool = True
 
     @property
