@@ -10,6 +10,7 @@ import pytest
 
 from testbed.atlas.grants import GrantLoop, Hop, boundary_paths
 from testbed.atlas.timing import HopTiming
+from testbed.plan.handoff import action_handoff_s
 from testbed.plan.job_plan import job_experiment, job_grant_plan, workload_from_events
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.policy import parse_policy
@@ -92,6 +93,8 @@ def test_the_job_is_planned_as_a_built_in_run_of_its_workload():
     exp = job_experiment(w, topo, 2, 2, policy, 4, 0.05, True)
     assert exp.activation_bytes == 65536 and exp.microbatches == 3 and exp.schedule == "1f1b"
     assert exp.wan_connections == 4 and exp.policy.sharing == "planned"
+    # its own processes, timed from its own operations: none of the testbed workers' hand-off
+    assert not exp.compute.emulated and action_handoff_s(exp) == 0.0
     plan = job_grant_plan(exp, WORKERS, w)
     assert plan.bytes_per_transfer == 65536
     east_west = next(h for h in plan.hops if h.hop == Hop("east", "west"))
