@@ -24,6 +24,10 @@ PORT = 5301
 PEER_SOURCE = Path(wan_probe_peer.__file__).read_text()
 #: seconds of the bulk transfer (its second half is measured)
 BULK_S = 1.5
+#: how long a server whose probe completed may take to exit before it is killed (s). A probe cut
+#: short (an error, Ctrl-C, SIGTERM) kills its server at once: waiting for it there held a run's
+#: SIGTERM back 10 s, the server waiting for a client that was gone
+SERVER_EXIT_S = 10
 #: the shortest message time a profile records (s): on a path without delay a message's time
 #: beyond the round trip can round to nothing
 SHORTEST_S = 1e-6
@@ -66,12 +70,15 @@ def probe_path(
                 f"the WAN probe {src} -> {dst} failed (rc {done.returncode}): {done.stderr.strip()[-500:]}"
             )
         m = json.loads(done.stdout)
-    finally:
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+    except BaseException:  # a failed probe, or Ctrl-C or SIGTERM: the server waits for nothing more
+        server.kill()
+        server.wait()
+        raise
+    try:
+        server.wait(timeout=SERVER_EXIT_S)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
     return PathProfile(
         src,
         dst,

@@ -171,9 +171,17 @@ def test_every_ablation_step_keeps_the_math(tmp_path, clean_machine):
     """From pp-fair to atlas one part at a time: the layout, the connections and the grants change,
     the losses do not. The steps between the ends run here, against one process's losses; the ends
     themselves (pp-fair and atlas, the same experiment) are test_training's
-    test_compare_policies_same_losses_and_comparison_json (they ran here too until fe85386: 13 s)."""
+    test_compare_policies_same_losses_and_comparison_json (they ran here too until fe85386: 13 s).
+
+    The striping step also shows that striping leaves each stage's gradient all-reduce between the
+    replicas of its DC on one connection: it takes a few milliseconds, as without striping. With
+    the data-parallel groups striped too, each collective took about three round trips to the first
+    DC's (67 ms in central, 188 ms in west on the default experiment). That ran as a test of its
+    own, on a padded run of the same policy, until this step's run was read for it (11 s)."""
+    from testbed.plan.worker_config import read_worker_config
     from testbed.run.compare import compare
     from testbed.spec.compute import ComputeModel
+    from testbed.trace import schema as T
     from tests.support.reference import reference_losses
 
     steps = list(ABLATION[1:-1])
@@ -185,6 +193,18 @@ def test_every_ablation_step_keeps_the_math(tmp_path, clean_machine):
     for name in steps:
         got = losses(read_events(tmp_path / name.replace("/", "_"))).tolist()
         assert got == pytest.approx(want, rel=1e-4), (name, got, want)
+
+    striped = "pp-fair/placement=atlas/striping=on"
+    run = tmp_path / striped.replace("/", "_")
+    assert read_worker_config(run / "worker_config.json").training.wan_connections > 1
+    ev = read_events(run)
+    ar = ev[(ev[T.KIND] == T.ALLREDUCE) & (ev[T.ITERATION] >= exp.warmup_iterations)]
+    # the ring's last member to arrive waits for no one: its time is the all-reduce's own
+    own_ms = ((ar[T.END_NS] - ar[T.START_NS]) / 1e6).groupby([ar[T.ITERATION], ar[T.STAGE]]).min()
+    rtt_ms = 2 * min(link.delay_us for link in exp.topology_spec.links) / 1000  # 20 ms: east-central
+    # striped groups took three round trips or more (67 ms and more); inside a DC it is 4-10 ms
+    assert len(own_ms) == exp.stages * (exp.iterations - exp.warmup_iterations), own_ms
+    assert own_ms.median() < rtt_ms and own_ms.max() < 2 * rtt_ms, own_ms
 
 
 def test_under_real_compute_the_plan_is_made_from_the_first_iteration(tmp_path, clean_machine):

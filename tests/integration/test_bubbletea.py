@@ -247,7 +247,9 @@ def test_a_run_driven_by_an_azure_trace_file(tmp_path, clean_machine):
     trace = tmp_path / "trace.csv"
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(reversed(rows)) + "\n")  # out of order
     out = tmp_path / "run"
-    args = ("--requests", str(trace), "--iterations", "5", "--out", str(out))
+    # four iterations of about 5 s, the fewest that serve requests: they start after the experiment's
+    # bubbletea.profile_iterations (3), and all 24 have arrived 6 s later (five until this was set)
+    args = ("--requests", str(trace), "--iterations", "4", "--out", str(out))
     r = run_cli("run", "sharing", "--policy", "dp-wan+bubbletea", *args)
     assert r.returncode == 0, r.stderr[-3000:]
     ev = pd.read_parquet(out / "events.parquet")

@@ -30,12 +30,14 @@ def final_loss(output: str) -> float:
 
 def one_process_group(script: list[str]) -> float:
     """The final loss of the example ``script`` (with its arguments) run in one process group on
-    this machine: ``torchrun --standalone`` with 6 processes, over loopback."""
+    this machine: 6 ranks over loopback, with the environment ``torchrun --standalone`` gives them,
+    forked from one interpreter that imported torch (``tests/support/process_group.py``: 6-7 s
+    where torchrun took 15-16 s)."""
     import subprocess
     import sys
 
     alone = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "6", *script],
+        [sys.executable, "-m", "tests.support.process_group", "6", *script],
         capture_output=True,
         text=True,
         cwd=Path(__file__).resolve().parents[2],
@@ -130,7 +132,7 @@ def test_bad_input_is_refused_before_anything_is_built(tmp_path, clean_machine):
 
 def test_the_diloco_example_learns_as_in_one_process_group_on_one_machine(tmp_path, clean_machine):
     """``examples/diloco.py`` on three_dc as a mesh of 3 DCs x 2 replicas, against the same job in one
-    process group on this machine (torchrun --standalone, over loopback): the same final loss."""
+    process group on this machine (over loopback): the same final loss."""
     out = tmp_path / "job"
     done = run_cli("launch", "three_dc", "--mesh", "pp=3,dp=2", "--out", str(out), "--", "examples/diloco.py")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -23,6 +23,9 @@ from testbed.spec.topology_file import load_topology
 from .conftest import REPO, machine_state
 
 RUNS = Path("/run/testbed/runs")
+#: the longest a script may take from SIGTERM to its exit while it measures the WAN (s): its
+#: network's teardown, 1.4-2.8 s alone; the probe's server held it 10 s more before 2026-12-07
+SIGTERM_EXIT_S = 6.0
 
 
 class Run:
@@ -258,16 +261,24 @@ def test_a_background_failure_during_teardown_does_not_cut_it_short(tmp_path):
     assert left_behind(before, net.prefix) == {}
 
 
-def test_sigterm_to_a_script_while_it_trains(tmp_path):
+def test_sigterm_to_a_script_while_it_measures_the_wan(tmp_path):
     """The scripts that run experiments (here ``prediction_error.py``) end on SIGTERM as the
-    command does: the network comes down, nothing is left for ``testbed clean``."""
+    command does: the network comes down promptly, nothing is left for ``testbed clean``. The
+    signal comes while the script measures the run's WAN paths (``--profile-wan``, its runs' first
+    phase: ``net/wan_probe.py``); a signal while training is the command's,
+    test_sigterm_while_training. Until the probe killed its server when cut short, the teardown
+    waited 10 s for that server to exit."""
     before = machine_state()
     out = tmp_path / "two_dc-pp-fair"
     argv = [str(REPO / "scripts" / "prediction_error.py"), "--experiments", "two_dc", "--policies", "pp-fair"]
     run = Run(out, [*argv, "--iterations", "30", "--out", str(tmp_path)])
-    run.wait_for("training", lambda: _training(run))
+    run.wait_for("measuring its WAN", lambda: "network_built" in run.phases() and run.registered())
     run.proc.send_signal(signal.SIGTERM)
+    t_signal = time.monotonic()
     code, err = run.finish()
+    took_s = time.monotonic() - t_signal
     assert code == 128 + signal.SIGTERM, err
     assert "SIGTERM: tearing down" in err and "Traceback" not in err, err
+    assert took_s < SIGTERM_EXIT_S, took_s  # 1.4-2.8 s seen: the teardown of two_dc
+    assert "wan_profiled" not in run.phases() and not (out / "wan_profile.json").exists()  # it was measuring
     assert left_behind(before, run.record["prefix"], run) == {}
