@@ -114,6 +114,30 @@ def start_topo_up(tmp_path: Path, *args: str, topology: str = "two_dc") -> subpr
     raise AssertionError("topo up did not come up:\n" + "".join(lines))
 
 
+def two_dc_gpipe():
+    """The experiment of the pipeline-and-data-parallel math checks: two_dc, 2 stages (one per DC)
+    x 2 replicas, GPipe, real compute, 3 iterations."""
+    from testbed.spec.compute import ComputeModel
+    from testbed.spec.experiment_file import load_experiment
+
+    exp = load_experiment().with_overrides(
+        topology="two_dc", stages=2, replicas=2, iterations=3, warmup_iterations=1, schedule="gpipe"
+    )
+    return exp.with_overrides(compute=ComputeModel(mode="real"))
+
+
+@pytest.fixture(scope="session")
+def two_dc_gpipe_netns(tmp_path_factory):
+    """``two_dc_gpipe()`` run once on the netns backend: (experiment, run folder, summary), for
+    test_training's check against one process and test_mininet's against Mininet's run (each made
+    a run of its own until 2026-12-07: 6-8 s of the suite)."""
+    from testbed.run.runner import run_experiment
+
+    exp = two_dc_gpipe()
+    out = tmp_path_factory.mktemp("two_dc_gpipe") / "netns"
+    return exp, out, run_experiment(exp, out, progress=lambda line: None, backend="netns")
+
+
 @pytest.fixture
 def clean_machine():
     """The machine state before the test; asserts the test left nothing behind."""

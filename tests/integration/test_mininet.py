@@ -16,7 +16,6 @@ from testbed.net.registry import proc_start_time, same_process
 from testbed.results.analysis import losses
 from testbed.run.backends import make_network
 from testbed.run.runner import run_experiment
-from testbed.spec.experiment_file import load_experiment
 from testbed.spec.topology_file import load_topology
 from testbed.trace.events import read_events
 from tests.support.reference import reference_losses
@@ -44,16 +43,15 @@ def test_fidelity_under_mininet(tmp_path, clean_machine):
     assert all(proc_start_time(pid) is None for pid in shells.values())
 
 
-def test_training_under_mininet_gives_the_netns_losses(tmp_path, clean_machine):
-    exp = load_experiment().with_overrides(
-        topology="two_dc", stages=2, replicas=2, iterations=3, warmup_iterations=1, schedule="gpipe"
-    )
-    exp = exp.with_overrides(compute=type(exp.compute)(mode="real"))
-    got = {}
-    for backend in ("netns", "mininet"):
-        summary = run_experiment(exp, tmp_path / backend, progress=lambda line: None, backend=backend)
-        assert summary["backend"] == backend and summary["completed_iterations"] == 3
-        got[backend] = losses(read_events(tmp_path / backend)).tolist()
+def test_training_under_mininet_gives_the_netns_losses(two_dc_gpipe_netns, tmp_path, clean_machine):
+    """The netns backend's run of the same experiment is shared with test_training
+    (``conftest.two_dc_gpipe``)."""
+    exp, netns_run, netns_summary = two_dc_gpipe_netns
+    got = {"netns": losses(read_events(netns_run)).tolist()}
+    assert netns_summary["backend"] == "netns"
+    summary = run_experiment(exp, tmp_path / "mininet", progress=lambda line: None, backend="mininet")
+    assert summary["backend"] == "mininet" and summary["completed_iterations"] == 3
+    got["mininet"] = losses(read_events(tmp_path / "mininet")).tolist()
     assert len(got["mininet"]) == 3
     assert got["mininet"] == pytest.approx(got["netns"], rel=1e-6)
     assert got["mininet"] == pytest.approx(reference_losses(exp, 3), rel=1e-4)

@@ -28,18 +28,15 @@ def _quiet(line: str) -> None:
     pass
 
 
-def test_pp_x_dp_matches_single_process(tmp_path, clean_machine):
-    """two_dc: 2 pipeline stages (one per DC) x 2 replicas, GPipe; same losses as one process."""
-    exp = load_experiment().with_overrides(
-        topology="two_dc", stages=2, replicas=2, iterations=5, warmup_iterations=1, schedule="gpipe"
-    )
-    exp = exp.with_overrides(compute=type(exp.compute)(mode="real"))
-    summary = run_experiment(exp, tmp_path, progress=_quiet)
+def test_pp_x_dp_matches_single_process(two_dc_gpipe_netns, clean_machine):
+    """two_dc: 2 pipeline stages (one per DC) x 2 replicas, GPipe; same losses as one process (the
+    run shared with test_mininet, ``conftest.two_dc_gpipe``)."""
     from testbed.results.analysis import losses
 
-    got = losses(read_events(tmp_path)).tolist()
-    want = reference_losses(exp, 5)
-    assert len(got) == 5
+    exp, run_dir, summary = two_dc_gpipe_netns
+    got = losses(read_events(run_dir)).tolist()
+    want = reference_losses(exp, exp.iterations)
+    assert len(got) == exp.iterations == 3
     for g, w in zip(got, want):
         assert abs(g - w) / abs(w) < 1e-4, (got, want)
     assert summary["loss_first"] == pytest.approx(got[0]) and summary["workers"] == 4
