@@ -54,6 +54,7 @@ from testbed.plan.connections import wan_connections
 from testbed.plan.grant_plan import simulate_wan, wan_links
 from testbed.results.published import Column, commit, record_result
 from testbed.run.interrupts import tears_down_on_signals
+from testbed.run.launch import Launchers
 from testbed.run.random_validation import run_random
 from testbed.run.runner import run_experiment
 from testbed.sim.plan_gap import CAUSES, plan_gap
@@ -142,6 +143,7 @@ def main() -> None:
     ]
     policies = [p for p in args.policies.split(",") if p] + (list(ABLATION[1:-1]) if args.ablation else [])
     schedules = [x for x in args.schedules.split(",") if x] or [None]
+    launchers = Launchers(args.out / "launcher.log")  # one worker launcher for every run (it dies with this script)
     for name, schedule, policy in ((n, s, p) for n in args.experiments.split(",") for s in schedules for p in policies):
         shown = name if schedule is None else f"{name} ({schedule})"
         run_dir = (
@@ -152,7 +154,8 @@ def main() -> None:
         try:
             exp = load_experiment(name).with_overrides(iterations=args.iterations, policy=policy, schedule=schedule)
             if not args.revalidate:
-                run_experiment(exp, run_dir, progress=lambda line: None, profile_wan=True)
+                launcher = launchers.get()
+                run_experiment(exp, run_dir, progress=lambda line: None, profile_wan=True, launcher=launcher)
             elif not (run_dir / "summary.json").exists():
                 continue
         except SpecError as e:
@@ -210,6 +213,7 @@ def main() -> None:
             offset_records.append(
                 {"experiment": shown, "policy": policy, **{f"s{i}": x for i, x in enumerate(pipeline_s)}}
             )
+    launchers.close()
     if errors:
         rows.append("")
         rows.append(

@@ -36,6 +36,7 @@ def compare(
     ablation: bool = False,
     best_plan: bool = False,
     sched_trace: bool = False,
+    launcher: Launcher | None = None,
     **backend: Any,
 ) -> dict[str, Any]:
     """Run every policy ``repeat`` times, interleaved; write and return ``comparison.json``:
@@ -43,7 +44,8 @@ def compare(
     ``backend``: ``backend=``/``inventory=`` for run_experiment; ``force`` as there; ``ablation``:
     the policies are an ablation chain (the report shows each step's own contribution); ``best_plan``:
     each policy runs the planner's fastest layout of the same global batch (``what_if.best_plan``);
-    ``sched_trace``: every run records the scheduler (``run_experiment``)."""
+    ``sched_trace``: every run records the scheduler (``run_experiment``); ``launcher``: the worker
+    launcher to run them with (the caller's to close), else one of the comparison's own."""
     if ablation and best_plan:
         raise SpecError(
             "--plan",
@@ -61,7 +63,11 @@ def compare(
             check_fresh_out_dir(out_dir / run_folder_name(policy, k, repeat))
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
     # one worker launcher for every run: torch is imported and warmed up once per comparison
-    launcher = Launcher(out_dir / "launcher.log") if runs_here(backend.get("backend", "netns")) else None
+    own = launcher is None and runs_here(backend.get("backend", "netns"))
+    if own:
+        launcher = Launcher(out_dir / "launcher.log")
+    elif not runs_here(backend.get("backend", "netns")):
+        launcher = None
     try:
         for k in range(repeat):
             for policy in policies:
@@ -81,7 +87,7 @@ def compare(
                     )
                 )
     finally:
-        if launcher is not None:
+        if own and launcher is not None:
             launcher.close()
     result = {
         "experiment": exp.name,

@@ -26,6 +26,7 @@ from testbed.plan.placement import decode_hosts
 from testbed.plan.run_plan import RunPlan, make_plan
 from testbed.results.published import Column, record_result
 from testbed.run.fit import check_compute_load, check_connection_window, check_iteration_time, check_memory
+from testbed.run.launch import Launchers
 from testbed.run.runner import run_experiment
 from testbed.sim.random_experiments import Draw, random_experiments
 from testbed.sim.validate import error_distribution, validate_run
@@ -105,13 +106,15 @@ def run_draw(
     exp: Experiment,
     folder: Path,
     iterations: int,
+    run_missing: bool = True,
+    launchers: Launchers | None = None,
     progress: Any = print,
     policies: tuple[str, ...] = POLICIES,
-    run_missing: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """Each of ``policies``' run of ``exp`` in ``folder/<policy>``, validated: {policy: row fields}.
-    A run already there (its ``summary.json``) is validated, not run again; one that is not is run,
-    or with ``run_missing`` False, listed as failed."""
+    A run already there (its ``summary.json``) is validated, not run again; one that is not is run
+    (with a launcher of ``launchers``, where given), or with ``run_missing`` False, listed as
+    failed."""
     out: dict[str, dict[str, Any]] = {}
     for policy in policies:
         run_dir = folder / policy.replace("+", "-")
@@ -126,7 +129,8 @@ def run_draw(
                 out[policy] = {"failed": "not run (revalidating the runs there)", "representative": False}
                 continue
             try:
-                run_experiment(e, run_dir, progress=lambda line: None)
+                launcher = launchers.get() if launchers is not None else None
+                run_experiment(e, run_dir, progress=lambda line: None, launcher=launcher)
             except TestbedError as err:  # the sweep goes on; the draw is rejected after the runs
                 out[policy] = {"failed": str(err).splitlines()[0][:300], "representative": False}
                 progress(f"{exp.name} {policy}: failed: {out[policy]['failed']}")
@@ -193,8 +197,12 @@ def run_random(
     rows: list[dict[str, Any]] = []
     errors: dict[str, list[float]] = {p: [] for p in POLICIES}
     speedups: list[float] = []
-    for name, exp, quartile, ratio in drawn:
-        runs = run_draw(exp, out / name, iterations, run_missing=not revalidate)
+    with Launchers(out / "launcher.log") as launchers:  # one worker launcher for the sweep's runs
+        ran = [
+            (name, quartile, ratio, run_draw(exp, out / name, iterations, not revalidate, launchers))
+            for name, exp, quartile, ratio in drawn
+        ]
+    for name, quartile, ratio, runs in ran:
         overran = [
             f"{p}: run failed: {r['failed']}"
             if "failed" in r

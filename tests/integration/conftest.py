@@ -114,6 +114,23 @@ def start_topo_up(tmp_path: Path, *args: str, topology: str = "two_dc") -> subpr
     raise AssertionError("topo up did not come up:\n" + "".join(lines))
 
 
+@pytest.fixture(scope="session")
+def launchers(tmp_path_factory):
+    """One worker launcher for the suite's runs made in this process on this machine
+    (``run.launch.Launchers``, as ``compare`` and the validation scripts share one): each run is
+    spared the launcher's start, about 1.7 s (its torch import); one that exited is replaced."""
+    from testbed.run.launch import Launchers
+
+    with Launchers(tmp_path_factory.mktemp("launcher") / "launcher.log") as shared:
+        yield shared
+
+
+@pytest.fixture
+def launcher(launchers):
+    """The running launcher of ``launchers``, for a test's ``run_experiment`` or ``compare``."""
+    return launchers.get()
+
+
 def two_dc_gpipe():
     """The experiment of the pipeline-and-data-parallel math checks: two_dc, 2 stages (one per DC)
     x 2 replicas, GPipe, real compute, 3 iterations."""
@@ -127,7 +144,7 @@ def two_dc_gpipe():
 
 
 @pytest.fixture(scope="session")
-def two_dc_gpipe_netns(tmp_path_factory):
+def two_dc_gpipe_netns(tmp_path_factory, launchers):
     """``two_dc_gpipe()`` run once on the netns backend: (experiment, run folder, summary), for
     test_training's check against one process and test_mininet's against Mininet's run (each made
     a run of its own until 2026-12-07: 6-8 s of the suite)."""
@@ -135,7 +152,7 @@ def two_dc_gpipe_netns(tmp_path_factory):
 
     exp = two_dc_gpipe()
     out = tmp_path_factory.mktemp("two_dc_gpipe") / "netns"
-    return exp, out, run_experiment(exp, out, progress=lambda line: None, backend="netns")
+    return exp, out, run_experiment(exp, out, progress=lambda line: None, backend="netns", launcher=launchers.get())
 
 
 @pytest.fixture

@@ -67,7 +67,7 @@ def _grant_intervals(log: list[dict], link: str) -> list[tuple[int, int, int]]:
     [("netns", False), ("netns", True), ("mininet", False)],
     ids=["netns-no-borrowing", "netns-borrowing", "mininet-no-borrowing"],
 )
-def test_planned_grants_send_one_pipelines_transfer_at_a_time(backend, borrow, tmp_path, clean_machine):
+def test_planned_grants_send_one_pipelines_transfer_at_a_time(backend, borrow, tmp_path, clean_machine, launcher):
     """On the sharing experiment (four pipelines on one 25 Mbit/s link), sampled in 2 ms windows.
     Without borrowing, at most one pipeline's class sends more than its floor (plus one HTB burst):
     the bytes sent in windows where two or more do are a small share of all bytes. With borrowing,
@@ -84,7 +84,7 @@ def test_planned_grants_send_one_pipelines_transfer_at_a_time(backend, borrow, t
     sampler = threading.Thread(target=_sample_classes, args=(tmp_path, "east->west", stop, samples))
     sampler.start()
     try:
-        summary = run_experiment(exp, tmp_path, progress=_quiet, backend=backend)
+        summary = run_experiment(exp, tmp_path, progress=_quiet, backend=backend, launcher=launcher)
     finally:
         stop.set()
         sampler.join()
@@ -167,7 +167,7 @@ def test_a_lost_done_is_released_at_its_deadline(tmp_path, clean_machine):
     ]
 
 
-def test_every_ablation_step_keeps_the_math(tmp_path, clean_machine):
+def test_every_ablation_step_keeps_the_math(tmp_path, clean_machine, launcher):
     """From pp-fair to atlas one part at a time: the layout, the connections and the grants change,
     the losses do not. The steps between the ends run here, against one process's losses; the ends
     themselves (pp-fair and atlas, the same experiment) are test_training's
@@ -187,7 +187,7 @@ def test_every_ablation_step_keeps_the_math(tmp_path, clean_machine):
     steps = list(ABLATION[1:-1])
     assert (ABLATION[0], ABLATION[-1]) == ("pp-fair", "atlas") and len(steps) == 4
     exp = load_experiment().with_overrides(iterations=3, warmup_iterations=1, compute=ComputeModel(mode="real"))
-    result = compare(exp, steps, tmp_path, progress=_quiet)
+    result = compare(exp, steps, tmp_path, progress=_quiet, launcher=launcher)
     assert list(result["policies"]) == steps
     want = reference_losses(exp, 3)
     for name in steps:
@@ -207,7 +207,7 @@ def test_every_ablation_step_keeps_the_math(tmp_path, clean_machine):
     assert own_ms.median() < rtt_ms and own_ms.max() < 2 * rtt_ms, own_ms
 
 
-def test_under_real_compute_the_plan_is_made_from_the_first_iteration(tmp_path, clean_machine):
+def test_under_real_compute_the_plan_is_made_from_the_first_iteration(tmp_path, clean_machine, launcher):
     """compute.mode real: iteration 0 goes earliest ready first, then the runner plans from its
     traced stage times; the controller follows that plan and the first stages apply its stagger,
     counted from the end of their last optimizer step. The losses are those of pp-fair."""
@@ -219,7 +219,7 @@ def test_under_real_compute_the_plan_is_made_from_the_first_iteration(tmp_path, 
         iterations=4, warmup_iterations=1, compute=ComputeModel(mode="real"), policy="atlas"
     )
     lines = []
-    run_experiment(exp, tmp_path / "atlas", progress=lines.append)
+    run_experiment(exp, tmp_path / "atlas", progress=lines.append, launcher=launcher)
     out = tmp_path / "atlas"
     assert any("grant plan made from iteration 0's compute" in line for line in lines), lines
     text = (out / "grant_plan_profiled.txt").read_text()
@@ -243,5 +243,5 @@ def test_under_real_compute_the_plan_is_made_from_the_first_iteration(tmp_path, 
             opt_end = mine[(mine["kind"] == "optimizer") & (mine["iteration"] == it - 1)]["end_ns"].max()
             start = mine[(mine["kind"] == "forward") & (mine["iteration"] == it)]["start_ns"].min()
             assert start - opt_end >= offset * 1e9 - 1e6, (r, it, offset)
-    run_experiment(exp.with_overrides(policy="pp-fair"), tmp_path / "fair", progress=_quiet)
+    run_experiment(exp.with_overrides(policy="pp-fair"), tmp_path / "fair", progress=_quiet, launcher=launcher)
     assert losses(ev).tolist() == pytest.approx(losses(read_events(tmp_path / "fair")).tolist(), rel=1e-5)

@@ -29,7 +29,7 @@ def _quiet(line: str) -> None:
 STAMP_ORDER_NS = 200_000
 
 
-def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machine):
+def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machine, launcher):
     from testbed.bubbletea.decisions import prefill_seconds, seconds_per_flop
     from testbed.run.compare import compare
 
@@ -42,7 +42,9 @@ def test_bubbletea_fills_bubbles_without_touching_training(tmp_path, clean_machi
     short = replace(exp.bubbletea, request_rate=8.0, max_prompt_tokens=256, max_output_tokens=8, model=None)
     exp = exp.with_overrides(bubbletea=short)
     assert exp.bubbletea.model.n_layers == exp.model.n_layers and exp.bubbletea.model.seq_len == 264
-    result = compare(exp, ["atlas", "atlas+bubbletea", "atlas+prefill-alone"], tmp_path, progress=_quiet)
+    result = compare(
+        exp, ["atlas", "atlas+bubbletea", "atlas+prefill-alone"], tmp_path, progress=_quiet, launcher=launcher
+    )
     plain, bt = result["policies"]["atlas"], result["policies"]["atlas+bubbletea"]
     # scheduling prefill beside training must not change the math
     a = losses(read_events(tmp_path / "atlas")).tolist()

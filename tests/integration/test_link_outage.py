@@ -76,13 +76,13 @@ def _cut_after_first_iteration(out: Path, hold_s: float | None, log: list) -> th
     return thread
 
 
-def test_a_short_outage_stalls_training_which_resumes_with_the_same_losses(tmp_path, clean_machine):
+def test_a_short_outage_stalls_training_which_resumes_with_the_same_losses(tmp_path, clean_machine, launcher):
     (tmp_path / "stepped.yaml").write_text(STEPPED)
     exp = _experiment(outage_timeout_s=30, iterations=4, topology=str(tmp_path / "stepped.yaml"), policy="atlas")
     tmp_path = tmp_path / "run"
     log: list = []
     cutter = _cut_after_first_iteration(tmp_path, 2.0, log)
-    summary = run_experiment(exp, tmp_path, progress=lambda _: None)
+    summary = run_experiment(exp, tmp_path, progress=lambda _: None, launcher=launcher)
     cutter.join(timeout=10)
     assert [(what, r.stdout.strip()) for what, _, r in log] == [("down", "east:west down"), ("up", "east:west up")]
     got = losses(read_events(tmp_path)).tolist()
@@ -105,12 +105,12 @@ def test_a_short_outage_stalls_training_which_resumes_with_the_same_losses(tmp_p
     assert {r["ceil_bps"] for r in after if r["classid"] >= "1:20"} <= {50_000_000}, after
 
 
-def test_an_outage_past_the_timeout_aborts_the_run_naming_the_link(tmp_path, clean_machine):
+def test_an_outage_past_the_timeout_aborts_the_run_naming_the_link(tmp_path, clean_machine, launcher):
     exp = _experiment(outage_timeout_s=3, iterations=50)
     log: list = []
     _cut_after_first_iteration(tmp_path, None, log)
     with pytest.raises(OutageError, match=r"WAN link east:west has been down for 3\.\d s, past the experiment's"):
-        run_experiment(exp, tmp_path, progress=lambda _: None)
+        run_experiment(exp, tmp_path, progress=lambda _: None, launcher=launcher)
     ended = time.monotonic()
     assert log and log[0][2].returncode == 0
     assert ended - log[0][1] < 3 + 10
@@ -122,7 +122,7 @@ def test_an_outage_past_the_timeout_aborts_the_run_naming_the_link(tmp_path, cle
     assert (tmp_path / "events.parquet").exists() and (tmp_path / "shaping.jsonl").exists()
 
 
-def test_atlas_follows_a_failed_over_link_and_a_rate_set_from_another_shell(tmp_path, clean_machine):
+def test_atlas_follows_a_failed_over_link_and_a_rate_set_from_another_shell(tmp_path, clean_machine, launcher):
     """three_dc with central:west marked ``failover``, under Atlas: ``testbed link down
     central:west`` once training is under way; the routers move its routes through east (the
     run goes on: not an outage that stalls it), the runner plans the grants for the detour and the
@@ -152,7 +152,7 @@ def test_atlas_follows_a_failed_over_link_and_a_rate_set_from_another_shell(tmp_
 
     thread = threading.Thread(target=commands, daemon=True)
     thread.start()
-    summary = run_experiment(exp, out, progress=lambda _: None)
+    summary = run_experiment(exp, out, progress=lambda _: None, launcher=launcher)
     thread.join(timeout=10)
     assert [r.returncode for _, _, r in log] == [0, 0, 0], [r.stderr for _, _, r in log]
     assert not summary["aborted"] and summary["completed_iterations"] == 7

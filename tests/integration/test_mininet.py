@@ -43,13 +43,15 @@ def test_fidelity_under_mininet(tmp_path, clean_machine):
     assert all(proc_start_time(pid) is None for pid in shells.values())
 
 
-def test_training_under_mininet_gives_the_netns_losses(two_dc_gpipe_netns, tmp_path, clean_machine):
+def test_training_under_mininet_gives_the_netns_losses(two_dc_gpipe_netns, tmp_path, clean_machine, launcher):
     """The netns backend's run of the same experiment is shared with test_training
     (``conftest.two_dc_gpipe``)."""
     exp, netns_run, netns_summary = two_dc_gpipe_netns
     got = {"netns": losses(read_events(netns_run)).tolist()}
     assert netns_summary["backend"] == "netns"
-    summary = run_experiment(exp, tmp_path / "mininet", progress=lambda line: None, backend="mininet")
+    summary = run_experiment(
+        exp, tmp_path / "mininet", progress=lambda line: None, backend="mininet", launcher=launcher
+    )
     assert summary["backend"] == "mininet" and summary["completed_iterations"] == 3
     got["mininet"] = losses(read_events(tmp_path / "mininet")).tolist()
     assert len(got["mininet"]) == 3

@@ -20,13 +20,15 @@ SEED = 2026
 BOUND = 0.10
 
 
-def test_a_random_experiment_runs_and_is_predicted_within_the_goal(tmp_path, clean_machine):
+def test_a_random_experiment_runs_and_is_predicted_within_the_goal(tmp_path, clean_machine, launchers):
     drawn = random_experiments(1, SEED, check=machine_check)
     draw, exp, ratio, quartile = drawn.accepted[0]
     assert quartile == 0 and ratio > 0
     loaded = load_experiment(write_draw(draw, tmp_path / draw.name))
     assert loaded.stages == exp.stages and loaded.topology_spec.links == exp.topology_spec.links
-    runs = run_draw(loaded, tmp_path / draw.name, iterations=5, progress=print, policies=("pp-fair", "atlas"))
+    runs = run_draw(
+        loaded, tmp_path / draw.name, iterations=5, launchers=launchers, progress=print, policies=("pp-fair", "atlas")
+    )
     for policy, r in runs.items():
         assert r["representative"], (policy, r)
         assert abs(r["error"]) <= BOUND, (policy, r)

@@ -71,20 +71,20 @@ def check_training(exp, run_dir, iterations: int) -> None:
 
 @pytest.mark.parametrize("topology, policy", [("three_dc", "atlas")])
 @pytest.mark.parametrize("schedule", NEW)
-def test_each_schedule_trains_with_one_processs_losses(tmp_path, clean_machine, schedule, topology, policy):
+def test_each_schedule_trains_with_one_processs_losses(tmp_path, clean_machine, launcher, schedule, topology, policy):
     """Real compute (the math, quickly); two_dc under pp-fair is the next test's. three_dc under
     pp-fair (the same placement as atlas's, the links shared by TCP instead of granted) ran until
     33fad16, two_dc under atlas until 99b4ea5: the math does not depend on how a link is shared
     (29 s and 21 s of the suite)."""
     exp = experiment(schedule, topology, policy)
     exp = exp.with_overrides(compute=ComputeModel(mode="real"))
-    summary = run_experiment(exp, tmp_path, progress=_quiet)
+    summary = run_experiment(exp, tmp_path, progress=_quiet, launcher=launcher)
     assert summary["completed_iterations"] == 3 and not summary["aborted"]
     check_training(exp, tmp_path, 3)
 
 
 @pytest.mark.parametrize("schedule", NEW)
-def test_each_schedule_on_two_dc_is_predicted(tmp_path, clean_machine, schedule):
+def test_each_schedule_on_two_dc_is_predicted(tmp_path, clean_machine, launcher, schedule):
     """Padded compute on two_dc under pp-fair (interleaving's boundary from the last worker back to
     the first crosses the link again): one process's losses, and ``sim --validate`` within 10%.
     ZB-H1's run profiles its WAN first (``--profile-wan``: 11 s a run) and is predicted on the
@@ -93,7 +93,7 @@ def test_each_schedule_on_two_dc_is_predicted(tmp_path, clean_machine, schedule)
     two_dc the simulator misses interleaving's by 13% (docs/results.md, "Schedules across DCs")."""
     profiled = schedule == "zb-h1"
     exp = experiment(schedule, "two_dc", "pp-fair", iterations=4)
-    run_experiment(exp, tmp_path, progress=_quiet, profile_wan=profiled)
+    run_experiment(exp, tmp_path, progress=_quiet, profile_wan=profiled, launcher=launcher)
     check_training(exp, tmp_path, 4)
     got = validate_run(tmp_path)
     assert got["links"] == (MEASURED_LINKS if profiled else MODELLED_WINDOW)
@@ -102,7 +102,7 @@ def test_each_schedule_on_two_dc_is_predicted(tmp_path, clean_machine, schedule)
     assert abs(figure["error"]) <= 0.10, figure
 
 
-def test_bubbletea_fills_what_zb_h1_leaves_idle(tmp_path, clean_machine):
+def test_bubbletea_fills_what_zb_h1_leaves_idle(tmp_path, clean_machine, launcher):
     """ZB-H1 on the default experiment under Atlas, with and without BubbleTea, each twice
     (interleaved): requests served, at least half of the idle time the table leaves filled, no
     training operation started over 1 ms after its input arrived, and training slowed by no more
@@ -117,7 +117,7 @@ def test_bubbletea_fills_what_zb_h1_leaves_idle(tmp_path, clean_machine):
     # short prompts and outputs, as test_bubbletea's, so that a short run completes several requests
     short = replace(exp.bubbletea, request_rate=8.0, max_prompt_tokens=256, max_output_tokens=8, model=None)
     exp = exp.with_overrides(bubbletea=short)
-    result = compare(exp, ["atlas", "atlas+bubbletea"], tmp_path, repeat=2, progress=_quiet)
+    result = compare(exp, ["atlas", "atlas+bubbletea"], tmp_path, repeat=2, progress=_quiet, launcher=launcher)
     bt = result["stats"]["atlas+bubbletea"]
     print({k: v["median"] for k, v in bt.items() if v["median"] is not None})
     assert bt["requests_completed"]["median"] >= 5

@@ -43,12 +43,12 @@ def test_pp_x_dp_matches_single_process(two_dc_gpipe_netns, clean_machine):
 
 
 @pytest.fixture(scope="module")
-def default_run(tmp_path_factory):
+def default_run(tmp_path_factory, launchers):
     """The default experiment, 4 iterations: (experiment, run folder, summary), shared by the tests
     that read it."""
     exp = load_experiment().with_overrides(iterations=4)
     out = tmp_path_factory.mktemp("default") / "run"
-    return exp, out, run_experiment(exp, out, progress=_quiet)
+    return exp, out, run_experiment(exp, out, progress=_quiet, launcher=launchers.get())
 
 
 def test_default_run_regime_and_traces(default_run, clean_machine):
@@ -177,7 +177,7 @@ def test_ctrl_c_keeps_traces_and_removes_the_network(tmp_path):
     assert machine_state() == before
 
 
-def test_hung_worker_aborts_within_the_hang_timeout(tmp_path, clean_machine):
+def test_hung_worker_aborts_within_the_hang_timeout(tmp_path, clean_machine, launcher):
     import threading
 
     from testbed.run.watch import RunError
@@ -201,19 +201,19 @@ def test_hung_worker_aborts_within_the_hang_timeout(tmp_path, clean_machine):
     t = threading.Thread(target=freeze_worker_4)
     t.start()
     with pytest.raises(RunError, match="no worker progressed for 8 s"):
-        run_experiment(exp, tmp_path, progress=_quiet, hang_timeout_s=8)
+        run_experiment(exp, tmp_path, progress=_quiet, hang_timeout_s=8, launcher=launcher)
     t.join()
     assert stopped and time.monotonic() - stopped[0] < 8 + 20
     assert json.loads((tmp_path / "summary.json").read_text())["aborted"] is True
 
 
-def test_compare_policies_same_losses_and_comparison_json(tmp_path, clean_machine):
+def test_compare_policies_same_losses_and_comparison_json(tmp_path, clean_machine, launcher):
     """pp-fair and dp-wan place workers differently; the math (and so the losses) must not change."""
     from testbed.run.compare import compare
     from testbed.spec.compute import ComputeModel
 
     exp = load_experiment().with_overrides(iterations=3, warmup_iterations=1, compute=ComputeModel(mode="real"))
-    result = compare(exp, ["pp-fair", "dp-wan", "atlas"], tmp_path, progress=_quiet)
+    result = compare(exp, ["pp-fair", "dp-wan", "atlas"], tmp_path, progress=_quiet, launcher=launcher)
     saved = json.loads((tmp_path / "comparison.json").read_text())
     assert set(saved["policies"]) == {"pp-fair", "dp-wan", "atlas"}
     assert saved["policies"]["dp-wan"]["policy"] == "dp-wan"
@@ -238,7 +238,7 @@ def test_compare_policies_same_losses_and_comparison_json(tmp_path, clean_machin
     assert result["speedup"]["atlas/dp-wan"] == pytest.approx(measured_s("dp-wan") / measured_s("atlas"), rel=1e-6)
 
 
-def test_striped_wan_transfers_keep_the_math(tmp_path, clean_machine):
+def test_striped_wan_transfers_keep_the_math(tmp_path, clean_machine, launcher):
     """Activations and gradients split over 4 connections under a capped socket buffer arrive intact."""
     from testbed.results.analysis import losses
     from testbed.spec.compute import ComputeModel
@@ -251,13 +251,13 @@ def test_striped_wan_transfers_keep_the_math(tmp_path, clean_machine):
         wan_connection_share=0.1,
         compute=ComputeModel(mode="real"),
     )
-    run_experiment(exp, tmp_path, progress=_quiet)
+    run_experiment(exp, tmp_path, progress=_quiet, launcher=launcher)
     got = losses(read_events(tmp_path)).tolist()
     assert got == pytest.approx(reference_losses(exp, 3), rel=1e-4)
     assert read_worker_config(tmp_path / "worker_config.json").training.wan_connections == 4
 
 
-def test_dead_controller_falls_back_to_fair_sharing(tmp_path, clean_machine):
+def test_dead_controller_falls_back_to_fair_sharing(tmp_path, clean_machine, launcher):
     """A malformed control message kills the controller thread: links open up, training goes on."""
     import socket
     import threading
@@ -277,7 +277,7 @@ def test_dead_controller_falls_back_to_fair_sharing(tmp_path, clean_machine):
 
     t = threading.Thread(target=kill_controller)
     t.start()
-    summary = run_experiment(exp, tmp_path, progress=lines.append)
+    summary = run_experiment(exp, tmp_path, progress=lines.append, launcher=launcher)
     t.join()
     assert summary["completed_iterations"] == 4 and not summary["aborted"]
     assert (tmp_path / "controller_failed").exists()
@@ -313,13 +313,13 @@ def test_the_simulator_validates_a_fresh_run(default_run, clean_machine):
     assert abs(figures["bubble_fraction"]["error"]) <= 0.05, figures
 
 
-def test_a_run_dilated_twice_gives_the_undilated_runs_figures(default_run, tmp_path, clean_machine):
+def test_a_run_dilated_twice_gives_the_undilated_runs_figures(default_run, tmp_path, clean_machine, launcher):
     """The default experiment at ``time_dilation`` 2 (``spec/dilation.py``): in the emulated frame
     its iteration time, GPU utilization and bubble fraction are the undilated run's within 5% (0.03
     for the shares); in real time an iteration took about twice as long, and the kernel's link
     classes ran at half the topology's rates."""
     exp, _, plain = default_run
-    dilated = run_experiment(exp.with_overrides(time_dilation=2), tmp_path, progress=_quiet)
+    dilated = run_experiment(exp.with_overrides(time_dilation=2), tmp_path, progress=_quiet, launcher=launcher)
     print({k: (plain[k], dilated[k]) for k in ("iteration_time_s", "gpu_utilization", "bubble_fraction")})
     assert dilated["time_dilation"] == 2 and plain["time_dilation"] == 1
     assert dilated["iteration_time_s"] == pytest.approx(plain["iteration_time_s"], rel=0.05)
