@@ -33,7 +33,7 @@ def one_connection_per_pair() -> Iterator[None]:
     three round trips to the first DC (measured on the default experiment: the gradient all-reduce
     5 ms in east, 67 ms in central, 188 ms in west; the last stage's loss all-reduce likewise),
     and striping is for the pipeline's cross-DC transfers only
-    (``tests/integration/test_training.py`` checks it)."""
+    (``tests/integration/test_atlas_grants.py``'s ablation test checks it)."""
     names = os.environ.get("GLOO_SOCKET_IFNAME")
     if names is None or "," not in names:
         yield
