@@ -63,11 +63,9 @@ def compare(
             check_fresh_out_dir(out_dir / run_folder_name(policy, k, repeat))
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
     # one worker launcher for every run: torch is imported and warmed up once per comparison
-    own = launcher is None and runs_here(backend.get("backend", "netns"))
-    if own:
-        launcher = Launcher(out_dir / "launcher.log")
-    elif not runs_here(backend.get("backend", "netns")):
-        launcher = None
+    here = runs_here(backend.get("backend", "netns"))
+    own = Launcher(out_dir / "launcher.log") if here and launcher is None else None
+    launcher = (launcher or own) if here else None
     try:
         for k in range(repeat):
             for policy in policies:
@@ -87,8 +85,8 @@ def compare(
                     )
                 )
     finally:
-        if own and launcher is not None:
-            launcher.close()
+        if own is not None:
+            own.close()
     result = {
         "experiment": exp.name,
         "topology": exp.topology,
