@@ -207,13 +207,16 @@ def test_hung_worker_aborts_within_the_hang_timeout(tmp_path, clean_machine, lau
     assert json.loads((tmp_path / "summary.json").read_text())["aborted"] is True
 
 
-def test_compare_policies_same_losses_and_comparison_json(tmp_path, clean_machine, launcher):
-    """pp-fair and dp-wan place workers differently; the math (and so the losses) must not change."""
+def test_compare_policies_same_losses_and_comparison_json(tmp_path, clean_machine):
+    """pp-fair and dp-wan place workers differently; the math (and so the losses) must not change.
+    The comparison starts its own worker launcher, as ``testbed compare`` does (the suite's other
+    runs share one: conftest's ``launchers``)."""
     from testbed.run.compare import compare
     from testbed.spec.compute import ComputeModel
 
     exp = load_experiment().with_overrides(iterations=3, warmup_iterations=1, compute=ComputeModel(mode="real"))
-    result = compare(exp, ["pp-fair", "dp-wan", "atlas"], tmp_path, progress=_quiet, launcher=launcher)
+    result = compare(exp, ["pp-fair", "dp-wan", "atlas"], tmp_path, progress=_quiet)
+    assert (tmp_path / "launcher.log").exists()  # the log of the launcher the comparison started
     saved = json.loads((tmp_path / "comparison.json").read_text())
     assert set(saved["policies"]) == {"pp-fair", "dp-wan", "atlas"}
     assert saved["policies"]["dp-wan"]["policy"] == "dp-wan"
