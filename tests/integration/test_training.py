@@ -343,3 +343,18 @@ def test_a_run_dilated_twice_gives_the_undilated_runs_figures(default_run, tmp_p
     assert got.returncode == 0, got.stderr
     figure = json.loads(got.stdout)["figures"]["iteration_time_s"]
     assert figure["measured"] == pytest.approx(real_s, rel=1e-6) and abs(figure["error"]) <= 0.10, figure
+
+
+def test_a_shared_launcher_that_exited_is_replaced(tmp_path):
+    """``Launchers`` (a sweep's, the suite's): the same launcher for every run while it runs, a new
+    one once it has exited (here killed), and none left running once the holder is closed."""
+    from testbed.run.launch import Launchers
+
+    with Launchers(tmp_path / "launcher.log") as launchers:
+        first = launchers.get()
+        assert launchers.get() is first
+        first.proc.kill()
+        first.proc.wait()
+        second = launchers.get()
+        assert second is not first and second.proc.poll() is None
+    assert second.proc.poll() is not None
