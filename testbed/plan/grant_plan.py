@@ -22,7 +22,7 @@ Pure: no kernel, no processes. ``testbed plan --grants`` prints it (``format_gra
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -153,29 +153,30 @@ def wan_links(
     paths = boundary_paths(workers, routes, experiment_boundaries(exp))
     dc = {w.rank: w.dc for w in workers}
     nbytes = exp.activation_bytes
-    one: dict[tuple[str, str], float | None] = {}
-    burst: dict[tuple[str, str], bool] = {}
     links: dict[Hop, LinkTiming] = {}
     rates: dict[Hop, int] = {}
     rtts: dict[Hop, float] = {}
     path_links: dict[tuple[int, int], tuple[LinkTiming, ...]] = {}
+    # each DC pair's timing on each hop of its route, the same for every pair of workers there
+    by_dcs: dict[tuple[str, str], tuple[LinkTiming, ...]] = {}
     for (src, dst), path in paths.items():
-        rtt_s = routes.rtt_us(dc[src], dc[dst]) / 1e6
         pair = (dc[src], dc[dst])
-        if pair not in one:
-            one[pair] = one_connection_bps(exp, topo, workers, *pair, nbytes / connections)
-            burst[pair] = sent_at_once(exp, topo, workers, *pair, nbytes, connections)
-        own = []
-        for h in path:
-            link = topo.link_between(h.src, h.dst)
-            assert link is not None  # a routed hop is a link
-            line_s = nbytes * 8 / (link.rate_bps * TCP_GOODPUT_FRACTION)
-            t = transfer_time_s(nbytes, usable_bps(link.rate_bps) * TCP_GOODPUT_FRACTION, one[pair], connections)
-            rates[h], rtts[h] = link.rate_bps, max(rtts.get(h, 0.0), rtt_s)
-            own.append(LinkTiming(t, link.delay_us / 1e6, max(1.0, t / line_s), burst[pair]))
-            if h not in links or links[h].transfer_s < t:
-                links[h] = own[-1]
-        path_links[(src, dst)] = tuple(own)
+        if pair not in by_dcs:
+            rtt_s = routes.rtt_us(*pair) / 1e6
+            one = one_connection_bps(exp, topo, workers, *pair, nbytes / connections)
+            burst = sent_at_once(exp, topo, workers, *pair, nbytes, connections)
+            own = []
+            for h in path:
+                link = topo.link_between(h.src, h.dst)
+                assert link is not None  # a routed hop is a link
+                line_s = nbytes * 8 / (link.rate_bps * TCP_GOODPUT_FRACTION)
+                t = transfer_time_s(nbytes, usable_bps(link.rate_bps) * TCP_GOODPUT_FRACTION, one, connections)
+                rates[h], rtts[h] = link.rate_bps, max(rtts.get(h, 0.0), rtt_s)
+                own.append(LinkTiming(t, link.delay_us / 1e6, max(1.0, t / line_s), burst))
+                if h not in links or links[h].transfer_s < t:
+                    links[h] = own[-1]
+            by_dcs[pair] = tuple(own)
+        path_links[(src, dst)] = by_dcs[pair]
     one_way = {k: routes.one_way_delay_us(dc[k[0]], dc[k[1]]) / 1e6 for k in paths}
     return WanLinks(links, paths, one_way, rates, rtts, path_links)
 
@@ -288,7 +289,7 @@ def simulate_wan(
     stagger_s: tuple[float, ...],
     block_s: tuple[float, float] | None = None,
     **kwargs: Any,
-) -> tuple[float, dict[Hop, list[Transfer]]]:
+) -> tuple[float, Mapping[Hop, list[Transfer]]]:
     """``simulate`` of ``exp`` placed as ``workers`` on ``topo`` over ``wan`` (``wan_links``): each
     pair's transfers at their own path's timing, the loss's worker starting once the loss has been
     averaged (``allreduce.loss_allreduce_s``); ``kwargs`` as ``simulate``'s."""

@@ -28,7 +28,7 @@ Pure: no kernel, no processes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import simpy
@@ -81,7 +81,7 @@ def simulate(
     replica_links: dict[tuple[Hop, int], LinkTiming] | None = None,
     path_links: dict[tuple[int, int], tuple[LinkTiming, ...]] | None = None,
     loss_wait_s: tuple[float, ...] | None = None,
-) -> tuple[float, dict[Hop, list[Transfer]]]:
+) -> tuple[float, Mapping[Hop, list[Transfer]]]:
     """One iteration of every pipeline (see the module doc): ``links``, each crossed hop's transfer
     time and delay; ``paths``, the hops of each (sender, receiver) pair; ``one_way_s``, each pair's
     one-way delay; ``stagger_s``, each replica's first-stage offset; ``block_s``, per-block
@@ -350,8 +350,30 @@ def simulate(
         s, r = stuck[0]
         raise ValueError(f"the schedule does not complete: stage {s} replica {r} waits at {actions[s][pos[(s, r)]]}")
     if copies > 1:  # every pipeline took each link when the first did, in replica order
-        order = {h: [t._replace(replica=r) for t in ts for r in range(copies)] for h, ts in order.items()}
+        return end, _CopiedOrder(order, copies)
     return end, order
+
+
+class _CopiedOrder(Mapping[Hop, list[Transfer]]):
+    """Each link direction's order of every pipeline where the first stood for ``copies``
+    (``symmetric_copies``): each of the first's transfers followed by the same transfer of the
+    other pipelines, in replica order. A link's list is made when it is first read: most callers
+    read none (``placement.select_dcs`` simulates every DC order for its iteration time alone)."""
+
+    def __init__(self, first: dict[Hop, list[Transfer]], copies: int) -> None:
+        self._first, self._copies = first, copies
+        self._made: dict[Hop, list[Transfer]] = {}
+
+    def __getitem__(self, hop: Hop) -> list[Transfer]:
+        if hop not in self._made:
+            self._made[hop] = [t._replace(replica=r) for t in self._first[hop] for r in range(self._copies)]
+        return self._made[hop]
+
+    def __iter__(self) -> Iterator[Hop]:
+        return iter(self._first)
+
+    def __len__(self) -> int:
+        return len(self._first)
 
 
 #: a Transfer made from its fields' tuple in C (the named tuple's own constructor is Python: the

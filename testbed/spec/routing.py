@@ -53,6 +53,7 @@ class RoutingTable:
             self._adj[link.a].append((link.b, link))
             self._adj[link.b].append((link.a, link))
         self._dist = {dc.name: self._dijkstra(dc.name) for dc in spec.dcs}
+        self._routes: dict[tuple[str, str], Route] = {}  # each pair's, once asked for
 
     def _dijkstra(self, dst: str) -> dict[str, tuple[int, int]]:
         """(delay_us, hops) of the best path from every DC to ``dst``."""
@@ -77,12 +78,16 @@ class RoutingTable:
         return min(self._adj[at], key=lambda nl: (nl[1].route_metric_us + dist[nl[0]][0], dist[nl[0]][1] + 1, nl[0]))
 
     def route(self, src: str, dst: str) -> Route:
+        known = self._routes.get((src, dst))
+        if known is not None:
+            return known
         dcs, links, here = [src], [], src
         while here != dst:
             here, link = self.next_hop(here, dst)
             dcs.append(here)
             links.append(link)
-        return Route(src, dst, tuple(dcs), tuple(links))
+        self._routes[(src, dst)] = made = Route(src, dst, tuple(dcs), tuple(links))
+        return made
 
     def one_way_delay_us(self, src: str, dst: str) -> int:
         """One-way delay between a host of ``src`` and a host of ``dst`` (access links included)."""
