@@ -73,6 +73,9 @@ def _chunk_and_seconds(
     lo, hi = min(MIN_CHUNK_TOKENS, remaining), min(remaining, max_chunk)
     if hi <= 0 or lo > hi:
         return 0, 0.0
+    hi_s = prefill_flops(cfg, start, hi) * s_per_flop
+    if hi_s <= room_s:  # the whole of what may go fits (most passes at the paper's scale): no search
+        return hi, hi_s
     # prefill_seconds written out (about a million calls a scenario at the paper's scale); from the
     # estimate down while too long, then up while the next token fits: where even ``lo`` is too
     # long, stepping down ends there, too long, and nothing fits
@@ -218,6 +221,10 @@ def choose_work(
             return Resume(i)
     if predicted_s is None:
         return None
+    if queued:
+        head_s = head_pass_s(queued[0], cfg, predicted_s, elapsed_s, guard_s, max_chunk, s_per_flop)
+        if head_s is not None:
+            return NewBatch(((0, max_chunk),), head_s)
     work = _new_batch(queued, cfg, predicted_s - elapsed_s - guard_s, max_chunk, s_per_flop)
     if work is not None and may_start(predicted_s, elapsed_s, work.target_s, guard_s):
         return work
@@ -226,6 +233,30 @@ def choose_work(
     if stopped:
         return Resume(0)
     return _new_batch(queued, cfg, float("inf"), max_chunk, s_per_flop)
+
+
+def head_pass_s(
+    head: Prompt,
+    cfg: ModelConfig,
+    predicted_s: float,
+    elapsed_s: float,
+    guard_s: float,
+    max_chunk: int,
+    s_per_flop: float,
+) -> float | None:
+    """The seconds of the pass ``choose_work`` starts, with no stopped pass, where the queue's
+    ``head`` alone fills it: ``max_chunk`` of its tokens (``NewBatch(((0, max_chunk),), s)``), as
+    the largest chunk that fits (``chunk_that_fits``) leaves the pass no room for another request's.
+    None where the head has fewer tokens left, or that chunk does not fit ``elapsed_s`` into a
+    bubble predicted ``predicted_s`` long with ``guard_s`` spare: ``choose_work`` then looks further.
+    The simulator's passes are mostly such (``sim/bubbletea.py``, a million a scenario at the
+    paper's scale: ``scripts/paper_scale.py``), so it asks this first."""
+    if head.left < max_chunk or max_chunk < MIN_CHUNK_TOKENS:
+        return None
+    chunk_s = prefill_flops(cfg, head.pos, max_chunk) * s_per_flop
+    if chunk_s <= predicted_s - elapsed_s - guard_s and may_start(predicted_s, elapsed_s, chunk_s, guard_s):
+        return chunk_s
+    return None
 
 
 def _new_batch(

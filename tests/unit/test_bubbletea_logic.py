@@ -432,3 +432,30 @@ def test_values_given_through_the_python_api_are_checked_for_their_type(key, val
     with pytest.raises(SpecError, match=problem) as e:
         check_bubbletea("api", replace(BubbleTeaSpec(), **{key: value}), 8)
     assert e.value.field == f"bubbletea.{key}"
+
+
+def test_a_pass_of_the_head_alone_is_the_one_the_whole_queue_gives():
+    """``head_pass_s`` (asked first by ``choose_work`` and the simulator) answers only where the
+    scan of the queue gives the head's ``max_chunk`` tokens alone, and then with the same seconds
+    to the bit; on rooms a hair either side of that chunk's time, with a guard and time elapsed."""
+    from testbed.bubbletea.decisions import QueuedPrompt, _new_batch, head_pass_s
+
+    rng, spf = random.Random(13), 1e-9
+    answered = 0
+    for _ in range(3000):
+        lefts = [5, 15, 64, 95, 96, 255, 300]
+        queue = [QueuedPrompt(rng.randrange(0, 1900), rng.choice(lefts)) for _ in range(rng.randrange(1, 4))]
+        most = rng.choice([16, 96, 256])
+        elapsed, guard = rng.uniform(0, 0.01), rng.choice([0.0, 1e-4])
+        chunk_s = prefill_seconds(CFG, queue[0].pos, most, spf)
+        # a hair either side, or inside may_start's 1 ns of tolerance but past the room
+        predicted = elapsed + guard + rng.choice([chunk_s * rng.uniform(0.999, 1.001), chunk_s - 5e-10])
+        got = head_pass_s(queue[0], CFG, predicted, elapsed, guard, most, spf)
+        scan = _new_batch(queue, CFG, predicted - elapsed - guard, most, spf)
+        if got is not None:
+            answered += 1
+            assert scan is not None and scan.chunks == ((0, most),) and scan.target_s == got
+            assert may_start(predicted, elapsed, got, guard)
+        elif queue[0].left >= most and scan is not None and scan.chunks == ((0, most),):
+            assert not may_start(predicted, elapsed, scan.target_s, guard)  # the scan's pass may not start
+    assert 200 < answered < 2500  # both answers were tried
