@@ -97,20 +97,25 @@ def intra_dc_machine_s(sent_bytes: float, window_bytes: float | None, processes:
 
 def allreduce_s(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> float:
     """The all-reduce's time (s; the workers start it once their last backward is done and do not
-    overlap it): the slowest stage's ring, 2 (R - 1) steps of its slowest edge's one-way delay plus
-    the time its edges need to move 2 (R - 1) / R of the gradients: on a WAN edge, at most what its
+    overlap it): the slowest stage's ring (``stage_allreduce_s``); 0 with one replica."""
+    return max(stage_allreduce_s(exp, topo, workers).values(), default=0.0)
+
+
+def stage_allreduce_s(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> dict[int, float]:
+    """Each stage's all-reduce time (s), every stage's ring at once: 2 (R - 1) steps of its slowest
+    edge's one-way delay plus the time its edges need to move 2 (R - 1) / R of the gradients: on a WAN edge, at most what its
     one connection carries on the path for one step's chunk (``one_connection_bps``), and no
     faster than every link it crosses carries all the rings' bits on it (``wan_allreduce_bits``);
     on an edge inside a DC, at the access link's payload rate, two access-link delays a step, or,
     where the access links are unshaped (the emulator's), at this machine's pace
-    (``intra_dc_machine_s``)."""
+    (``intra_dc_machine_s``). Empty with one replica."""
     rings = stage_rings(exp, workers)
     if not rings:
-        return 0.0
+        return {}
     window = connection_window_bytes(exp, topo, workers)
     routes = RoutingTable(topo)
     load = wan_allreduce_bits(exp, topo, workers)
-    slowest = 0.0
+    out = {}
     for ring in rings:
         steps = 2 * (len(ring.members) - 1)
         delay_s, move_s = 0.0, 0.0
@@ -141,8 +146,8 @@ def allreduce_s(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) 
             )
             delay_s = max(delay_s, routes.one_way_delay_us(a, b) / 1e6)
             move_s = max(move_s, ring.sent_bits() / one, shared)
-        slowest = max(slowest, steps * delay_s + move_s)
-    return slowest
+        out[ring.stage] = steps * delay_s + move_s
+    return out
 
 
 def loss_allreduce_s(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> tuple[float, ...]:

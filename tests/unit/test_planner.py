@@ -8,7 +8,7 @@ import pytest
 from experiments import exp, topo
 
 from testbed.errors import SpecError
-from testbed.plan.allreduce import INTRA_DC_ROUND_S, INTRA_DC_S_PER_BYTE, loss_allreduce_s
+from testbed.plan.allreduce import INTRA_DC_ROUND_S, INTRA_DC_S_PER_BYTE, loss_allreduce_s, stage_allreduce_s
 from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer
 from testbed.plan.connections import (
     connection_window_bytes,
@@ -62,6 +62,10 @@ def test_prediction_single_dc_is_the_pipeline_formula():
     # by the 4 processes of the two rings side by side, no socket-buffer cap (no WAN)
     sent = max(stage_param_bytes(e.model, 2, s) for s in range(2))
     assert p.allreduce_s == pytest.approx(sent * INTRA_DC_S_PER_BYTE * 4)
+    # each stage's own ring, the prediction taking the slowest
+    each = stage_allreduce_s(e, topo({"a": 4}), place(e, topo({"a": 4})))
+    assert each == pytest.approx({s: stage_param_bytes(e.model, 2, s) * INTRA_DC_S_PER_BYTE * 4 for s in range(2)})
+    assert max(each.values()) == pytest.approx(p.allreduce_s)
     assert p.iteration_s == pytest.approx(2 * (f + b) + 3 * (f + b) + p.allreduce_s + f)  # + optimizer
     # a given optimizer target is what the workers pad the step to, and what the prediction adds
     e = exp(compute=ComputeModel(forward_ms=40, backward_ms=80, optimizer_ms=15))

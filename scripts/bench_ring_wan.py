@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Benchmark of dp-wan's gradient all-reduce alone: an experiment's rings placed as a dp-wan run
+places them (``placement.place``), on the experiment's own topology with the hosts' socket-buffer
+cap a run sets (``connections.socket_buffer_cap``), each ring's processes running gloo's
+all-reduce of that stage's gradient (torch.distributed, as the workers do), every stage's ring
+side by side as in a run, or one at a time (``--alone``). Prints each stage's median time beside
+the simulator's (``allreduce.stage_allreduce_s``), so that what the rings lose against the model
+is measured without a pipeline around them (the validation's dp-wan rows: docs/simulator.md,
+"Not modelled"). With ``--paths``, instead: one ring of two members across a two-DC link per
+path (RATE:ONE_WAY_MS:SHARE, the cap set for that share of the path's bandwidth-delay product),
+each member's bytes about 2 s of one window per round trip (``connections.window_rate_bps`` of
+the window the cap keeps, ``window_for_buffer``), the measured time beside that. Nothing
+asserted.
+
+Run as root: .venv/bin/python scripts/bench_ring_wan.py EXPERIMENT [--alone] [--repeats 4]
+             .venv/bin/python scripts/bench_ring_wan.py --paths 115.4mbit:2.6:0.2,50mbit:10:0.2
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_allreduce import PORT, ring_times
+
+from testbed.plan.allreduce import stage_allreduce_s
+from testbed.plan.connections import buffer_for_share, socket_buffer_cap, window_for_buffer, window_rate_bps
+from testbed.plan.placement import place
+from testbed.run.backends import make_network
+from testbed.run.interrupts import tears_down_on_signals
+from testbed.spec.experiment_file import load_experiment
+from testbed.spec.model import stage_param_bytes
+from testbed.spec.policy import parse_policy
+from testbed.spec.topology_file import parse_topology
+from testbed.spec.units import parse_rate_bps
+
+#: each member's bytes on a --paths ring: this many seconds of one window per round trip
+PATH_RING_S = 2.0
+
+
+def medians(net, rings: dict[int, list[str]], values: dict[int, int], repeats: int) -> dict[int, float]:
+    """Each stage's median all-reduce (s), the rings ``rings`` (stage: hosts in replica order)
+    started together."""
+    procs = {s: ring_times(net, hosts, PORT + s, values[s], repeats) for s, hosts in rings.items()}
+    out = {}
+    for s, ps in procs.items():
+        text, _ = ps[0].communicate(timeout=600)
+        for p in ps[1:]:
+            p.wait(timeout=60)
+        line = next(x for x in text.splitlines() if x.startswith("times "))
+        out[s] = statistics.median(float(x) for x in line.split()[1:])
+    return out
+
+
+def path_rings(paths: str, repeats: int) -> None:
+    """``--paths``: one two-member ring per path, measured beside a window per round trip."""
+    print(f"one ring of 2 across each path, median of {repeats}")
+    head = ("rate", 9), ("one-way", 8), ("share", 6), ("cap", 7), ("window", 7), ("MB", 6), ("measured s", 11)
+    print(" ".join(f"{x:>{n}}" for x, n in head), f"{'window/RTT s':>13}")
+    for text in paths.split(","):
+        rate_text, delay_ms, share = text.split(":")
+        rtt_s = 2 * float(delay_ms) / 1e3
+        cap = buffer_for_share(parse_rate_bps(rate_text), rtt_s, float(share))
+        window = window_for_buffer(cap)
+        one_bps = window_rate_bps(window, rtt_s)
+        assert one_bps is not None  # a window and a delay
+        nbytes = int(one_bps / 8 * PATH_RING_S) // 4 * 4  # R = 2: each member sends all of it
+        topo = parse_topology(
+            {
+                "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
+                "links": [{"between": ["a", "b"], "rate": rate_text, "delay": f"{delay_ms}ms"}],
+            },
+            "<bench>",
+        )
+        with tempfile.TemporaryDirectory() as tmp, make_network(topo, out_dir=Path(tmp), tcp_buffer_bytes=cap) as net:
+            t = medians(net, {0: ["a-h0", "b-h0"]}, {0: nbytes // 4}, repeats)[0]
+        ideal = nbytes * 8 / one_bps
+        print(
+            f"{rate_text:>9} {delay_ms + ' ms':>8} {share:>6} {cap:>7} {window:>7.0f} {nbytes / 1e6:>6.2f} "
+            f"{t:>11.3f} {ideal:>13.3f} ({(t - ideal) / t * 100:+.1f}%)",
+            flush=True,
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("experiment", nargs="?", help="an experiment's name or file")
+    ap.add_argument("--alone", action="store_true", help="one stage's ring at a time (default: all side by side)")
+    ap.add_argument("--repeats", type=int, default=4, help="timed all-reduces per ring, after 3 of warm-up")
+    ap.add_argument("--paths", help="RATE:ONE_WAY_MS:SHARE,...: one two-member ring per path instead")
+    args = ap.parse_args()
+    if args.paths:
+        path_rings(args.paths, args.repeats)
+        return
+    if args.experiment is None:
+        ap.error("give an experiment, or --paths")
+    exp = load_experiment(args.experiment)
+    exp = replace(exp, policy=parse_policy("dp-wan"))
+    topo = exp.topology_spec
+    workers = place(exp, topo)
+    cap = socket_buffer_cap(exp, topo, workers)
+    model = stage_allreduce_s(exp, topo, workers)
+    rings = {
+        s: [w.host for w in sorted((w for w in workers if w.stage == s), key=lambda w: w.replica)]
+        for s in range(exp.stages)
+    }
+    values = {s: stage_param_bytes(exp.model, exp.stages, s) // 4 for s in rings}
+    print(
+        f"{exp.name}: {exp.replicas} replicas, {exp.stages} stages; socket-buffer cap {cap} bytes; "
+        f"{'one ring at a time' if args.alone else 'every ring side by side'}, median of {args.repeats}"
+    )
+    with tempfile.TemporaryDirectory() as tmp, make_network(topo, out_dir=Path(tmp), tcp_buffer_bytes=cap) as net:
+        if args.alone:
+            measured = {s: medians(net, {s: hosts}, values, args.repeats)[s] for s, hosts in rings.items()}
+        else:
+            measured = medians(net, rings, values, args.repeats)
+    print(f"{'stage':>5} {'ring (DCs)':>24} {'MB':>7} {'measured s':>11} {'model s':>8} {'model error':>11}")
+    for s in rings:
+        dcs = "-".join(w.dc for w in sorted((w for w in workers if w.stage == s), key=lambda w: w.replica))
+        t, m = measured[s], model[s]
+        print(f"{s:>5} {dcs:>24} {values[s] * 4 / 1e6:>7.2f} {t:>11.3f} {m:>8.3f} {(t - m) / t * 100:>+10.1f}%")
+
+
+if __name__ == "__main__":
+    with tears_down_on_signals():
+        main()
