@@ -6,10 +6,11 @@ all-reduce of that stage's gradient (torch.distributed, as the workers do), ever
 side by side as in a run, or one at a time (``--alone``). Prints each stage's median time beside
 the simulator's (``allreduce.stage_allreduce_s``), so that what the rings lose against the model
 is measured without a pipeline around them (the validation's dp-wan rows: docs/simulator.md,
-"Not modelled"). With ``--paths``, instead: one ring of two members across a two-DC link per
-path (RATE:ONE_WAY_MS:SHARE, the cap set for that share of the path's bandwidth-delay product),
-each member's bytes about 2 s of one window per round trip (``connections.window_rate_bps`` of
-the window the cap keeps, ``window_for_buffer``), the measured time beside that. Nothing
+"Not modelled"). With ``--paths``, instead: a pair of processes across a two-DC link per path
+(RATE:ONE_WAY_MS:SHARE, the cap set for that share of the path's bandwidth-delay product), each
+member's bytes about 2 s of one window per round trip (``connections.window_rate_bps`` of the
+window the cap keeps, ``window_for_buffer``): the bytes sent one way (gloo's send and recv), then
+all-reduced by the two (a ring of two: each sends them all), each time beside that. Nothing
 asserted.
 
 Run as root: .venv/bin/python scripts/bench_ring_wan.py EXPERIMENT [--alone] [--repeats 4]
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 from dataclasses import replace
@@ -59,11 +61,62 @@ def medians(net, rings: dict[int, list[str]], values: dict[int, int], repeats: i
     return out
 
 
+#: a --paths pair's processes: the same bytes sent one way (rank 0 to 1, gloo's send and recv, then
+#: a barrier), then all-reduced, each after 3 of warm-up; rank 0 prints each timed one's seconds
+ONE_WAY_WORKER = """
+import sys, time, datetime, torch, torch.distributed as dist
+torch.set_num_threads(1)
+addr, port, rank, n, repeats = sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:])
+dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=120))
+x = torch.ones(n)
+for label in ("one-way", "ring"):
+    times = []
+    for i in range(3 + repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if label == "ring":
+            dist.all_reduce(x)
+        else:
+            dist.send(x, 1) if rank == 0 else dist.recv(x, 0)
+            dist.barrier()
+        times.append(time.perf_counter() - t0)
+    if rank == 0:
+        print(label, " ".join(f"{t:.6f}" for t in times[3:]))
+dist.destroy_process_group()
+"""
+
+
+def pair_medians(net, n: int, repeats: int) -> dict[str, float]:
+    """The median seconds of sending ``n`` float32 values one way between a-h0 and b-h0, and of
+    all-reducing them ("one-way", "ring")."""
+    py, ip0 = net.python("a-h0"), str(net.host("a-h0").ip)
+    procs = [
+        net.popen(
+            h,
+            [py, "-c", ONE_WAY_WORKER, ip0, str(PORT), str(r), str(n), str(repeats)],
+            env=net.process_env({"OMP_NUM_THREADS": "1"}),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for r, h in enumerate(("a-h0", "b-h0"))
+    ]
+    text, _ = procs[0].communicate(timeout=600)
+    procs[1].wait(timeout=60)
+    out = {}
+    for line in text.splitlines():
+        label, _, times = line.partition(" ")
+        if label in ("one-way", "ring"):
+            out[label] = statistics.median(float(x) for x in times.split())
+    return out
+
+
 def path_rings(paths: str, repeats: int) -> None:
-    """``--paths``: one two-member ring per path, measured beside a window per round trip."""
-    print(f"one ring of 2 across each path, median of {repeats}")
-    head = ("rate", 9), ("one-way", 8), ("share", 6), ("cap", 7), ("window", 7), ("MB", 6), ("measured s", 11)
-    print(" ".join(f"{x:>{n}}" for x, n in head), f"{'window/RTT s':>13}")
+    """``--paths``: per path, the bytes of a two-member ring sent one way and all-reduced, each
+    measured beside a window per round trip."""
+    print(f"one pair across each path, median of {repeats}: the bytes sent one way, then all-reduced")
+    head = ("rate", 9), ("one-way", 8), ("share", 6), ("cap", 7), ("window", 7), ("MB", 6), ("sent s", 15)
+    print(" ".join(f"{x:>{n}}" for x, n in head), f"{'ring s':>15} {'window/RTT s':>13}")
     for text in paths.split(","):
         rate_text, delay_ms, share = text.split(":")
         rtt_s = 2 * float(delay_ms) / 1e3
@@ -80,11 +133,12 @@ def path_rings(paths: str, repeats: int) -> None:
             "<bench>",
         )
         with tempfile.TemporaryDirectory() as tmp, make_network(topo, out_dir=Path(tmp), tcp_buffer_bytes=cap) as net:
-            t = medians(net, {0: ["a-h0", "b-h0"]}, {0: nbytes // 4}, repeats)[0]
+            t = pair_medians(net, nbytes // 4, repeats)
         ideal = nbytes * 8 / one_bps
+        sent, ring = (f"{t[k]:.3f} ({(t[k] - ideal) / t[k] * 100:+.1f}%)" for k in ("one-way", "ring"))
         print(
             f"{rate_text:>9} {delay_ms + ' ms':>8} {share:>6} {cap:>7} {window:>7.0f} {nbytes / 1e6:>6.2f} "
-            f"{t:>11.3f} {ideal:>13.3f} ({(t - ideal) / t * 100:+.1f}%)",
+            f"{sent:>15} {ring:>15} {ideal:>13.3f}",
             flush=True,
         )
 
