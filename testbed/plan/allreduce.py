@@ -103,12 +103,12 @@ def allreduce_s(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) 
 
 def stage_allreduce_s(exp: Experiment, topo: TopologySpec, workers: list[WorkerSpec]) -> dict[int, float]:
     """Each stage's all-reduce time (s), every stage's ring at once: 2 (R - 1) steps of its slowest
-    edge's one-way delay plus the time its edges need to move 2 (R - 1) / R of the gradients: on a WAN edge, at most what its
-    one connection carries on the path for one step's chunk (``one_connection_bps``), and no
-    faster than every link it crosses carries all the rings' bits on it (``wan_allreduce_bits``);
-    on an edge inside a DC, at the access link's payload rate, two access-link delays a step, or,
-    where the access links are unshaped (the emulator's), at this machine's pace
-    (``intra_dc_machine_s``). Empty with one replica."""
+    edge's one-way delay plus the time its edges need to move 2 (R - 1) / R of the gradients: on a
+    WAN edge, at most what its one connection carries on the path for one step's chunk
+    (``one_connection_bps``), and no faster than every link it crosses carries all the rings' bits
+    on it (``wan_allreduce_bits``); on an edge inside a DC, at the access link's payload rate, two
+    access-link delays a step, or, where the access links are unshaped (the emulator's), at this
+    machine's pace (``intra_dc_machine_s``). Empty with one replica."""
     rings = stage_rings(exp, workers)
     if not rings:
         return {}
