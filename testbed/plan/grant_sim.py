@@ -28,7 +28,7 @@ Pure: no kernel, no processes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import simpy
@@ -37,7 +37,7 @@ from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer
 from testbed.plan.fair_share import FairShare
 from testbed.plan.handoff import action_handoff_s
 from testbed.plan.schedule import RankAction, experiment_tables
-from testbed.plan.symmetric_pipelines import symmetric_copies
+from testbed.plan.symmetric_pipelines import CopiedOrder, symmetric_copies
 from testbed.plan.virtual_stages import backward_parts, stage_homes
 from testbed.plan.workers import WorkerSpec
 from testbed.spec.experiment import Experiment
@@ -350,30 +350,8 @@ def simulate(
         s, r = stuck[0]
         raise ValueError(f"the schedule does not complete: stage {s} replica {r} waits at {actions[s][pos[(s, r)]]}")
     if copies > 1:  # every pipeline took each link when the first did, in replica order
-        return end, _CopiedOrder(order, copies)
+        return end, CopiedOrder(order, copies)
     return end, order
-
-
-class _CopiedOrder(Mapping[Hop, list[Transfer]]):
-    """Each link direction's order of every pipeline where the first stood for ``copies``
-    (``symmetric_copies``): each of the first's transfers followed by the same transfer of the
-    other pipelines, in replica order. A link's list is made when it is first read: most callers
-    read none (``placement.select_dcs`` simulates every DC order for its iteration time alone)."""
-
-    def __init__(self, first: dict[Hop, list[Transfer]], copies: int) -> None:
-        self._first, self._copies = first, copies
-        self._made: dict[Hop, list[Transfer]] = {}
-
-    def __getitem__(self, hop: Hop) -> list[Transfer]:
-        if hop not in self._made:
-            self._made[hop] = [t._replace(replica=r) for t in self._first[hop] for r in range(self._copies)]
-        return self._made[hop]
-
-    def __iter__(self) -> Iterator[Hop]:
-        return iter(self._first)
-
-    def __len__(self) -> int:
-        return len(self._first)
 
 
 #: a Transfer made from its fields' tuple in C (the named tuple's own constructor is Python: the

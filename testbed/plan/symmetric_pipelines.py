@@ -1,12 +1,15 @@
 """When one pipeline may stand for all in ``grant_sim.simulate``: pipelines that run the same
-timeline are simulated once, each link's capacity divided among the copies (``symmetric_copies``).
+timeline are simulated once, each link's capacity divided among the copies (``symmetric_copies``),
+and the order in which every pipeline took each link made from the first's (``CopiedOrder``).
 
 Pure: no kernel, no processes.
 """
 
 from __future__ import annotations
 
-from testbed.plan.boundary_transfers import Hop, LinkTiming
+from collections.abc import Iterator, Mapping
+
+from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer
 from testbed.spec.experiment import Experiment
 
 
@@ -44,3 +47,25 @@ def symmetric_copies(
                 ):
                     return 1
     return R
+
+
+class CopiedOrder(Mapping[Hop, list[Transfer]]):
+    """Each link direction's order of every pipeline where the first stood for ``copies``
+    (``symmetric_copies``): each of the first's transfers followed by the same transfer of the
+    other pipelines, in replica order. A link's list is made when it is first read: most callers
+    read none (``placement.select_dcs`` simulates every DC order for its iteration time alone)."""
+
+    def __init__(self, first: dict[Hop, list[Transfer]], copies: int) -> None:
+        self._first, self._copies = first, copies
+        self._made: dict[Hop, list[Transfer]] = {}
+
+    def __getitem__(self, hop: Hop) -> list[Transfer]:
+        if hop not in self._made:
+            self._made[hop] = [t._replace(replica=r) for t in self._first[hop] for r in range(self._copies)]
+        return self._made[hop]
+
+    def __iter__(self) -> Iterator[Hop]:
+        return iter(self._first)
+
+    def __len__(self) -> int:
+        return len(self._first)
