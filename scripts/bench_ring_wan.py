@@ -14,7 +14,7 @@ all-reduced by the two (a ring of two: each sends them all), each time beside th
 asserted.
 
 Run as root: .venv/bin/python scripts/bench_ring_wan.py EXPERIMENT [--alone] [--repeats 4]
-             .venv/bin/python scripts/bench_ring_wan.py --paths 115.4mbit:2.6:0.2,50mbit:10:0.2
+             .venv/bin/python scripts/bench_ring_wan.py --paths 115.4mbit:2.6:0.2,50mbit:10:0.2 [--congestion cubic]
 """
 
 from __future__ import annotations
@@ -111,10 +111,13 @@ def pair_medians(net, n: int, repeats: int) -> dict[str, float]:
     return out
 
 
-def path_rings(paths: str, repeats: int) -> None:
+def path_rings(paths: str, repeats: int, congestion: str | None) -> None:
     """``--paths``: per path, the bytes of a two-member ring sent one way and all-reduced, each
     measured beside a window per round trip."""
-    print(f"one pair across each path, median of {repeats}: the bytes sent one way, then all-reduced")
+    print(
+        f"one pair across each path, median of {repeats}: the bytes sent one way, then all-reduced; "
+        f"congestion control {congestion or 'the machine default'}"
+    )
     head = ("rate", 9), ("one-way", 8), ("share", 6), ("cap", 7), ("window", 7), ("MB", 6), ("sent s", 15)
     print(" ".join(f"{x:>{n}}" for x, n in head), f"{'ring s':>15} {'window/RTT s':>13}")
     for text in paths.split(","):
@@ -129,6 +132,7 @@ def path_rings(paths: str, repeats: int) -> None:
             {
                 "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
                 "links": [{"between": ["a", "b"], "rate": rate_text, "delay": f"{delay_ms}ms"}],
+                **({"tcp_congestion": congestion} if congestion else {}),
             },
             "<bench>",
         )
@@ -149,9 +153,10 @@ def main() -> None:
     ap.add_argument("--alone", action="store_true", help="one stage's ring at a time (default: all side by side)")
     ap.add_argument("--repeats", type=int, default=4, help="timed all-reduces per ring, after 3 of warm-up")
     ap.add_argument("--paths", help="RATE:ONE_WAY_MS:SHARE,...: one two-member ring per path instead")
+    ap.add_argument("--congestion", help="--paths: the hosts' TCP congestion control (default: the machine's)")
     args = ap.parse_args()
     if args.paths:
-        path_rings(args.paths, args.repeats)
+        path_rings(args.paths, args.repeats, args.congestion)
         return
     if args.experiment is None:
         ap.error("give an experiment, or --paths")
