@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_allreduce import PORT, ring_times
 
+from testbed.errors import SpecError
 from testbed.plan.allreduce import stage_allreduce_s
 from testbed.plan.connections import buffer_for_share, socket_buffer_cap, window_for_buffer, window_rate_bps
 from testbed.plan.placement import place
@@ -111,7 +112,29 @@ def pair_medians(net, n: int, repeats: int) -> dict[str, float]:
     return out
 
 
-def path_rings(paths: str, repeats: int, congestion: str | None) -> None:
+def parse_paths(text: str) -> list[tuple[str, str, str]]:
+    """``--paths``' RATE:ONE_WAY_MS:SHARE items, checked before any network is built. Raises
+    ValueError naming the item and the fix."""
+    out = []
+    for item in text.split(","):
+        parts = item.split(":")
+        try:
+            if len(parts) != 3:
+                raise ValueError("three fields")
+            rate_text, delay_ms, share = parts
+            parse_rate_bps(rate_text)
+            if not (float(delay_ms) > 0 and 0 < float(share) <= 1):
+                raise ValueError("range")
+        except (ValueError, SpecError):
+            raise ValueError(
+                f"--paths: {item!r} is not RATE:ONE_WAY_MS:SHARE (a rate such as 100mbit, a one-way delay in ms "
+                f"above 0, a share in (0, 1]); e.g. 115.4mbit:2.6:0.2"
+            ) from None
+        out.append((rate_text, delay_ms, share))
+    return out
+
+
+def path_rings(paths: list[tuple[str, str, str]], repeats: int, congestion: str | None) -> None:
     """``--paths``: per path, the bytes of a two-member ring sent one way and all-reduced, each
     measured beside a window per round trip."""
     print(
@@ -120,8 +143,7 @@ def path_rings(paths: str, repeats: int, congestion: str | None) -> None:
     )
     head = ("rate", 9), ("one-way", 8), ("share", 6), ("cap", 7), ("window", 7), ("MB", 6), ("sent s", 15)
     print(" ".join(f"{x:>{n}}" for x, n in head), f"{'ring s':>15} {'window/RTT s':>13}")
-    for text in paths.split(","):
-        rate_text, delay_ms, share = text.split(":")
+    for rate_text, delay_ms, share in paths:
         rtt_s = 2 * float(delay_ms) / 1e3
         cap = buffer_for_share(parse_rate_bps(rate_text), rtt_s, float(share))
         window = window_for_buffer(cap)
@@ -156,11 +178,18 @@ def main() -> None:
     ap.add_argument("--congestion", help="--paths: the hosts' TCP congestion control (default: the machine's)")
     args = ap.parse_args()
     if args.paths:
-        path_rings(args.paths, args.repeats, args.congestion)
+        try:
+            paths = parse_paths(args.paths)
+        except ValueError as e:
+            ap.error(str(e))
+        path_rings(paths, args.repeats, args.congestion)
         return
     if args.experiment is None:
         ap.error("give an experiment, or --paths")
-    exp = load_experiment(args.experiment)
+    try:
+        exp = load_experiment(args.experiment)
+    except SpecError as e:
+        ap.error(str(e))
     exp = replace(exp, policy=parse_policy("dp-wan"))
     topo = exp.topology_spec
     workers = place(exp, topo)
