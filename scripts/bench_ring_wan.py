@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_allreduce import PORT, ring_times
 
-from testbed.errors import SpecError
+from testbed.errors import FeatureError, SpecError
+from testbed.net.features import require_congestion
 from testbed.plan.allreduce import stage_allreduce_s
 from testbed.plan.connections import buffer_for_share, socket_buffer_cap, window_for_buffer, window_rate_bps
 from testbed.plan.placement import place
@@ -177,15 +178,22 @@ def main() -> None:
     ap.add_argument("--paths", help="RATE:ONE_WAY_MS:SHARE,...: one two-member ring per path instead")
     ap.add_argument("--congestion", help="--paths: the hosts' TCP congestion control (default: the machine's)")
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: give 1 or more")
+    if (args.experiment is None) == (args.paths is None):
+        ap.error("give either an experiment or --paths")
     if args.paths:
+        if args.alone:
+            ap.error("--alone is for an experiment's rings; --paths runs one pair per path")
         try:
             paths = parse_paths(args.paths)
-        except ValueError as e:
+            require_congestion(args.congestion)  # before any network is built
+        except (ValueError, FeatureError) as e:
             ap.error(str(e))
         path_rings(paths, args.repeats, args.congestion)
         return
-    if args.experiment is None:
-        ap.error("give an experiment, or --paths")
+    if args.congestion:
+        ap.error("--congestion is for --paths: an experiment's rings run its topology's congestion control")
     try:
         exp = load_experiment(args.experiment)
     except SpecError as e:

@@ -80,8 +80,11 @@ def _chunk_and_seconds(
     # estimate down while too long, then up while the next token fits: where even ``lo`` is too
     # long, stepping down ends there, too long, and nothing fits
     estimate = prefill_chunk_estimate(cfg, start, room_s / s_per_flop)
-    n = max(lo, int(estimate)) if estimate < hi else hi  # an unbounded room: as much as the pass takes
-    n_s = prefill_flops(cfg, start, n) * s_per_flop
+    if estimate < hi:
+        n = max(lo, int(estimate))
+        n_s = prefill_flops(cfg, start, n) * s_per_flop
+    else:  # an unbounded room: as much as the pass takes
+        n, n_s = hi, hi_s
     while n > lo and n_s > room_s:
         n -= 1
         n_s = prefill_flops(cfg, start, n) * s_per_flop

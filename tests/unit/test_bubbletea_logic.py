@@ -436,9 +436,11 @@ def test_values_given_through_the_python_api_are_checked_for_their_type(key, val
 
 def test_a_pass_of_the_head_alone_is_the_one_the_whole_queue_gives():
     """``head_pass_s`` (asked first by ``choose_work`` and the simulator) answers only where the
-    scan of the queue gives the head's ``max_chunk`` tokens alone, and then with the same seconds
-    to the bit; on rooms a hair either side of that chunk's time, with a guard and time elapsed."""
-    from testbed.bubbletea.decisions import QueuedPrompt, _new_batch, head_pass_s
+    head's chunk that fits (``chunk_that_fits``, itself checked against every chunk tried) is all
+    of the pass's ``max_chunk`` tokens and may start, with that chunk's prefill seconds, and then
+    ``choose_work`` starts that pass; on rooms a hair either side of that chunk's time and inside
+    ``windows.fits``'s 1 ns of tolerance, with a guard and time elapsed."""
+    from testbed.bubbletea.decisions import NewBatch, QueuedPrompt, choose_work, head_pass_s
 
     rng, spf = random.Random(13), 1e-9
     answered = 0
@@ -447,15 +449,15 @@ def test_a_pass_of_the_head_alone_is_the_one_the_whole_queue_gives():
         queue = [QueuedPrompt(rng.randrange(0, 1900), rng.choice(lefts)) for _ in range(rng.randrange(1, 4))]
         most = rng.choice([16, 96, 256])
         elapsed, guard = rng.uniform(0, 0.01), rng.choice([0.0, 1e-4])
-        chunk_s = prefill_seconds(CFG, queue[0].pos, most, spf)
+        head = queue[0]
+        chunk_s = prefill_seconds(CFG, head.pos, most, spf)
         # a hair either side, or inside may_start's 1 ns of tolerance but past the room
         predicted = elapsed + guard + rng.choice([chunk_s * rng.uniform(0.999, 1.001), chunk_s - 5e-10])
-        got = head_pass_s(queue[0], CFG, predicted, elapsed, guard, most, spf)
-        scan = _new_batch(queue, CFG, predicted - elapsed - guard, most, spf)
+        fills = chunk_that_fits(CFG, head.pos, head.left, most, predicted - elapsed - guard, spf) == most
+        want = chunk_s if fills and may_start(predicted, elapsed, chunk_s, guard) else None
+        got = head_pass_s(head, CFG, predicted, elapsed, guard, most, spf)
+        assert got == want
         if got is not None:
             answered += 1
-            assert scan is not None and scan.chunks == ((0, most),) and scan.target_s == got
-            assert may_start(predicted, elapsed, got, guard)
-        elif queue[0].left >= most and scan is not None and scan.chunks == ((0, most),):
-            assert not may_start(predicted, elapsed, scan.target_s, guard)  # the scan's pass may not start
+            assert choose_work([], queue, CFG, predicted, elapsed, guard, most, spf) == NewBatch(((0, most),), got)
     assert 200 < answered < 2500  # both answers were tried
