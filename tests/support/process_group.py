@@ -82,6 +82,10 @@ def run_ranks(nproc: int, script: str, args: list[str]) -> int:
                     if other not in status:
                         os.kill(other, signal.SIGKILL)
     finally:
+        for pid in pids:  # none outlives this process: ended, if an error or a signal cut the wait short
+            if pid not in status:
+                os.kill(pid, signal.SIGKILL)
+                status[pid] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         # rank by rank, each rank's lines whole, a failed rank's last; its status on stderr
         codes = [status.get(pid) for pid in pids]
         for rank in sorted(range(nproc), key=lambda k: codes[k] not in (0, -signal.SIGKILL)):  # stable
