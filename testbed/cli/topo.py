@@ -85,7 +85,9 @@ def _check_profiles(net, args, out) -> int:
             file=out,
         )
         for lag in r.lags:
-            took = f"{lag['lag_s'] * 1e3:+.1f} ms from when it was due" if lag["lag_s"] is not None else "not sampled"
+            took = "not sampled"
+            if lag["lag_s"] is not None:
+                took = f"{lag['lag_s'] * 1e3:+.1f} ms (+-{lag['lag_uncertainty_s'] * 1e3:.1f} ms) from when it was due"
             print(f"  drop at {lag['t_s']:g} s to {lag['to_bps'] / 1e6:g} Mbit/s: delivered rate changed {took}")
         for p in r.rtts:
             print(

@@ -50,19 +50,38 @@ def open_log(path: Path, argv: Sequence[str]):
 
 
 def run_logged(netns: str, argv: Sequence[str], log_path: Path, timeout_s: float) -> subprocess.CompletedProcess:
-    """Run ``argv`` in ``netns`` to completion; its output is returned and appended to ``log_path``."""
-    proc = subprocess.run(
-        netns_argv(netns, argv),
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        stdin=subprocess.DEVNULL,
-        env=host_env(),
-    )
+    """Run ``argv`` in ``netns`` to completion; its output is returned and appended to ``log_path``.
+    Raises subprocess.TimeoutExpired after ``timeout_s`` seconds (the process killed). The process
+    is started with the ending signals held back and killed on any exception, a signal's included:
+    ``subprocess.run`` could lose a process to a signal that came while it started (2026-12-07: a
+    SIGTERM during ``--profile-wan`` left its probe running)."""
+    proc = None
+    try:
+        with deferred_signals():
+            proc = subprocess.Popen(
+                netns_argv(netns, argv),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                stdin=subprocess.DEVNULL,
+                env=host_env(),
+            )
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired as e:
+            proc.kill()
+            e.output, e.stderr = proc.communicate()
+            raise
+    except BaseException:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        raise
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     with open_log(log_path, argv) as f:
-        f.write(proc.stdout.encode() + proc.stderr.encode())
-        f.write(f"# exit {proc.returncode}\n".encode())
-    return proc
+        f.write(stdout.encode() + stderr.encode())
+        f.write(f"# exit {done.returncode}\n".encode())
+    return done
 
 
 def stop_popen(proc: subprocess.Popen, grace_s: float = 2.0) -> None:

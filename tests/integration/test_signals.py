@@ -261,6 +261,46 @@ def test_a_background_failure_during_teardown_does_not_cut_it_short(tmp_path):
     assert left_behind(before, net.prefix) == {}
 
 
+def _alive_with_argv(argv: list[str]) -> list[int]:
+    """PIDs of live processes whose command line is ``argv``."""
+    want = ("\0".join(argv) + "\0").encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and Path(f"/proc/{entry}/cmdline").read_bytes() == want:
+                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                if stat[0] not in ("Z", "X"):
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def test_a_signal_while_a_host_command_starts_leaves_no_process(tmp_path, monkeypatch):
+    """``net.run`` (a probe, a check) cut by Ctrl-C the moment its process has started, before
+    the caller holds it: the process is killed, not left running. ``subprocess.run`` lost it
+    there (2026-12-07: a SIGTERM during ``--profile-wan`` left the probe's client behind)."""
+    before = machine_state()
+    argv = ["sleep", "37.25"]  # a duration no other process has
+    popen = subprocess.Popen
+
+    class SignalledAsItStarts(popen):  # type: ignore[misc,valid-type]
+        def __init__(self, args, *a, **kw):
+            super().__init__(args, *a, **kw)
+            if list(args[-len(argv) :]) == argv:
+                signal.raise_signal(signal.SIGINT)
+
+    with make_network(load_topology("two_dc"), out_dir=tmp_path) as net:
+        monkeypatch.setattr(subprocess, "Popen", SignalledAsItStarts)
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            net.run("east-h0", argv, timeout_s=60)
+        monkeypatch.setattr(subprocess, "Popen", popen)
+        assert time.monotonic() - t0 < 5  # not the sleep's 37 s
+        assert _alive_with_argv(argv) == []
+    assert left_behind(before, net.prefix) == {}
+
+
 def test_sigterm_to_a_script_while_it_measures_the_wan(tmp_path):
     """The scripts that run experiments (here ``prediction_error.py``) end on SIGTERM as the
     command does: the network comes down promptly, nothing is left for ``testbed clean``. The

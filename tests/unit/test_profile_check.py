@@ -88,6 +88,24 @@ def test_a_drop_is_timed_from_the_interval_that_holds_it():
     assert step_lags(late, ALTERNATING, 0.020, 2.0)[0]["lag_s"] == pytest.approx(0.007, abs=1e-6)
 
 
+def test_a_drops_lag_is_as_uncertain_as_its_intervals_ends():
+    """A sample whose time is 5 ms off its counter's (a thread descheduled inside the read, the
+    time the read's middle) at the start of the 100 -> 20 Mbit/s interval moves the lag by
+    5 x 100/80 ms, which the lag's uncertainty, from the reads' half-durations, covers."""
+    times = [0.013 + 0.1 * k for k in range(40)]
+    exact = _delivered(ALTERNATING, 0.020, times)
+    k = next(i for i, t in enumerate(times) if t > 1.02) - 1  # the interval that holds the drop
+    moved = list(exact)
+    moved[k] = (times[k] - 0.005, exact[k][1])  # its time stated 5 ms before its counter was read
+    unc = [0.0002] * len(times)
+    unc[k] = 0.005
+    [lag] = step_lags(moved, ALTERNATING, 0.020, 2.0, unc)
+    assert lag["lag_s"] == pytest.approx(-0.005 * 100 / 80, abs=1e-6)
+    assert lag["lag_uncertainty_s"] == pytest.approx((0.005 * 100e6 + 0.0002 * 20e6) / 80e6)
+    assert abs(lag["lag_s"]) <= lag["lag_uncertainty_s"]
+    assert step_lags(exact, ALTERNATING, 0.020, 2.0)[0]["lag_uncertainty_s"] == 0.0  # none given
+
+
 def test_each_phase_s_least_rtt_against_its_delay():
     pings = [(0.1 * k, 40.0 if (0.1 * k) % 2 < 1 else 70.0) for k in range(1, 40)]
     pings.append((0.98, 55.0))  # sent just before the step: crosses at both delays, left out
