@@ -103,26 +103,28 @@ def test_each_schedule_on_two_dc_is_predicted(tmp_path, clean_machine, launcher,
 
 
 def test_bubbletea_fills_what_zb_h1_leaves_idle(tmp_path, clean_machine, launcher):
-    """ZB-H1 on the default experiment under Atlas, with and without BubbleTea, each twice
+    """ZB-H1 on the default experiment under Atlas, with and without BubbleTea, each three times
     (interleaved): requests served, at least half of the idle time the table leaves filled, no
     training operation started over 1 ms after its input arrived, and training slowed by no more
     than the larger of the noise floor (the larger spread of each policy against itself) and
-    ``SLOWDOWN_BOUND``. Two runs a policy make a narrow floor: CI at 9f5101d measured +0.43%
-    against a 0.04% floor and a rerun +0.43% against 0.20%, no operation late in either: a small
-    slowdown this test does not explain; docs/results.md ("Schedules across DCs") records up to
-    +0.5%, two of them outside their floors."""
+    ``SLOWDOWN_BOUND``. CI at 9f5101d measured +0.43% against a 0.04% floor and a rerun +0.43%
+    against 0.20%, no operation late in either: a small slowdown this test does not explain;
+    docs/results.md ("Schedules across DCs") records up to +0.5%, two of them outside their
+    floors. Three runs, not two: with noise alone of 0.65% a run (this VM's floor was 1.03% on
+    2026-12-07), two runs a policy exceed the bound 4.2% of the time, three 1.7% (normal draws,
+    10^6 trials); a fresh clone's two measured +1.78% against a 1.50% floor that day."""
     from testbed.run.compare import compare
 
     exp = load_experiment().with_overrides(iterations=5, schedule="zb-h1")
     # short prompts and outputs, as test_bubbletea's, so that a short run completes several requests
     short = replace(exp.bubbletea, request_rate=8.0, max_prompt_tokens=256, max_output_tokens=8, model=None)
     exp = exp.with_overrides(bubbletea=short)
-    result = compare(exp, ["atlas", "atlas+bubbletea"], tmp_path, repeat=2, progress=_quiet, launcher=launcher)
+    result = compare(exp, ["atlas", "atlas+bubbletea"], tmp_path, repeat=3, progress=_quiet, launcher=launcher)
     bt = result["stats"]["atlas+bubbletea"]
     print({k: v["median"] for k, v in bt.items() if v["median"] is not None})
     assert bt["requests_completed"]["median"] >= 5
     assert bt["bubble_fill_fraction"]["median"] >= 0.5
     slowdown = result["bubbletea"]["atlas+bubbletea"]
     print("training slowdown", slowdown)
-    assert slowdown["training_ops_started_late"]["atlas+bubbletea"] == [0, 0], slowdown
+    assert slowdown["training_ops_started_late"]["atlas+bubbletea"] == [0, 0, 0], slowdown
     assert slowdown["training_slowdown"] - 1 <= max(slowdown["noise_floor"], SLOWDOWN_BOUND), slowdown
