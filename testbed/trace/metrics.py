@@ -133,8 +133,8 @@ LOSS_LAST = _training("loss_last", "", "the training loss of the last completed 
 WAN_COMPUTE_RATIO = _training(
     "wan_compute_ratio",
     "",
-    "the median cross-DC activation transfer time (from when both sides are ready) over the senders' median "
-    "forward time (DESIGN.md 2a)",
+    "the cross-DC activation transfer time (from when both sides are ready; the median over sender-receiver "
+    "pairs of each pair's median) over the senders' median forward time (DESIGN.md 2a)",
 )
 WAN_UTILIZATION_MEAN = _training(
     "wan_utilization_mean",

@@ -230,6 +230,22 @@ def test_wan_compute_ratio_medians_measured_iterations():
     assert A.wan_compute_ratio(wan_frame(), warmup=0) == pytest.approx(22.5 / 15)
 
 
+def test_wan_compute_ratio_takes_each_pairs_median_first():
+    """Two cross-DC pairs over links of unequal delay: 1 -> 2 takes 10, 12 and 20 ms, 3 -> 2 40, 42
+    and 44 ms, each sender's forward 10 ms. The pairs' medians, 12 and 42, give 27 ms; the pooled
+    transfers' median, 30 ms, would be set by 1 -> 2's slowest and 3 -> 2's quickest."""
+    rows = []
+    for sender, times in ((1, (10, 12, 20)), (3, (40, 42, 44))):
+        for mb, xfer_ms in enumerate(times):
+            b = 100 * mb + (1000 if sender == 3 else 0)
+            rows += [
+                op(sender, T.FORWARD, 0, mb, b, b + 10),
+                op(sender, T.SEND, 0, mb, b + 10, b + 11, peer=2, bytes=8),
+                op(2, T.RECV_WAIT, 0, mb, 0, b + 10 + xfer_ms, peer=sender, bytes=8),
+            ]
+    assert A.wan_compute_ratio(frame(rows)) == pytest.approx(27 / 10)
+
+
 def test_wan_compute_ratio_none_without_cross_dc_forward():
     ev = transfer_frame()
     # without the one forward across DCs (1 -> 2) only the backward 2 -> 1 crosses: no ratio
