@@ -9,9 +9,10 @@ is measured without a pipeline around them (the validation's dp-wan rows: docs/s
 "Not modelled"). With ``--paths``, instead: a pair of processes across a two-DC link per path
 (RATE:ONE_WAY_MS:SHARE, the cap set for that share of the path's bandwidth-delay product), each
 member's bytes about 2 s of one window per round trip (``connections.window_rate_bps`` of the
-window the cap keeps, ``window_for_buffer``): the bytes sent one way (gloo's send and recv), then
-all-reduced by the two (a ring of two: each sends them all), each time beside that. Nothing
-asserted.
+window the cap keeps, ``window_for_buffer``): the bytes sent one way (gloo's send and recv, timed
+by the receiver from its receive's post, the sender already waiting), beside that window rate,
+then all-reduced by the two (a ring of two: each sends them all), beside the window rate plus the
+ring's two steps of one-way delay. Nothing asserted.
 
 Run as root: .venv/bin/python scripts/bench_ring_wan.py EXPERIMENT [--alone] [--repeats 4]
              .venv/bin/python scripts/bench_ring_wan.py --paths 115.4mbit:2.6:0.2,50mbit:10:0.2 [--congestion cubic]
@@ -63,12 +64,19 @@ def medians(net, rings: dict[int, list[str]], values: dict[int, int], repeats: i
     return out
 
 
-#: a --paths pair's processes: the same bytes sent one way (rank 0 to 1, gloo's send and recv, then
-#: a barrier), then all-reduced, each after 3 of warm-up; rank 0 prints each timed one's seconds
+#: how long the receiver of a --paths one-way send waits after the barrier before it posts its
+#: receive (s): the sender is then waiting in its send, so that the receive's time is the notice's
+#: way there and the bytes' way back, with neither member's exit from the barrier in it
+RECEIVER_PAUSE_S = 0.5
+#: a --paths pair's processes: the same bytes sent one way (rank 0 to 1, gloo's send and recv;
+#: timed by the receiver, from its receive's post to its end, ``RECEIVER_PAUSE_S`` after a
+#: barrier), then all-reduced (timed by rank 0 from a barrier's end), each after 3 of warm-up;
+#: each prints its timed seconds
 ONE_WAY_WORKER = """
 import sys, time, datetime, torch, torch.distributed as dist
 torch.set_num_threads(1)
-addr, port, rank, n, repeats = sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:])
+addr, port, rank, n, repeats = sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:6])
+pause = float(sys.argv[6])
 dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=2,
                         timeout=datetime.timedelta(seconds=120))
 x = torch.ones(n)
@@ -76,37 +84,40 @@ for label in ("one-way", "ring"):
     times = []
     for i in range(3 + repeats):
         dist.barrier()
-        t0 = time.perf_counter()
         if label == "ring":
+            t0 = time.perf_counter()
             dist.all_reduce(x)
+        elif rank == 0:
+            dist.send(x, 1)
         else:
-            dist.send(x, 1) if rank == 0 else dist.recv(x, 0)
-            dist.barrier()
-        times.append(time.perf_counter() - t0)
-    if rank == 0:
-        print(label, " ".join(f"{t:.6f}" for t in times[3:]))
+            time.sleep(pause)
+            t0 = time.perf_counter()
+            dist.recv(x, 0)
+        times.append(time.perf_counter() - t0 if (label == "ring") == (rank == 0) else 0.0)
+    if (label == "ring") == (rank == 0):
+        print(label, " ".join(f"{t:.6f}" for t in times[3:]), flush=True)
 dist.destroy_process_group()
 """
 
 
 def pair_medians(net, n: int, repeats: int) -> dict[str, float]:
-    """The median seconds of sending ``n`` float32 values one way between a-h0 and b-h0, and of
-    all-reducing them ("one-way", "ring")."""
+    """The median seconds of sending ``n`` float32 values one way from a-h0 to b-h0 (timed by the
+    receiver) and of all-reducing them (timed by a-h0): "one-way", "ring"."""
     py, ip0 = net.python("a-h0"), str(net.host("a-h0").ip)
+    argv = [str(n), str(repeats), str(RECEIVER_PAUSE_S)]
     procs = [
         net.popen(
             h,
-            [py, "-c", ONE_WAY_WORKER, ip0, str(PORT), str(r), str(n), str(repeats)],
+            [py, "-c", ONE_WAY_WORKER, ip0, str(PORT), str(r), *argv],
             env=net.process_env({"OMP_NUM_THREADS": "1"}),
             stdout=subprocess.PIPE,
             text=True,
         )
         for r, h in enumerate(("a-h0", "b-h0"))
     ]
-    text, _ = procs[0].communicate(timeout=600)
-    procs[1].wait(timeout=60)
+    texts = [p.communicate(timeout=600)[0] for p in procs]
     out = {}
-    for line in text.splitlines():
+    for line in "\n".join(texts).splitlines():
         label, _, times = line.partition(" ")
         if label in ("one-way", "ring"):
             out[label] = statistics.median(float(x) for x in times.split())
@@ -143,7 +154,7 @@ def path_rings(paths: list[tuple[str, str, str]], repeats: int, congestion: str 
         f"congestion control {congestion or 'the machine default'}"
     )
     head = ("rate", 9), ("one-way", 8), ("share", 6), ("cap", 7), ("window", 7), ("MB", 6), ("sent s", 15)
-    print(" ".join(f"{x:>{n}}" for x, n in head), f"{'ring s':>15} {'window/RTT s':>13}")
+    print(" ".join(f"{x:>{n}}" for x, n in head), f"{'window/RTT s':>13} {'ring s':>15} {'+ RTT s':>8}")
     for rate_text, delay_ms, share in paths:
         rtt_s = 2 * float(delay_ms) / 1e3
         cap = buffer_for_share(parse_rate_bps(rate_text), rtt_s, float(share))
@@ -161,11 +172,17 @@ def path_rings(paths: list[tuple[str, str, str]], repeats: int, congestion: str 
         )
         with tempfile.TemporaryDirectory() as tmp, make_network(topo, out_dir=Path(tmp), tcp_buffer_bytes=cap) as net:
             t = pair_medians(net, nbytes // 4, repeats)
+        # a window a round trip: the receive's notice out, then the bytes' last window back
         ideal = nbytes * 8 / one_bps
-        sent, ring = (f"{t[k]:.3f} ({(t[k] - ideal) / t[k] * 100:+.1f}%)" for k in ("one-way", "ring"))
+        # the ring of two: the same bytes (each member sends half twice) and its two steps' one-way
+        # delays, as ``allreduce.stage_allreduce_s`` counts them
+        ring_ideal = ideal + rtt_s
+        sent, ring = (
+            f"{t[k]:.3f} ({(t[k] - x) / t[k] * 100:+.1f}%)" for k, x in (("one-way", ideal), ("ring", ring_ideal))
+        )
         print(
             f"{rate_text:>9} {delay_ms + ' ms':>8} {share:>6} {cap:>7} {window:>7.0f} {nbytes / 1e6:>6.2f} "
-            f"{sent:>15} {ring:>15} {ideal:>13.3f}",
+            f"{sent:>15} {ideal:>13.3f} {ring:>15} {ring_ideal:>8.3f}",
             flush=True,
         )
 
