@@ -16,6 +16,7 @@ ring's two steps of one-way delay. Nothing asserted.
 
 Run as root: .venv/bin/python scripts/bench_ring_wan.py EXPERIMENT [--alone] [--repeats 4]
              .venv/bin/python scripts/bench_ring_wan.py --paths 115.4mbit:2.6:0.2,50mbit:10:0.2 [--congestion cubic]
+                 [--send-buffer-factor 4]
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from testbed.spec.model import stage_param_bytes
 from testbed.spec.policy import parse_policy
 from testbed.spec.topology_file import parse_topology
 from testbed.spec.units import parse_rate_bps
+from testbed.spec.wire import MIN_SOCKET_BUFFER_BYTES
 
 #: each member's bytes on a --paths ring: this many seconds of one window per round trip
 PATH_RING_S = 2.0
@@ -146,12 +148,26 @@ def parse_paths(text: str) -> list[tuple[str, str, str]]:
     return out
 
 
-def path_rings(paths: list[tuple[str, str, str]], repeats: int, congestion: str | None) -> None:
+def widen_send_buffers(net, hosts: list[str], cap: int, factor: float) -> None:
+    """Let the hosts' send buffers grow to ``factor`` x ``cap`` bytes (``tcp_wmem``'s maximum; the
+    receive buffers keep the cap, which sets the window): a socket whose send buffer, counted in
+    the kernel's own buffer sizes, holds less than the receiver's window keeps less in flight."""
+    most = int(factor * cap)
+    line = f"{MIN_SOCKET_BUFFER_BYTES} {min(16384, most)} {most}"
+    for h in hosts:
+        done = net.run(h, ["sh", "-c", f"echo '{line}' > /proc/sys/net/ipv4/tcp_wmem"], timeout_s=10)
+        if done.returncode != 0:
+            raise RuntimeError(f"tcp_wmem in {h}: {done.stderr.strip()}")
+
+
+def path_rings(
+    paths: list[tuple[str, str, str]], repeats: int, congestion: str | None, send_buffer_factor: float = 1.0
+) -> None:
     """``--paths``: per path, the bytes of a two-member ring sent one way and all-reduced, each
-    measured beside a window per round trip."""
+    measured beside a window per round trip; the send buffers ``send_buffer_factor`` x the cap."""
     print(
         f"one pair across each path, median of {repeats}: the bytes sent one way, then all-reduced; "
-        f"congestion control {congestion or 'the machine default'}"
+        f"congestion control {congestion or 'the machine default'}; send buffers {send_buffer_factor:g} x the cap"
     )
     head = ("rate", 9), ("one-way", 8), ("share", 6), ("cap", 7), ("window", 7), ("MB", 6), ("sent s", 15)
     print(" ".join(f"{x:>{n}}" for x, n in head), f"{'window/RTT s':>13} {'ring s':>15} {'+ RTT s':>8}")
@@ -171,6 +187,8 @@ def path_rings(paths: list[tuple[str, str, str]], repeats: int, congestion: str 
             "<bench>",
         )
         with tempfile.TemporaryDirectory() as tmp, make_network(topo, out_dir=Path(tmp), tcp_buffer_bytes=cap) as net:
+            if send_buffer_factor != 1.0:
+                widen_send_buffers(net, ["a-h0", "b-h0"], cap, send_buffer_factor)
             t = pair_medians(net, nbytes // 4, repeats)
         # a window a round trip: the receive's notice out, then the bytes' last window back
         ideal = nbytes * 8 / one_bps
@@ -194,9 +212,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=4, help="timed all-reduces per ring, after 3 of warm-up")
     ap.add_argument("--paths", help="RATE:ONE_WAY_MS:SHARE,...: one two-member ring per path instead")
     ap.add_argument("--congestion", help="--paths: the hosts' TCP congestion control (default: the machine's)")
+    ap.add_argument(
+        "--send-buffer-factor",
+        type=float,
+        default=1.0,
+        help="--paths: the hosts' send buffers may grow to this many times the cap (default 1: as a run sets them)",
+    )
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: give 1 or more")
+    if not args.send_buffer_factor >= 1:  # (not >= also refuses nan)
+        ap.error(f"--send-buffer-factor {args.send_buffer_factor:g}: give 1 or more (the cap itself, or above it)")
     if (args.experiment is None) == (args.paths is None):
         ap.error("give either an experiment or --paths")
     if args.paths:
@@ -207,10 +233,12 @@ def main() -> None:
             require_congestion(args.congestion)  # before any network is built
         except (ValueError, FeatureError) as e:
             ap.error(str(e))
-        path_rings(paths, args.repeats, args.congestion)
+        path_rings(paths, args.repeats, args.congestion, args.send_buffer_factor)
         return
     if args.congestion:
         ap.error("--congestion is for --paths: an experiment's rings run its topology's congestion control")
+    if args.send_buffer_factor != 1.0:
+        ap.error("--send-buffer-factor is for --paths: an experiment's rings keep a run's buffers")
     try:
         exp = load_experiment(args.experiment)
     except SpecError as e:
