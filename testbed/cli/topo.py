@@ -88,6 +88,9 @@ def _check_profiles(net, args, out) -> int:
             took = "not sampled"
             if lag["lag_s"] is not None:
                 took = f"{lag['lag_s'] * 1e3:+.1f} ms (+-{lag['lag_uncertainty_s'] * 1e3:.1f} ms) from when it was due"
+            if lag.get("applied_s") is not None:
+                began, made = (x * 1e3 for x in lag["applied_s"])
+                took += f"; the shaper made it {began:+.1f} to {made:+.1f} ms"
             print(f"  drop at {lag['t_s']:g} s to {lag['to_bps'] / 1e6:g} Mbit/s: delivered rate changed {took}")
         for p in r.rtts:
             print(

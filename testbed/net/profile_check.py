@@ -80,7 +80,7 @@ class ProfileCheck:
     intervals: int
     worst_excess: float
     over: list[dict[str, float]]
-    lags: list[dict[str, float | None]]
+    lags: list[dict[str, Any]]
     rtts: list[dict[str, Any]]
     rate_ok: bool
     rtt_ok: bool
@@ -198,6 +198,22 @@ def step_lags(
     return out
 
 
+def shaper_timing(shaping: list[dict[str, Any]], link: str, lags: list[dict[str, Any]]) -> None:
+    """Set each timed step of ``lags`` beside the shaping log's own record of it (``shaping``: the
+    log's rows; ``link``: ``A:B``): ``applied_s``, (when the profile player began the step's
+    changes, when it had made them all) less when the step was due, in s; None where the log has
+    no such step. Reported for a reader who must tell a late change from a late reading; the check
+    judges the counters, not this."""
+    made = {
+        int(r["profile_t_us"]): (r["t_ns"] - r["due_ns"], r["t_ns"] + r["duration_ns"] - r["due_ns"])
+        for r in shaping
+        if r.get("event") == PROFILE_STEP and r.get("link") == link
+    }
+    for lag in lags:
+        late = made.get(round(lag["t_s"] * 1e6))
+        lag["applied_s"] = None if late is None else [late[0] / 1e9, late[1] / 1e9]
+
+
 def phase_rtts(
     pings: list[tuple[float, float]], profile: LinkProfile, base_rtt_ms: float, until_s: float
 ) -> list[dict]:
@@ -254,6 +270,7 @@ def check_profile(net: LocalNetwork, duration_s: float, interval_s: float = 0.1)
             threads[-1].start()
         for th in threads:
             th.join()
+    shaping = [json.loads(line) for line in (net.out_dir / SHAPING_LOG).read_text().splitlines()]
     results = []
     for (link, src, dst, one_way), holder in zip(checks, holders):
         if "error" in holder:
@@ -265,6 +282,8 @@ def check_profile(net: LocalNetwork, duration_s: float, interval_s: float = 0.1)
         worst, over, n = goodput_bound_check(samples, link.profile, base_s, uncertainty)
         base_rtt_ms = 2 * base_s * 1000
         rtts = phase_rtts(pings, link.profile, base_rtt_ms, pings[-1][0] + 0.1 if pings else 0.0)
+        lags = step_lags(samples, link.profile, one_way, until, uncertainty)
+        shaper_timing(shaping, f"{link.a}:{link.b}", lags)
         results.append(
             ProfileCheck(
                 f"{link.a}:{link.b}",
@@ -274,7 +293,7 @@ def check_profile(net: LocalNetwork, duration_s: float, interval_s: float = 0.1)
                 n,
                 worst,
                 over,
-                step_lags(samples, link.profile, one_way, until, uncertainty),
+                lags,
                 rtts,
                 rate_ok=not over,
                 rtt_ok=all(r["ok"] for r in rtts),

@@ -180,4 +180,5 @@ def test_topo_check_profile_holds_the_100_ms_goodput_bound_across_changes(tmp_pa
     lags = link["lags"]
     assert len(lags) >= 2 and all(abs(x["lag_s"]) - x["lag_uncertainty_s"] < 0.010 for x in lags), lags
     assert all(x["lag_uncertainty_s"] < 0.005 for x in lags), lags  # reads of 0.2-0.6 ms, retried above 1 ms
+    assert all(x["applied_s"] is not None for x in lags), lags  # the shaper's own record beside each
     assert {round(p["expected_ms"]) for p in link["rtts"]} == {40, 70} and all(p["ok"] for p in link["rtts"])

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.net.profile_check import delivery_window, goodput_bound_check, phase_rtts, sent_bits, step_lags
+from testbed.net.profile_check import (
+    delivery_window,
+    goodput_bound_check,
+    phase_rtts,
+    sent_bits,
+    shaper_timing,
+    step_lags,
+)
 from testbed.spec.link_profile import LinkProfile, LinkState, ProfileStep
 
 #: 100 Mbit/s with 20 ms, then from 1 s 20 Mbit/s with 35 ms, looping every 2 s
@@ -104,6 +111,24 @@ def test_a_drops_lag_is_as_uncertain_as_its_intervals_ends():
     assert lag["lag_uncertainty_s"] == pytest.approx((0.005 * 100e6 + 0.0002 * 20e6) / 80e6)
     assert abs(lag["lag_s"]) <= lag["lag_uncertainty_s"]
     assert step_lags(exact, ALTERNATING, 0.020, 2.0)[0]["lag_uncertainty_s"] == 0.0  # none given
+
+
+def test_each_timed_drop_is_set_beside_the_shapers_own_record_of_it():
+    """The shaping log's step (begun 0.2 ms and done 1.9 ms after it was due) goes beside the drop
+    at 1 s; another link's step, and a step the log lacks (3 s), do not."""
+    times = [0.013 + 0.1 * k for k in range(40)]
+    lags = step_lags(_delivered(ALTERNATING, 0.020, times), ALTERNATING, 0.020, 3.9)
+    due = 5_000_000_000 + 1_000_000_000
+    rows = [
+        {"event": "profile_step", "link": "east:west", "profile_t_us": 1_000_000, "due_ns": due},
+        {"event": "change", "t_ns": due, "duration_ns": 1},
+        {"event": "profile_step", "link": "east:central", "profile_t_us": 3_000_000, "due_ns": due},
+    ]
+    rows[0] |= {"t_ns": due + 200_000, "duration_ns": 1_700_000}
+    rows[2] |= {"t_ns": due, "duration_ns": 0}
+    shaper_timing(rows, "east:west", lags)
+    assert [x["t_s"] for x in lags] == [1.0, 3.0]
+    assert lags[0]["applied_s"] == pytest.approx([0.0002, 0.0019]) and lags[1]["applied_s"] is None
 
 
 def test_each_phase_s_least_rtt_against_its_delay():
