@@ -12,7 +12,9 @@ member's bytes about 2 s of one window per round trip (``connections.window_rate
 window the cap keeps, ``window_for_buffer``): the bytes sent one way (gloo's send and recv, timed
 by the receiver from its receive's post, the sender already waiting), beside that window rate,
 then all-reduced by the two (a ring of two: each sends them all), beside the window rate plus the
-ring's two steps of one-way delay. Nothing asserted.
+ring's two steps of one-way delay (the model's count, ``allreduce.stage_allreduce_s``; the ring is
+timed by the first member from a barrier's end, which the other may leave up to one way later).
+Nothing asserted.
 
 Run as root: .venv/bin/python scripts/bench_ring_wan.py EXPERIMENT [--alone] [--repeats 4]
              .venv/bin/python scripts/bench_ring_wan.py --paths 115.4mbit:2.6:0.2,50mbit:10:0.2 [--congestion cubic]
@@ -36,6 +38,8 @@ from bench_allreduce import PORT, ring_times
 
 from testbed.errors import FeatureError, SpecError
 from testbed.net.features import require_congestion
+from testbed.net.netlink import set_sysctls
+from testbed.net.netns import namespace_sysctls
 from testbed.plan.allreduce import stage_allreduce_s
 from testbed.plan.connections import buffer_for_share, socket_buffer_cap, window_for_buffer, window_rate_bps
 from testbed.plan.placement import place
@@ -46,7 +50,6 @@ from testbed.spec.model import stage_param_bytes
 from testbed.spec.policy import parse_policy
 from testbed.spec.topology_file import parse_topology
 from testbed.spec.units import parse_rate_bps
-from testbed.spec.wire import MIN_SOCKET_BUFFER_BYTES
 
 #: each member's bytes on a --paths ring: this many seconds of one window per round trip
 PATH_RING_S = 2.0
@@ -149,15 +152,13 @@ def parse_paths(text: str) -> list[tuple[str, str, str]]:
 
 
 def widen_send_buffers(net, hosts: list[str], cap: int, factor: float) -> None:
-    """Let the hosts' send buffers grow to ``factor`` x ``cap`` bytes (``tcp_wmem``'s maximum; the
-    receive buffers keep the cap, which sets the window): a socket whose send buffer, counted in
-    the kernel's own buffer sizes, holds less than the receiver's window keeps less in flight."""
-    most = int(factor * cap)
-    line = f"{MIN_SOCKET_BUFFER_BYTES} {min(16384, most)} {most}"
+    """Let the hosts' send buffers grow to ``factor`` x ``cap`` bytes (``tcp_wmem``'s maximum, in
+    the form the network sets it: ``netns.namespace_sysctls``; the receive buffers keep the cap,
+    which sets the window): a socket whose send buffer, counted in the kernel's own buffer sizes,
+    holds less than the receiver's window keeps less in flight."""
+    wmem = namespace_sysctls(int(factor * cap))[0]["net.ipv4.tcp_wmem"]
     for h in hosts:
-        done = net.run(h, ["sh", "-c", f"echo '{line}' > /proc/sys/net/ipv4/tcp_wmem"], timeout_s=10)
-        if done.returncode != 0:
-            raise RuntimeError(f"tcp_wmem in {h}: {done.stderr.strip()}")
+        set_sysctls(net.host(h).netns, {"net.ipv4.tcp_wmem": wmem})
 
 
 def path_rings(
@@ -221,8 +222,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: give 1 or more")
-    if not args.send_buffer_factor >= 1:  # (not >= also refuses nan)
-        ap.error(f"--send-buffer-factor {args.send_buffer_factor:g}: give 1 or more (the cap itself, or above it)")
+    if not 1 <= args.send_buffer_factor < float("inf"):  # (also refuses nan)
+        ap.error(f"--send-buffer-factor {args.send_buffer_factor:g}: give a finite number, 1 or more (1: the cap)")
     if (args.experiment is None) == (args.paths is None):
         ap.error("give either an experiment or --paths")
     if args.paths:

@@ -9,6 +9,7 @@ command's group) reaches the command alone, which stops its processes in order."
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -49,12 +50,31 @@ def open_log(path: Path, argv: Sequence[str]):
     return f
 
 
+#: how long the output of a command killed at its timeout is waited for (s): its process group is
+#: gone by then, unless something of it left the group and holds its pipes
+KILLED_OUTPUT_S = 5.0
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` (alive, started with ``process_group=0``: the group is its own) and what it
+    started in its group, whose children would otherwise keep its pipes open, and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # it ended meanwhile
+        pass
+    proc.wait()
+
+
 def run_logged(netns: str, argv: Sequence[str], log_path: Path, timeout_s: float) -> subprocess.CompletedProcess:
-    """Run ``argv`` in ``netns`` to completion; its output is returned and appended to ``log_path``.
-    Raises subprocess.TimeoutExpired after ``timeout_s`` seconds (the process killed). The process
-    is started with the ending signals held back and killed on any exception, a signal's included:
-    ``subprocess.run`` could lose a process to a signal that came while it started (2026-12-07: a
-    SIGTERM during ``--profile-wan`` left its probe running)."""
+    """Run ``argv`` in ``netns`` to completion, in a process group of its own; its output is
+    returned and appended to ``log_path``. Raises subprocess.TimeoutExpired after ``timeout_s``
+    seconds, the group killed, with what the command had written (text, as ``output`` and
+    ``stderr``; what came within ``KILLED_OUTPUT_S`` after the kill). The process is started with
+    the ending signals held back, and on any exception, a signal's included, its group is killed
+    and it is reaped with the signals held back again: ``subprocess.run`` could lose a process to a
+    signal that came while it started (2026-12-07: a SIGTERM during ``--profile-wan`` left its
+    probe running). It is not registered with the run: after a ``kill -9`` of the command,
+    ``testbed clean`` finds it among the processes inside the run's namespaces."""
     proc = None
     try:
         with deferred_signals():
@@ -65,17 +85,26 @@ def run_logged(netns: str, argv: Sequence[str], log_path: Path, timeout_s: float
                 text=True,
                 stdin=subprocess.DEVNULL,
                 env=host_env(),
+                process_group=0,
             )
         try:
             stdout, stderr = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired as e:
-            proc.kill()
-            e.output, e.stderr = proc.communicate()
+            with deferred_signals():
+                _kill_group(proc)
+            try:
+                e.output, e.stderr = proc.communicate(timeout=KILLED_OUTPUT_S)
+            except subprocess.TimeoutExpired:
+                pass  # something that left the group holds the pipes: closed below
             raise
     except BaseException:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            with deferred_signals():
+                if proc.poll() is None:
+                    _kill_group(proc)
+                for pipe in (proc.stdout, proc.stderr):
+                    if pipe is not None:
+                        pipe.close()
         raise
     done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     with open_log(log_path, argv) as f:

@@ -80,6 +80,13 @@ def _write_sysctls(sysctls: dict[str, str], optional: dict[str, str] | None) -> 
         _write_sysctl(key, value, optional=True)
 
 
+def set_sysctls(netns: str, sysctls: dict[str, str]) -> None:
+    """Set ``sysctls`` inside the existing namespace ``netns`` (from this thread). Raises OSError
+    where one cannot be written."""
+    with in_netns(netns):
+        _write_sysctls(sysctls, None)
+
+
 def create_netns(name: str, sysctls: dict[str, str], optional: dict[str, str] | None = None) -> IPRoute:
     """Create network namespace ``name``, set ``sysctls`` (and ``optional`` ones, where the kernel
     has them) inside it, return an IPRoute bound to it."""

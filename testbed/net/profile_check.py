@@ -15,8 +15,9 @@ first DC to its second), between the first hosts of its two DCs, while the profi
 - for each step that lowers the rate by more than a fifth, when the delivered rate changed,
   read from the counters (the sample interval holding the step plus the one-way delay: its bytes
   are the old rate's before the change and the new one's after), against when it was due
-  (``lag_s``, reported; the bound above judges it); after a rise TCP takes its own time to fill
-  the link, so rises are not timed;
+  (``lag_s``, reported with the uncertainty its samples' times give it, ``lag_uncertainty_s``, and
+  beside the shaping log's own record of the step, ``applied_s``; the bound above judges it);
+  after a rise TCP takes its own time to fill the link, so rises are not timed;
 - then, on the idle path for as long again, ping every 100 ms: each phase's least RTT against
   twice the one-way delay the profile set then, within max(1 ms, 5%).
   Steps that take the link down are expected to deliver nothing.
@@ -46,6 +47,7 @@ from testbed.net.fidelity import RTT_TOLERANCE_FRACTION, RTT_TOLERANCE_MS
 from testbed.net.iperf import PORT
 from testbed.net.local import LocalNetwork
 from testbed.net.netns import segment_at_hosts
+from testbed.spec.addressing import HOST_IFNAME
 from testbed.spec.link_profile import LinkProfile
 from testbed.spec.routing import RoutingTable
 from testbed.trace.shaping_log import PROFILE_STEP, SHAPING_LOG
@@ -171,9 +173,12 @@ def step_lags(
     ``t = t0 + (bits - new x (t1 - t0)) / (old - new)``), less that due time (``lag_s``; None
     where no sample interval holds it). ``uncertainty_s``: each sample's time uncertainty (s; none
     by default); ``lag_uncertainty_s`` is what those of the interval's two ends make of the lag,
-    ``(u0 x old + u1 x new) / (old - new)`` (the formula's slopes in ``t0`` and ``t1``): a read
-    descheduled for 5 ms at the start of a 100 -> 20 Mbit/s interval moves the lag by 6 ms."""
+    ``(u0 x old + u1 x new) / (old - new)`` (the formula's slopes in ``t0`` and ``t1``): a
+    sample's time 5 ms off its counter's at the start of a 100 -> 20 Mbit/s interval moves the lag by 6.25
+    ms. Raises ValueError when ``uncertainty_s`` is not one figure per sample."""
     unc = uncertainty_s if uncertainty_s is not None else [0.0] * len(samples)
+    if len(unc) != len(samples):
+        raise ValueError(f"{len(unc)} sample uncertainties for {len(samples)} samples: give one per sample")
     out: list[dict[str, float | None]] = []
     changes = profile.changes(int(until_s * 1e6))
     for before, step in zip(changes, changes[1:]):
@@ -270,7 +275,9 @@ def check_profile(net: LocalNetwork, duration_s: float, interval_s: float = 0.1)
             threads[-1].start()
         for th in threads:
             th.join()
-    shaping = [json.loads(line) for line in (net.out_dir / SHAPING_LOG).read_text().splitlines()]
+    text = (net.out_dir / SHAPING_LOG).read_text()
+    lines = text.splitlines() if text.endswith("\n") else text.splitlines()[:-1]  # (a line being written)
+    shaping = [json.loads(line) for line in lines]
     results = []
     for (link, src, dst, one_way), holder in zip(checks, holders):
         if "error" in holder:
@@ -342,7 +349,10 @@ def _bulk(
         samples, uncertainty = [], []
         end = time.monotonic() + duration_s
         with IPRoute(netns=netns) as ipr:  # one socket in the receiver's namespace for every sample
-            index = ipr.link_lookup(ifname="eth0")[0]
+            found = ipr.link_lookup(ifname=HOST_IFNAME)
+            if not found:
+                raise CheckError(f"{dst} (namespace {netns}) has no interface {HOST_IFNAME} to read its bytes from")
+            index = found[0]
             while time.monotonic() < end and client.poll() is None:
                 start = time.monotonic_ns()
                 reads = []
@@ -359,7 +369,7 @@ def _bulk(
                 time.sleep(max(0.0, interval_s - (time.monotonic_ns() - start) / 1e9))
         client.wait(timeout=duration_s + 30)
         holder["samples"], holder["uncertainty_s"] = samples, uncertainty
-    except (OSError, subprocess.TimeoutExpired) as e:
+    except (OSError, subprocess.TimeoutExpired, CheckError) as e:
         holder["error"] = str(e)
     finally:
         if server.poll() is None:

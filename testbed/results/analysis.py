@@ -120,11 +120,14 @@ def transfers(ev: pd.DataFrame) -> pd.DataFrame:
 
 def wan_compute_ratio(ev: pd.DataFrame, warmup: int = 0) -> float | None:
     """Forward activation transfer time across DCs (the median over sender-receiver pairs of each
-    pair's median) over the senders' median forward time. Each pair's median first: the links
-    differ in delay, so the pooled transfers fall into one cluster per link, and their median
-    landed between two, set by the slowest transfer of one and the quickest of the other (the
-    default run, 2026-12-07: pairs' medians 57 and 96 ms, the pooled median 75.8 ms from a 68.5 ms
-    and an 83.0 ms transfer; a fresh clone's run read 2.03 against 1.89 here)."""
+    pair's median) over the senders' median forward time. Each pair's median first: where links
+    differ in delay the pooled transfers fall into one cluster per link, and with as many on
+    either side their median is the mean of the two transfers nearest the gap, one link's slowest
+    and another's quickest, two outliers; each pair's median rests on all of that pair's transfers
+    (the default run, 2026-12-07: pairs' medians 57 and 96 ms, so 76.5 ms; the pooled median
+    75.8 ms, from a 68.5 ms and an 83.0 ms transfer). A fresh clone's run of stop 58 read 2.03 by
+    the pooled median, where this machine's read 1.88-1.89; its trace was not kept, so what it
+    reads now is not known."""
     ev = measured(ev, warmup)
     tr = transfers(ev)
     tr = tr[tr["forward"] & tr["cross_dc"]]

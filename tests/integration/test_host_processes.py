@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from pathlib import Path
+
+import pytest
 
 from testbed.run.backends import make_network
 from testbed.spec.topology_file import load_topology
@@ -42,3 +46,30 @@ def test_the_callers_own_interface_variables_win(tmp_path, clean_machine):
         assert net.run("east-h0", show).stdout.split() == ["eth0", "eth0"]
         proc = net.popen("east-h0", show, stdout=subprocess.PIPE, text=True, env={"GLOO_SOCKET_IFNAME": "eth0,eth0"})
         assert proc.communicate(timeout=30)[0].split() == ["eth0,eth0", "eth0"]
+
+
+def _alive(cmdline: bytes) -> list[int]:
+    """PIDs of live processes whose /proc cmdline is ``cmdline``."""
+    out = []
+    for pid in (p for p in Path("/proc").iterdir() if p.name.isdigit()):
+        try:
+            if (pid / "cmdline").read_bytes() == cmdline and (pid / "stat").read_text().rsplit(")", 1)[1].split()[
+                0
+            ] != "Z":
+                out.append(int(pid.name))
+        except OSError:
+            continue
+    return out
+
+
+def test_a_command_that_outlives_its_timeout_is_ended_with_what_it_started(tmp_path, clean_machine):
+    """``net.run`` past its timeout: the command and the child it left in the background (which
+    holds its output's pipes) are killed, TimeoutExpired carries what it had printed, and the call
+    returns at once rather than when the child would have ended."""
+    with make_network(load_topology("two_dc"), out_dir=tmp_path) as net:
+        t0 = time.monotonic()
+        with pytest.raises(subprocess.TimeoutExpired) as e:
+            net.run("east-h0", ["sh", "-c", "echo started; sleep 41.5 & sleep 41.5"], timeout_s=1)
+        assert time.monotonic() - t0 < 10  # not the children's 41.5 s
+        assert "started" in (e.value.output or "")
+        assert _alive(b"sleep\x0041.5\x00") == []

@@ -231,9 +231,10 @@ def test_wan_compute_ratio_medians_measured_iterations():
 
 
 def test_wan_compute_ratio_takes_each_pairs_median_first():
-    """Two cross-DC pairs over links of unequal delay: 1 -> 2 takes 10, 12 and 20 ms, 3 -> 2 40, 42
-    and 44 ms, each sender's forward 10 ms. The pairs' medians, 12 and 42, give 27 ms; the pooled
-    transfers' median, 30 ms, would be set by 1 -> 2's slowest and 3 -> 2's quickest."""
+    """Two cross-DC pairs whose transfers cluster apart (as over links of unequal delay): 1 -> 2
+    takes 10, 12 and 20 ms, 3 -> 2 40, 42 and 44 ms, each sender's forward 10 ms. The pairs'
+    medians, 12 and 42, give 27 ms; the pooled transfers' median, 30 ms, would be set by 1 -> 2's
+    slowest and 3 -> 2's quickest."""
     rows = []
     for sender, times in ((1, (10, 12, 20)), (3, (40, 42, 44))):
         for mb, xfer_ms in enumerate(times):

@@ -111,17 +111,19 @@ def test_a_drops_lag_is_as_uncertain_as_its_intervals_ends():
     assert lag["lag_uncertainty_s"] == pytest.approx((0.005 * 100e6 + 0.0002 * 20e6) / 80e6)
     assert abs(lag["lag_s"]) <= lag["lag_uncertainty_s"]
     assert step_lags(exact, ALTERNATING, 0.020, 2.0)[0]["lag_uncertainty_s"] == 0.0  # none given
+    with pytest.raises(ValueError, match="39 sample uncertainties for 40 samples"):
+        step_lags(exact, ALTERNATING, 0.020, 2.0, unc[1:])
 
 
 def test_each_timed_drop_is_set_beside_the_shapers_own_record_of_it():
     """The shaping log's step (begun 0.2 ms and done 1.9 ms after it was due) goes beside the drop
-    at 1 s; another link's step, and a step the log lacks (3 s), do not."""
+    at 1 s; another link's step at 3 s, and a row of this link that is not a step, do not."""
     times = [0.013 + 0.1 * k for k in range(40)]
     lags = step_lags(_delivered(ALTERNATING, 0.020, times), ALTERNATING, 0.020, 3.9)
     due = 5_000_000_000 + 1_000_000_000
     rows = [
         {"event": "profile_step", "link": "east:west", "profile_t_us": 1_000_000, "due_ns": due},
-        {"event": "change", "t_ns": due, "duration_ns": 1},
+        {"event": "change", "link": "east:west", "profile_t_us": 3_000_000, "due_ns": due, "t_ns": due},
         {"event": "profile_step", "link": "east:central", "profile_t_us": 3_000_000, "due_ns": due},
     ]
     rows[0] |= {"t_ns": due + 200_000, "duration_ns": 1_700_000}
