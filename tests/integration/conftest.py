@@ -86,6 +86,20 @@ def machine_state(ignore: set[str] = frozenset()) -> dict:
     return {key: [item for item in items if not any(p in item for p in ignore)] for key, items in state.items()}
 
 
+def alive_with_argv(argv: list[str]) -> list[int]:
+    """PIDs of live processes (not zombies) whose command line is ``argv``."""
+    want = ("\0".join(argv) + "\0").encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and Path(f"/proc/{entry}/cmdline").read_bytes() == want:
+                if Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
 def run_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "testbed.cli", *args], capture_output=True, text=True, cwd=REPO, **kwargs

@@ -7,12 +7,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from testbed.run.backends import make_network
 from testbed.spec.topology_file import load_topology
+
+from .conftest import alive_with_argv
 
 JOB = """
 import datetime, sys, torch, torch.distributed as dist
@@ -48,20 +49,6 @@ def test_the_callers_own_interface_variables_win(tmp_path, clean_machine):
         assert proc.communicate(timeout=30)[0].split() == ["eth0,eth0", "eth0"]
 
 
-def _alive(cmdline: bytes) -> list[int]:
-    """PIDs of live processes whose /proc cmdline is ``cmdline``."""
-    out = []
-    for pid in (p for p in Path("/proc").iterdir() if p.name.isdigit()):
-        try:
-            if (pid / "cmdline").read_bytes() == cmdline and (pid / "stat").read_text().rsplit(")", 1)[1].split()[
-                0
-            ] != "Z":
-                out.append(int(pid.name))
-        except OSError:
-            continue
-    return out
-
-
 def test_a_command_that_outlives_its_timeout_is_ended_with_what_it_started(tmp_path, clean_machine):
     """``net.run`` past its timeout: the command and the child it left in the background (which
     holds its output's pipes) are killed, TimeoutExpired carries what it had printed, and the call
@@ -72,4 +59,4 @@ def test_a_command_that_outlives_its_timeout_is_ended_with_what_it_started(tmp_p
             net.run("east-h0", ["sh", "-c", "echo started; sleep 41.5 & sleep 41.5"], timeout_s=1)
         assert time.monotonic() - t0 < 10  # not the children's 41.5 s
         assert "started" in (e.value.output or "")
-        assert _alive(b"sleep\x0041.5\x00") == []
+        assert alive_with_argv(["sleep", "41.5"]) == []

@@ -20,7 +20,7 @@ from testbed.errors import DelayElementError
 from testbed.run.backends import make_network
 from testbed.spec.topology_file import load_topology
 
-from .conftest import REPO, machine_state
+from .conftest import REPO, alive_with_argv, machine_state
 
 RUNS = Path("/run/testbed/runs")
 #: the longest a script may take from SIGTERM to its exit while it measures the WAN (s): its
@@ -261,21 +261,6 @@ def test_a_background_failure_during_teardown_does_not_cut_it_short(tmp_path):
     assert left_behind(before, net.prefix) == {}
 
 
-def _alive_with_argv(argv: list[str]) -> list[int]:
-    """PIDs of live processes whose command line is ``argv``."""
-    want = ("\0".join(argv) + "\0").encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and Path(f"/proc/{entry}/cmdline").read_bytes() == want:
-                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-                if stat[0] not in ("Z", "X"):
-                    pids.append(int(entry))
-        except OSError:
-            continue
-    return pids
-
-
 def test_a_signal_while_a_host_command_starts_leaves_no_process(tmp_path, monkeypatch):
     """``net.run`` (a probe, a check) cut by Ctrl-C the moment its process has started, before
     the caller holds it: the process is killed, not left running. ``subprocess.run`` lost it
@@ -297,7 +282,7 @@ def test_a_signal_while_a_host_command_starts_leaves_no_process(tmp_path, monkey
             net.run("east-h0", argv, timeout_s=60)
         monkeypatch.setattr(subprocess, "Popen", popen)
         assert time.monotonic() - t0 < 5  # not the sleep's 37 s
-        assert _alive_with_argv(argv) == []
+        assert alive_with_argv(argv) == []
     assert left_behind(before, net.prefix) == {}
 
 
