@@ -14,9 +14,12 @@ How: ``grant_sim.simulate`` plays one iteration (see there). ``plan_grants`` tri
 pipeline offsets r x delta for delta from 0 to the longest transfer time, keeps the largest one
 whose simulated iteration is no longer than the shortest found (so that pipelines take each link in
 turn instead of queueing their bytes at the floor rate behind each other's grants), and records the
-order in which that iteration's transfers took each link.
+order in which that iteration's transfers took each link. The offsets' simulations are independent:
+where they are many (``PARALLEL_ACTIONS``), they run on every core (``cores.map_over_cores``, which
+forks only from a single-threaded main process), with the same plan as one after another.
 
-Pure: no kernel, no processes. ``testbed plan --grants`` prints it (``format_grant_plan``).
+Pure: no kernel; no processes but those workers, which end with the plan. ``testbed plan --grants``
+prints it (``format_grant_plan``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 from testbed.plan.allreduce import loss_allreduce_s
 from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer, boundary_paths
 from testbed.plan.connections import one_connection_bps, sent_at_once, transfer_time_s
+from testbed.plan.cores import map_over_cores
 from testbed.plan.critical_path import critical_path_s
 from testbed.plan.grant_sim import simulate
 from testbed.plan.schedule import RankAction
@@ -63,6 +67,12 @@ PLANS_KEPT = 8
 FLOOR_SHARE = 0.05
 #: deadline of a grant: this many times its transfer time, plus one round trip (docs/policies.md)
 DEADLINE_TRANSFERS = 3.0
+#: the simulated compute actions (2 x virtual stages x microbatches x replicas) from which
+#: ``plan_grants`` simulates its offsets on every core (``cores.map_over_cores``): a plan took as
+#: long on two cores as on one at 2,048 (0.054 s), 0.085 s against 0.101 s at 4,096 and 0.155 s
+#: against 0.220 s at 8,192 (gpt3_175b_4dc at 32-128 GPUs a DC, 64 microbatches, 2026-12-07;
+#: the 8,192-GPU figure on both: ``scripts/bench_sim.py``)
+PARALLEL_ACTIONS = 4000
 #: pipeline offsets tried: r x k/STAGGER_STEPS x the longest transfer time, k = 0..STAGGER_STEPS
 STAGGER_STEPS = 4
 #: an offset may lengthen the simulated iteration by this share and still count as free
@@ -223,11 +233,18 @@ def _plan_grants(
     floor = held_floor_share(exp) if floor_share is None else floor_share
     wan = wan_links(exp, topo, workers, connections, lambda bps: granted_class_bps(bps, exp.replicas, floor))
     longest = max((x.transfer_s for x in wan.links.values()), default=0.0)
-    tried = []
-    for k in range(STAGGER_STEPS + 1) if wan.links else [0]:
-        stagger = tuple(r * k * longest / STAGGER_STEPS for r in range(exp.replicas))
-        sim = simulate_wan(exp, topo, workers, wan, stagger, block_s, stage_s=stage_s)
-        tried.append((*sim, stagger))
+    staggers = [
+        tuple(r * k * longest / STAGGER_STEPS for r in range(exp.replicas))
+        for k in (range(STAGGER_STEPS + 1) if wan.links else [0])
+    ]
+    # the offsets' simulations are independent: on every core where they outweigh a pool's start
+    actions = 2 * virtual * exp.microbatches * exp.replicas
+    sims = map_over_cores(
+        _offset_simulated,
+        [(exp, topo, workers, wan, st, block_s, stage_s) for st in staggers],
+        worth=actions >= PARALLEL_ACTIONS,
+    )
+    tried = [(*sim, st) for sim, st in zip(sims, staggers, strict=True)]
     best_t = min(t for t, _, _ in tried)
     # the largest offset that costs the simulated iteration nothing: pipelines then take the link in
     # turn instead of queueing their bytes behind each other's grants at the floor rate
@@ -246,6 +263,23 @@ def _plan_grants(
         for h, x in sorted(wan.links.items())
     )
     return GrantPlan(hops, stagger, t, tried[0][0], nbytes)
+
+
+def _offset_simulated(
+    args: tuple[
+        Experiment,
+        TopologySpec,
+        list[WorkerSpec],
+        WanLinks,
+        tuple[float, ...],
+        tuple[float, float] | None,
+        tuple[tuple[float, float], ...] | None,
+    ],
+) -> tuple[float, Mapping[Hop, list[Transfer]]]:
+    """``simulate_wan`` at one set of pipeline offsets (``_plan_grants``'s, one item of
+    ``cores.map_over_cores``)."""
+    exp, topo, workers, wan, stagger, block_s, stage_s = args
+    return simulate_wan(exp, topo, workers, wan, stagger, block_s, stage_s=stage_s)
 
 
 def simulated_iteration(

@@ -28,7 +28,9 @@ Pure: no kernel, no processes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import gc
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import simpy
@@ -62,10 +64,27 @@ class _Call(simpy.events.Event):
         env.schedule(self, simpy.events.NORMAL, delay)
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector held off for the block (a simulation: ``simulate``), then
+    as it was. The simulation makes no cycles as it goes, but its millions of live transfers (named
+    tuples, which the collector never stops tracking) made each collection long: one atlas
+    iteration at 8,192 GPUs took 6.88 s on one core with the collector, 3.82 s without
+    (``scripts/bench_sim.py``, 2026-12-07). Process-wide: another thread's garbage waits too."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _call(event: Any) -> None:  # SimPy calls it with the _Call it belongs to
     event.act(*event.args)
 
 
+@_collector_paused()
 def simulate(
     exp: Experiment,
     workers: list[WorkerSpec],
@@ -345,6 +364,10 @@ def simulate(
     for s, r in pos:
         begin(s, r)
     env.run()
+    # the closures above refer to each other, so what they hold waits for a collection: let the
+    # transfers' records go now
+    for record in (arrived, posted, notice_sent, ready, waiting, sending, behind):
+        record.clear()
     stuck = [(s, r) for (s, r), p in pos.items() if p < len(actions[s])]
     if stuck:
         s, r = stuck[0]

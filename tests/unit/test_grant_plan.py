@@ -3,12 +3,22 @@ the planned grant loop (a recording switch and hand-set counters stand in for th
 
 from __future__ import annotations
 
+import gc
 from dataclasses import replace
 
 import pytest
+import simpy
 
 from testbed.atlas.grants import GrantLoop, HopTiming, boundary_paths
-from testbed.plan.grant_plan import DEADLINE_TRANSFERS, Hop, Transfer, format_grant_plan, plan_grants
+from testbed.plan.grant_plan import (
+    DEADLINE_TRANSFERS,
+    Hop,
+    Transfer,
+    format_grant_plan,
+    plan_grants,
+    simulate_wan,
+    wan_links,
+)
 from testbed.plan.placement import place
 from testbed.plan.virtual_stages import experiment_boundaries
 from testbed.spec.compute import ComputeModel
@@ -334,3 +344,30 @@ def test_a_notice_queued_behind_the_receivers_own_bytes_waits_for_them():
     loop.handle(msg("recv", r0, r1, mb=1), t2 + 1)
     loop.handle(msg("ready", r0, r1, mb=1), t2 + 1)
     assert loop.next_wakeup_ns() == t2 + 1 + D_MS * 1_000_000
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_simulation_leaves_the_garbage_collector_as_it_found_it(enabled, monkeypatch):
+    """The collector is held off while a simulation runs (its speed: grant_sim._collector_paused),
+    then left as it was, also when the simulation raises."""
+    e, workers = four_pipelines()
+    wan = wan_links(e, e.topology_spec, workers, 1, float)
+    seen = []
+    real_run = simpy.Environment.run
+
+    def run(env, *args, **kwargs):
+        seen.append(gc.isenabled())
+        return real_run(env, *args, **kwargs)
+
+    monkeypatch.setattr(simpy.Environment, "run", run)
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        simulate_wan(e, e.topology_spec, workers, wan, (0.0,) * 4)
+        assert seen == [False]
+        assert gc.isenabled() is enabled
+        with pytest.raises(ValueError, match="unknown sharing"):
+            simulate_wan(e, e.topology_spec, workers, wan, (0.0,) * 4, sharing="nonsense")
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
