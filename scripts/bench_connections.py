@@ -12,10 +12,11 @@ median from 6.6 on (``--one``: one stream only, over several rates). A path whos
 hold fewer than ``fit.MIN_WINDOW_SEGMENTS`` segments is skipped (the testbed refuses it). Figures
 printed, nothing asserted; the table is recorded in ``docs/results/connection_window.json``
 (``results/published.py``; ``--no-record`` leaves it alone); ``--caps`` sets the caps themselves
-and records ``connection_window_caps.json``.
+and records ``connection_window_caps.json``; ``--offloads-off`` turns the hosts' segmentation and
+receive offloads off, as no run does (docs/simulator.md, "Not modelled"), and records nothing.
 
 Run as root: .venv/bin/python scripts/bench_connections.py [--rates 100mbit] [--delays 10ms,40ms]
-[--shares 0.1,0.25,0.5 | --caps 6000,9000] [--seconds 4] [--one] [--no-record]
+[--shares 0.1,0.25,0.5 | --caps 6000,9000] [--seconds 4] [--one] [--no-record] [--offloads-off]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import math
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -36,6 +38,7 @@ from testbed.results.published import Column, record_result
 from testbed.run.backends import make_network
 from testbed.run.fit import MIN_WINDOW_SEGMENTS
 from testbed.run.interrupts import tears_down_on_signals
+from testbed.spec.addressing import HOST_IFNAME
 from testbed.spec.topology_file import parse_topology
 from testbed.spec.units import parse_rate_bps
 from testbed.spec.wire import TCP_GOODPUT_FRACTION, TCP_MSS_WITH_TIMESTAMPS
@@ -55,6 +58,24 @@ COLUMNS = [
 ]
 
 
+#: the hosts' offloads ``--offloads-off`` turns off: segmentation (TCP's and the generic one) on
+#: send, generic receive offload on receive, so that every buffer a socket queues or receives holds
+#: one segment
+OFFLOADS = ("tso", "gso", "gro")
+
+
+def offloads_off(net, hosts: list[str]) -> None:
+    """Turn ``OFFLOADS`` off on the hosts' interface (ethtool -K, inside each host's namespace)."""
+    for h in hosts:
+        net.run(h, ["ethtool", "-K", HOST_IFNAME, *(x for o in OFFLOADS for x in (o, "off"))])
+
+
+def require_ethtool(ap: argparse.ArgumentParser) -> None:
+    """``--offloads-off`` needs ethtool: a usage error naming the package where it is missing."""
+    if shutil.which("ethtool") is None:
+        ap.error("--offloads-off needs ethtool: apt-get install ethtool")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rates", default="100mbit")
@@ -68,7 +89,13 @@ def main() -> None:
         "byte against the cap, one stream each (implies --one)",
     )
     ap.add_argument("--no-record", action="store_true", help="leave docs/results/connection_window.json alone")
+    ap.add_argument(
+        "--offloads-off", action="store_true", help=f"the hosts' {', '.join(OFFLOADS)} off (implies --no-record)"
+    )
     args = ap.parse_args()
+    if args.offloads_off:
+        require_ethtool(ap)
+        args.no_record = True  # the recorded table is the one a run's hosts have
     args.one = args.one or args.caps is not None
     rows: list[dict] = []
     print(
@@ -101,6 +128,8 @@ def main() -> None:
             n = connections_for(rate, rtt, share * rate / 8 * rtt)
             with tempfile.TemporaryDirectory() as tmp:
                 with make_network(topo, out_dir=Path(tmp), tcp_buffer_bytes=buf) as net:
+                    if args.offloads_off:
+                        offloads_off(net, ["a-h0", "b-h0"])
                     one = iperf(net, "a-h0", "b-h0", args.seconds, 1).bits_per_second
                     many = (
                         math.nan

@@ -18,7 +18,7 @@ Nothing asserted.
 
 Run as root: .venv/bin/python scripts/bench_ring_wan.py EXPERIMENT [--alone] [--repeats 4]
              .venv/bin/python scripts/bench_ring_wan.py --paths 115.4mbit:2.6:0.2,50mbit:10:0.2 [--congestion cubic]
-                 [--send-buffer-factor 4]
+                 [--send-buffer-factor 4] [--offloads-off]
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_allreduce import PORT, ring_times
+from bench_connections import OFFLOADS, offloads_off, require_ethtool
 
 from testbed.errors import FeatureError, SpecError
 from testbed.net.features import require_congestion
@@ -162,13 +163,19 @@ def widen_send_buffers(net, hosts: list[str], cap: int, factor: float) -> None:
 
 
 def path_rings(
-    paths: list[tuple[str, str, str]], repeats: int, congestion: str | None, send_buffer_factor: float = 1.0
+    paths: list[tuple[str, str, str]],
+    repeats: int,
+    congestion: str | None,
+    send_buffer_factor: float = 1.0,
+    no_offloads: bool = False,
 ) -> None:
     """``--paths``: per path, the bytes of a two-member ring sent one way and all-reduced, each
-    measured beside a window per round trip; the send buffers ``send_buffer_factor`` x the cap."""
+    measured beside a window per round trip; the send buffers ``send_buffer_factor`` x the cap;
+    ``no_offloads``: the hosts' ``bench_connections.OFFLOADS`` off."""
     print(
         f"one pair across each path, median of {repeats}: the bytes sent one way, then all-reduced; "
         f"congestion control {congestion or 'the machine default'}; send buffers {send_buffer_factor:g} x the cap"
+        + (f"; the hosts' {', '.join(OFFLOADS)} off" if no_offloads else "")
     )
     head = ("rate", 9), ("one-way", 8), ("share", 6), ("cap", 7), ("window", 7), ("MB", 6), ("sent s", 15)
     print(" ".join(f"{x:>{n}}" for x, n in head), f"{'window/RTT s':>13} {'ring s':>15} {'+ RTT s':>8}")
@@ -190,6 +197,8 @@ def path_rings(
         with tempfile.TemporaryDirectory() as tmp, make_network(topo, out_dir=Path(tmp), tcp_buffer_bytes=cap) as net:
             if send_buffer_factor != 1.0:
                 widen_send_buffers(net, ["a-h0", "b-h0"], cap, send_buffer_factor)
+            if no_offloads:
+                offloads_off(net, ["a-h0", "b-h0"])
             t = pair_medians(net, nbytes // 4, repeats)
         # a window a round trip: the receive's notice out, then the bytes' last window back
         ideal = nbytes * 8 / one_bps
@@ -219,7 +228,10 @@ def main() -> None:
         default=1.0,
         help="--paths: the hosts' send buffers may grow to this many times the cap (default 1: as a run sets them)",
     )
+    ap.add_argument("--offloads-off", action="store_true", help=f"--paths: the hosts' {', '.join(OFFLOADS)} off")
     args = ap.parse_args()
+    if args.offloads_off:
+        require_ethtool(ap)
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: give 1 or more")
     if not 1 <= args.send_buffer_factor < float("inf"):  # (also refuses nan)
@@ -234,12 +246,14 @@ def main() -> None:
             require_congestion(args.congestion)  # before any network is built
         except (ValueError, FeatureError) as e:
             ap.error(str(e))
-        path_rings(paths, args.repeats, args.congestion, args.send_buffer_factor)
+        path_rings(paths, args.repeats, args.congestion, args.send_buffer_factor, args.offloads_off)
         return
     if args.congestion:
         ap.error("--congestion is for --paths: an experiment's rings run its topology's congestion control")
     if args.send_buffer_factor != 1.0:
         ap.error("--send-buffer-factor is for --paths: an experiment's rings keep a run's buffers")
+    if args.offloads_off:
+        ap.error("--offloads-off is for --paths: an experiment's rings keep a run's hosts")
     try:
         exp = load_experiment(args.experiment)
     except SpecError as e:
