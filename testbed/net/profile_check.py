@@ -37,6 +37,7 @@ import re
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,6 +242,21 @@ def phase_rtts(
     return out
 
 
+def tight_read(read: Callable[[], int], clock: Callable[[], int] = time.monotonic_ns) -> tuple[int, int, int]:
+    """A counter read by ``read``, timed by ``clock`` (ns): (how long the read took, its middle, the
+    count). A read that took over ``TIGHT_READ_NS`` (descheduled inside) is made again, up to
+    ``READS_PER_SAMPLE`` reads in all, and the quickest kept."""
+    reads = []
+    for _ in range(READS_PER_SAMPLE):
+        before = clock()
+        count = read()
+        after = clock()
+        reads.append((after - before, (before + after) // 2, count))
+        if after - before <= TIGHT_READ_NS:
+            break
+    return min(reads)
+
+
 def _rx_bytes(ipr: IPRoute, index: int) -> int:
     """Bytes received by the interface ``index`` (one RTM_GETLINK of it, not a dump of them all)."""
     link = ipr.get_links(index)[0]
@@ -355,15 +371,7 @@ def _bulk(
             index = found[0]
             while time.monotonic() < end and client.poll() is None:
                 start = time.monotonic_ns()
-                reads = []
-                for _ in range(READS_PER_SAMPLE):  # a read descheduled inside is read again
-                    before = time.monotonic_ns()
-                    count = _rx_bytes(ipr, index)
-                    after = time.monotonic_ns()
-                    reads.append((after - before, (before + after) // 2, count))
-                    if after - before <= TIGHT_READ_NS:
-                        break
-                took, mid, count = min(reads)
+                took, mid, count = tight_read(lambda: _rx_bytes(ipr, index))
                 samples.append(((mid - t0_ns) / 1e9, count))
                 uncertainty.append(took / 2e9)
                 time.sleep(max(0.0, interval_s - (time.monotonic_ns() - start) / 1e9))

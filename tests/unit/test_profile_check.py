@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 
 from testbed.net.profile_check import (
+    READS_PER_SAMPLE,
+    TIGHT_READ_NS,
     delivery_window,
     goodput_bound_check,
     phase_rtts,
     sent_bits,
     shaper_timing,
     step_lags,
+    tight_read,
 )
 from testbed.spec.link_profile import LinkProfile, LinkState, ProfileStep
 
@@ -144,3 +147,44 @@ def test_each_phase_s_least_rtt_against_its_delay():
         (3.0, 70.0, 70.0, True),
     ]
     assert not phase_rtts([(1.5, 52.0)], ALTERNATING, 0.0, 2.0)[0]["ok"]
+
+
+def scripted_reads(durations_ns: list[int]):
+    """A counter whose n-th read takes durations_ns[n] on a fake clock and returns n (its reads
+    are counted), and that clock."""
+    now, calls = [0], []
+
+    def clock() -> int:
+        now[0] += 1000  # each look at the clock 1 us after the last
+        return now[0]
+
+    def read() -> int:
+        now[0] += durations_ns[len(calls)]
+        calls.append(now[0])
+        return len(calls) - 1
+
+    return read, clock, calls
+
+
+def test_a_quick_read_is_kept_at_once():
+    read, clock, calls = scripted_reads([300_000, 100])
+    took, mid, count = tight_read(read, clock)
+    assert (len(calls), count) == (1, 0)
+    assert took == 300_000 + 1000
+    assert mid == (1000 + 302_000) // 2
+
+
+def test_a_slow_read_is_made_again_and_the_quickest_kept():
+    read, clock, calls = scripted_reads([5_000_000, 900_000, 100])
+    took, _, count = tight_read(read, clock)
+    assert len(calls) == 2  # the second came under TIGHT_READ_NS
+    assert (took, count) == (901_000, 1)
+
+
+def test_slow_reads_stop_after_their_number_with_the_quickest():
+    durations = [9_000_000, 3_000_000, 4_000_000, 100, 100][: READS_PER_SAMPLE + 2]
+    assert all(d > TIGHT_READ_NS for d in durations[:READS_PER_SAMPLE])
+    read, clock, calls = scripted_reads(durations)
+    took, _, count = tight_read(read, clock)
+    assert len(calls) == READS_PER_SAMPLE
+    assert (took, count) == (3_001_000, 1)
