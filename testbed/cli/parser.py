@@ -59,6 +59,20 @@ def add_schedule_args(sp: argparse.ArgumentParser) -> None:
     )
 
 
+def add_run_options(sp: argparse.ArgumentParser) -> None:
+    """What ``run`` and ``compare`` share: the delay mechanism, the layout (``--plan``), ``--force``."""
+    sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
+    sp.add_argument(
+        "--plan",
+        choices=("own", "best"),
+        default="own",
+        help="own: the experiment's stages x replicas; best: the planner's fastest of the same global batch",
+    )
+    sp.add_argument(
+        "--force", action="store_true", help="run even an iteration the cost model predicts to take over 10 minutes"
+    )
+
+
 def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
     """The command line's parser; ``command``: how its examples write the testbed's command."""
     p = argparse.ArgumentParser(prog="testbed", description="Emulated multi-datacenter LLM training testbed.")
@@ -163,16 +177,7 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
         "/sharing=tcp|fifo|planned) and followed by +bubbletea, or by +prefill-alone (the same GPUs "
         "serving prefill alone, no training) (default: the experiment's)",
     )
-    sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
-    sp.add_argument(
-        "--plan",
-        choices=("own", "best"),
-        default="own",
-        help="own: the experiment's stages x replicas; best: the planner's fastest of the same global batch",
-    )
-    sp.add_argument(
-        "--force", action="store_true", help="run even an iteration the cost model predicts to take over 10 minutes"
-    )
+    add_run_options(sp)
     sp.add_argument(
         "--profile-wan",
         action="store_true",
@@ -197,16 +202,7 @@ def build_parser(command: str = "testbed") -> argparse.ArgumentParser:
     sp.add_argument("--repeat", type=number(1, 100, int), default=1, help="runs per policy, interleaved")
     add_schedule_args(sp)
     sp.add_argument("--out", type=Path, help="folder for comparison.json and one run folder per policy")
-    sp.add_argument("--delay-mechanism", choices=DELAY_MECHANISMS, default="auto")
-    sp.add_argument(
-        "--plan",
-        choices=("own", "best"),
-        default="own",
-        help="own: the experiment's stages x replicas; best: the planner's fastest of the same global batch",
-    )
-    sp.add_argument(
-        "--force", action="store_true", help="run even an iteration the cost model predicts to take over 10 minutes"
-    )
+    add_run_options(sp)
     sched_trace_option(sp)
     backend_options(sp)
     bubbletea_options(sp)
