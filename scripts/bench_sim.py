@@ -29,6 +29,7 @@ import simpy
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testbed.plan.connections import wan_connections
+from testbed.plan.cores import map_over_cores, processes_allowed, usable_cores
 from testbed.plan.grant_plan import STAGGER_STEPS, _plan_grants, simulated_iteration
 from testbed.plan.grant_sim import _Call
 from testbed.plan.placement import _select_dcs, place_pipeline
@@ -103,6 +104,18 @@ def one_iteration_s(sc, policy: str, repeats: int) -> tuple[float, float]:
     return secs, t
 
 
+def pool_start_s(repeats: int = 5) -> float:
+    """The least time (s) ``cores.map_over_cores`` takes over one item per core that does nothing:
+    a pool's start and end."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        map_over_cores(abs, [0] * max(2, usable_cores()))
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@processes_allowed()  # as testbed sim: atlas's grant plans on every core
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3, help="runs per figure; the best is printed (default 3)")
@@ -165,6 +178,8 @@ def main() -> None:
             f"{per_event_s * 1e6:.2f} us, SimPy's own cost of an event that does nothing = "
             f"{events * per_event_s:.2f} s before the model's own work"
         )
+    start_ms = pool_start_s() * 1e3
+    print(f"  a pool's start and end on {usable_cores()} cores (plan/cores.py), nothing computed: {start_ms:.1f} ms")
     print("  the paper-scale table: scripts/paper_scale.py prints its own time (goal <= 120 s; anchor about 18 min)")
 
 

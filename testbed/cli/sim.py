@@ -8,6 +8,7 @@ from pathlib import Path
 
 from testbed.cli.common import err
 from testbed.errors import SpecError
+from testbed.plan.cores import processes_allowed
 from testbed.sim.figures import simulate_policy
 from testbed.sim.plan_gap import format_plan_gap, plan_gap
 from testbed.sim.scenario import simulate_scenario
@@ -21,6 +22,7 @@ from testbed.trace import metrics as M
 from testbed.trace import schema as T
 
 
+@processes_allowed()  # atlas's grant plans on every core (plan/cores.py)
 def cmd_sim(args) -> int:
     if args.validate is not None:
         result = validate_run(args.validate, measured_links=not args.modelled_window, measured_starts=not args.in_step)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from testbed.cli.common import backend, bubbletea_overrides, root_preamble
 from testbed.errors import SpecError
+from testbed.plan.cores import processes_allowed
 from testbed.plan.grant_plan import format_grant_plan
 from testbed.plan.profile_phases import profile_phases
 from testbed.plan.run_plan import format_plan, make_plan
@@ -162,6 +163,7 @@ def _print_phases(exp, grants: bool) -> None:
             print("    " + format_grant_plan(gp).replace("\n", "\n    "))
 
 
+@processes_allowed()  # atlas's grant plans on every core (plan/cores.py)
 def cmd_plan(args) -> int:
     exp = load_experiment(args.experiment).with_overrides(schedule=args.schedule, virtual_stages=args.virtual_stages)
     topo = exp.topology_spec

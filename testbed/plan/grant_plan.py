@@ -15,8 +15,9 @@ pipeline offsets r x delta for delta from 0 to the longest transfer time, keeps 
 whose simulated iteration is no longer than the shortest found (so that pipelines take each link in
 turn instead of queueing their bytes at the floor rate behind each other's grants), and records the
 order in which that iteration's transfers took each link. The offsets' simulations are independent:
-where they are many (``PARALLEL_ACTIONS``), they run on every core (``cores.map_over_cores``, which
-forks only from a single-threaded main process), with the same plan as one after another.
+where they are many (``PARALLEL_ACTIONS``) and the program allows it (``cores.processes_allowed``:
+``testbed sim`` and ``testbed plan`` do), they run on every core, with the same plan as one after
+another.
 
 Pure: no kernel; no processes but those workers, which end with the plan. ``testbed plan --grants``
 prints it (``format_grant_plan``).
@@ -68,10 +69,11 @@ FLOOR_SHARE = 0.05
 #: deadline of a grant: this many times its transfer time, plus one round trip (docs/policies.md)
 DEADLINE_TRANSFERS = 3.0
 #: the simulated compute actions (2 x virtual stages x microbatches x replicas) from which
-#: ``plan_grants`` simulates its offsets on every core (``cores.map_over_cores``): a plan took as
-#: long on two cores as on one at 2,048 (0.054 s), 0.085 s against 0.101 s at 4,096 and 0.155 s
-#: against 0.220 s at 8,192 (gpt3_175b_4dc at 32-128 GPUs a DC, 64 microbatches, 2026-12-07;
-#: the 8,192-GPU figure on both: ``scripts/bench_sim.py``)
+#: ``plan_grants`` simulates its offsets on every core (``cores.map_over_cores``, where the program
+#: allows it): a plan took as long on two cores as on one at 2,048 actions (0.054 s), 0.085 s
+#: against 0.101 s at 4,096 and 0.155 s against 0.220 s at 8,192 (gpt3_175b_4dc at 128, 256 and
+#: 512 GPUs, 64 microbatches, timed once each on 2026-12-07 with the collector running; the 8,192-GPU
+#: iteration on both: ``scripts/bench_sim.py``)
 PARALLEL_ACTIONS = 4000
 #: pipeline offsets tried: r x k/STAGGER_STEPS x the longest transfer time, k = 0..STAGGER_STEPS
 STAGGER_STEPS = 4
@@ -239,11 +241,8 @@ def _plan_grants(
     ]
     # the offsets' simulations are independent: on every core where they outweigh a pool's start
     actions = 2 * virtual * exp.microbatches * exp.replicas
-    sims = map_over_cores(
-        _offset_simulated,
-        [(exp, topo, workers, wan, st, block_s, stage_s) for st in staggers],
-        worth=actions >= PARALLEL_ACTIONS,
-    )
+    simulated = functools.partial(simulate_wan, exp, topo, workers, wan, block_s=block_s, stage_s=stage_s)
+    sims = map_over_cores(simulated, staggers, parallel=actions >= PARALLEL_ACTIONS)
     tried = [(*sim, st) for sim, st in zip(sims, staggers, strict=True)]
     best_t = min(t for t, _, _ in tried)
     # the largest offset that costs the simulated iteration nothing: pipelines then take the link in
@@ -263,23 +262,6 @@ def _plan_grants(
         for h, x in sorted(wan.links.items())
     )
     return GrantPlan(hops, stagger, t, tried[0][0], nbytes)
-
-
-def _offset_simulated(
-    args: tuple[
-        Experiment,
-        TopologySpec,
-        list[WorkerSpec],
-        WanLinks,
-        tuple[float, ...],
-        tuple[float, float] | None,
-        tuple[tuple[float, float], ...] | None,
-    ],
-) -> tuple[float, Mapping[Hop, list[Transfer]]]:
-    """``simulate_wan`` at one set of pipeline offsets (``_plan_grants``'s, one item of
-    ``cores.map_over_cores``)."""
-    exp, topo, workers, wan, stagger, block_s, stage_s = args
-    return simulate_wan(exp, topo, workers, wan, stagger, block_s, stage_s=stage_s)
 
 
 def simulated_iteration(

@@ -23,19 +23,19 @@ transfers on it as TCP's flows share it: max-min fairly where each connection se
 time, and in the order their bytes went into the link's queue where each transfer leaves as one
 burst (``fair_share``, ``fifo_queue``).
 
-Pure: no kernel, no processes.
+Pure: no kernel, no processes; a simulation holds Python's garbage collector off while it runs
+(``collector.py``: process-wide).
 """
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import simpy
 
 from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer
+from testbed.plan.collector import collector_paused
 from testbed.plan.fair_share import FairShare
 from testbed.plan.handoff import action_handoff_s
 from testbed.plan.schedule import RankAction, experiment_tables
@@ -64,27 +64,11 @@ class _Call(simpy.events.Event):
         env.schedule(self, simpy.events.NORMAL, delay)
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector held off for the block (a simulation: ``simulate``), then
-    as it was. The simulation makes no cycles as it goes, but its millions of live transfers (named
-    tuples, which the collector never stops tracking) made each collection long: one atlas
-    iteration at 8,192 GPUs took 6.88 s on one core with the collector, 3.82 s without
-    (``scripts/bench_sim.py``, 2026-12-07). Process-wide: another thread's garbage waits too."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def _call(event: Any) -> None:  # SimPy calls it with the _Call it belongs to
     event.act(*event.args)
 
 
-@_collector_paused()
+@collector_paused()
 def simulate(
     exp: Experiment,
     workers: list[WorkerSpec],
