@@ -5,15 +5,17 @@ interrupted; and a grant plan the same on every core as on one."""
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,36 +30,43 @@ def square_and_pid(x: int) -> tuple[int, int]:
     return x * x, os.getpid()
 
 
-def inner_pids(_: int) -> list[int]:
-    """What a pool worker's own map_over_cores runs in."""
-    return [pid for _, pid in map_over_cores(square_and_pid, [1, 2, 3])]
+def in_fresh_python(body: str) -> Any:
+    """What ``body`` (Python, with ``cores``, ``os``, ``sys`` and ``json`` at hand and two usable
+    cores) prints as JSON, run in a new interpreter: a main process with one thread, as the
+    command line is (this test process may hold threads that other tests left running, where
+    ``map_over_cores`` rightly declines to fork)."""
+    preamble = "import json, os, sys\nfrom testbed.plan import cores\ncores.usable_cores = lambda: 2\n"
+    done = subprocess.run(
+        [sys.executable, "-c", preamble + textwrap.dedent(body)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
-def fails_on_three(x: int) -> int:
-    if x == 3:
-        raise ValueError("three")
-    return x
-
-
-@pytest.fixture
-def two_cores(monkeypatch):
-    """Two usable cores, whatever this machine's affinity, and processes allowed."""
-    monkeypatch.setattr(cores, "usable_cores", lambda: 2)
-    with processes_allowed():
-        yield
-
-
-def test_items_go_to_other_processes_in_order(two_cores):
-    assert cores.fork_is_safe()  # (else nothing below would fork)
-    out = map_over_cores(square_and_pid, list(range(7)))
-    assert [y for y, _ in out] == [x * x for x in range(7)]
-    pids = {pid for _, pid in out}
-    assert os.getpid() not in pids
+def test_items_go_to_other_processes_in_order():
+    got = in_fresh_python(
+        """
+        def square_and_pid(x):
+            return x * x, os.getpid()
+        with cores.processes_allowed():
+            out = cores.map_over_cores(square_and_pid, list(range(7)))
+        print(json.dumps({"safe": cores.fork_is_safe(), "out": out, "me": os.getpid()}))
+        """
+    )
+    assert got["safe"]
+    assert [y for y, _ in got["out"]] == [x * x for x in range(7)]
+    pids = {pid for _, pid in got["out"]}
+    assert got["me"] not in pids
     assert 1 <= len(pids) <= 2
 
 
 def test_not_allowed_not_worth_it_one_item_or_one_core_stays_here(monkeypatch):
     monkeypatch.setattr(cores, "usable_cores", lambda: 2)
+    monkeypatch.setattr(cores, "fork_is_safe", lambda: True)  # (nothing below may fork all the same)
     assert {pid for _, pid in map_over_cores(square_and_pid, [1, 2])} == {os.getpid()}  # not allowed
     with processes_allowed():
         assert {pid for _, pid in map_over_cores(square_and_pid, [1, 2], parallel=False)} == {os.getpid()}
@@ -67,27 +76,51 @@ def test_not_allowed_not_worth_it_one_item_or_one_core_stays_here(monkeypatch):
     assert not cores._allowed  # as before the block
 
 
-def test_a_caller_running_other_threads_is_not_forked(two_cores):
+def test_a_caller_running_other_threads_is_not_forked(monkeypatch):
+    monkeypatch.setattr(cores, "usable_cores", lambda: 2)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()
     try:
         assert not cores.fork_is_safe()
-        assert [pid for _, pid in map_over_cores(square_and_pid, [1, 2])] == [os.getpid()] * 2
+        with processes_allowed():
+            assert [pid for _, pid in map_over_cores(square_and_pid, [1, 2])] == [os.getpid()] * 2
     finally:
         stop.set()
         other.join()
 
 
-def test_a_pool_worker_does_not_start_a_pool_of_its_own(two_cores):
-    for worker_pids in map_over_cores(inner_pids, [0, 1]):
+def test_a_pool_worker_does_not_start_a_pool_of_its_own():
+    got = in_fresh_python(
+        """
+        def pid(_):
+            return os.getpid()
+        def inner_pids(_):
+            return cores.map_over_cores(pid, [1, 2, 3])
+        with cores.processes_allowed():
+            print(json.dumps({"workers": cores.map_over_cores(inner_pids, [0, 1]), "me": os.getpid()}))
+        """
+    )
+    for worker_pids in got["workers"]:
         assert len(set(worker_pids)) == 1  # each worker ran its three items itself
-        assert worker_pids[0] != os.getpid()
+        assert worker_pids[0] != got["me"]
 
 
-def test_an_error_in_a_worker_is_raised_here(two_cores):
-    with pytest.raises(ValueError, match="three"):
-        map_over_cores(fails_on_three, [1, 2, 3, 4])
+def test_an_error_in_a_worker_is_raised_here():
+    got = in_fresh_python(
+        """
+        def fails_on_three(x):
+            if x == 3:
+                raise ValueError("three")
+            return os.getpid()
+        try:
+            with cores.processes_allowed():
+                cores.map_over_cores(fails_on_three, [1, 2, 3, 4])
+        except ValueError as e:
+            print(json.dumps(str(e)))
+        """
+    )
+    assert got == "three"
 
 
 def running(pid: int) -> bool:
@@ -158,34 +191,39 @@ def test_ctrl_c_ends_the_caller_and_its_workers_without_a_traceback(tmp_path):
     assert not wait_ended(workers)
 
 
-def test_a_grant_plan_on_every_core_is_the_plan_on_one(two_cores, monkeypatch):
-    e = exp(
-        topology_spec=topo({"a": 8, "b": 8}, rate="50mbit", delay="10ms"),
-        replicas=8,
-        microbatches=8,
-        schedule="1f1b",
-        policy=parse_policy("atlas"),
+def test_a_grant_plan_on_every_core_is_the_plan_on_one():
+    workers = place(PLANNED)
+    one = grant_plan.plan_grants(PLANNED, PLANNED.topology_spec, workers, connections=1)
+    got = in_fresh_python(
+        """
+        import pickle
+        from testbed.plan import grant_plan
+        from testbed.plan.placement import place
+        from tests.unit.test_cores import PLANNED
+        pids = []
+        def recorded(fn, items, parallel=True):
+            pids.extend(cores.map_over_cores(_pid, range(2)))
+            return cores.map_over_cores(fn, items, parallel)
+        def _pid(_):
+            return os.getpid()
+        grant_plan.PARALLEL_ACTIONS = 0
+        grant_plan.map_over_cores = recorded
+        with cores.processes_allowed():
+            plan = grant_plan.plan_grants(PLANNED, PLANNED.topology_spec, place(PLANNED), connections=1)
+        print(json.dumps({"plan": pickle.dumps(plan).hex(), "pids": pids, "me": os.getpid()}))
+        """
     )
-    workers = place(e)
-    grant_plan._plan_grants.cache_clear()
-    monkeypatch.setattr(grant_plan, "PARALLEL_ACTIONS", 10**9)
-    one = grant_plan.plan_grants(e, e.topology_spec, workers, connections=1)
-    grant_plan._plan_grants.cache_clear()
-    pids = []
-
-    def recorded(fn, items, parallel=True):
-        assert parallel and cores.fork_is_safe()
-        pids.extend(os.getpid() if r is None else r for r in map_over_cores(worker_pid, range(2)))
-        return map_over_cores(fn, items, parallel)
-
-    monkeypatch.setattr(grant_plan, "PARALLEL_ACTIONS", 0)
-    monkeypatch.setattr(grant_plan, "map_over_cores", recorded)
-    every = grant_plan.plan_grants(replace(e), e.topology_spec, workers, connections=1)
-    grant_plan._plan_grants.cache_clear()
-    assert pids and os.getpid() not in pids  # the same settings as the plan's own call forked
+    assert got["pids"] and got["me"] not in got["pids"]  # the plan's own call, as set up, forked
+    every = pickle.loads(bytes.fromhex(got["plan"]))
     assert every.hops and all(h.order for h in every.hops)  # something to compare: both links' orders
     assert every == one
 
 
-def worker_pid(_: int) -> int:
-    return os.getpid()
+#: an atlas experiment whose grant plan orders transfers on two links, 8 pipelines of 8 microbatches
+PLANNED = exp(
+    topology_spec=topo({"a": 8, "b": 8}, rate="50mbit", delay="10ms"),
+    replicas=8,
+    microbatches=8,
+    schedule="1f1b",
+    policy=parse_policy("atlas"),
+)
