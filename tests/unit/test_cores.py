@@ -33,8 +33,9 @@ def square_and_pid(x: int) -> tuple[int, int]:
 def in_fresh_python(body: str) -> Any:
     """What ``body`` (Python, with ``cores``, ``os``, ``sys`` and ``json`` at hand and two usable
     cores) prints as JSON, run in a new interpreter: a main process with one thread, as the
-    command line is (this test process may hold threads that other tests left running, where
-    ``map_over_cores`` rightly declines to fork)."""
+    command line is (this test process may hold threads that others started and keep: Dask's
+    offload and IO-loop threads after ``test_sweep_cluster.py``, where ``map_over_cores`` rightly
+    declines to fork)."""
     preamble = "import json, os, sys\nfrom testbed.plan import cores\ncores.usable_cores = lambda: 2\n"
     done = subprocess.run(
         [sys.executable, "-c", preamble + textwrap.dedent(body)],
