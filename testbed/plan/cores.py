@@ -59,7 +59,7 @@ def fork_is_safe() -> bool:
 
 def map_over_cores(fn: Callable[[T], R], items: Sequence[T], parallel: bool = True) -> list[R]:
     """``[fn(x) for x in items]``, on up to ``usable_cores()`` processes where ``parallel`` (the
-    caller's judgement that the items take far longer than starting a pool: 5-10 ms on this 2-core
+    caller's judgement that the items take far longer than starting a pool: 5-11 ms on this 2-core
     VM, ``scripts/bench_sim.py``), inside ``processes_allowed()``, with more than one item and core,
     and where a fork is safe (``fork_is_safe``); in this process otherwise. ``fn`` must be a
     module's function (or a partial of one), its items and results picklable. An exception ``fn``
