@@ -214,18 +214,26 @@ def _namespaces_of(prefix: str) -> list[str]:
     return [n for n in machine_state()["netns"] if n.startswith(f"{prefix}-")]
 
 
-def test_a_second_signal_during_teardown_waits_for_it(tmp_path):
-    """Ctrl-C while the network is being torn down: the teardown finishes, then the interrupt.
-    SIGINT's handler is Python's default, as when a command starts (in the whole suite an earlier
-    in-process test can leave another one in place, and the interrupt then goes to it)."""
+@pytest.fixture
+def ctrl_c_as_a_command_has_it():
+    """SIGINT's handler Python's default (KeyboardInterrupt), as ``tears_down_on_signals`` sets it
+    when a command starts, and no deferred-signals section open: in the whole suite an earlier
+    in-process test can leave another handler in place, and the interrupt then goes to it (a fresh
+    clone's suite, 2026-12-07: a host command's Ctrl-C raised nothing, its 37 s sleep ran out)."""
     from testbed.net import signals
 
     assert signals._Deferral.depth == 0, "a deferred-signals section is still open from an earlier test"
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        _teardown_interrupted(tmp_path)
+        yield
     finally:
         signal.signal(signal.SIGINT, old)
+
+
+@pytest.mark.usefixtures("ctrl_c_as_a_command_has_it")
+def test_a_second_signal_during_teardown_waits_for_it(tmp_path):
+    """Ctrl-C while the network is being torn down: the teardown finishes, then the interrupt."""
+    _teardown_interrupted(tmp_path)
 
 
 def _teardown_interrupted(tmp_path) -> None:
@@ -261,6 +269,7 @@ def test_a_background_failure_during_teardown_does_not_cut_it_short(tmp_path):
     assert left_behind(before, net.prefix) == {}
 
 
+@pytest.mark.usefixtures("ctrl_c_as_a_command_has_it")
 def test_a_signal_while_a_host_command_starts_leaves_no_process(tmp_path, monkeypatch):
     """``net.run`` (a probe, a check) cut by Ctrl-C the moment its process has started, before
     the caller holds it: the process is killed, not left running. ``subprocess.run`` lost it
@@ -278,8 +287,11 @@ def test_a_signal_while_a_host_command_starts_leaves_no_process(tmp_path, monkey
     with make_network(load_topology("two_dc"), out_dir=tmp_path) as net:
         monkeypatch.setattr(subprocess, "Popen", SignalledAsItStarts)
         t0 = time.monotonic()
+        handler = signal.getsignal(signal.SIGINT)
         with pytest.raises(KeyboardInterrupt):
             net.run("east-h0", argv, timeout_s=60)
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+            pytest.fail(f"no KeyboardInterrupt: SIGINT's handler {handler!r}, signals blocked {blocked}")
         monkeypatch.setattr(subprocess, "Popen", popen)
         assert time.monotonic() - t0 < 5  # not the sleep's 37 s
         assert alive_with_argv(argv) == []
