@@ -10,9 +10,17 @@
   emulated DC (no WAN, no controller; as many workers as the default experiment has; GPipe, 8
   microbatches), the time from the end of one of stage 0's forwards to the start of the next
   forward right after it (nothing to wait for in between: its inputs are its own data), the
-  median over the measured iterations.
+  median over the measured iterations;
+- with ``--stripes 1,4,16``, what each further connection a transfer is striped over adds to that
+  hand-off, the figure the simulator takes (``plan/handoff.STRIPE_SEND_S``): the same workers in
+  two emulated DCs (stage 0 in one, the others in the other, joined by a 1 Gbit/s link of 1 ms
+  one way, so that no transfer waits for the link), under pp-fair with striping (no controller),
+  each number of connections in turn; per number, the median hand-off between stage 0's
+  forwards, whose activations cross the WAN, and the median of its send event (the isends of the
+  stripes, posted one after another: ``train/striping.send_striped``); the slope is a
+  least-squares line through the medians.
 
-Run as root: .venv/bin/python scripts/bench_training.py [--skip-run]
+Run as root: .venv/bin/python scripts/bench_training.py [--skip-run] [--stripes 1,2,4,8,16]
 """
 
 from __future__ import annotations
@@ -25,8 +33,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from testbed.plan.handoff import ACTION_HANDOFF_S
+from testbed.plan.handoff import ACTION_HANDOFF_S, STRIPE_SEND_S
 from testbed.run.interrupts import tears_down_on_signals
+from testbed.spec.experiment_fields import MAX_WAN_CONNECTIONS
 from testbed.spec.experiment_file import load_experiment
 from testbed.spec.topology_file import parse_topology
 from testbed.trace import schema as T
@@ -94,10 +103,83 @@ def handoff_run() -> tuple[list[float], str]:
     return gaps, what
 
 
+def stage0_send_s(ev: pd.DataFrame, warmup: int) -> list[float]:
+    """Each of stage 0's send events over the measured iterations (s): from the worker's ready
+    notice to its last stripe's isend posted."""
+    sends = ev[(ev[T.KIND] == T.SEND) & (ev[T.STAGE] == 0) & (ev[T.ITERATION] >= warmup)]
+    return ((sends[T.END_NS] - sends[T.START_NS]) / 1e9).tolist()
+
+
+def striped_handoff_run(stripes: int) -> tuple[list[float], list[float]]:
+    """The default experiment's workers in two emulated DCs, stage 0 in the first, joined by a link
+    no transfer waits for, under pp-fair with every cross-DC transfer striped over ``stripes``
+    connections (GPipe, 8 microbatches): stage 0's hand-offs (``stage0_handoffs_s``) and its send
+    events (``stage0_send_s``)."""
+    from testbed.run.runner import run_experiment
+
+    exp = load_experiment()
+    first, rest = exp.replicas, (exp.stages - 1) * exp.replicas
+    topo = parse_topology(
+        {
+            "dcs": [{"name": "dc0", "hosts": first}, {"name": "dc1", "hosts": rest}],
+            "links": [{"between": ["dc0", "dc1"], "rate": "1gbit", "delay": "1ms"}],
+        },
+        "<two DCs>",
+    )
+    exp = exp.with_overrides(
+        topology_spec=topo,
+        policy="pp-fair/striping=on",
+        wan_connections=stripes,
+        schedule="gpipe",
+        microbatches=8,
+        iterations=4,
+        warmup_iterations=1,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        run_experiment(exp, Path(tmp), progress=lambda line: None)
+        ev = read_events(Path(tmp))
+    return stage0_handoffs_s(ev, exp.warmup_iterations), stage0_send_s(ev, exp.warmup_iterations)
+
+
+def stripe_slope(counts: list[int]) -> None:
+    """Print each number of connections' median hand-off and send event, and the least-squares
+    slope of the hand-off's medians per connection beside the simulator's figure."""
+    medians = []
+    for k in counts:
+        gaps, sends = striped_handoff_run(k)
+        medians.append(statistics.median(gaps))
+        print(
+            f"  {k:>3} connections: hand-off median {medians[-1] * 1e3:.3f} ms over {len(gaps)}, "
+            f"send event median {statistics.median(sends) * 1e3:.3f} ms over {len(sends)}",
+            flush=True,
+        )
+    if len(set(counts)) > 1:
+        slope = statistics.linear_regression(counts, medians).slope
+        print(
+            f"each further connection: {slope * 1e3:.3f} ms of hand-off; the simulator takes "
+            f"{STRIPE_SEND_S * 1e3:.3f} ms (plan/handoff.py)"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--skip-run", action="store_true", help="only the in-process overhead figures")
+    ap.add_argument(
+        "--stripes",
+        help="numbers of connections (e.g. 1,4,16): the hand-off of a transfer striped over each, "
+        "in place of the default run",
+    )
     args = ap.parse_args()
+    if args.stripes is not None:
+        try:
+            counts = [int(x) for x in args.stripes.split(",")]
+        except ValueError:
+            ap.error(f"--stripes {args.stripes!r}: give numbers of connections, e.g. 1,4,16")
+        if not counts or min(counts) < 1 or max(counts) > MAX_WAN_CONNECTIONS:
+            ap.error(f"--stripes {args.stripes!r}: each from 1 to {MAX_WAN_CONNECTIONS}")
+        print("hand-off of a transfer striped across the WAN (two DCs, pp-fair with striping, GPipe):")
+        stripe_slope(counts)
+        return
     exp = load_experiment()
     c = exp.compute
     step_ns = exp.microbatches * (c.forward_ms + c.backward_ms) * 1e6  # padded compute of one stage's step

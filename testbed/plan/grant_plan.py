@@ -138,7 +138,7 @@ class WanLinks:
     (sender, receiver) pair, each pair's one-way delay (s), per hop the link's line rate (bit/s)
     and the longest RTT of the paths through it (s), and each pair's own timing on each hop of its
     path (``path_links``: a window-limited transfer's time follows its path's RTT, not the slowest
-    path's through the same link)."""
+    path's through the same link), and the connections each transfer is striped over."""
 
     links: dict[Hop, LinkTiming]
     paths: dict[tuple[int, int], list[Hop]]
@@ -146,6 +146,7 @@ class WanLinks:
     rate_bps: dict[Hop, int]
     rtt_s: dict[Hop, float]
     path_links: dict[tuple[int, int], tuple[LinkTiming, ...]]
+    stripes: int = 1
 
 
 def wan_links(
@@ -190,7 +191,7 @@ def wan_links(
             by_dcs[pair] = tuple(own)
         path_links[(src, dst)] = by_dcs[pair]
     one_way = {k: routes.one_way_delay_us(dc[k[0]], dc[k[1]]) / 1e6 for k in paths}
-    return WanLinks(links, paths, one_way, rates, rtts, path_links)
+    return WanLinks(links, paths, one_way, rates, rtts, path_links, connections)
 
 
 def plan_grants(
@@ -307,8 +308,9 @@ def simulate_wan(
     **kwargs: Any,
 ) -> tuple[float, Mapping[Hop, list[Transfer]]]:
     """``simulate`` of ``exp`` placed as ``workers`` on ``topo`` over ``wan`` (``wan_links``): each
-    pair's transfers at their own path's timing, the loss's worker starting once the loss has been
-    averaged (``allreduce.loss_allreduce_s``); ``kwargs`` as ``simulate``'s."""
+    pair's transfers at their own path's timing and striped over ``wan.stripes`` connections, the
+    loss's worker starting once the loss has been averaged (``allreduce.loss_allreduce_s``);
+    ``kwargs`` as ``simulate``'s."""
     return simulate(
         exp,
         workers,
@@ -319,6 +321,7 @@ def simulate_wan(
         block_s,
         path_links=wan.path_links,
         loss_wait_s=loss_allreduce_s(exp, topo, workers),
+        stripes=wan.stripes,
         **kwargs,
     )
 

@@ -84,6 +84,7 @@ def simulate(
     replica_links: dict[tuple[Hop, int], LinkTiming] | None = None,
     path_links: dict[tuple[int, int], tuple[LinkTiming, ...]] | None = None,
     loss_wait_s: tuple[float, ...] | None = None,
+    stripes: int = 1,
 ) -> tuple[float, Mapping[Hop, list[Transfer]]]:
     """One iteration of every pipeline (see the module doc): ``links``, each crossed hop's transfer
     time and delay; ``paths``, the hops of each (sender, receiver) pair; ``one_way_s``, each pair's
@@ -111,7 +112,9 @@ def simulate(
     ``links`` timing, which also gives each link's capacity under ``tcp``. ``loss_wait_s``: per
     replica, how long after the others the worker that computes the loss (the last virtual
     stage's) begins, averaging the loss over the replicas first (``allreduce.loss_allreduce_s``;
-    before ``stagger_s`` where that worker is the first). A worker runs its schedule
+    before ``stagger_s`` where that worker is the first). ``stripes``: the connections each transfer
+    across DCs is striped over, whose sends lengthen the hand-off of the action that makes it
+    (``handoff.action_handoff_s``). A worker runs its schedule
     table (``schedule.worker_tables``) over its virtual stages; a split backward's parts take
     ``schedule.backward_parts`` of the backward. Returns (the iteration time: the last worker's
     last compute or byte on a link, in s; the order in which transfers took each link direction).
@@ -138,6 +141,20 @@ def simulate(
     # each boundary's (sender, receiver) per replica: activations forward, gradients back
     forward_pair = [[(rank_at[v][r], rank_at[v + 1][r]) for r in range(R)] for v in range(V - 1)]
     backward_pair = [[(b, a) for a, b in row] for row in forward_pair]
+    # what an action whose output crosses the WAN takes beyond its hand-off over one connection, and
+    # those outputs as (kind, virtual stage, replica)
+    striped_s = action_handoff_s(exp, stripes) - action_handoff_s(exp)
+    striped = (
+        {
+            (kind, v, r)
+            for kind, pairs in (("F", forward_pair), ("B", backward_pair))
+            for v, row in enumerate(pairs)
+            for r, p in enumerate(row)
+            if paths.get(p)
+        }
+        if striped_s > 0
+        else set()
+    )
     actions = experiment_tables(exp)
     # per stage and place in its table: (the action, its seconds, its input and output transfers
     # as (kind, virtual stage, microbatch) or None: ``input_of``, ``output_of`` with the replica)
@@ -322,6 +339,8 @@ def simulate(
                 return
         start = env.now
         done = start + took
+        if striped and out_spec is not None and (out_spec[0], out_spec[1], r) in striped:
+            done += striped_s
         if timeline is not None:
             timeline.append((s, r, a, start, done))
         end = max(end, done)

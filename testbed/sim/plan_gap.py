@@ -242,6 +242,7 @@ def plan_gap(run_dir: Path) -> PlanGap | None:
             replica_links=per_replica,
             path_links=own,
             loss_wait_s=loss_wait,
+            stripes=wan.stripes,
         )[0]
 
     done = grants[grants["reason"].isin(PASSED)]

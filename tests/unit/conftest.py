@@ -22,3 +22,4 @@ def without_handoff(monkeypatch):
     the tests that work a schedule's timeline out by hand from its compute and transfer times
     alone; the hand-off's own tests (``test_handoff.py``) and the saved predictions keep it."""
     monkeypatch.setattr("testbed.plan.handoff.ACTION_HANDOFF_S", 0.0)
+    monkeypatch.setattr("testbed.plan.handoff.STRIPE_SEND_S", 0.0)

@@ -305,7 +305,9 @@ def test_fifo_grants_leave_the_rendezvous_idle_only_where_held_classes_may_not_b
     wan = wan_links(
         fifo, fifo.topology_spec, workers, n, lambda bps: granted_class_bps(bps, fifo.replicas, held_floor_share(fifo))
     )
-    planned, _ = simulate(fifo, workers, wan.links, wan.paths, wan.one_way_s, (0.0,) * fifo.replicas, sharing="planned")
+    planned, _ = simulate(
+        fifo, workers, wan.links, wan.paths, wan.one_way_s, (0.0,) * fifo.replicas, sharing="planned", stripes=n
+    )
     assert borrowing == pytest.approx(planned)
 
 

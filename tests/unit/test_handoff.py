@@ -58,3 +58,40 @@ def test_a_scenarios_devices_take_no_hand_off(monkeypatch):
     before = predict(sc, t, workers).iteration_s
     _with(monkeypatch, 0.01)
     assert predict(sc, t, workers).iteration_s == before
+
+
+def test_each_further_connection_adds_its_send_to_the_hand_off():
+    """An output striped over k connections takes k sends: ``STRIPE_SEND_S`` each beyond the
+    first; a scenario's devices still take none."""
+    e = exp()
+    assert handoff.action_handoff_s(e, 1) == handoff.ACTION_HANDOFF_S
+    assert handoff.action_handoff_s(e, 5) == pytest.approx(handoff.ACTION_HANDOFF_S + 4 * handoff.STRIPE_SEND_S)
+    assert handoff.action_handoff_s(load_scenario("gpt_7b_5dc").experiment("atlas"), 16) == 0.0
+
+
+@pytest.mark.parametrize("sharing", ["tcp", "planned"])
+def test_only_an_output_that_crosses_the_wan_pays_for_its_stripes(monkeypatch, sharing):
+    """1 microbatch over 2 stages in DCs a and b, striped over 4 connections: stage 0's forward and
+    stage 1's backward send across the WAN, so the iteration grows by two hand-offs' three further
+    sends each (stage 0's backward and stage 1's forward send nothing); inside one DC, where nothing
+    is striped, it does not move."""
+    from testbed.plan.grant_plan import _plan_grants, simulated_iteration
+
+    def _with_stripe(s: float) -> None:
+        monkeypatch.setattr(handoff, "STRIPE_SEND_S", s)
+        _plan_grants.cache_clear()  # plans kept for the same inputs were made with the figure before
+
+    e = exp(microbatches=1, replicas=1, policy="pp-fair" if sharing == "tcp" else "atlas")
+    across = topo({"a": 1, "b": 1})
+    workers = place(e, across)
+    assert {w.dc for w in workers} == {"a", "b"}
+    _with_stripe(0.0)
+    before = simulated_iteration(e, across, workers, 4)
+    _with_stripe(0.001)
+    assert simulated_iteration(e, across, workers, 4) - before == pytest.approx(2 * 3 * 0.001)
+    inside = topo({"a": 4})
+    workers = place(e, inside)
+    _with_stripe(0.0)
+    before = simulated_iteration(e, inside, workers, 4)
+    _with_stripe(0.001)
+    assert simulated_iteration(e, inside, workers, 4) == before

@@ -46,7 +46,7 @@ def _run(tmp_path, compute_scale=1.0, grants=None, policy="atlas"):
     stage_s = tuple((blocks * per_f * compute_scale, blocks * per_b * compute_scale) for _ in range(e.stages))
     timeline: list = []
     pipeline, _ = simulate(
-        e, workers, wan.links, wan.paths, wan.one_way_s, plan.stagger_s, stage_s=stage_s, timeline=timeline
+        e, workers, wan.links, wan.paths, wan.one_way_s, plan.stagger_s, stage_s=stage_s, timeline=timeline, stripes=n
     )
     tail = allreduce_s(e, topo, workers) + optimizer_s(e)
     period = pipeline + tail
