@@ -8,8 +8,8 @@ Pure: no kernel, no processes.
 
 from __future__ import annotations
 
+from testbed.plan.actions import action_seconds, input_of, output_of
 from testbed.plan.boundary_transfers import Hop, LinkTiming, Transfer
-from testbed.plan.grant_sim import action_seconds, input_of, output_of
 from testbed.plan.schedule import experiment_tables
 from testbed.plan.virtual_stages import stage_homes
 from testbed.plan.workers import WorkerSpec
@@ -30,8 +30,9 @@ def critical_path_s(
     starts once its worker is free and its input has arrived, and a transfer across DCs leaves once
     it is ready and the receiver's ready notice has crossed (one one-way delay after the receiver
     reached the action that needs it), then takes its time alone on the slowest link of its path
-    and one one-way delay. ``simulate`` adds only waits to this: for a link's share, a queue's
-    turn, a grant, or the notice queued behind the receiver's own bytes. The last is why this is a
+    and one one-way delay. ``simulate`` adds only time to this: waits for a link's share, a
+    queue's turn, a grant, or the notice queued behind the receiver's own bytes, and the further
+    sends of an output striped over several connections (``handoff.STRIPE_SEND_S``). The last is why this is a
     longest path rather than ``simulate`` without contention, whose tie-breaks can make it the
     longer (a transfer that leaves earlier can hold a notice back). Arguments as ``simulate``'s;
     raises ValueError when the schedule cannot complete."""
