@@ -14,10 +14,11 @@ to share a link (the policy's ``sharing``):
   order over an iteration; a transfer it does not list goes by readiness) and the timing: a
   transfer is granted on its path's first hop when its bytes can arrive there (the receiver's
   ready notice crosses back first, behind the receiver's own bytes to the sender where they were
-  leaving: ``notices.py``), on each further hop one link delay after it was granted on the
-  hop before, and released as soon as the class's byte counter shows its bytes have passed since
-  it became ready (``counters``; gloo moves none before; the class also carries the ACKs of its
-  pipeline's reverse flow, a few percent, within ``BYTES_PASSED_SHARE``), or at ``done``.
+  leaving, arriving with their last byte: ``notices.py``), on each further hop one link delay
+  after it was granted on the hop before, and released as soon as the class's byte counter shows
+  its bytes have passed since it became ready (``counters``; gloo moves none before; the class
+  also carries the ACKs of its pipeline's reverse flow, a few percent, within
+  ``BYTES_PASSED_SHARE``), or at ``done``.
   Between grants the classes stay as the last grant left them, as under ``fifo``: a transfer whose
   bytes come before its turn moves at the floor (or, with borrowing, on what the link has idle).
 
@@ -221,8 +222,9 @@ class GrantLoop:
         return Transfer("F" if home == self.stage_of[src] else "B", boundary, mb, self.replica_of[src])
 
     def _passed(self, key: TransferKey, t_ns: int) -> None:
-        """Planned: ``key``'s bytes have passed its first hop (or it is done, or its grant there
-        ended): the transfers whose notices waited behind them become due."""
+        """Planned: ``key``'s bytes have reached its receiver at ``t_ns`` (its last hop's grant
+        ended, plus that hop's delay, or it is done): the transfers whose notices waited behind
+        them become due."""
         for other, start in self.notices.passed(key, t_ns):
             for w in self.waiting[self._path(other)[0]]:
                 if w.key == other:
@@ -332,8 +334,8 @@ class GrantLoop:
         assert held is not None
         self.held[hop] = None
         self._free_since[hop] = t_ns
-        if self.sharing == "planned" and self._path(held.key)[0] == hop:
-            self._passed(held.key, t_ns)
+        if self.sharing == "planned" and self._path(held.key)[-1] == hop:
+            self._passed(held.key, t_ns + self.timing[hop].delay_ns)
         sent = None
         if self.counters is not None and held.base_bytes is not None:
             sent = self.counters(hop, held.replica) - held.base_bytes

@@ -2,8 +2,10 @@
 planned grants): gloo sends a tensor only once the receiver's ready notice has crossed back, one
 one-way delay after the receive was posted, and its tcp transport writes that notice to the
 socket that carries the receiver's own bytes to the sender. So while such bytes were leaving
-when the receive was posted, the notice leaves only once they have passed, as
-``plan/grant_sim.py`` has it. Pure bookkeeping; times are CLOCK_MONOTONIC ns.
+when the receive was posted, the notice comes behind them: it reaches the sender with their last
+byte, at the end of their whole path (on a path of several hops they may wait at a later hop, the
+notice with them), as ``plan/grant_sim.py`` has it. Pure bookkeeping; times are CLOCK_MONOTONIC
+ns.
 """
 
 from __future__ import annotations
@@ -41,9 +43,10 @@ class ReadyNotices:
         return start
 
     def passed(self, key: TransferKey, t_ns: int) -> list[tuple[TransferKey, int]]:
-        """``key``'s bytes have passed its first hop at ``t_ns`` (or it is done, or its grant there
-        ended): the transfers whose notices were queued behind it and nothing else, each with when
-        its bytes can now start."""
+        """``key``'s bytes have reached its receiver at ``t_ns`` (its last hop's release plus that
+        hop's delay, or the receiver's message that they are in): the transfers whose notices were
+        queued behind it and nothing else, each with when its bytes can now start (the notice came
+        with them)."""
         if self._leaving.get((key[0], key[1]), {}).pop(key, None) is None:
             return []
         freed = []
@@ -52,7 +55,7 @@ class ReadyNotices:
             if ahead:
                 continue
             del self._queued[other]
-            start = self._start(other, t_sender, t_ns)
+            start = max(t_sender, t_ns)
             self._leaving[(other[0], other[1])][other] = start
             freed.append((other, start))
         return freed

@@ -211,8 +211,10 @@ def simulate(
     def sending_starts(t: Transfer) -> None:
         sending.setdefault(pair(t), set()).add(t)
 
-    def sending_ends(t: Transfer) -> None:
-        """``t``'s last byte has left its sender: the notices queued behind nothing else leave."""
+    def sending_ends(t: Transfer, arrived: bool = False) -> None:
+        """``t``'s last byte has left its sender (a flow under ``tcp``) or, ``arrived``, reached its
+        receiver at the end of its path (hop by hop, it may wait at a later hop, and the notices
+        behind it with it): the notices queued behind nothing else leave, or have come with it."""
         key = pair(t)
         sending[key].discard(t)
         still = []
@@ -220,8 +222,8 @@ def simulate(
             ahead.discard(t)
             if ahead:
                 still.append((u, ahead))
-            else:
-                notice_sent[u] = env.now
+            else:  # eligible counts a notice's one-way delay from when it left
+                notice_sent[u] = max(posted[u], env.now - one_way_s[pair(u)]) if arrived else env.now
                 eligible(u)
         if still:
             behind[key] = still
@@ -310,7 +312,8 @@ def simulate(
                 at(begins, sending_starts, t)
             else:  # now, before a receive posted at this instant sends its notice
                 sending_starts(t)
-            at(last, sending_ends, t)
+            if len(path) == 1:  # else the notices behind its bytes wait with them at a later hop
+                at(last, sending_ends, t)
         end = max(end, last)
         if i + 1 < len(path):
             at(first + link.delay_s, hop, t, i + 1, last + link.delay_s, 0.0)
@@ -319,6 +322,8 @@ def simulate(
 
     def arrive(t: Transfer) -> None:
         arrived[t] = env.now
+        if t in sending.get(pair(t), ()):  # over several hops: the notices behind its bytes came with them
+            sending_ends(t, arrived=True)
         if t in waiting:  # its worker resumes after what is already due now, as a SimPy process would
             _Call(env, 0.0, run, *waiting.pop(t))
 

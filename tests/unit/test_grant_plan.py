@@ -348,6 +348,48 @@ def test_a_notice_queued_behind_the_receivers_own_bytes_waits_for_them():
     assert loop.next_wakeup_ns() == t2 + 1 + D_MS * 1_000_000
 
 
+def test_over_two_hops_a_notice_behind_the_receivers_bytes_comes_with_them():
+    """Stage 1's gradient goes back over c->b (fast: 1 ms) then b->a (slow: 20 ms), 5 ms a hop.
+    Stage 1 posts the next activation's receive while the gradient leaves: its notice travels
+    behind the gradient's bytes, which wait at b->a after passing c->b, so the activation (a->b->c)
+    is granted only once they have passed b->a and crossed it (its release plus 5 ms), not one
+    notice (10 ms) after they passed the first hop (random-7-113, docs/results.md)."""
+    ab, bc, cb, ba = Hop("a", "b"), Hop("b", "c"), Hop("c", "b"), Hop("b", "a")
+    ms = 1_000_000
+    timing = {h: HopTiming(t * ms, 5 * ms, 1000 * ms, 10_000, 10**8) for h, t in ((ab, 20), (bc, 1), (cb, 1), (ba, 20))}
+    sent: dict = {}
+    switch = Recorder()
+    loop = GrantLoop(
+        switch,
+        {0: 0, 1: 0},
+        {(0, 1): [ab, bc], (1, 0): [cb, ba]},
+        sharing="planned",
+        timing=timing,
+        stage_of={0: 0, 1: 1},
+        notice_ns={(0, 1): 10 * ms, (1, 0): 10 * ms},
+        counters=lambda hop, replica: sent.get((hop, replica), 0),
+        iteration_ns=10_000 * ms,
+    )
+    loop.handle(msg("recv", 1, 0), 0)  # the gradient: stage 0 waits for it
+    loop.handle(msg("ready", 1, 0), 0)
+    loop.tick(10 * ms)
+    assert ("grant", cb, 0, 10 * ms) in switch.events
+    loop.handle(msg("recv", 0, 1, mb=1), 11 * ms)  # behind the gradient's bytes
+    loop.handle(msg("ready", 0, 1, mb=1), 12 * ms)
+    sent[(cb, 0)] = timing[cb].wire_bytes
+    loop.tick(loop.next_wakeup_ns())
+    first = next(e[3] for e in switch.events if e[:2] == ("release", cb))
+    loop.tick(first + 10 * ms)  # a notice that left there would have crossed by now
+    assert not [e for e in switch.events if e[:2] == ("grant", ab)]
+    sent[(ba, 0)] = timing[ba].wire_bytes
+    while not any(e[:2] == ("release", ba) for e in switch.events):
+        loop.tick(loop.next_wakeup_ns())
+    last = next(e[3] for e in switch.events if e[:2] == ("release", ba))
+    assert loop.next_wakeup_ns() == last + 5 * ms
+    loop.tick(last + 5 * ms)
+    assert switch.events[-1] == ("grant", ab, 0, last + 5 * ms)
+
+
 @pytest.mark.parametrize("enabled", [True, False])
 def test_the_simulation_leaves_the_garbage_collector_as_it_found_it(enabled, monkeypatch):
     """The collector is held off while a simulation runs (its speed: grant_sim._collector_paused),

@@ -392,3 +392,23 @@ def test_a_ready_notice_waits_behind_the_receivers_own_bytes_to_the_sender(shari
     links = {ab: LinkTiming(0.020, 0.010), ba: LinkTiming(0.020, 0.010)}
     end, _ = simulate(e, workers, links, paths, one_way, (0.0,), sharing=sharing)
     assert end == pytest.approx(end_s)
+
+
+def test_over_two_hops_a_notice_behind_the_receivers_bytes_comes_with_them():
+    """The same pipeline across a -> b -> c (each hop 5 ms one way, 10 ms the path): the gradient
+    goes back over c->b in 1 ms and then b->a in 20 ms. Stage 1 posts F1's receive as B0's gradient
+    leaves, so F1's notice comes behind the gradient's bytes, which wait at b->a: F1 leaves stage 0
+    when the gradient arrives there (stage 0 starts B0 then), and takes its path's 20 + 5 + 5 ms
+    to stage 1. A notice taken as leaving once the bytes passed c->b would have let F1 go 19 ms
+    earlier (random-7-113, docs/results.md)."""
+    e = exp(schedule="1f1b", microbatches=2, stages=2, replicas=1, topology_spec=topo({"a": 1, "b": 1}))
+    workers = place(e)
+    by = {(w.stage, w.replica): w.rank for w in workers}
+    ab, bc, cb, ba = Hop("a", "b"), Hop("b", "c"), Hop("c", "b"), Hop("b", "a")
+    paths = {(by[(0, 0)], by[(1, 0)]): [ab, bc], (by[(1, 0)], by[(0, 0)]): [cb, ba]}
+    links = {ab: LinkTiming(0.020, 0.005), bc: LinkTiming(0.001, 0.005), cb: LinkTiming(0.001, 0.005)}
+    links[ba] = LinkTiming(0.020, 0.005)
+    timeline: list = []
+    simulate(e, workers, links, paths, dict.fromkeys(paths, 0.010), (0.0,), sharing="planned", timeline=timeline)
+    start = {(s, a.kind, a.microbatch): t for s, _, a, t, _ in timeline}
+    assert start[(1, "F", 1)] - start[(0, "B", 0)] == pytest.approx(0.030)
